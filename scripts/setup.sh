@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Creates .venv and installs tandem with exact pins (torch 2.13.0 CPU build on this kind of machine).
+# GPU users: install your vendor's torch 2.13.0 build into .venv first (see README), then run this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements.lock
+.venv/bin/python -m pip install -q --no-deps -e .

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: set-up, lint, format check, import-layer contracts, then the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check tandem tests bench scripts
+.venv/bin/ruff format --check tandem tests bench scripts
+.venv/bin/lint-imports
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,49 @@
+"""The seam between the head's generation loop and whatever runs the forward pass.
+
+A single-device model, a tensor-parallel group and a pipeline of stages all implement `Executor`.
+The head owns tokenization, scheduling and sampling; an executor only turns a `Step` into the
+last-position logits of each sequence in it, and keeps each sequence's KV cache between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepSequence:
+    """New tokens for one sequence: a prefill chunk, or one decode token.
+
+    `start_pos` is the position of `token_ids[0]`, which equals the number of this sequence's tokens
+    already in the executor's KV cache.
+    """
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start_pos: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward pass over a batch of sequences of possibly different lengths and positions."""
+
+    sequences: tuple[StepSequence, ...]
+
+
+class Executor(Protocol):
+    vocab_size: int
+    max_seq_len: int
+    max_batch: int
+
+    def run(self, step: Step) -> torch.Tensor:
+        """Logits at each sequence's last new token, float32 on the host: (B, vocab_size)."""
+        ...
+
+    def release(self, seq_ids: list[int]) -> None:
+        """Frees the KV cache of finished sequences (on every rank and stage)."""
+        ...
+
+    def close(self) -> None: ...
