@@ -1,0 +1,211 @@
+"""Tensor-parallel planning: which slice of each partitioned dimension every rank owns.
+
+Pure functions, no torch. A `Shard` is a half-open range `[start, end)` of one dimension. A plan
+tiles a dimension of size `total` into `world_size` shards that are contiguous, non-overlapping and
+complete (`shards[0].start == 0`, `shards[r].end == shards[r + 1].start`, `shards[-1].end == total`),
+in units of an alignment block, sized in proportion to per-rank weights:
+
+    units  = total / align
+    quota_r = units * w_r / sum(w)
+    size_r  = floor(quota_r) + (1 if r is among the (units - sum floor) largest remainders)
+
+(largest-remainder apportionment; ties go to the lower rank). Any rank left with no units makes the
+plan degenerate, which fails closed with `DegeneratePlanError`.
+
+The partitioned dimensions of a Llama-family model:
+  - attention: kv heads. Rank r owns kv heads `[a, b)` and, with `g = n_heads / n_kv_heads` query
+    heads per kv head, query heads `[a g, b g)`: a kv head travels with its query heads, so attention
+    needs no communication until the output projection.
+  - MLP: intermediate rows, in blocks of `mlp_align` (the largest of 64, 32, ..., 1 that divides the
+    intermediate size and leaves at least one block per rank).
+  - vocabulary: embedding rows and LM-head rows, in blocks of `vocab_align` chosen the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_ALIGN = 64
+
+
+class TPPlanError(ValueError):
+    """A tensor-parallel plan cannot be made from these inputs."""
+
+
+class WeightsParseError(TPPlanError):
+    """`--tp-weights` is not a comma list of positive numbers, one per rank."""
+
+
+class DegeneratePlanError(TPPlanError):
+    """Some rank would own nothing of a partitioned dimension (or the dimension cannot be tiled)."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The half-open range `[start, end)` of one dimension owned by `rank`."""
+
+    rank: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def parse_weights(text: str | None, world_size: int) -> tuple[float, ...]:
+    """`"2,1"` -> `(2.0, 1.0)`; `None` or `""` -> equal weights. Fails closed on anything else."""
+    if world_size < 1:
+        raise TPPlanError(f"world size must be >= 1, got {world_size}")
+    if text is None or text.strip() == "":
+        return (1.0,) * world_size
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        weights = tuple(float(p) for p in parts)
+    except ValueError:
+        raise WeightsParseError(
+            f"--tp-weights {text!r}: expected comma-separated positive numbers, e.g. '2,1'"
+        ) from None
+    if len(weights) != world_size:
+        raise WeightsParseError(
+            f"--tp-weights {text!r} gives {len(weights)} weights for {world_size} ranks"
+        )
+    for w in weights:
+        if not math.isfinite(w) or w <= 0:
+            raise WeightsParseError(f"--tp-weights {text!r}: every weight must be finite and > 0")
+    return weights
+
+
+def split_by_weights(
+    total: int, weights: tuple[float, ...], align: int = 1, what: str = "dimension"
+) -> tuple[Shard, ...]:
+    """Tiles `[0, total)` into one contiguous shard per weight, each a multiple of `align`."""
+    if not weights:
+        raise TPPlanError("no ranks to split over")
+    if any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise WeightsParseError(f"weights must be finite and > 0, got {weights}")
+    if align < 1 or total < 1 or total % align != 0:
+        raise DegeneratePlanError(f"{what} of size {total} cannot be tiled in blocks of {align}")
+    units = total // align
+    wsum = sum(weights)
+    quotas = [units * w / wsum for w in weights]
+    sizes = [math.floor(q) for q in quotas]
+    leftover = units - sum(sizes)
+    by_remainder = sorted(range(len(weights)), key=lambda r: (-(quotas[r] - sizes[r]), r))
+    for r in by_remainder[:leftover]:
+        sizes[r] += 1
+    empty = [r for r, s in enumerate(sizes) if s == 0]
+    if empty:
+        raise DegeneratePlanError(
+            f"{what} of size {total} ({units} blocks of {align}) leaves rank(s) {empty} with no "
+            f"work at weights {weights}; use fewer ranks or less skewed weights"
+        )
+    shards = []
+    start = 0
+    for r, s in enumerate(sizes):
+        shards.append(Shard(r, start * align, (start + s) * align))
+        start += s
+    return tuple(shards)
+
+
+def choose_align(total: int, world_size: int, preferred: int = DEFAULT_ALIGN) -> int:
+    """The largest of `preferred, preferred/2, ..., 1` dividing `total` with `total/align >= N`."""
+    align = preferred
+    while align > 1:
+        if total % align == 0 and total // align >= world_size:
+            return align
+        align //= 2
+    return 1
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """Every rank's share of the kv heads, MLP intermediate rows and vocabulary (all half-open)."""
+
+    world_size: int
+    weights: tuple[float, ...]
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    kv_heads: tuple[Shard, ...]
+    intermediate: tuple[Shard, ...]
+    vocab: tuple[Shard, ...]
+    mlp_align: int
+    vocab_align: int
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    def q_heads(self, rank: int) -> Shard:
+        """Query heads `[a g, b g)` for kv heads `[a, b)`."""
+        kv = self.kv_heads[rank]
+        return Shard(rank, kv.start * self.q_per_kv, kv.end * self.q_per_kv)
+
+    def q_rows(self, rank: int) -> Shard:
+        """Rows of `q_proj.weight` (and columns of `o_proj.weight`) owned by `rank`."""
+        q = self.q_heads(rank)
+        return Shard(rank, q.start * self.head_dim, q.end * self.head_dim)
+
+    def kv_rows(self, rank: int) -> Shard:
+        """Rows of `k_proj.weight` and `v_proj.weight` owned by `rank`."""
+        kv = self.kv_heads[rank]
+        return Shard(rank, kv.start * self.head_dim, kv.end * self.head_dim)
+
+
+def make_tp_plan(
+    *,
+    world_size: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    vocab_size: int,
+    weights: tuple[float, ...] | None = None,
+) -> TPPlan:
+    """The plan for `world_size` ranks; equal weights unless `weights` is given (one per rank)."""
+    if world_size < 1:
+        raise TPPlanError(f"world size must be >= 1, got {world_size}")
+    weights = (1.0,) * world_size if weights is None else tuple(float(w) for w in weights)
+    if len(weights) != world_size:
+        raise WeightsParseError(f"{len(weights)} weights for {world_size} ranks")
+    if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
+        raise TPPlanError(f"{n_heads} query heads are not a multiple of {n_kv_heads} kv heads")
+    if world_size > n_kv_heads:
+        raise DegeneratePlanError(
+            f"TP={world_size} exceeds the model's {n_kv_heads} kv heads: attention is split by "
+            f"kv-head groups, so use at most {n_kv_heads} tensor-parallel ranks"
+        )
+    mlp_align = choose_align(intermediate_size, world_size)
+    vocab_align = choose_align(vocab_size, world_size)
+    return TPPlan(
+        world_size=world_size,
+        weights=weights,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        kv_heads=split_by_weights(n_kv_heads, weights, 1, "kv heads"),
+        intermediate=split_by_weights(intermediate_size, weights, mlp_align, "MLP intermediate"),
+        vocab=split_by_weights(vocab_size, weights, vocab_align, "vocabulary"),
+        mlp_align=mlp_align,
+        vocab_align=vocab_align,
+    )
+
+
+def plan_for_config(
+    config: Any, world_size: int, weights: tuple[float, ...] | None = None
+) -> TPPlan:
+    """`make_tp_plan` from a `ModelConfig` (fields named like HF's config.json)."""
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    return make_tp_plan(
+        world_size=world_size,
+        n_heads=n_heads,
+        n_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        weights=weights,
+    )
