@@ -1,0 +1,252 @@
+"""Pipeline partition: which contiguous layers each stage runs (pure functions, no torch).
+
+A stage owns a half-open range of global layer indices `[start, end)`; the ranges of a pipeline are
+contiguous, ascending, non-empty, and cover `[0, num_layers)` exactly once. Stage 0 is the head: it
+also holds the embedding, the final norm and the LM head, and runs the LM head every step.
+
+Cost model (decode is memory-bound, so the time a stage spends per token is the bytes it reads
+divided by its speed). With `L` layers of `c` parameters each, a head extra of `h` parameters read
+per token (final norm + LM head; the embedding reads one row, which we count as free), stage `i` at
+relative speed `s_i` holding `n_i` layers takes
+
+    t_i = (n_i * c + [i == 0] * h) / s_i
+
+and we pick integers `n_i >= 1` with `sum n_i = L` and `n_i <= cap_i` (its memory) minimizing
+`max_i t_i`. Layers are identical jobs on uniform machines, so handing out layers one at a time to the
+stage that would finish earliest (ties to the lower stage index) is optimal and deterministic.
+
+`--pp-weights` overrides the cost model: layers are split in proportion to the given weights
+(largest remainder, ties to the lower stage index), still at least one layer per stage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class PartitionError(ValueError):
+    """A pipeline partition that cannot be built or is not valid."""
+
+
+class InvalidWeightsError(PartitionError):
+    """Stage weights or speeds that do not parse, are not positive or do not match the stage count."""
+
+
+class EmptyStageError(PartitionError):
+    """A stage that would hold no layer (more stages than layers, or a weight too small)."""
+
+
+class LayerCoverageError(PartitionError):
+    """Ranges that skip a layer, repeat one, are not ascending or run past the model."""
+
+
+class CapacityError(PartitionError):
+    """The layers do not fit in the stages' memory."""
+
+
+@dataclass(frozen=True, order=True)
+class LayerRange:
+    """The half-open range of global layer indices `[start, end)` one stage runs."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+    def __str__(self) -> str:
+        return f"[{self.start}, {self.end})"
+
+
+@dataclass(frozen=True)
+class StageCapacity:
+    """What one stage can give: `memory_bytes` for weights (None: unbounded), relative `speed`
+    (measured, e.g. GB/s of weight reads or tok/s; only ratios matter), and the bytes per
+    parameter of its compute dtype."""
+
+    memory_bytes: int | None = None
+    speed: float = 1.0
+    bytes_per_param: int = 4
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Parameter counts the partition weighs: per decoder layer, read by the head per token
+    (final norm + LM head), and held by the head in memory (embedding + final norm + LM head,
+    the tied matrix once)."""
+
+    num_layers: int
+    layer_params: int
+    head_compute_params: int
+    head_memory_params: int
+
+
+def model_cost(config) -> ModelCost:
+    """The `ModelCost` of a Llama-family config (HF attribute names; duck-typed)."""
+    d = config.hidden_size
+    n_q = config.num_attention_heads
+    n_kv = config.num_key_value_heads
+    hd = getattr(config, "head_dim", None) or d // n_q
+    ff = config.intermediate_size
+    vocab = config.vocab_size
+    attn = d * hd * (n_q + 2 * n_kv) + n_q * hd * d
+    mlp = 3 * d * ff
+    norms = 2 * d + (2 * hd if getattr(config, "qk_norm", False) else 0)
+    lm_head = vocab * d
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return ModelCost(
+        num_layers=config.num_hidden_layers,
+        layer_params=attn + mlp + norms,
+        head_compute_params=lm_head + d,
+        head_memory_params=(lm_head if tied else 2 * lm_head) + d,
+    )
+
+
+def parse_pp_weights(text: str, num_stages: int) -> tuple[float, ...]:
+    """`"2,1"` -> `(2.0, 1.0)`; one positive finite weight per stage, or `InvalidWeightsError`."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        weights = tuple(float(p) for p in parts)
+    except ValueError as e:
+        raise InvalidWeightsError(
+            f"--pp-weights {text!r}: not a comma-separated list of numbers"
+        ) from e
+    if len(weights) != num_stages:
+        raise InvalidWeightsError(
+            f"--pp-weights {text!r} gives {len(weights)} weights for {num_stages} stages"
+        )
+    _check_positive(weights, "--pp-weights")
+    return weights
+
+
+def _check_positive(values: Sequence[float], what: str) -> None:
+    for v in values:
+        if not math.isfinite(v) or v <= 0:
+            raise InvalidWeightsError(f"{what}: every value must be positive and finite, got {v}")
+
+
+def _check_counts(num_layers: int, num_stages: int) -> None:
+    if num_stages < 1:
+        raise EmptyStageError("a pipeline needs at least one stage")
+    if num_layers < num_stages:
+        raise EmptyStageError(
+            f"{num_stages} stages for {num_layers} layers: every stage needs at least one layer"
+        )
+
+
+def ranges_from_counts(counts: Sequence[int]) -> tuple[LayerRange, ...]:
+    """Layer counts per stage -> contiguous half-open ranges starting at layer 0."""
+    out, start = [], 0
+    for n in counts:
+        out.append(LayerRange(start, start + n))
+        start += n
+    return tuple(out)
+
+
+def split_by_weights(num_layers: int, weights: Sequence[float]) -> tuple[LayerRange, ...]:
+    """Layers in proportion to `weights` (largest remainder), at least one per stage.
+
+    Stage i's ideal share is `L * w_i / sum(w)`; each gets the floor, the leftover layers go to the
+    largest fractional parts (ties to the lower index). A stage whose share rounds to zero fails.
+    """
+    _check_counts(num_layers, len(weights))
+    _check_positive(weights, "stage weights")
+    total = sum(weights)
+    ideal = [num_layers * w / total for w in weights]
+    counts = [math.floor(x) for x in ideal]
+    order = sorted(range(len(weights)), key=lambda i: (-(ideal[i] - counts[i]), i))
+    for i in order[: num_layers - sum(counts)]:
+        counts[i] += 1
+    for i, n in enumerate(counts):
+        if n == 0:
+            raise EmptyStageError(
+                f"stage {i} gets no layer with weights {list(weights)} over {num_layers} layers"
+            )
+    return validate_ranges(ranges_from_counts(counts), num_layers)
+
+
+def partition_layers(
+    stages: Sequence[StageCapacity], cost: ModelCost, weights: Sequence[float] | None = None
+) -> tuple[LayerRange, ...]:
+    """One `LayerRange` per stage (stage 0 is the head), minimizing the slowest stage's time per
+    token under the stages' memory, or split by explicit `weights` (the `--pp-weights` override)."""
+    num_layers = cost.num_layers
+    _check_counts(num_layers, len(stages))
+    _check_positive([s.speed for s in stages], "stage speeds")
+    caps = [_layer_cap(i, s, cost) for i, s in enumerate(stages)]
+    if weights is not None:
+        if len(weights) != len(stages):
+            raise InvalidWeightsError(f"{len(weights)} weights for {len(stages)} stages")
+        ranges = split_by_weights(num_layers, weights)
+        for i, r in enumerate(ranges):
+            if len(r) > caps[i]:
+                raise CapacityError(
+                    f"stage {i} is given {len(r)} layers by the weights but its memory holds {caps[i]}"
+                )
+        return ranges
+    if sum(caps) < num_layers:
+        raise CapacityError(
+            f"the stages' memory holds {sum(caps)} of {num_layers} layers; add a node or memory"
+        )
+    counts = [1] * len(stages)
+
+    def finish_time(i: int, n: int) -> float:
+        extra = cost.head_compute_params if i == 0 else 0
+        return (n * cost.layer_params + extra) / stages[i].speed
+
+    for _ in range(num_layers - len(stages)):
+        open_stages = [i for i in range(len(stages)) if counts[i] < caps[i]]
+        best = min(open_stages, key=lambda i: (finish_time(i, counts[i] + 1), i))
+        counts[best] += 1
+    return validate_ranges(ranges_from_counts(counts), num_layers)
+
+
+def _layer_cap(i: int, stage: StageCapacity, cost: ModelCost) -> int:
+    """How many layers fit in stage i's memory after the head's embedding and LM head."""
+    if stage.memory_bytes is None:
+        return cost.num_layers
+    fixed = cost.head_memory_params * stage.bytes_per_param if i == 0 else 0
+    per_layer = max(1, cost.layer_params * stage.bytes_per_param)
+    cap = (stage.memory_bytes - fixed) // per_layer
+    if cap < 1:
+        raise CapacityError(
+            f"stage {i} has {stage.memory_bytes} bytes: not enough for one layer"
+            + (" next to the embedding and LM head" if i == 0 else "")
+        )
+    return min(int(cap), cost.num_layers)
+
+
+def validate_ranges(ranges: Sequence[LayerRange], num_layers: int) -> tuple[LayerRange, ...]:
+    """Every layer in `[0, num_layers)` exactly once, ascending, no empty stage; else a typed error."""
+    if not ranges:
+        raise EmptyStageError("a pipeline needs at least one stage")
+    expected = 0
+    for i, r in enumerate(ranges):
+        if r.end <= r.start:
+            raise EmptyStageError(f"stage {i} has the empty range {r}")
+        if r.start != expected:
+            what = "skips" if r.start > expected else "repeats"
+            raise LayerCoverageError(f"stage {i} range {r} {what} layers from {expected}")
+        expected = r.end
+    if expected != num_layers:
+        raise LayerCoverageError(
+            f"the stages cover [0, {expected}) but the model has {num_layers} layers"
+        )
+    return tuple(ranges)
+
+
+def parse_ranges(text: str, num_layers: int) -> tuple[LayerRange, ...]:
+    """`"0:9,9:28"` -> validated ranges (an explicit partition, e.g. for a multi-machine config)."""
+    out = []
+    for part in text.split(","):
+        try:
+            a, b = part.split(":")
+            out.append(LayerRange(int(a), int(b)))
+        except ValueError as e:
+            raise LayerCoverageError(f"layer range {part!r} is not START:END") from e
+    return validate_ranges(out, num_layers)
