@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from tandem.engine import control
+from tandem.engine.control import Control, ControlError
+from tandem.engine.executor import Step, StepSequence
+
+
+def _roundtrip(msg):
+    frame, extra = control.encode(msg)
+    assert frame.shape == (control.FRAME,) and frame.dtype == torch.int64
+    assert control.payload_len(frame) == (0 if extra is None else extra.numel())
+    return control.decode(frame, extra)
+
+
+def test_decode_step_fits_in_one_frame_and_roundtrips():
+    step = Step((StepSequence(7, (42,), 12), StepSequence(2**40, (151935,), 0)))
+    msg = Control(control.KIND_STEP, step, release=(3, 5))
+    frame, extra = control.encode(msg)
+    assert extra is None
+    assert control.decode(frame) == msg
+
+
+def test_long_prefill_uses_a_second_tensor_and_roundtrips():
+    step = Step((StepSequence(1, tuple(range(100)), 0), StepSequence(9, (5, 6, 7), 40)))
+    msg = Control(control.KIND_STEP, step)
+    assert _roundtrip(msg) == msg
+
+
+def test_release_and_stop_roundtrip():
+    assert _roundtrip(Control(control.KIND_RELEASE, None, (1, 2))) == Control(
+        control.KIND_RELEASE, None, (1, 2)
+    )
+    assert _roundtrip(Control(control.KIND_STOP)) == Control(control.KIND_STOP)
+
+
+def test_wrong_magic_is_refused():
+    frame, _ = control.encode(Control(control.KIND_STOP))
+    frame[0] = 1
+    with pytest.raises(ControlError, match="magic"):
+        control.decode(frame)
+
+
+def test_inconsistent_counts_are_refused():
+    frame, _ = control.encode(Control(control.KIND_STEP, Step((StepSequence(1, (4, 5), 0),))))
+    bad = frame.clone()
+    bad[3] = 5  # n_tokens
+    with pytest.raises(ControlError):
+        control.decode(bad)
+    bad = frame.clone()
+    bad[1] = 99
+    with pytest.raises(ControlError, match="kind"):
+        control.decode(bad)
+
+
+def test_truncated_payload_is_refused():
+    frame, extra = control.encode(
+        Control(control.KIND_STEP, Step((StepSequence(1, tuple(range(80)), 0),)))
+    )
+    with pytest.raises(ControlError, match="truncated"):
+        control.decode(frame, extra[:-1])
