@@ -1,0 +1,134 @@
+"""Where a benchmark's processes run: all on loopback, or one emulated host each (`netns.py`).
+
+A `Hosts` object starts a command "on host i" and tells its address; the harness does not care
+which. Every process it starts is killed (by its own pid) when the `Hosts` closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from tandem.bench.goodput import LinkFigures
+from tandem.bench.netns import EmulatedNetwork
+
+
+class HostProcessFailed(RuntimeError):
+    """A process started on an emulated host exited badly or said something unexpected."""
+
+
+class Hosts:
+    """`n` hosts: loopback (`net=None`: every host is 127.0.0.1) or the namespaces of `net`."""
+
+    def __init__(self, n: int, net: EmulatedNetwork | None = None) -> None:
+        if net is not None and net.n_hosts < n:
+            raise ValueError(f"network has {net.n_hosts} hosts, {n} needed")
+        self.n = n
+        self.net = net
+        self._procs: list[subprocess.Popen] = []
+
+    @property
+    def name(self) -> str:
+        if self.net is None:
+            return "loopback"
+        s = self.net.shaping
+        return f"emulated {s.rate_mbit} Mbit/s" if s else "emulated unshaped"
+
+    def address(self, host: int) -> str:
+        if not 0 <= host < self.n:
+            raise ValueError(f"host {host} out of range 0..{self.n - 1}")
+        return "127.0.0.1" if self.net is None else self.net.address(host)
+
+    def argv(self, host: int, argv: Sequence[str]) -> list[str]:
+        """`argv` as it must be run to execute on `host`."""
+        self.address(host)
+        return list(argv) if self.net is None else self.net.exec_argv(host, argv)
+
+    def popen(
+        self, host: int, argv: Sequence[str], env: dict[str, str] | None = None, **kw
+    ) -> subprocess.Popen:
+        full_env = {**os.environ, **(env or {})}
+        proc = subprocess.Popen(self.argv(host, argv), env=full_env, **kw)
+        self._procs.append(proc)
+        return proc
+
+    def run(self, host: int, argv: Sequence[str], timeout: float, env=None) -> str:
+        """Runs to completion on `host`; returns stdout; raises with stderr on failure."""
+        proc = self.popen(
+            host, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise HostProcessFailed(
+                f"{argv[:4]} timed out after {timeout}s: {err[-2000:]}"
+            ) from None
+        if proc.returncode != 0:
+            raise HostProcessFailed(f"{argv[:4]} exited {proc.returncode}: {err[-2000:]}")
+        return out
+
+    def measure_link(self, a: int, b: int, payload_bytes: int = 64 << 20) -> LinkFigures:
+        """TCP round trip and goodput from host `a` to host `b`."""
+        server = self.popen(
+            b,
+            [sys.executable, "-m", "tandem.bench.goodput", "serve", "--host", self.address(b)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            line = _read_line(server, timeout=30.0)
+            if not line.startswith("PORT "):
+                raise HostProcessFailed(f"goodput server said {line!r}")
+            port = line.split()[1]
+            out = self.run(
+                a,
+                [sys.executable, "-m", "tandem.bench.goodput", "measure", "--host",
+                 self.address(b), "--port", port, "--bytes", str(payload_bytes)],
+                timeout=120.0,
+            )  # fmt: skip
+            server.wait(timeout=30)
+            return LinkFigures(**json.loads(out))
+        finally:
+            _stop(server)
+
+    def close(self) -> None:
+        for proc in self._procs:
+            _stop(proc)
+        self._procs.clear()
+
+    def __enter__(self) -> Hosts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """One stdout line, or `HostProcessFailed` if the process dies or stays silent too long."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.2):
+                return proc.stdout.readline().strip()
+            if proc.poll() is not None:
+                raise HostProcessFailed(f"process exited {proc.returncode} before answering")
+    raise HostProcessFailed(f"no answer within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
