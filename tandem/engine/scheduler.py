@@ -1,0 +1,284 @@
+"""Continuous batching at step granularity over any `Executor`.
+
+Every step the scheduler admits waiting requests (up to the executor's `max_batch` sequences), then
+runs ONE forward over all running sequences: a prefill chunk for each new sequence (at most
+`prefill_budget` prompt tokens per step, shared) and one decode token for each sequence already
+generating. A sequence whose prompt is fully in the cache is sampled from its row of the logits, so a
+request that arrives mid-generation joins the very next step instead of waiting for the batch to
+drain. Each request samples with its own parameters and its own seeded generator, so its output does
+not depend on what else shares its steps.
+
+Positions: for a sequence with `cached` tokens in the executor's KV cache, the next chunk starts at
+`start_pos = cached`; a decode step feeds the last sampled token at position len(tokens) - 1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem.engine.executor import Executor, Step, StepSequence
+from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
+
+FinishCallback = Callable[[str, BaseException | None], None]
+TokenCallback = Callable[[int], bool]
+
+
+class SchedulerError(RuntimeError):
+    """Base class of the scheduler's errors."""
+
+
+class EngineUnavailable(SchedulerError):
+    """The executor failed (e.g. a rank died): no request can be served until a restart."""
+
+
+class RequestRejected(SchedulerError, ValueError):
+    """A request that can never run: empty prompt, or a prompt that does not fit the context."""
+
+
+@dataclass
+class Request:
+    """One generation. `on_token(id)` sees each sampled token (return True to stop here, e.g. a stop
+    string matched); `on_finish(reason, error)` is called exactly once, reason in
+    {"stop", "length", "cancelled", "error"}. Both run on the scheduler's thread: keep them short."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_token: TokenCallback
+    on_finish: FinishCallback
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Running:
+    req: Request
+    seq_id: int
+    tokens: list[int]  # prompt + generated so far
+    cached: int = 0  # tokens of `tokens` already in the executor's KV cache
+    generated: int = 0
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SchedulerStats:
+    """Cumulative counters; read by the server's /metrics."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    step_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0  # steps that carried no prefill: the per-token decode latency
+    ttft: list[float] = field(default_factory=list)  # bounded ring below
+    decode_latencies: list[float] = field(default_factory=list)
+
+
+class Scheduler:
+    """Owns the step loop over one executor; thread-safe `submit`, callbacks on its own thread."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        eos_token_ids: tuple[int, ...] = (),
+        prefill_budget: int = 512,
+        idle_wait_s: float = 0.05,
+    ) -> None:
+        if prefill_budget < 1:
+            raise ValueError("prefill_budget must be at least 1 token")
+        self.executor = executor
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.prefill_budget = prefill_budget
+        self.idle_wait_s = idle_wait_s
+        self.stats = SchedulerStats()
+        self.failure: BaseException | None = None
+        self._waiting: deque[Request] = deque()
+        self._running: list[_Running] = []
+        self._ids = itertools.count()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ---- public API ----------------------------------------------------------------------------
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.executor.max_seq_len
+
+    def submit(self, req: Request) -> Request:
+        """Queues `req`; raises `RequestRejected` or `EngineUnavailable` at once when it cannot run."""
+        if not req.prompt_ids:
+            raise RequestRejected("the prompt is empty")
+        if len(req.prompt_ids) >= self.max_seq_len:
+            raise RequestRejected(
+                f"the prompt has {len(req.prompt_ids)} tokens; this model's context is "
+                f"{self.max_seq_len} tokens (prompt plus completion)"
+            )
+        with self._cv:
+            if self.failure is not None:
+                raise EngineUnavailable(f"the engine failed: {self.failure}")
+            self._waiting.append(req)
+            self._cv.notify()
+        return req
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) request counts."""
+        with self._cv:
+            return len(self._running), len(self._waiting)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tandem-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        for r in self._running:
+            self._finish(r, "cancelled", None)
+        self._running.clear()
+        while self._waiting:
+            self._waiting.popleft().on_finish("cancelled", None)
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cv.wait(self.idle_wait_s)
+                if self._stop:
+                    return
+            self.step()
+
+    def step(self) -> bool:
+        """Runs one batched forward; False when there was nothing to do."""
+        self._admit()
+        self._drop_cancelled()
+        if not self._running:
+            return False
+        seqs: list[StepSequence] = []
+        sampled: list[
+            _Running
+        ] = []  # rows of the logits, in step order, that end a prompt or decode
+        budget = self.prefill_budget
+        prefill_tokens = 0
+        for r in self._running:
+            pending = len(r.tokens) - r.cached
+            if pending > 1:  # still prefilling
+                if budget == 0:
+                    continue
+                n = min(pending, budget)
+                budget -= n
+                prefill_tokens += n
+            else:
+                n = 1
+            chunk = tuple(r.tokens[r.cached : r.cached + n])
+            seqs.append(StepSequence(seq_id=r.seq_id, token_ids=chunk, start_pos=r.cached))
+            sampled.append(r)
+        t0 = time.perf_counter()
+        try:
+            logits = self.executor.run(Step(sequences=tuple(seqs)))  # (B, vocab) f32
+        except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
+            self._fail_all(e)
+            return False
+        dt = time.perf_counter() - t0
+        self._record_step(dt, prefill_tokens)
+        finished: list[tuple[_Running, str]] = []
+        for row, (r, seq) in enumerate(zip(sampled, seqs)):
+            r.cached += len(seq.token_ids)
+            if r.cached < len(r.tokens):
+                continue  # prompt chunk: nothing to sample yet
+            reason = self._sample_and_emit(r, logits[row])
+            if reason is not None:
+                finished.append((r, reason))
+        if finished:
+            done = {id(r) for r, _ in finished}
+            self._running = [r for r in self._running if id(r) not in done]
+            self.executor.release([r.seq_id for r, _ in finished])
+            for r, reason in finished:
+                self._finish(r, reason, None)
+        return True
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        with self._cv:
+            while self._waiting and len(self._running) < self.executor.max_batch:
+                req = self._waiting.popleft()
+                if req.cancelled:
+                    req.on_finish("cancelled", None)
+                    continue
+                r = _Running(req=req, seq_id=next(self._ids), tokens=list(req.prompt_ids))
+                r.generator = make_generator(req.params.seed)
+                self.stats.prompt_tokens += len(req.prompt_ids)
+                self._running.append(r)
+
+    def _drop_cancelled(self) -> None:
+        gone = [r for r in self._running if r.req.cancelled]
+        if gone:
+            self._running = [r for r in self._running if not r.req.cancelled]
+            self.executor.release([r.seq_id for r in gone if r.cached > 0])
+            for r in gone:
+                self._finish(r, "cancelled", None)
+
+    def _sample_and_emit(self, r: _Running, logits_row: torch.Tensor) -> str | None:
+        token = sample_next(logits_row, r.req.params, r.generator)
+        r.tokens.append(token)
+        r.generated += 1
+        self.stats.generated_tokens += 1
+        if r.req.first_token_at is None:
+            r.req.first_token_at = time.perf_counter()
+            self._push(self.stats.ttft, r.req.first_token_at - r.req.submitted_at)
+        if token in self.eos_token_ids or token in r.req.params.stop_token_ids:
+            return "stop"
+        if r.req.on_token(token):
+            return "stop"
+        if r.generated >= r.req.params.max_tokens or len(r.tokens) >= self.max_seq_len:
+            return "length"
+        return None
+
+    def _record_step(self, dt: float, prefill_tokens: int) -> None:
+        s = self.stats
+        s.steps += 1
+        s.step_seconds += dt
+        if prefill_tokens == 0:
+            s.decode_steps += 1
+            s.decode_seconds += dt
+            self._push(s.decode_latencies, dt)
+
+    @staticmethod
+    def _push(ring: list[float], value: float, cap: int = 4096) -> None:
+        ring.append(value)
+        if len(ring) > cap:
+            del ring[: len(ring) - cap]
+
+    def _finish(self, r: _Running, reason: str, error: BaseException | None) -> None:
+        try:
+            r.req.on_finish(reason, error)
+        except Exception:  # a broken callback must not take the loop down
+            pass
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            self.failure = error
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        running, self._running = self._running, []
+        wrapped = EngineUnavailable(f"the engine failed: {error}")
+        for r in running:
+            self._finish(r, "error", wrapped)
+        for req in waiting:
+            req.on_finish("error", wrapped)
