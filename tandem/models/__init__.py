@@ -1,0 +1,1 @@
+"""The single-device reference model (Llama family) and its KV cache."""

@@ -1,0 +1,266 @@
+"""Frozen configuration records shared by every package.
+
+`ModelConfig` is the model's shape as Hugging Face `config.json` states it (field names kept as HF
+spells them), normalised across the supported architectures: Llama, Mistral, Qwen2 and Qwen3 differ
+only in which of these switches they set.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# architecture name -> HF model_type written into config.json
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+class ConfigError(ValueError):
+    """A config.json that is unreadable, lacks a required field, or holds a value we cannot run."""
+
+
+class UnsupportedArchitectureError(ConfigError):
+    """The config names an architecture tandem does not implement."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """`llama3` rope scaling parameters (Llama 3.1+); absent for plain RoPE."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias
+    o_bias: bool = False  # Llama when attention_bias
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k
+    sliding_window: int | None = None  # Mistral: a query sees at most this many keys
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    torch_dtype: str = "float32"
+
+    @property
+    def model_type(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    # ---- parsing -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        file = Path(path) / "config.json"
+        try:
+            text = file.read_text()
+        except OSError as e:
+            raise ConfigError(f"{file}: cannot read config ({e.strerror or e})") from e
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{file}: not valid JSON ({e})") from e
+        if not isinstance(d, dict):
+            raise ConfigError(f"{file}: expected a JSON object at top level")
+        return cls.from_hf_dict(d, source=str(file))
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        """Parses an HF `config.json` dict; old (`rope_theta`/`rope_scaling`) and new
+        (`rope_parameters`) rope layouts are both accepted."""
+        archs = d.get("architectures") or []
+        arch = archs[0] if isinstance(archs, list) and archs else None
+        if arch is None:
+            by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+            arch = by_type.get(d.get("model_type", ""))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitectureError(
+                f"{source}: architecture {arch or d.get('model_type')!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+
+        def need(key: str, kind: type = int) -> Any:
+            if key not in d or d[key] is None:
+                raise ConfigError(f"{source}: required field {key!r} is missing")
+            return _typed(d[key], kind, key, source)
+
+        def opt(key: str, kind: type, default: Any) -> Any:
+            v = d.get(key)
+            return default if v is None else _typed(v, kind, key, source)
+
+        hidden = need("hidden_size")
+        n_heads = need("num_attention_heads")
+        n_kv = opt("num_key_value_heads", int, n_heads)
+        head_dim = opt("head_dim", int, hidden // n_heads if n_heads else 0)
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
+
+        rope = d.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise ConfigError(f"{source}: 'rope_parameters' must be an object")
+        theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+        scaling_d = d.get("rope_scaling") or rope
+        if isinstance(scaling_d, dict) and scaling_d.get("rope_type", scaling_d.get("type")) in (
+            None,
+            "default",
+        ):
+            scaling_d = None
+        scaling = _parse_rope_scaling(scaling_d, d, source) if scaling_d else None
+
+        qkv_bias = arch == "Qwen2ForCausalLM" or bool(d.get("attention_bias", False))
+        o_bias = arch != "Qwen2ForCausalLM" and bool(d.get("attention_bias", False))
+        window = d.get("sliding_window") if arch == "MistralForCausalLM" else None
+        if arch == "Qwen2ForCausalLM" and d.get("use_sliding_window"):
+            raise ConfigError(f"{source}: Qwen2 'use_sliding_window' is not supported")
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+
+        cfg = cls(
+            architecture=arch,
+            vocab_size=need("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=need("intermediate_size"),
+            num_hidden_layers=need("num_hidden_layers"),
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_kv,
+            head_dim=head_dim,
+            max_position_embeddings=opt("max_position_embeddings", int, 4096),
+            rms_norm_eps=opt("rms_norm_eps", float, 1e-6),
+            rope_theta=_typed(theta, float, "rope_theta", source),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            sliding_window=_typed(window, int, "sliding_window", source) if window else None,
+            bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
+            eos_token_ids=eos_ids,
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+        )
+        cfg.validate(source)
+        return cfg
+
+    def validate(self, source: str = "config") -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{source}: {name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"{source}: head_dim {self.head_dim} must be even for RoPE")
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The config.json Hugging Face `transformers` writes for this shape (old rope layout, which
+        every transformers version reads)."""
+        d: dict[str, Any] = {
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": asdict(self.rope_scaling) if self.rope_scaling else None,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": self.torch_dtype,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids)
+            if len(self.eos_token_ids) != 1
+            else self.eos_token_ids[0],
+        }
+        if self.architecture == "LlamaForCausalLM":
+            d["attention_bias"] = self.o_bias
+            d["mlp_bias"] = self.mlp_bias
+        if self.architecture == "Qwen3ForCausalLM":
+            d["attention_bias"] = False
+        if self.architecture == "MistralForCausalLM":
+            d["sliding_window"] = self.sliding_window
+        if self.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+            d["use_sliding_window"] = False
+        return d
+
+
+def _typed(v: Any, kind: type, key: str, source: str) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{source}: field {key!r} must be a number, got {v!r}")
+    if kind is int:
+        if int(v) != v:
+            raise ConfigError(f"{source}: field {key!r} must be an integer, got {v!r}")
+        return int(v)
+    return float(v)
+
+
+def _parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:
+    if not isinstance(s, dict):
+        raise ConfigError(f"{source}: 'rope_scaling' must be an object")
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(
+            f"{source}: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    try:
+        return RopeScaling(
+            rope_type=kind,
+            factor=_typed(s["factor"], float, "rope_scaling.factor", source),
+            low_freq_factor=_typed(
+                s["low_freq_factor"], float, "rope_scaling.low_freq_factor", source
+            ),
+            high_freq_factor=_typed(
+                s["high_freq_factor"], float, "rope_scaling.high_freq_factor", source
+            ),
+            original_max_position_embeddings=_typed(
+                s.get("original_max_position_embeddings", d.get("max_position_embeddings")),
+                int,
+                "rope_scaling.original_max_position_embeddings",
+                source,
+            ),
+        )
+    except KeyError as e:
+        raise ConfigError(f"{source}: rope_scaling field {e.args[0]!r} is missing") from e

@@ -1,0 +1,67 @@
+"""Grouped-query self-attention with RoPE, optional per-head q/k RMSNorm (Qwen3) and qkv bias (Qwen2).
+
+The head counts are this module's own attributes `n_heads` and `n_kv_heads`: one device holds them
+all; a tensor-parallel transform replaces the projections with column/row-parallel ones and sets the
+local counts, and nothing here changes. Query head h reads key/value head h // (n_heads/n_kv_heads).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.config import ModelConfig
+from tandem.models.context import ForwardContext
+from tandem.models.layers import RMSNorm
+from tandem.models.rope import apply_rope
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = hd = config.head_dim
+        D = config.hidden_size
+        self.q_proj = nn.Linear(D, self.n_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(D, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(D, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, D, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        B, T, _ = x.shape
+        hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads
+        q = self.q_proj(x).view(B, T, H, hd)
+        k = self.k_proj(x).view(B, T, Hkv, hd)
+        v = self.v_proj(x).view(B, T, Hkv, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, ctx.cos, ctx.sin)
+        k = apply_rope(k, ctx.cos, ctx.sin)
+
+        if ctx.cache is not None:
+            keys, values = ctx.cache.update(self.layer_idx, k, v, ctx)  # (B, Hkv, S, hd)
+        else:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, hd)
+        n_rep = H // Hkv
+        if T == 1 and not ctx.is_causal:
+            # decode: fold the n_rep query heads sharing a kv head into the query axis, so the
+            # kernel reads each cached key once and no repeated copy of the cache is made
+            qg = q.view(B, Hkv, n_rep, hd)  # (B, Hkv, n_rep, hd)
+            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.attn_mask)
+        else:
+            if n_rep > 1:
+                keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
+                values = values.repeat_interleave(n_rep, dim=1)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal
+            )  # (B, H, T, hd)
+            out = out.transpose(1, 2)
+        return self.o_proj(out.reshape(B, T, H * hd))

@@ -1,0 +1,125 @@
+"""Per-step forward context: everything every layer needs that depends only on the step.
+
+Built once per step (not per layer): positions, RoPE cos/sin, the attention mask, and where in the
+KV cache this step's keys are written and read. A batch row b holds `lengths[b]` new tokens at
+absolute positions `start_pos[b] .. start_pos[b] + lengths[b] - 1`, left-aligned and padded to
+T = max(lengths); padded tokens are computed but never written to the cache or read out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem.models.kv_cache import KVCache, SequenceTooLongError
+from tandem.models.rope import RotaryEmbedding
+
+
+class BadStepError(ValueError):
+    """A step whose lengths, positions or slots do not fit together."""
+
+
+@dataclass
+class ForwardContext:
+    positions: torch.Tensor  # (B, T) int64 absolute positions
+    cos: torch.Tensor  # (B, T, 1, head_dim), compute dtype
+    sin: torch.Tensor
+    attn_mask: (
+        torch.Tensor | None
+    )  # (B, 1, T, S) bool, True = attend; None with is_causal or no mask
+    is_causal: bool  # queries and keys are the same T positions from 0: plain causal attention
+    kv_len: int  # S: keys each query row may see (cache rows 0..S-1, or the T new tokens)
+    last_index: torch.Tensor  # (B,) index in T of each row's last real token
+    lengths: tuple[int, ...]
+    cache: KVCache | None = None
+    slots: torch.Tensor | None = None  # (B,) cache slot of each row
+    slot_range: tuple[int, int] | None = None  # slots are a..b-1 in order: read by slicing
+    write_block: tuple[int, int, int, int] | None = None  # (slot a, slot b, pos s0, pos s1)
+    write_slots: torch.Tensor | None = None  # (N,) slot of each written token
+    write_pos: torch.Tensor | None = None  # (N,) position of each written token
+    write_rows: torch.Tensor | None = None  # (N,) flat B*T index of each written token, None = all
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths)
+
+
+def build_context(
+    rope: RotaryEmbedding,
+    start_pos: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    cache: KVCache | None = None,
+    slots: Sequence[int] | None = None,
+    sliding_window: int | None = None,
+) -> ForwardContext:
+    """See the module docstring. Without a cache, attention sees only this step's tokens."""
+    B = len(lengths)
+    if B == 0 or len(start_pos) != B or (slots is not None and len(slots) != B):
+        raise BadStepError(f"step with {B} rows, {len(start_pos)} start positions, slots {slots}")
+    if min(lengths) < 1 or min(start_pos) < 0:
+        raise BadStepError(f"lengths must be >= 1 and positions >= 0: {lengths}, {start_pos}")
+    T = max(lengths)
+    device = torch.device(device)
+    starts = torch.tensor(list(start_pos), dtype=torch.int64, device=device)
+    positions = starts[:, None] + torch.arange(T, device=device)  # (B, T)
+    cos, sin = rope(positions, dtype)
+    all_valid = all(n == T for n in lengths)
+    ends = [s + n for s, n in zip(start_pos, lengths)]
+    last_index = torch.tensor([n - 1 for n in lengths], dtype=torch.int64, device=device)
+    ctx = ForwardContext(positions, cos, sin, None, False, T, last_index, tuple(lengths))
+
+    if cache is None:
+        key_pos = positions  # keys are this step's tokens
+        key_valid = (
+            torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+        )
+        plain_causal = all_valid and all(s == 0 for s in start_pos)
+    else:
+        if slots is None:
+            raise BadStepError("a cached step needs a slot per row")
+        if max(ends) > cache.max_seq_len:
+            raise SequenceTooLongError(
+                f"a sequence would reach {max(ends)} tokens; the KV cache holds {cache.max_seq_len}"
+            )
+        if len(set(slots)) != B or min(slots) < 0 or max(slots) >= cache.n_slots:
+            raise BadStepError(f"slots {list(slots)} must be distinct and in [0, {cache.n_slots})")
+        ctx.cache = cache
+        ctx.kv_len = S = max(ends)
+        ctx.slots = torch.tensor(list(slots), dtype=torch.int64, device=device)
+        consecutive = list(slots) == list(range(slots[0], slots[0] + B))
+        if consecutive:
+            ctx.slot_range = (slots[0], slots[0] + B)
+        if consecutive and all_valid and len(set(start_pos)) == 1:
+            ctx.write_block = (slots[0], slots[0] + B, start_pos[0], start_pos[0] + T)
+        else:
+            flat_pos = positions.reshape(-1)
+            flat_slot = ctx.slots.repeat_interleave(T)
+            if not all_valid:
+                rows = [b * T + t for b, n in enumerate(lengths) for t in range(n)]
+                ctx.write_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+                flat_pos, flat_slot = flat_pos[ctx.write_rows], flat_slot[ctx.write_rows]
+            ctx.write_slots, ctx.write_pos = flat_slot, flat_pos
+        key_pos = torch.arange(S, device=device)[None, :].expand(B, S)
+        key_valid = None  # keys past a row's end are only seen by that row's padded queries
+        plain_causal = all_valid and all(s == 0 for s in start_pos)
+
+    window_matters = sliding_window is not None and max(ends) > sliding_window
+    if plain_causal and not window_matters:
+        ctx.is_causal = T > 1
+        return ctx
+    if cache is not None and T == 1 and len(set(ends)) == 1 and not window_matters:
+        return ctx  # decode with equal lengths: every cached key is visible
+    q = positions[:, :, None]  # (B, T, 1)
+    k = key_pos[:, None, :]  # (B, 1, S)
+    mask = k <= q
+    if key_valid is not None:
+        mask = mask & key_valid[:, None, :]
+    if window_matters:
+        mask = mask & (q - k < sliding_window)
+    ctx.attn_mask = mask[:, None]  # (B, 1, T, S)
+    return ctx

@@ -1,0 +1,129 @@
+"""A preallocated key/value cache, keyed by global layer index, one row ("slot") per sequence.
+
+Each layer holds k and v of shape (n_slots, n_kv_heads, max_seq_len, head_dim). `n_kv_heads` is the
+count this process actually computes: the full count on one device, the local share under tensor
+parallelism. A pipeline stage allocates only the layers it holds. Nothing is allocated per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from tandem.models.context import ForwardContext
+
+
+class CacheFullError(RuntimeError):
+    """Every slot is taken by a live sequence."""
+
+
+class SequenceTooLongError(ValueError):
+    """A sequence would run past the cache's max_seq_len."""
+
+
+class KVCache:
+    def __init__(
+        self,
+        layer_ids: Iterable[int],
+        n_slots: int,
+        max_seq_len: int,
+        n_kv_heads: int | dict[int, int],
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.n_slots = n_slots
+        self.max_seq_len = max_seq_len
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        for i in layer_ids:
+            heads = n_kv_heads[i] if isinstance(n_kv_heads, dict) else n_kv_heads
+            shape = (n_slots, heads, max_seq_len, head_dim)
+            self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
+            self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
+
+    @classmethod
+    def for_model(
+        cls, model: nn.Module, n_slots: int, max_seq_len: int, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """Sizes the cache from the layers `model` holds, reading each attention's own (possibly
+        tensor-parallel local) `n_kv_heads` and `head_dim`."""
+        layers = model.model.layers
+        heads = {int(i): layer.self_attn.n_kv_heads for i, layer in layers.items()}
+        first = next(iter(layers.values())).self_attn
+        param = next(model.parameters())
+        return cls(
+            heads.keys(),
+            n_slots,
+            max_seq_len,
+            heads,
+            first.head_dim,
+            dtype or param.dtype,
+            param.device,
+        )
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values()))
+
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes this step's keys/values, returns every key/value the batch attends to.
+
+        k_new, v_new: (B, T, n_kv_heads, head_dim) -> returns two (B, n_kv_heads, S, head_dim),
+        S = ctx.kv_len. Rows of padded tokens are not written.
+        """
+        k_all, v_all = self.k[layer], self.v[layer]
+        if ctx.write_block is not None:
+            # every row valid, one shared start position, consecutive slots: a strided copy
+            a, b, s0, s1 = ctx.write_block
+            k_all[a:b, :, s0:s1].copy_(k_new.transpose(1, 2))
+            v_all[a:b, :, s0:s1].copy_(v_new.transpose(1, 2))
+        else:
+            idx = (ctx.write_slots, slice(None), ctx.write_pos)
+            B, T = k_new.shape[:2]
+            k_rows = k_new.reshape(B * T, *k_new.shape[2:])  # (B*T, n_kv_heads, head_dim)
+            v_rows = v_new.reshape(B * T, *v_new.shape[2:])
+            if ctx.write_rows is not None:
+                k_rows, v_rows = k_rows[ctx.write_rows], v_rows[ctx.write_rows]
+            k_all[idx] = k_rows
+            v_all[idx] = v_rows
+        S = ctx.kv_len
+        if ctx.slot_range is not None:
+            a, b = ctx.slot_range
+            return k_all[a:b, :, :S], v_all[a:b, :, :S]
+        return k_all[:, :, :S].index_select(0, ctx.slots), v_all[:, :, :S].index_select(
+            0, ctx.slots
+        )
+
+
+class SlotTable:
+    """Maps live sequence ids to cache slots; the lowest free slot first, so that every rank that
+    sees the same steps in the same order assigns the same slots."""
+
+    def __init__(self, n_slots: int) -> None:
+        self.n_slots = n_slots
+        self._slot: dict[int, int] = {}
+        self._free = list(range(n_slots))
+
+    def slot(self, seq_id: int) -> int:
+        """The slot of `seq_id`, assigning the lowest free one to a new sequence."""
+        s = self._slot.get(seq_id)
+        if s is None:
+            if not self._free:
+                raise CacheFullError(f"all {self.n_slots} KV cache slots are in use")
+            s = self._slot[seq_id] = self._free.pop(0)
+        return s
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._slot
+
+    def release(self, seq_id: int) -> None:
+        s = self._slot.pop(seq_id, None)
+        if s is not None:
+            self._free.append(s)
+            self._free.sort()

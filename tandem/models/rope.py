@@ -1,0 +1,61 @@
+"""Rotary position embedding: default RoPE and Llama 3.1's `llama3` frequency scaling.
+
+Matches Hugging Face `transformers` bit for bit in float32: inverse frequencies and the angle
+`position * inv_freq` are computed in float32, then cos/sin are cast to the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tandem.config import ModelConfig
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies, float32, shape (head_dim // 2,)."""
+    dim = config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    s = config.rope_scaling
+    if s is None or s.rope_type == "default":
+        return inv_freq
+    # llama3: long wavelengths are divided by `factor`, short ones kept, the band between blended.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding:
+    """Computes cos/sin for absolute positions. Not an nn.Module on purpose: `model.to(bfloat16)`
+    must not round the float32 inverse frequencies."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.inv_freq = rope_inv_freq(config)
+        self._on: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (B, T) int64 -> cos, sin each (B, T, 1, head_dim) in `dtype`."""
+        inv = self._on.get(positions.device)
+        if inv is None:
+            inv = self._on[positions.device] = self.inv_freq.to(positions.device)
+        freqs = positions[..., None].float() * inv  # (B, T, head_dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, head_dim)
+        return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, head_dim) rotated by position; the two halves of head_dim form the pairs."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
