@@ -3,51 +3,10 @@
 import threading
 
 import pytest
-import torch
+from _serving_doubles import HistoryExecutor
 
-from tandem.engine.executor import Step
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
 from tandem.engine.scheduler import EngineUnavailable, Request, RequestRejected, Scheduler
-
-VOCAB = 50
-
-
-class HistoryExecutor:
-    """Keeps each sequence's tokens like a KV cache would and refuses a wrong start_pos; the logits
-    are a smooth function of the whole history, so a token fed at the wrong place changes the output."""
-
-    vocab_size = VOCAB
-
-    def __init__(self, max_batch=8, max_seq_len=64, fail_after=None):
-        self.max_batch = max_batch
-        self.max_seq_len = max_seq_len
-        self.history: dict[int, list[int]] = {}
-        self.steps: list[Step] = []
-        self.released: list[int] = []
-        self.fail_after = fail_after
-
-    def run(self, step: Step) -> torch.Tensor:
-        if self.fail_after is not None and len(self.steps) >= self.fail_after:
-            raise ConnectionError("rank 1 closed the connection")
-        self.steps.append(step)
-        assert len(step.sequences) <= self.max_batch
-        rows = []
-        for s in step.sequences:
-            h = self.history.setdefault(s.seq_id, [])
-            assert s.start_pos == len(h), (s, len(h))
-            h.extend(s.token_ids)
-            assert len(h) <= self.max_seq_len
-            target = (sum(t * (i + 1) for i, t in enumerate(h)) * 31 + 7) % VOCAB
-            rows.append(-(torch.arange(VOCAB, dtype=torch.float32) - target).abs())
-        return torch.stack(rows)
-
-    def release(self, seq_ids):
-        self.released.extend(seq_ids)
-        for i in seq_ids:
-            self.history.pop(i, None)
-
-    def close(self):
-        pass
 
 
 def _collect(prompt, **params):

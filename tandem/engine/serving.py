@@ -1,0 +1,195 @@
+"""Text in, text out: the engine the HTTP server talks to (tokenizer + chat template + scheduler).
+
+`ServingEngine.generate` turns a prompt into a stream of text deltas. Detokenization is incremental
+and careful at the two places streaming goes wrong: a multi-byte character split across tokens is held
+back until it is complete, and text that might be the beginning of a stop string is held back until it
+is known not to be one, so a stop string never leaks into the output, streamed or not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.scheduler import EngineUnavailable, Request, RequestRejected, Scheduler
+
+__all__ = [
+    "Completion",
+    "EngineUnavailable",
+    "RequestRejected",
+    "ServingEngine",
+    "TextStream",
+    "TextTokenizer",
+]
+
+
+class TextTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class TextStream:
+    """Incremental detokenizer with stop strings: feed token ids, get safe-to-show text deltas."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...] = ()) -> None:
+        self._decode = decode
+        self.stop = tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.sent = 0  # characters of the decoded text already handed out
+        self.text = ""
+        self.stopped = False
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """(delta, hit_stop): the newly safe text, and whether a stop string just completed."""
+        self.ids.append(token)
+        text = self._decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return "", False
+        self.text = text
+        if self.stop:
+            window = max(len(s) for s in self.stop)
+            lo = max(0, self.sent - window + 1)
+            hits = [i for i in (text.find(s, lo) for s in self.stop) if i >= 0]
+            if hits:
+                end = max(min(hits), self.sent)
+                self.text = text[:end]
+                self.stopped = True
+                return self._take(end), True
+            safe = len(text) - self._partial_stop_suffix(text)
+            return self._take(max(safe, self.sent)), False
+        return self._take(len(text)), False
+
+    def flush(self) -> str:
+        """Everything not yet handed out (at the end of a generation that did not hit a stop)."""
+        if self.stopped:
+            return ""
+        return self._take(len(self.text))
+
+    def _take(self, end: int) -> str:
+        delta = self.text[self.sent : end]
+        self.sent = max(self.sent, end)
+        return delta
+
+    def _partial_stop_suffix(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+
+class ServingEngine:
+    """What `tandem.server` needs: a model name, prompt building, streaming generation, health and
+    figures for /metrics. The executor behind the scheduler may be local, TP, PP or both."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tokenizer: TextTokenizer,
+        model_name: str,
+        chat_template: Callable[[list[dict[str, Any]]], str] | None = None,
+        health: Callable[[], tuple[bool, str]] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self._chat_template = chat_template
+        self._health = health
+        self.started_at = time.time()
+        self.requests_total: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.scheduler.max_seq_len
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        if self._chat_template is not None:
+            return self._chat_template(messages)
+        lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
+        return "\n".join(lines) + "\nassistant:"
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stop: tuple[str, ...],
+        on_delta: Callable[[str], None],
+        on_done: Callable[[Completion | None, BaseException | None], None],
+    ) -> Request:
+        """Starts a generation; `on_delta` gets text as it becomes safe to show, then `on_done` once.
+        Raises RequestRejected / EngineUnavailable before anything runs. Cancel with `.cancel()`."""
+        stream = TextStream(self.tokenizer.decode, stop)
+        count = [0]
+
+        def on_token(token: int) -> bool:
+            count[0] += 1
+            delta, hit = stream.push(token)
+            if delta:
+                on_delta(delta)
+            return hit
+
+        def on_finish(reason: str, error: BaseException | None) -> None:
+            self._count(reason)
+            if error is not None or reason in ("error", "cancelled"):
+                on_done(None, error or EngineUnavailable(f"request {reason}"))
+                return
+            tail = stream.flush()
+            if tail:
+                on_delta(tail)
+            on_done(Completion(stream.text, reason, len(prompt_ids), count[0]), None)
+
+        req = Request(list(prompt_ids), params, on_token, on_finish)
+        return self.scheduler.submit(req)
+
+    def health(self) -> tuple[bool, str]:
+        if self.scheduler.failure is not None:
+            return False, f"the engine failed: {self.scheduler.failure}"
+        if self._health is not None:
+            return self._health()
+        return True, "ok"
+
+    def metrics(self) -> dict[str, Any]:
+        """A snapshot for /metrics: scheduler counters plus the executor's own figures if it has any
+        (`stats()` returning e.g. {"collective_seconds": ..., "wire_bytes": ...})."""
+        s = self.scheduler.stats
+        running, waiting = self.scheduler.load()
+        ex_stats = getattr(self.scheduler.executor, "stats", None)
+        executor = dict(ex_stats()) if callable(ex_stats) else {}
+        with self._lock:
+            finished = dict(self.requests_total)
+        return {
+            "requests_finished": finished,
+            "running": running,
+            "waiting": waiting,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "steps": s.steps,
+            "step_seconds": s.step_seconds,
+            "ttft": list(s.ttft),
+            "decode_latencies": list(s.decode_latencies),
+            "executor": executor,
+        }
+
+    def _count(self, reason: str) -> None:
+        with self._lock:
+            self.requests_total[reason] = self.requests_total.get(reason, 0) + 1

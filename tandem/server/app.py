@@ -1,0 +1,299 @@
+"""The OpenAI-compatible HTTP API over a `ServingEngine`: chat and text completions (SSE or not),
+models, health and Prometheus metrics. Errors use OpenAI's `{"error": {...}}` body."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
+from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
+from tandem.server.metrics import render_metrics
+from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="tandem", docs_url=None, redoc_url=None)
+    http_counts: dict[tuple[str, int], int] = {}
+
+    @app.middleware("http")
+    async def auth_and_count(request: Request, call_next):
+        path = request.url.path
+        if api_key and path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+                response = JSONResponse(err.body(), status_code=401)
+                _count(http_counts, path, 401)
+                return response
+        response = await call_next(request)
+        _count(http_counts, path, response.status_code)
+        return response
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        return JSONResponse(APIError(400, msg, param=".".join(loc) or None).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        code = "not_found" if exc.status_code == 404 else None
+        err = APIError(exc.status_code, str(exc.detail), code=code)
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        ok, detail = engine.health()
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503
+        )
+
+    @app.get("/metrics")
+    async def metrics():
+        ok, _ = engine.health()
+        text = render_metrics(engine.metrics(), ok, dict(http_counts))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(engine)]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str):
+        _check_model(engine, model_id)
+        return _model_card(engine)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest):
+        _check_model(engine, body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        prompt_ids = engine.encode(engine.chat_prompt(messages))
+        params = _params(engine, body, prompt_ids, default_max=None)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        events = _generate(engine, prompt_ids, params, body.stop_strings())
+        if body.stream:
+            return _sse(_chat_chunks(events, rid, created, engine.model_name, body))
+        done = await _drain(events)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": engine.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": done.text},
+                    "finish_reason": done.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(done),
+        }
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        _check_model(engine, body.model)
+        prompt = body.prompt_text_or_ids()
+        prompt_ids = prompt if isinstance(prompt, list) else engine.encode(prompt)
+        params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        events = _generate(engine, prompt_ids, params, body.stop_strings())
+        if body.stream:
+            return _sse(_text_chunks(events, rid, created, engine.model_name, body))
+        done = await _drain(events)
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": engine.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": done.text,
+                    "finish_reason": done.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(done),
+        }
+
+    return app
+
+
+def _count(counts: dict[tuple[str, int], int], path: str, status: int) -> None:
+    key = (path if path.startswith(("/v1", "/health", "/metrics")) else "other", status)
+    counts[key] = counts.get(key, 0) + 1
+
+
+def _model_card(engine: ServingEngine) -> dict[str, Any]:
+    return {
+        "id": engine.model_name,
+        "object": "model",
+        "created": int(engine.started_at),
+        "owned_by": "tandem",
+        "max_model_len": engine.max_seq_len,
+    }
+
+
+def _check_model(engine: ServingEngine, model: str) -> None:
+    if model != engine.model_name:
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist; this server serves `{engine.model_name}`.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _params(
+    engine: ServingEngine, body: _Sampling, prompt_ids: list[int], default_max: int | None
+) -> SamplingParams:
+    if body.n != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    if len(prompt_ids) >= engine.max_seq_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {engine.max_seq_len} tokens; the prompt has "
+            f"{len(prompt_ids)} tokens. Shorten the prompt.",
+            param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+            code="context_length_exceeded",
+        )
+    max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max or engine.max_seq_len - len(prompt_ids)
+    if max_tokens < 1:
+        raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            seed=body.seed,
+        )
+    except SamplingParamsError as e:
+        raise APIError(400, str(e)) from e
+
+
+def _generate(
+    engine: ServingEngine, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...]
+) -> AsyncIterator[str | Completion]:
+    """Submits now (so admission errors become 4xx/5xx before any response starts) and returns the
+    stream of text deltas followed by the Completion."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def on_delta(d: str) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, d)
+
+    def on_done(c: Completion | None, e: BaseException | None) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (c, e))
+
+    try:
+        handle = engine.generate(prompt_ids, params, stop, on_delta, on_done)
+    except RequestRejected as e:
+        raise APIError(400, str(e)) from e
+    except EngineUnavailable as e:
+        raise APIError(503, str(e), type_="server_error", code="engine_unavailable") from e
+    return _events(queue, handle)
+
+
+async def _events(queue: asyncio.Queue, handle: Any) -> AsyncIterator[str | Completion]:
+    """Cancels the generation when the consumer goes away (a client that disconnects mid-stream)."""
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, str):
+                yield item
+                continue
+            completion, error = item
+            if error is not None:
+                raise APIError(503, str(error), type_="server_error", code="engine_unavailable")
+            yield completion
+            return
+    finally:
+        handle.cancel()
+
+
+async def _drain(events: AsyncIterator[str | Completion]) -> Completion:
+    async for item in events:
+        if isinstance(item, Completion):
+            return item
+    raise APIError(500, "generation ended without a result", type_="server_error")
+
+
+def _usage(c: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    }
+
+
+def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def body():
+        try:
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk)}\n\n"
+        except APIError as e:  # mid-stream failure: report it in-band, as OpenAI does
+            yield f"data: {json.dumps(e.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _chat_chunks(events, rid, created, model, body) -> AsyncIterator[dict[str, Any]]:
+    def chunk(delta: dict, finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for item in events:
+        if isinstance(item, str):
+            yield chunk({"content": item})
+        else:
+            yield chunk({}, item.finish_reason)
+            if body.stream_options and body.stream_options.include_usage:
+                yield {**chunk({}), "choices": [], "usage": _usage(item)}
+
+
+async def _text_chunks(events, rid, created, model, body) -> AsyncIterator[dict[str, Any]]:
+    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        }
+
+    async for item in events:
+        if isinstance(item, str):
+            yield chunk(item)
+        else:
+            yield chunk("", item.finish_reason)
+            if body.stream_options and body.stream_options.include_usage:
+                yield {**chunk(""), "choices": [], "usage": _usage(item)}

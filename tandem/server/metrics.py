@@ -1,0 +1,83 @@
+"""The engine's figures in the Prometheus text exposition format (version 0.0.4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DECODE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+# executor stats key -> (metric name, help)
+EXECUTOR_METRICS = {
+    "collective_seconds": (
+        "tandem_collective_seconds_total",
+        "Seconds spent in collectives (all-reduce and friends) across steps.",
+    ),
+    "wire_bytes": ("tandem_wire_bytes_total", "Bytes sent on the wire by the head's communicator."),
+    "collectives": ("tandem_collectives_total", "Collective operations run."),
+    "stage_seconds": (
+        "tandem_stage_transfer_seconds_total",
+        "Seconds moving pipeline activations.",
+    ),
+}
+
+
+def _histogram(name: str, help_: str, values: list[float], buckets: tuple[float, ...]) -> list[str]:
+    lines = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+    for b in buckets:
+        lines.append(f'{name}_bucket{{le="{b}"}} {sum(1 for v in values if v <= b)}')
+    lines.append(f'{name}_bucket{{le="+Inf"}} {len(values)}')
+    lines.append(f"{name}_sum {sum(values):.6f}")
+    lines.append(f"{name}_count {len(values)}")
+    return lines
+
+
+def _single(name: str, kind: str, help_: str, value: float) -> list[str]:
+    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+
+
+def render_metrics(
+    m: dict[str, Any], healthy: bool, http_requests: dict[tuple[str, int], int]
+) -> str:
+    """`m` is `ServingEngine.metrics()`; `http_requests` counts (path, status) pairs."""
+    lines = [
+        "# HELP tandem_http_requests_total HTTP requests by path and status code.",
+        "# TYPE tandem_http_requests_total counter",
+    ]
+    for (path, status), n in sorted(http_requests.items()):
+        lines.append(f'tandem_http_requests_total{{path="{path}",status="{status}"}} {n}')
+    lines += [
+        "# HELP tandem_requests_total Generations finished, by reason.",
+        "# TYPE tandem_requests_total counter",
+    ]
+    for reason, n in sorted(m["requests_finished"].items()):
+        lines.append(f'tandem_requests_total{{finish_reason="{reason}"}} {n}')
+    lines += _single(
+        "tandem_prompt_tokens_total", "counter", "Prompt tokens admitted.", m["prompt_tokens"]
+    )
+    lines += _single(
+        "tandem_generation_tokens_total", "counter", "Tokens generated.", m["generated_tokens"]
+    )
+    lines += _single("tandem_steps_total", "counter", "Batched forward steps run.", m["steps"])
+    lines += _single(
+        "tandem_step_seconds_total", "counter", "Seconds inside forward steps.", m["step_seconds"]
+    )
+    lines += _single("tandem_requests_running", "gauge", "Requests in the batch.", m["running"])
+    lines += _single("tandem_requests_waiting", "gauge", "Requests queued.", m["waiting"])
+    lines += _single("tandem_healthy", "gauge", "1 when the cluster is whole.", int(healthy))
+    lines += _histogram(
+        "tandem_time_to_first_token_seconds", "Time to first token.", m["ttft"], TTFT_BUCKETS
+    )
+    lines += _histogram(
+        "tandem_decode_step_seconds",
+        "Latency of decode-only steps (one token per running request).",
+        m["decode_latencies"],
+        DECODE_BUCKETS,
+    )
+    for key, value in sorted(m["executor"].items()):
+        name, help_ = EXECUTOR_METRICS.get(
+            key, (f"tandem_executor_{key}", f"Executor figure {key}.")
+        )
+        if isinstance(value, int | float):
+            lines += _single(name, "counter", help_, value)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,92 @@
+"""OpenAI request bodies (the fields tandem honours) and OpenAI-style error bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class APIError(Exception):
+    """An error the API returns as `{"error": {...}}` with an HTTP status, like OpenAI's."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    # extra fields (frequency_penalty, logprobs, user, ...) are accepted and ignored, as vLLM does
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # [{"type": "text", "text": ...}, ...]
+            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+
+    def prompt_text_or_ids(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list):
+            if p and all(isinstance(x, int) for x in p):
+                return list(p)  # type: ignore[arg-type]
+            if len(p) != 1:
+                raise APIError(400, "exactly one prompt per request is supported", param="prompt")
+            return str(p[0])
+        return p

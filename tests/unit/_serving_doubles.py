@@ -1,0 +1,59 @@
+"""Test doubles for the serving stack: an executor that checks the positions it is fed, and a
+character tokenizer. (The real model is exercised end to end in tests/e2e.)"""
+
+import torch
+
+from tandem.engine.executor import Step
+
+VOCAB = 50
+
+
+class HistoryExecutor:
+    """Keeps each sequence's tokens like a KV cache would and refuses a wrong start_pos; the logits
+    are a smooth function of the whole history, so a token fed at the wrong place changes the output.
+    `offset`/`vocab` let the greedy choice land in printable ASCII for the text-level tests."""
+
+    def __init__(
+        self, max_batch=8, max_seq_len=64, fail_after=None, vocab=VOCAB, span=VOCAB, offset=0
+    ):
+        self.vocab_size = vocab
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.history: dict[int, list[int]] = {}
+        self.steps: list[Step] = []
+        self.released: list[int] = []
+        self.fail_after = fail_after
+        self.span, self.offset = span, offset
+
+    def run(self, step: Step) -> torch.Tensor:
+        if self.fail_after is not None and len(self.steps) >= self.fail_after:
+            raise ConnectionError("rank 1 closed the connection")
+        self.steps.append(step)
+        assert len(step.sequences) <= self.max_batch
+        rows = []
+        for s in step.sequences:
+            h = self.history.setdefault(s.seq_id, [])
+            assert s.start_pos == len(h), (s, len(h))
+            h.extend(s.token_ids)
+            assert len(h) <= self.max_seq_len
+            target = self.offset + (sum(t * (i + 1) for i, t in enumerate(h)) * 31 + 7) % self.span
+            rows.append(-(torch.arange(self.vocab_size, dtype=torch.float32) - target).abs())
+        return torch.stack(rows)
+
+    def release(self, seq_ids):
+        self.released.extend(seq_ids)
+        for i in seq_ids:
+            self.history.pop(i, None)
+
+    def close(self):
+        pass
+
+
+class CharTokenizer:
+    """One token per character code (< 128)."""
+
+    def encode(self, text):
+        return [ord(c) % 128 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)

@@ -1,0 +1,149 @@
+"""The HTTP API in-process over the executor double: OpenAI shapes, errors, auth, health, metrics."""
+
+import json
+
+import pytest
+from _serving_doubles import CharTokenizer, HistoryExecutor
+from fastapi.testclient import TestClient
+
+from tandem.engine.scheduler import Scheduler
+from tandem.engine.serving import ServingEngine, TextStream
+from tandem.server.app import create_app
+
+MODEL = "tiny-test"
+
+
+def _engine(**kw):
+    ex = HistoryExecutor(vocab=128, span=26, offset=97, max_seq_len=kw.pop("max_seq_len", 64), **kw)
+    sched = Scheduler(ex)
+    sched.start()
+    return ServingEngine(sched, CharTokenizer(), MODEL)
+
+
+@pytest.fixture
+def client():
+    engine = _engine()
+    with TestClient(create_app(engine)) as c:
+        yield c
+    engine.scheduler.stop()
+
+
+def _chat(client, **kw):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    body.update(kw)
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_models_lists_the_served_model(client):
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == [MODEL]
+
+
+def test_streamed_chat_concatenates_to_the_non_streamed_text(client):
+    whole = _chat(client, max_tokens=12).json()
+    text = whole["choices"][0]["message"]["content"]
+    assert len(text) == 12 and whole["choices"][0]["finish_reason"] == "length"
+    assert whole["usage"]["completion_tokens"] == 12
+    r = _chat(client, max_tokens=12, stream=True, stream_options={"include_usage": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert streamed == text
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_stop_string_ends_the_text_before_it_streamed_or_not(client):
+    text = _chat(client, max_tokens=12).json()["choices"][0]["message"]["content"]
+    stop = text[5:7]
+    cut = text.index(stop)
+    r = _chat(client, max_tokens=12, stop=[stop]).json()
+    assert r["choices"][0]["message"]["content"] == text[:cut]
+    assert r["choices"][0]["finish_reason"] == "stop"
+    s = _chat(client, max_tokens=12, stop=stop, stream=True).text
+    chunks = [json.loads(x[6:]) for x in s.splitlines() if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == text[:cut]
+
+
+def test_text_completion_takes_a_prompt_and_defaults_to_16_tokens(client):
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "temperature": 0})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion" and len(body["choices"][0]["text"]) == 16
+    assert body["usage"]["prompt_tokens"] == 3
+
+
+def test_openai_style_errors_for_unknown_model_bad_max_tokens_and_long_prompt(client):
+    r = _chat(client, model="gpt-9")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "model_not_found" and r.json()["error"]["param"] == "model"
+    r = _chat(client, max_tokens=-3)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 64})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = client.post("/v1/chat/completions", json={"model": MODEL})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = _chat(client, temperature=-1)
+    assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+
+
+def test_api_key_is_required_on_v1_when_set():
+    engine = _engine()
+    try:
+        with TestClient(create_app(engine, api_key="sekrit")) as c:
+            assert _chat(c).status_code == 401
+            r = c.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            ok = c.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
+            assert ok.status_code == 200
+            assert c.get("/health").status_code == 200
+    finally:
+        engine.scheduler.stop()
+
+
+def test_health_turns_503_and_requests_fail_cleanly_when_the_executor_dies():
+    engine = _engine(fail_after=3)
+    try:
+        with TestClient(create_app(engine)) as c:
+            assert c.get("/health").status_code == 200
+            r = _chat(c, max_tokens=20)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+            h = c.get("/health")
+            assert h.status_code == 503 and "rank 1 closed" in h.json()["detail"]
+            assert _chat(c).status_code == 503
+    finally:
+        engine.scheduler.stop()
+
+
+def test_metrics_expose_requests_tokens_and_latencies_in_prometheus_text(client):
+    _chat(client, max_tokens=5)
+    text = client.get("/metrics").text
+    assert 'tandem_requests_total{finish_reason="length"} 1' in text
+    assert "tandem_generation_tokens_total 5" in text
+    assert "tandem_time_to_first_token_seconds_count 1" in text
+    assert "# TYPE tandem_decode_step_seconds histogram" in text
+    assert 'tandem_http_requests_total{path="/v1/chat/completions",status="200"} 1' in text
+
+
+def test_text_stream_holds_back_split_utf8_and_partial_stop_strings():
+    data = "héllo wörld".encode()
+
+    def decode(ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    s = TextStream(decode)
+    out = "".join(s.push(b)[0] for b in data) + s.flush()
+    assert out == "héllo wörld"
+    s = TextStream(decode, stop=("wö",))
+    deltas = []
+    for b in data:
+        d, hit = s.push(b)
+        deltas.append(d)
+        if hit:
+            break
+    assert "".join(deltas) == "héllo " and hit
+    assert all("w" not in d for d in deltas)
