@@ -1,0 +1,170 @@
+"""Megatron-style tensor-parallel layers. Each holds only its rank's shard; the communicator is passed
+explicitly and every collective is called in plain sight in `forward` (no hooks, no globals).
+
+Notation: `X` is the input (..., in), a linear layer computes `Y = X A^T + b` with `A` of shape
+(out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Shard` of one dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.comm.base import Communicator
+
+
+class ColumnParallelLinear(nn.Module):
+    """`Y = X A^T + b` with `A` split along its output features (the rows of the stored weight):
+
+        A = [A_1; ...; A_p],  b = [b_1, ..., b_p],  rank r computes Y_r = X A_r^T + b_r
+
+    so the output stays sharded along its last dimension, `Y = [Y_1, ..., Y_p]`. No communication:
+    the consumer is a `RowParallelLinear` (or attention over this rank's heads) that takes `Y_r`.
+    Each output element is computed by exactly one rank over the full contraction (no reassociation
+    across ranks; equal to the monolith up to how the GEMM kernel blocks a narrower output).
+    """
+
+    def __init__(self, in_features: int, out_local: int, bias: bool, *, device=None, dtype=None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_local
+        self.weight = nn.Parameter(torch.empty(out_local, in_features, device=device, dtype=dtype))
+        self.bias = (
+            nn.Parameter(torch.empty(out_local, device=device, dtype=dtype)) if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., in) -> (..., out_local)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """`Y = X A^T + b` with `A` split along its input features (the columns of the stored weight)
+    and `X` split to match (it arrives sharded from a `ColumnParallelLinear`):
+
+        A = [A_1, ..., A_p],  X = [X_1, ..., X_p],  Y = sum_r X_r A_r^T + b
+
+    Rank r computes the partial `X_r A_r^T`; `comm.all_reduce_sum` adds the partials (bit-identical
+    on every rank); the bias is added once, after the sum, on every rank.
+    """
+
+    def __init__(
+        self,
+        in_local: int,
+        out_features: int,
+        bias: bool,
+        comm: Communicator,
+        *,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.comm = comm
+        self.in_features = in_local
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_local, device=device, dtype=dtype))
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.comm.world_size == 1:
+            return F.linear(x, self.weight, self.bias)  # the monolith's exact kernel
+        partial = F.linear(x, self.weight)  # (..., in_local) -> (..., out)
+        y = self.comm.all_reduce_sum(partial)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding table `E` (vocab, dim) split along the vocabulary: rank r holds rows
+    `[v_start, v_end)`. A token id in range looks up its row; out-of-range ids give zero rows:
+
+        h = sum_r onehot(ids)[:, v_start_r : v_end_r] E_r
+
+    and `comm.all_reduce_sum` adds the p partials. Exactly one rank contributes each row and the
+    others add exact zeros, so the result is bit-identical to the unsharded lookup.
+    """
+
+    def __init__(
+        self,
+        vocab_start: int,
+        vocab_end: int,
+        dim: int,
+        comm: Communicator,
+        *,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.comm = comm
+        self.vocab_start = vocab_start
+        self.vocab_end = vocab_end
+        self.embedding_dim = dim
+        self.weight = nn.Parameter(
+            torch.empty(vocab_end - vocab_start, dim, device=device, dtype=dtype)
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.comm.world_size == 1:
+            return F.embedding(ids, self.weight)
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = (ids - self.vocab_start).masked_fill(outside, 0)
+        rows = F.embedding(local, self.weight)  # (B, T) -> (B, T, dim)
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+        return self.comm.all_reduce_sum(rows)
+
+
+class VocabParallelLMHead(nn.Module):
+    """The LM head `logits = h W^T` with `W` (vocab, dim) split along the vocabulary: rank r holds
+    rows `[v_start, v_end)` (for tied embeddings, the same shard as `VocabParallelEmbedding`) and
+    computes the logits of its slice of the vocabulary (in float32 once gathered, TP > 1):
+
+        logits = [h W_1^T, ..., h W_p^T]
+
+    The slices go to the head only: `comm.all_to_all` sends rank r's slice to rank 0 and nothing
+    elsewhere, and rank 0 concatenates them in rank order. Other ranks return `None`. Each logit is
+    computed by exactly one rank over the full hidden dimension (no cross-rank reassociation).
+    """
+
+    def __init__(
+        self,
+        vocab_start: int,
+        vocab_end: int,
+        dim: int,
+        comm: Communicator,
+        *,
+        weight: nn.Parameter | None = None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.comm = comm
+        self.vocab_start = vocab_start
+        self.vocab_end = vocab_end
+        if weight is None:
+            weight = nn.Parameter(
+                torch.empty(vocab_end - vocab_start, dim, device=device, dtype=dtype)
+            )
+        self.weight = weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor | None:
+        local = F.linear(h, self.weight)  # (..., dim) -> (..., v_local)
+        if self.comm.world_size == 1:
+            return local
+        # float32 travels the (float32) wire losslessly whatever each rank computes in, so a
+        # float16 rank's logits do not pass through rank 0's bfloat16 on the way
+        return gather_to_head(self.comm, local.float())
+
+
+def gather_to_head(comm: Communicator, local: torch.Tensor) -> torch.Tensor | None:
+    """Rank-ordered concatenation of every rank's `local` along the last dim, delivered to rank 0
+    only (rank 0 gets the tensor, other ranks `None`). Parts may differ in their last dim."""
+    if comm.world_size == 1:
+        return local
+    empty = local[..., :0]
+    parts = [local if j == 0 else empty for j in range(comm.world_size)]
+    received = comm.all_to_all(parts)
+    if comm.rank != 0:
+        return None
+    return torch.cat(received, dim=-1)

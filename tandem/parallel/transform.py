@@ -1,0 +1,93 @@
+"""The tensor-parallel transform: A's reference `Transformer`, rebuilt for one rank of a TP group.
+
+Built on the meta device (no memory), then each projection is swapped for its parallel twin and
+only this rank's shard is allocated, on this rank's device, in this rank's compute dtype:
+
+    attention  q_proj, k_proj, v_proj -> ColumnParallelLinear over the rank's kv-head group
+               o_proj                 -> RowParallelLinear (all-reduce)
+               n_heads, n_kv_heads    -> the local counts; q_norm/k_norm (per head) are replicated
+    MLP        gate_proj, up_proj     -> ColumnParallelLinear over intermediate rows
+               down_proj              -> RowParallelLinear (all-reduce)
+    embedding  embed_tokens           -> VocabParallelEmbedding (all-reduce)
+    LM head    lm_head                -> VocabParallelLMHead (logits to rank 0 only; tied -> shared)
+    norms                             -> replicated
+
+A pipeline stage passes its `layer_range` and whether it holds the embedding and the head; the
+layers keep their global indices.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tandem.comm.base import Communicator
+from tandem.config import ModelConfig
+from tandem.models.llama import Transformer
+from tandem.models.rope import RotaryEmbedding
+from tandem.parallel.plan import TPPlan
+from tandem.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+)
+
+
+class TransformError(ValueError):
+    """The plan and the communicator (or the model) disagree."""
+
+
+def shard_transformer(
+    config: ModelConfig,
+    plan: TPPlan,
+    comm: Communicator,
+    *,
+    layer_range: tuple[int, int] | None = None,
+    with_embed: bool = True,
+    with_head: bool = True,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Transformer:
+    """This rank's (`comm.rank`) shard of the model, parameters allocated but not loaded."""
+    if plan.world_size != comm.world_size:
+        raise TransformError(f"plan for {plan.world_size} ranks, communicator of {comm.world_size}")
+    r = comm.rank
+    D = config.hidden_size
+    meta = torch.device("meta")
+    with meta:
+        model = Transformer(config, layer_range, with_embed, with_head)
+    model.rope = RotaryEmbedding(config)  # built under meta above; its tables live on the host
+    q, kv, inter, vocab = plan.q_rows(r), plan.kv_rows(r), plan.intermediate[r], plan.vocab[r]
+    for layer in model.model.layers.values():
+        attn = layer.self_attn
+        attn.q_proj = ColumnParallelLinear(D, q.size, config.qkv_bias, device=meta)
+        attn.k_proj = ColumnParallelLinear(D, kv.size, config.qkv_bias, device=meta)
+        attn.v_proj = ColumnParallelLinear(D, kv.size, config.qkv_bias, device=meta)
+        attn.o_proj = RowParallelLinear(q.size, D, config.o_bias, comm, device=meta)
+        attn.n_heads = plan.q_heads(r).size
+        attn.n_kv_heads = plan.kv_heads[r].size
+        mlp = layer.mlp
+        mlp.gate_proj = ColumnParallelLinear(D, inter.size, config.mlp_bias, device=meta)
+        mlp.up_proj = ColumnParallelLinear(D, inter.size, config.mlp_bias, device=meta)
+        mlp.down_proj = RowParallelLinear(inter.size, D, config.mlp_bias, comm, device=meta)
+    if with_embed:
+        model.model.embed_tokens = VocabParallelEmbedding(
+            vocab.start, vocab.end, D, comm, device=meta
+        )
+    if with_head:
+        model.lm_head = VocabParallelLMHead(vocab.start, vocab.end, D, comm, device=meta)
+    _materialize(model, torch.device(device), dtype)
+    if with_head and with_embed and config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Replaces every meta parameter with an uninitialised one of the same shape, allocated once
+    directly in `dtype` on `device` (no float32 detour that would double a 16-bit rank's peak)."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                new = torch.empty(p.shape, dtype=dtype, device=device)
+                module._parameters[name] = nn.Parameter(new, requires_grad=False)

@@ -1,0 +1,51 @@
+"""Shared by the tensor-parallel tests: small random Llama-family models with a clear logit spread."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.config import ModelConfig
+from tandem.models.llama import Transformer
+
+
+def tiny_config(arch: str = "Qwen3ForCausalLM", **kw) -> ModelConfig:
+    base = dict(
+        architecture=arch,
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=16,
+        max_position_embeddings=256,
+        qk_norm=arch == "Qwen3ForCausalLM",
+        qkv_bias=arch == "Qwen2ForCausalLM",
+        tie_word_embeddings=arch == "Qwen3ForCausalLM",
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def random_reference(config: ModelConfig, seed: int = 0, std: float = 0.2) -> Transformer:
+    """A float32 reference model with N(0, std) weights (norm weights around 1)."""
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+class StateDictReader:
+    """A `SliceReader` over an in-memory state dict (the in-process tests' checkpoint)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def read(self, name, dim=None, start=None, end=None):
+        t = self.state[name]
+        return t if dim is None else t.narrow(dim, start, end - start).clone()

@@ -1,0 +1,139 @@
+import pytest
+import torch
+from tp_support import StateDictReader, random_reference, tiny_config
+
+from tandem.comm.reference import ReferenceCommunicator, run_ranks
+from tandem.comm.solo import SoloCommunicator
+from tandem.parallel.plan import make_tp_plan, plan_for_config
+from tandem.parallel.shard_load import load_shard
+from tandem.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelLMHead,
+)
+from tandem.parallel.transform import TransformError, shard_transformer
+
+ARCHS = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+
+
+def _sharded_logits(config, ref, n, weights=None, tokens=None):
+    plan = plan_for_config(config, n, weights)
+    state = ref.state_dict()
+
+    def body(comm):
+        model = shard_transformer(config, plan, comm)
+        load_shard(model, StateDictReader(state), plan, comm.rank)
+        with torch.no_grad():
+            return model(tokens)
+
+    return run_ranks(ReferenceCommunicator.group(n), body)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp1_through_parallel_layers_is_bit_exact_with_reference(arch):
+    config = tiny_config(
+        arch, o_bias=arch == "LlamaForCausalLM", mlp_bias=arch == "LlamaForCausalLM"
+    )
+    ref = random_reference(config)
+    tokens = torch.randint(0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
+    plan = plan_for_config(config, 1)
+    model = shard_transformer(config, plan, SoloCommunicator())
+    load_shard(model, StateDictReader(ref.state_dict()), plan, 0)
+    assert isinstance(model.model.layers["0"].self_attn.o_proj, RowParallelLinear)
+    with torch.no_grad():
+        assert torch.equal(model(tokens), ref(tokens))
+
+
+@pytest.mark.parametrize("n,weights", [(2, None), (3, None), (2, (2.0, 1.0))])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sharded_model_matches_reference_logits_in_process(arch, n, weights):
+    config = tiny_config(arch)
+    ref = random_reference(config)
+    tokens = torch.randint(0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(2))
+    outs = _sharded_logits(config, ref, n, weights, tokens)
+    with torch.no_grad():
+        expected = ref(tokens)
+    assert outs[0].shape == expected.shape
+    assert (outs[0] - expected).abs().max().item() < 1e-4
+    assert all(o is None for o in outs[1:])
+
+
+def test_shards_hold_only_their_part():
+    config = tiny_config()
+    plan = make_tp_plan(
+        world_size=3, n_heads=8, n_kv_heads=4, head_dim=16, intermediate_size=128, vocab_size=96
+    )
+
+    def body(comm):
+        m = shard_transformer(config, plan, comm)
+        attn, mlp = m.model.layers["1"].self_attn, m.model.layers["1"].mlp
+        return (
+            attn.n_heads,
+            attn.n_kv_heads,
+            tuple(attn.q_proj.weight.shape),
+            tuple(attn.o_proj.weight.shape),
+            tuple(mlp.down_proj.weight.shape),
+            tuple(m.model.embed_tokens.weight.shape),
+            m.lm_head.weight is m.model.embed_tokens.weight,
+        )
+
+    got = run_ranks(ReferenceCommunicator.group(3), body)
+    assert got == [
+        (4, 2, (64, 64), (64, 64), (64, 64), (32, 64), True),
+        (2, 1, (32, 64), (64, 32), (64, 32), (32, 64), True),
+        (2, 1, (32, 64), (64, 32), (64, 32), (32, 64), True),
+    ]
+
+
+def test_column_then_row_parallel_equals_the_monolith():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 16, generator=g)
+    a = torch.randn(24, 16, generator=g)
+    b = torch.randn(16, 24, generator=g)
+    bias = torch.randn(16, generator=g)
+    bounds = [(0, 16), (16, 24)]
+
+    def body(comm):
+        lo, hi = bounds[comm.rank]
+        col = ColumnParallelLinear(16, hi - lo, False)
+        row = RowParallelLinear(hi - lo, 16, True, comm)
+        with torch.no_grad():
+            col.weight.copy_(a[lo:hi])
+            row.weight.copy_(b[:, lo:hi])
+            row.bias.copy_(bias)
+            y_col = col(x)
+            return (y_col - (x @ a.T)[..., lo:hi]).abs().max().item(), row(y_col)
+
+    outs = run_ranks(ReferenceCommunicator.group(2), body)
+    assert outs[0][0] < 1e-5 and outs[1][0] < 1e-5  # each column shard is the monolith's slice
+    assert torch.equal(outs[0][1], outs[1][1])  # the all-reduce leaves every rank identical
+    assert (outs[0][1] - ((x @ a.T) @ b.T + bias)).abs().max() < 1e-4
+
+
+def test_vocab_parallel_embedding_is_bit_exact_and_logits_reach_rank0_only():
+    g = torch.Generator().manual_seed(4)
+    table = torch.randn(10, 8, generator=g)
+    ids = torch.tensor([[0, 3, 9, 5], [6, 7, 1, 2]])
+    h = torch.randn(2, 8, generator=g)
+    shards = [(0, 4), (4, 7), (7, 10)]
+
+    def body(comm):
+        lo, hi = shards[comm.rank]
+        emb = VocabParallelEmbedding(lo, hi, 8, comm)
+        head = VocabParallelLMHead(lo, hi, 8, comm, weight=emb.weight)
+        with torch.no_grad():
+            emb.weight.copy_(table[lo:hi])
+            return emb(ids), head(h)
+
+    outs = run_ranks(ReferenceCommunicator.group(3), body)
+    for rows, _ in outs:
+        assert torch.equal(rows, table[ids])
+    assert (outs[0][1] - h @ table.T).abs().max() < 1e-5
+    assert outs[1][1] is None and outs[2][1] is None
+
+
+def test_plan_and_communicator_of_different_sizes_are_refused():
+    config = tiny_config()
+    with pytest.raises(TransformError):
+        shard_transformer(config, plan_for_config(config, 2), SoloCommunicator())
