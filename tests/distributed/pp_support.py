@@ -1,0 +1,81 @@
+"""Shared helpers for the pipeline tests: tiny configs, the single-node reference, a greedy loop."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.config import ModelConfig
+from tandem.engine.executor import Step, StepSequence
+from tandem.models.llama import Transformer
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(
+        architecture="Qwen3ForCausalLM",
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        qk_norm=True,
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def reference_model(config: ModelConfig, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(config).eval()
+    with torch.no_grad():  # a clear logit spread so greedy ids are not decided by near-ties
+        model.lm_head.weight.mul_(4.0) if not config.tie_word_embeddings else None
+    return model
+
+
+def prompts(batch: int, vocab: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 3, 7, 4][:batch]
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def reference_greedy(model: Transformer, prompts: list[list[int]], n_new: int):
+    """(first-step logits (B, vocab), generated ids per prompt) from full no-cache passes."""
+    seqs = [list(p) for p in prompts]
+    first = torch.stack([model(torch.tensor([s]))[0, -1].float() for s in seqs])
+    for _ in range(n_new):
+        for s in seqs:
+            s.append(int(model(torch.tensor([s]))[0, -1].argmax()))
+    return first, [s[len(p) :] for s, p in zip(seqs, prompts)]
+
+
+def executor_greedy(executor, prompts: list[list[int]], n_new: int, base_id: int = 0):
+    """The same through an `Executor`: one batched prefill step, then batched decode steps."""
+    ids = [base_id + i for i in range(len(prompts))]
+    seqs = [list(p) for p in prompts]
+    step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in zip(ids, prompts)))
+    logits = executor.run(step)
+    first = logits.clone()
+    for k in range(n_new):
+        nxt = logits.argmax(-1).tolist()
+        for s, t in zip(seqs, nxt):
+            s.append(t)
+        if k == n_new - 1:
+            break
+        step = Step(tuple(StepSequence(i, (s[-1],), len(s) - 1) for i, s in zip(ids, seqs)))
+        logits = executor.run(step)
+    executor.release(ids)
+    return first, [s[len(p) :] for s, p in zip(seqs, prompts)]
+
+
+def stage_model(
+    ref: Transformer, layer_range, with_embed=False, with_head=False, dtype=torch.float32
+):
+    """A stage's slice of `ref` (same weights), in `dtype`."""
+    m = Transformer(ref.config, layer_range, with_embed, with_head)
+    state = ref.state_dict()
+    own = m.state_dict()
+    m.load_state_dict({k: state[k] for k in own}, strict=True)
+    return m.to(dtype).eval()
