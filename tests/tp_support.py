@@ -49,3 +49,27 @@ class StateDictReader:
     def read(self, name, dim=None, start=None, end=None):
         t = self.state[name]
         return t if dim is None else t.narrow(dim, start, end - start).clone()
+
+
+def greedy(executor, prompts: list[list[int]], n_new: int) -> tuple[list[list[int]], torch.Tensor]:
+    """Greedy-decodes every prompt as one batch through any `Executor`; returns the new ids of each
+    and the first step's (prefill) last-position logits."""
+    from tandem.engine.executor import Step, StepSequence
+
+    seqs = {i: list(p) for i, p in enumerate(prompts)}
+    out: list[list[int]] = [[] for _ in prompts]
+    step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in seqs.items()))
+    first = None
+    for _ in range(n_new):
+        logits = executor.run(step)
+        if first is None:
+            first = logits
+        nxt = logits.argmax(-1).tolist()
+        entries = []
+        for i, t in enumerate(nxt):
+            out[i].append(t)
+            entries.append(StepSequence(i, (t,), len(seqs[i])))
+            seqs[i].append(t)
+        step = Step(tuple(entries))
+    executor.release(list(seqs))
+    return out, first

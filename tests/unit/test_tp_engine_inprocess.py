@@ -1,0 +1,68 @@
+import pytest
+from tp_support import StateDictReader, greedy, random_reference, tiny_config
+
+from tandem.comm.reference import ReferenceCommunicator, run_ranks
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.remote import TPExecutor
+from tandem.engine.shard_runner import ShardRunner, StepOrderError
+from tandem.engine.worker import BroadcastSource, serve
+from tandem.parallel.plan import plan_for_config
+from tandem.parallel.shard_load import load_shard
+from tandem.parallel.transform import shard_transformer
+
+PROMPTS = [[5, 17, 33, 2, 8], [40, 41], [9, 9, 9, 1, 2, 3, 4, 70]]
+
+
+class _Reference:
+    """The single-device reference as an Executor (a ShardRunner over the whole float32 model)."""
+
+    def __init__(self, model):
+        self.runner = ShardRunner(model, max_batch=4, max_seq_len=64)
+
+    def run(self, step):
+        return self.runner.forward(step)
+
+    def release(self, ids):
+        self.runner.release(ids)
+
+
+def _tp_greedy(config, ref, n, prompts, n_new, weights=None):
+    plan = plan_for_config(config, n, weights)
+    state = ref.state_dict()
+
+    def body(comm):
+        model = shard_transformer(config, plan, comm)
+        load_shard(model, StateDictReader(state), plan, comm.rank)
+        runner = ShardRunner(model, max_batch=4, max_seq_len=64)
+        if comm.rank != 0:
+            return serve(runner, BroadcastSource(comm))
+        ex = TPExecutor(runner, comm, config.vocab_size)
+        try:
+            return greedy(ex, prompts, n_new)
+        finally:
+            ex.close()
+
+    return run_ranks(ReferenceCommunicator.group(n), body)
+
+
+@pytest.mark.parametrize("n,weights", [(2, None), (3, None), (2, (2.0, 1.0))])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_tp_executor_matches_single_device_greedy_in_process(n, weights, batch):
+    config = tiny_config()
+    ref = random_reference(config)
+    prompts = PROMPTS[:batch]
+    expected, first = greedy(_Reference(ref), prompts, 32)
+    results = _tp_greedy(config, ref, n, prompts, 32, weights)
+    got, got_first = results[0]
+    assert got == expected
+    assert (got_first - first).abs().max().item() < 1e-4
+    assert results[1] == 32  # the worker ran every step, then stopped
+
+
+def test_step_out_of_order_is_refused():
+    runner = ShardRunner(random_reference(tiny_config()), max_batch=2, max_seq_len=16)
+    runner.forward(Step((StepSequence(1, (3, 4), 0),)))
+    with pytest.raises(StepOrderError):
+        runner.forward(Step((StepSequence(1, (5,), 7),)))
+    runner.release([1])
+    assert runner.forward(Step((StepSequence(1, (5,), 0),))).shape == (1, 96)
