@@ -1,0 +1,293 @@
+"""Predicted single-stream decode speed of each layout (pure functions; `tandem plan` prints them).
+
+Inputs: per-node speed (`NodeSpec.s_per_token`, the node alone decoding the whole model, batch 1;
+measured here by a short local run, or given for a node that is not here), one link (`LinkSpec`:
+round trip, goodput, software cost per message), and the model's config (HF field names).
+
+Compute. Decode is memory-bound, so a node's time splits over what it reads per token:
+
+    t_layer(n) = s_n * c / R,   t_head(n) = s_n * h / R,   R = L c + h
+
+(`c` params per layer, `h` = final norm + LM head, from `partition.model_cost`). A TP rank `r` with
+share `f_r` of a layer (its kv heads, query heads and MLP rows under `parallel.plan`'s tiling)
+works `f_r t_layer(r)`; ranks advance in lockstep, so a layer takes the slowest *host*, where ranks
+that share a host (`NodeSpec.host`) share its throughput and add up:
+
+    t_group = max_host sum_{r on host} f_r t_layer(r)
+
+Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b bytes:
+  - TP over N ranks, per stage layer: 2 all-reduces of the f32 hidden state S = 4 D bytes (after
+    attention and after the MLP), each as `comm.algorithms` picks it: up to 64 KB a ring all-gather
+    of whole tensors, `a(N) = (N-1) m(S)`; above, reduce-scatter + all-gather, `a(N) = 2(N-1)
+    m(S/N)`. On the head stage also the embedding all-reduce, the step's control broadcast (a
+    frame), and the vocab-parallel LM head's gather of the other ranks' logit slices.
+  - PP over M stages: M activation messages per token (M-1 forward, 1 back to the head's LM head).
+
+    t_token = sum_stages (n_i t_group_i + head work + syncs) + M m(S)   (one stream: no overlap)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from tandem.comm.algorithms import DEFAULT_SMALL_MAX_BYTES, RANK_ORDER, choose_all_reduce
+from tandem.parallel.partition import PartitionError, StageCapacity, model_cost, partition_layers
+from tandem.parallel.plan import TPPlanError, plan_for_config
+
+WIRE_BYTES_PER_ELEMENT = 4  # the canonical f32 wire
+CONTROL_BYTES = 64  # one decode step's control frame, head -> workers (order of magnitude)
+
+
+class PlanModelError(ValueError):
+    """Inputs the predictor cannot use (no nodes, a non-positive speed or goodput, ...)."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One rank's node: its time per decode token alone on the whole model, batch 1.
+
+    Nodes with the same non-empty `host` are processes on one machine and share its throughput.
+    """
+
+    name: str
+    s_per_token: float
+    host: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.s_per_token > 0:
+            raise PlanModelError(f"node {self.name!r}: time per token must be > 0")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """The network between ranks: round trip, TCP goodput, software cost per message per rank
+    (device-host staging, framing, syscalls and the f32 reduction, as measured for small tensors)."""
+
+    rtt_s: float
+    goodput_bytes_per_s: float
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rtt_s < 0 or self.overhead_s < 0 or not self.goodput_bytes_per_s > 0:
+            raise PlanModelError(f"invalid link {self}")
+
+    def message_s(self, nbytes: float) -> float:
+        return self.rtt_s / 2 + nbytes / self.goodput_bytes_per_s + self.overhead_s
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`tp` ranks per stage, `pp` stages; `weighted` sizes shards and stages by node speed."""
+
+    tp: int = 1
+    pp: int = 1
+    weighted: bool = False
+
+    @property
+    def n_ranks(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def name(self) -> str:
+        if self.n_ranks == 1:
+            return "single"
+        parts = ([f"TP={self.tp}"] if self.tp > 1 else []) + (
+            [f"PP={self.pp}"] if self.pp > 1 else []
+        )
+        return "x".join(parts) + (" weighted" if self.weighted else "")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    layout: Layout
+    s_per_token: float
+    compute_s: float  # per token, summed over stages
+    sync_s: float  # per token: all-reduces, gathers, control and pipeline hops
+    wire_bytes_per_token: int  # payload bytes all ranks put on the network per token
+    stage_layers: tuple[int, ...]
+    tp_shares: tuple[float, ...]  # stage 0's per-rank share of a layer
+
+    @property
+    def tok_per_s(self) -> float:
+        return 1.0 / self.s_per_token
+
+
+def allreduce_s(link: LinkSpec, n: int, nbytes: int) -> float:
+    """All-reduce of `nbytes` over `n` ranks (0 for n == 1), in the algorithm the ring picks."""
+    if n == 1:
+        return 0.0
+    if choose_all_reduce(nbytes, n, DEFAULT_SMALL_MAX_BYTES) == RANK_ORDER:
+        return (n - 1) * link.message_s(nbytes)  # all-gather of whole tensors
+    return 2 * (n - 1) * link.message_s(nbytes / n)  # reduce-scatter + all-gather
+
+
+def allreduce_wire_bytes(n: int, nbytes: int) -> int:
+    """Payload bytes all n ranks send in one all-reduce."""
+    if n == 1:
+        return 0
+    if choose_all_reduce(nbytes, n, DEFAULT_SMALL_MAX_BYTES) == RANK_ORDER:
+        return n * (n - 1) * nbytes
+    return round(2 * (n - 1) * nbytes)
+
+
+def layer_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tuple[float, ...]:
+    """Each TP rank's fraction of one decoder layer's parameters under `parallel.plan`'s tiling."""
+    if tp == 1:
+        return (1.0,)
+    plan = plan_for_config(config, tp, weights)
+    d, ff = config.hidden_size, config.intermediate_size
+    total_attn = d * plan.head_dim * (plan.n_heads * 2 + plan.n_kv_heads * 2)
+    total = total_attn + 3 * d * ff
+    shares = []
+    for r in range(tp):
+        attn = d * (2 * plan.q_rows(r).size + 2 * plan.kv_rows(r).size)
+        shares.append((attn + 3 * d * plan.intermediate[r].size) / total)
+    return tuple(shares)
+
+
+def vocab_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tuple[float, ...]:
+    if tp == 1:
+        return (1.0,)
+    plan = plan_for_config(config, tp, weights)
+    return tuple(s.size / config.vocab_size for s in plan.vocab)
+
+
+def _group_time(work: list[float], nodes: list[NodeSpec]) -> float:
+    """Lockstep ranks: the slowest host, where ranks on one host add up."""
+    per_host: dict[str, float] = {}
+    for i, (w, n) in enumerate(zip(work, nodes)):
+        key = n.host or f"#{n.name}#{i}"
+        per_host[key] = per_host.get(key, 0.0) + w
+    return max(per_host.values())
+
+
+def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) -> Prediction:
+    """The predicted time per decode token of `layout` on `nodes[:tp*pp]` (stage-major order)."""
+    if layout.tp < 1 or layout.pp < 1:
+        raise PlanModelError(f"invalid layout {layout}")
+    if len(nodes) < layout.n_ranks:
+        raise PlanModelError(f"{layout.name} needs {layout.n_ranks} nodes, {len(nodes)} given")
+    cost = model_cost(config)
+    read = cost.num_layers * cost.layer_params + cost.head_compute_params
+    frac_layer, frac_head = cost.layer_params / read, cost.head_compute_params / read
+    stages = [nodes[i * layout.tp : (i + 1) * layout.tp] for i in range(layout.pp)]
+    speeds = [[1.0 / n.s_per_token for n in st] for st in stages]
+    tp_weights = [tuple(sp) if layout.weighted else None for sp in speeds]
+    if layout.pp == 1:
+        counts = [cost.num_layers]
+    else:
+        caps = [StageCapacity(speed=sum(sp) if layout.weighted else 1.0) for sp in speeds]
+        counts = [len(r) for r in partition_layers(caps, cost)]
+    s_hidden = WIRE_BYTES_PER_ELEMENT * config.hidden_size
+    compute = sync = 0.0
+    wire = 0
+    for i, st in enumerate(stages):
+        shares = layer_shares(config, layout.tp, tp_weights[i])
+        per_layer = _group_time([f * n.s_per_token * frac_layer for f, n in zip(shares, st)], st)
+        compute += counts[i] * per_layer
+        ar = allreduce_s(link, layout.tp, s_hidden)
+        sync += counts[i] * 2 * ar
+        wire += counts[i] * 2 * allreduce_wire_bytes(layout.tp, s_hidden)
+        if i == 0:
+            vs = vocab_shares(config, layout.tp, tp_weights[0])
+            compute += _group_time([v * n.s_per_token * frac_head for v, n in zip(vs, st)], st)
+            if layout.tp > 1:
+                gathered = WIRE_BYTES_PER_ELEMENT * config.vocab_size * (1.0 - vs[0])
+                sync += ar + link.message_s(CONTROL_BYTES) + link.message_s(gathered)
+                wire += allreduce_wire_bytes(layout.tp, s_hidden) + round(gathered)
+                wire += (layout.tp - 1) * CONTROL_BYTES
+    if layout.pp > 1:
+        sync += layout.pp * link.message_s(s_hidden)
+        wire += layout.pp * layout.tp * s_hidden
+    first_shares = layer_shares(config, layout.tp, tp_weights[0])
+    return Prediction(
+        layout, compute + sync, compute, sync, wire, tuple(counts), tuple(first_shares)
+    )
+
+
+def candidate_layouts(n_nodes: int, max_tp: int = 8, max_pp: int = 8) -> list[Layout]:
+    """Every (tp, pp) grid that fits in `n_nodes`, equal and speed-weighted (weights matter only
+    when there is more than one rank)."""
+    out = []
+    for tp, pp in product(range(1, max_tp + 1), range(1, max_pp + 1)):
+        if tp * pp > n_nodes:
+            continue
+        out.append(Layout(tp, pp))
+        if tp * pp > 1:
+            out.append(Layout(tp, pp, weighted=True))
+    return out
+
+
+def rank_layouts(
+    config: Any, nodes: list[NodeSpec], link: LinkSpec, layouts: list[Layout] | None = None
+) -> list[Prediction]:
+    """Predictions for every feasible layout, fastest first (ties: fewer ranks, then unweighted)."""
+    if not nodes:
+        raise PlanModelError("no nodes given")
+    layouts = candidate_layouts(len(nodes)) if layouts is None else layouts
+    preds = []
+    for lay in layouts:
+        if lay.weighted and len({n.s_per_token for n in nodes[: lay.n_ranks]}) == 1:
+            continue  # equal nodes: the weighted layout is the unweighted one
+        try:
+            preds.append(predict(config, lay, nodes, link))
+        except (TPPlanError, PartitionError):
+            continue  # more TP ranks than kv heads, more stages than layers, an untileable split
+    return sorted(
+        preds, key=lambda p: (round(p.s_per_token, 9), p.layout.n_ranks, p.layout.weighted)
+    )
+
+
+# ---- parsing the figures a user gives on the command line ----------------------------------------
+
+_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_RATE_UNITS = {  # -> bytes per second
+    "gbit": 1e9 / 8, "mbit": 1e6 / 8, "gbps": 1e9 / 8, "mbps": 1e6 / 8,
+    "gb/s": 1e9, "mb/s": 1e6,
+}  # fmt: skip
+TCP_EFFICIENCY = 0.94  # goodput / line rate we measured through tbf (295 MB/s of 312.5 at 2.5 Gbit)
+
+
+def parse_duration(text: str) -> float:
+    """`'6ms'` -> 0.006; `'80us'`, `'0.2s'`; also `'168tok/s'` (the inverse rate)."""
+    t = text.strip().lower()
+    if t.endswith("tok/s"):
+        return 1.0 / _positive(t[:-5], text)
+    for unit in ("us", "ms", "s"):
+        if t.endswith(unit):
+            return _positive(t[: -len(unit)], text) * _TIME_UNITS[unit]
+    raise PlanModelError(
+        f"{text!r}: expected a duration like 6ms, 80us, 0.2s or a rate like 168tok/s"
+    )
+
+
+def parse_rate(text: str) -> float:
+    """A link's goodput in bytes/s: `'280MB/s'` as is; a line rate (`'2.5gbit'`) times
+    `TCP_EFFICIENCY`."""
+    t = text.strip().lower()
+    for unit in sorted(_RATE_UNITS, key=len, reverse=True):
+        if t.endswith(unit):
+            value = _positive(t[: -len(unit)], text) * _RATE_UNITS[unit]
+            return value if unit.endswith("/s") else value * TCP_EFFICIENCY
+    raise PlanModelError(f"{text!r}: expected a rate like 2.5gbit, 1000mbit or 280MB/s")
+
+
+def parse_node(text: str) -> NodeSpec:
+    """`NAME:TIME[@HOST]`, e.g. `gpu:6ms`, `spark:168tok/s`, `cpu0:400ms@box`."""
+    spec, _, host = text.partition("@")
+    name, sep, when = spec.partition(":")
+    if not sep or not name:
+        raise PlanModelError(f"--node {text!r}: expected NAME:TIME[@HOST], e.g. gpu:6ms")
+    return NodeSpec(name=name, s_per_token=parse_duration(when), host=host)
+
+
+def _positive(number: str, text: str) -> float:
+    try:
+        value = float(number)
+    except ValueError:
+        raise PlanModelError(f"{text!r}: {number!r} is not a number") from None
+    if not value > 0:
+        raise PlanModelError(f"{text!r}: must be > 0")
+    return value

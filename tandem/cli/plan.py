@@ -1,0 +1,142 @@
+"""`tandem plan`: predicted decode tok/s of every layout for given nodes and link, and the pick.
+
+    tandem plan --preset qwen3-0.6b --node spark:168tok/s --node evo:168tok/s --link 2.5gbit
+    tandem plan --model DIR --measure-local 2 --link 2.5gbit --node gpu:6ms
+
+`--measure-local K` times a short decode run of the model here and adds K nodes at that speed that
+share this machine; `--node NAME:TIME[@HOST]` adds a node that is not here (TIME per token alone,
+e.g. 6ms or 168tok/s). The model's figures come from `tandem.bench.plan_model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from tandem.bench.plan_model import (
+    LinkSpec,
+    NodeSpec,
+    PlanModelError,
+    Prediction,
+    candidate_layouts,
+    parse_duration,
+    parse_node,
+    parse_rate,
+    rank_layouts,
+)
+
+# Software cost per message of our host-staged ring on this kind of CPU (BENCHMARKS.md).
+DEFAULT_OVERHEAD = "40us"
+DEFAULT_RTT = "100us"  # a direct 2.5 GbE cable between two PCs, kernel to kernel and back
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="predict decode tok/s for each TP/PP layout and pick one", description=__doc__
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a model directory (config.json)")
+    src.add_argument("--preset", help="a built-in model shape, e.g. qwen3-0.6b")
+    p.add_argument("--node", action="append", default=[], help="NAME:TIME[@HOST], repeatable")
+    p.add_argument(
+        "--measure-local",
+        type=int,
+        default=0,
+        metavar="K",
+        help="time the model here and add K nodes at that speed on this machine",
+    )
+    p.add_argument("--link", default="2.5gbit", help="line rate (2.5gbit) or goodput (280MB/s)")
+    p.add_argument("--rtt", default=DEFAULT_RTT, help="link round trip, e.g. 100us")
+    p.add_argument(
+        "--overhead",
+        default=DEFAULT_OVERHEAD,
+        help="software cost per message per rank (staging, framing, reduction)",
+    )
+    p.add_argument("--max-tp", type=int, default=8)
+    p.add_argument("--max-pp", type=int, default=8)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = _load_config(args)
+        nodes = [parse_node(t) for t in args.node]
+        if args.measure_local:
+            from tandem.bench.harness import measure_local_s_per_token
+
+            s = measure_local_s_per_token(config, model_dir=args.model)
+            nodes = [
+                NodeSpec(f"local{i}", s, host="local") for i in range(args.measure_local)
+            ] + nodes
+        if not nodes:
+            raise PlanModelError("give at least one --node NAME:TIME or --measure-local K")
+        link = LinkSpec(
+            rtt_s=parse_duration(args.rtt),
+            goodput_bytes_per_s=parse_rate(args.link),
+            overhead_s=parse_duration(args.overhead),
+        )
+        layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
+        preds = rank_layouts(config, nodes, link, layouts)
+    except PlanModelError as e:
+        print(f"tandem plan: {e}", file=sys.stderr)
+        return 2
+    if not preds:
+        print("tandem plan: no layout fits these nodes and this model", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"nodes": [asdict(n) for n in nodes], "link": asdict(link),
+                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name},
+                         indent=2))  # fmt: skip
+        return 0
+    print(render_table(preds, nodes, link))
+    print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
+    return 0
+
+
+def _row(p: Prediction) -> dict:
+    return {
+        "layout": p.layout.name,
+        "tok_per_s": p.tok_per_s,
+        "ms_per_token": p.s_per_token * 1e3,
+        "compute_ms": p.compute_s * 1e3,
+        "sync_ms": p.sync_s * 1e3,
+        "wire_bytes_per_token": p.wire_bytes_per_token,
+        "stage_layers": list(p.stage_layers),
+        "tp_shares": [round(s, 4) for s in p.tp_shares],
+    }
+
+
+def render_table(preds: list[Prediction], nodes: list[NodeSpec], link: LinkSpec) -> str:
+    head = (
+        f"nodes: {', '.join(f'{n.name} {n.s_per_token * 1e3:.2f} ms/token' for n in nodes)}\n"
+        f"link: {link.goodput_bytes_per_s / 1e6:.0f} MB/s goodput, rtt {link.rtt_s * 1e6:.0f} us, "
+        f"{link.overhead_s * 1e6:.0f} us per message\n\n"
+        "| layout | tok/s | ms/token | compute ms | sync ms | wire KB/token | stage layers |\n"
+        "|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| {p.layout.name} | {p.tok_per_s:.1f} | {p.s_per_token * 1e3:.2f} | "
+        f"{p.compute_s * 1e3:.2f} | {p.sync_s * 1e3:.2f} | {p.wire_bytes_per_token / 1e3:.1f} | "
+        f"{'/'.join(map(str, p.stage_layers))} |"
+        for p in preds
+    ]
+    return "\n".join([head, *rows])
+
+
+def _load_config(args: argparse.Namespace):
+    from tandem.config import ConfigError, ModelConfig
+
+    if args.model:
+        try:
+            return ModelConfig.from_dir(args.model)
+        except ConfigError as e:
+            raise PlanModelError(str(e)) from None
+    from tandem.models.presets import UnknownPresetError, get_preset
+
+    try:
+        return get_preset(args.preset).config
+    except UnknownPresetError as e:
+        raise PlanModelError(str(e)) from None

@@ -1,0 +1,57 @@
+"""`tandem plan` end to end on a config.json: a table, a pick, JSON, and typed refusals."""
+
+import argparse
+import json
+
+import pytest
+
+from tandem.cli import plan
+
+HF_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+    "tie_word_embeddings": True, "hidden_act": "silu",
+}  # fmt: skip
+
+
+def _run(argv, capsys):
+    parser = argparse.ArgumentParser()
+    plan.register(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    rc = args.func(args)
+    return rc, capsys.readouterr()
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(HF_CONFIG))
+    return str(tmp_path)
+
+
+def test_plan_for_two_paper_nodes_over_2_5gbe_prints_every_layout_and_a_pick(model_dir, capsys):
+    rc, out = _run(["--model", model_dir, "--node", "spark:168tok/s", "--node", "evo:168tok/s",
+                    "--link", "2.5gbit"], capsys)  # fmt: skip
+    assert rc == 0
+    assert "| single |" in out.out and "| TP=2 |" in out.out and "| PP=2 |" in out.out
+    assert "pick: " in out.out
+
+
+def test_plan_json_predictions_are_sorted_fastest_first(model_dir, capsys):
+    rc, out = _run(["--model", model_dir, "--node", "a:6ms", "--node", "b:6ms", "--node", "c:6ms",
+                    "--json"], capsys)  # fmt: skip
+    doc = json.loads(out.out)
+    speeds = [p["tok_per_s"] for p in doc["predictions"]]
+    assert rc == 0 and speeds == sorted(speeds, reverse=True)
+    assert doc["pick"] == doc["predictions"][0]["layout"]
+    assert {"TP=3", "PP=3"} <= {p["layout"] for p in doc["predictions"]}
+
+
+def test_plan_without_nodes_is_refused_with_a_message(model_dir, capsys):
+    rc, out = _run(["--model", model_dir], capsys)
+    assert rc == 2 and "--node" in out.err
+
+
+def test_plan_with_an_unreadable_model_dir_is_refused(tmp_path, capsys):
+    rc, out = _run(["--model", str(tmp_path), "--node", "a:6ms"], capsys)
+    assert rc == 2 and "config" in out.err
