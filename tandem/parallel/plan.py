@@ -16,6 +16,10 @@ The partitioned dimensions of a Llama-family model:
   - attention: kv heads. Rank r owns kv heads `[a, b)` and, with `g = n_heads / n_kv_heads` query
     heads per kv head, query heads `[a g, b g)`: a kv head travels with its query heads, so attention
     needs no communication until the output projection.
+    With more ranks than kv heads (N > n_kv_heads) kv heads are replicated instead: the ranks are
+    dealt to the kv groups in contiguous blocks (as evenly as possible, lower groups first), each
+    group's g query heads are split among its ranks by their weights, and each of those ranks holds
+    the group's one kv head. A group with more ranks than query heads is degenerate.
   - MLP: intermediate rows, in blocks of `mlp_align` (the largest of 64, 32, ..., 1 that divides the
     intermediate size and leaves at least one block per rank).
   - vocabulary: embedding rows and LM-head rows, in blocks of `vocab_align` chosen the same way.
@@ -129,7 +133,8 @@ class TPPlan:
     n_heads: int
     n_kv_heads: int
     head_dim: int
-    kv_heads: tuple[Shard, ...]
+    kv_heads: tuple[Shard, ...]  # may overlap (replicated kv heads) when N > n_kv_heads
+    q_head_shards: tuple[Shard, ...]
     intermediate: tuple[Shard, ...]
     vocab: tuple[Shard, ...]
     mlp_align: int
@@ -139,10 +144,13 @@ class TPPlan:
     def q_per_kv(self) -> int:
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def replicates_kv(self) -> bool:
+        return self.world_size > self.n_kv_heads
+
     def q_heads(self, rank: int) -> Shard:
-        """Query heads `[a g, b g)` for kv heads `[a, b)`."""
-        kv = self.kv_heads[rank]
-        return Shard(rank, kv.start * self.q_per_kv, kv.end * self.q_per_kv)
+        """Query heads of `rank`: `[a g, b g)` for kv heads `[a, b)`, or part of one kv group."""
+        return self.q_head_shards[rank]
 
     def q_rows(self, rank: int) -> Shard:
         """Rows of `q_proj.weight` (and columns of `o_proj.weight`) owned by `rank`."""
@@ -173,11 +181,12 @@ def make_tp_plan(
         raise WeightsParseError(f"{len(weights)} weights for {world_size} ranks")
     if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
         raise TPPlanError(f"{n_heads} query heads are not a multiple of {n_kv_heads} kv heads")
-    if world_size > n_kv_heads:
+    if world_size > n_heads:
         raise DegeneratePlanError(
-            f"TP={world_size} exceeds the model's {n_kv_heads} kv heads: attention is split by "
-            f"kv-head groups, so use at most {n_kv_heads} tensor-parallel ranks"
+            f"TP={world_size} exceeds the model's {n_heads} attention heads: every rank needs at "
+            f"least one, so use at most {n_heads} tensor-parallel ranks"
         )
+    kv_heads, q_heads = _split_attention(world_size, n_heads, n_kv_heads, weights)
     mlp_align = choose_align(intermediate_size, world_size)
     vocab_align = choose_align(vocab_size, world_size)
     return TPPlan(
@@ -186,12 +195,38 @@ def make_tp_plan(
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        kv_heads=split_by_weights(n_kv_heads, weights, 1, "kv heads"),
+        kv_heads=kv_heads,
+        q_head_shards=q_heads,
         intermediate=split_by_weights(intermediate_size, weights, mlp_align, "MLP intermediate"),
         vocab=split_by_weights(vocab_size, weights, vocab_align, "vocabulary"),
         mlp_align=mlp_align,
         vocab_align=vocab_align,
     )
+
+
+def _split_attention(
+    world_size: int, n_heads: int, n_kv_heads: int, weights: tuple[float, ...]
+) -> tuple[tuple[Shard, ...], tuple[Shard, ...]]:
+    """(kv-head shards, query-head shards) per rank; see the module docstring."""
+    g = n_heads // n_kv_heads
+    if world_size <= n_kv_heads:
+        kv = split_by_weights(n_kv_heads, weights, 1, "kv heads")
+        return kv, tuple(Shard(s.rank, s.start * g, s.end * g) for s in kv)
+    groups = split_by_weights(world_size, (1.0,) * n_kv_heads, 1, "ranks over kv groups")
+    kv_out: list[Shard] = []
+    q_out: list[Shard] = []
+    for head, block in enumerate(groups):
+        ranks = range(block.start, block.end)
+        if len(ranks) > g:
+            raise DegeneratePlanError(
+                f"kv head {head} would be shared by {len(ranks)} ranks but has only {g} query "
+                f"heads; use at most {n_heads} ranks spread evenly over the {n_kv_heads} kv heads"
+            )
+        part = split_by_weights(g, tuple(weights[r] for r in ranks), 1, f"query heads of kv {head}")
+        for r, s in zip(ranks, part):
+            kv_out.append(Shard(r, head, head + 1))
+            q_out.append(Shard(r, head * g + s.start, head * g + s.end))
+    return tuple(kv_out), tuple(q_out)
 
 
 def plan_for_config(

@@ -137,3 +137,15 @@ def test_plan_and_communicator_of_different_sizes_are_refused():
     config = tiny_config()
     with pytest.raises(TransformError):
         shard_transformer(config, plan_for_config(config, 2), SoloCommunicator())
+
+
+@pytest.mark.parametrize(
+    "kv,n,weights", [(2, 3, None), (1, 2, None), (1, 2, (2.0, 1.0)), (1, 4, None)]
+)
+def test_replicated_kv_heads_match_reference(kv, n, weights):
+    config = tiny_config("MistralForCausalLM", num_attention_heads=4, num_key_value_heads=kv)
+    ref = random_reference(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(5))
+    outs = _sharded_logits(config, ref, n, weights, tokens)
+    with torch.no_grad():
+        assert (outs[0] - ref(tokens)).abs().max().item() < 1e-4

@@ -120,10 +120,31 @@ def test_weighted_2_to_1_plan_exact():
     assert plan.vocab == (Shard(0, 0, 200), Shard(1, 200, 300))
 
 
-def test_more_ranks_than_kv_heads_fails_closed():
-    with pytest.raises(DegeneratePlanError, match="kv heads"):
+def test_more_ranks_than_kv_heads_replicates_kv_heads():
+    plan = make_tp_plan(
+        world_size=3, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=64
+    )
+    assert plan.replicates_kv
+    assert plan.kv_heads == (Shard(0, 0, 1), Shard(1, 0, 1), Shard(2, 1, 2))
+    assert plan.q_head_shards == (Shard(0, 0, 1), Shard(1, 1, 2), Shard(2, 2, 4))
+    plan = make_tp_plan(
+        world_size=2,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=64,
+        weights=(2, 1),
+    )
+    assert plan.kv_heads == (Shard(0, 0, 1), Shard(1, 0, 1))
+    assert plan.q_head_shards == (Shard(0, 0, 3), Shard(1, 3, 4))
+    assert plan.kv_rows(1) == Shard(1, 0, 16) and plan.q_rows(1) == Shard(1, 48, 64)
+
+
+def test_more_ranks_than_heads_fails_closed():
+    with pytest.raises(DegeneratePlanError, match="attention heads"):
         make_tp_plan(
-            world_size=3, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=64
+            world_size=5, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=64
         )
 
 
