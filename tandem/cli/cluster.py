@@ -1,0 +1,331 @@
+"""`tandem cluster init | join | status`: form a cluster from one pasted (or scanned) token.
+
+    tandem cluster init --hosts 192.168.77.1,192.168.77.2 [--layout tp|pp|tp2xpp2] [--write-configs DIR]
+    tandem cluster join TOKEN [--device D --dtype T] [--rank R] [--model DIR]
+    tandem cluster status TOKEN [--model DIR] [--json]
+
+The token carries the hosts, ports, layout and a fresh secret. `join` finds its rank from this
+machine's addresses (or `--rank`), writes its RING_CONFIG file (mode 0600: it holds the secret),
+announces itself to the head's status board (rank 0 runs the board) and starts its worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
+from tandem.cluster.status import StatusBoard, StatusError, announce, measure_rtt_ms, query
+from tandem.cluster.token import (
+    ClusterTopology,
+    JoinTokenError,
+    decode_token,
+    encode_token,
+    new_topology,
+    parse_layout,
+    token_qr,
+)
+
+
+class ClusterCliError(RuntimeError):
+    """A cluster command the user must correct (ambiguous rank, unknown host...)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "cluster", help="form a cluster: init, join, status", description=__doc__
+    )
+    sub = p.add_subparsers(dest="cluster_command", required=True)
+
+    init = sub.add_parser("init", help="make a join token (and RING_CONFIG files) for these hosts")
+    init.add_argument("--hosts", required=True, help="comma-separated hosts, rank order")
+    init.add_argument("--layout", default="tp", help="tp (default), pp, or e.g. tp2xpp2")
+    init.add_argument("--base-port", type=int, default=29500, help="rank r listens on base+r")
+    init.add_argument("--model", default=None, help="pin a model name in the token")
+    init.add_argument(
+        "--write-configs", default=None, metavar="DIR", help="write ring<r>.json here"
+    )
+    init.add_argument("--no-qr", action="store_true", help="do not draw the QR code")
+    init.set_defaults(func=run_init)
+
+    join = sub.add_parser("join", help="join the cluster a token describes")
+    join.add_argument("token")
+    join.add_argument(
+        "--rank", type=int, default=None, help="this node's rank (default: by address)"
+    )
+    join.add_argument("--device", default="cpu")
+    join.add_argument("--dtype", default="float32")
+    join.add_argument("--model", default=None, help="model directory (starts the worker / head)")
+    join.add_argument("--config-dir", default=None, help="where to write RING_CONFIG")
+    join.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the head")
+    join.set_defaults(func=run_join)
+
+    status = sub.add_parser("status", help="who has joined, and what each rank holds")
+    status.add_argument("token")
+    status.add_argument("--model", default=None, help="model directory, to show layer ranges")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=run_status)
+
+
+def _fail(cmd: str, e: BaseException) -> int:
+    print(f"tandem cluster {cmd}: error: {e}", file=sys.stderr)
+    return 2
+
+
+# ---- init ---------------------------------------------------------------------------------------
+
+
+def run_init(args: argparse.Namespace) -> int:
+    try:
+        hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        tp, pp = parse_layout(args.layout, len(hosts))
+        topo = new_topology(hosts, tp, pp, base_port=args.base_port, model=args.model)
+        token = encode_token(topo)
+        if args.write_configs:
+            for r in range(topo.world_size):
+                _write_ring_config(Path(args.write_configs), topo, r)
+    except (ValueError, OSError) as e:
+        return _fail("init", e)
+    if not args.no_qr:
+        print(token_qr(token))
+    print(f"cluster {topo.cluster_id}: {topo.world_size} ranks, tp={tp} x pp={pp}")
+    print(f"on each node:  tandem cluster join {token}")
+    print(token)
+    return 0
+
+
+def _write_ring_config(directory: Path, topo: ClusterTopology, rank: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"ring{rank}.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(topo.ring_config(rank), f, indent=2)
+    return path
+
+
+# ---- join ---------------------------------------------------------------------------------------
+
+
+def local_addresses() -> set[str]:
+    addrs = {"localhost", socket.gethostname(), socket.getfqdn()}
+    for entries in psutil.net_if_addrs().values():
+        addrs.update(
+            e.address.split("%")[0]
+            for e in entries
+            if e.family in (socket.AF_INET, socket.AF_INET6)
+        )
+    return addrs
+
+
+def assign_rank(topo: ClusterTopology, rank: int | None, mine: set[str] | None = None) -> int:
+    """`--rank` if given; else the one rank whose host is this machine (ambiguity is an error)."""
+    if rank is not None:
+        if not 0 <= rank < topo.world_size:
+            raise ClusterCliError(f"--rank {rank}: this cluster has ranks 0..{topo.world_size - 1}")
+        return rank
+    mine = local_addresses() if mine is None else mine
+    matches = [r for r, h in enumerate(topo.hosts) if h in mine]
+    if not matches:
+        raise ClusterCliError(
+            f"none of this cluster's hosts ({', '.join(topo.hosts)}) is an address of this machine; "
+            "pass --rank"
+        )
+    if len(matches) > 1:
+        raise ClusterCliError(f"this machine is ranks {matches} of the token; pass --rank")
+    return matches[0]
+
+
+def role_of(topo: ClusterTopology, rank: int, num_layers: int | None = None) -> str:
+    """'stage s/pp layers [a, b) | tp shard t/tp' for `rank` (equal layer split when known)."""
+    stage, shard = divmod(rank, topo.tp)
+    parts = []
+    if topo.pp > 1:
+        text = f"stage {stage}/{topo.pp}"
+        if num_layers:
+            per, extra = divmod(num_layers, topo.pp)
+            start = stage * per + min(stage, extra)
+            text += f" layers [{start}, {start + per + (stage < extra)})"
+        parts.append(text)
+    elif num_layers:
+        parts.append(f"layers [0, {num_layers})")
+    if topo.tp > 1:
+        parts.append(f"tp shard {shard}/{topo.tp}")
+    return " | ".join(parts) or "whole model"
+
+
+def run_join(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    try:
+        topo = decode_token(args.token)
+        rank = assign_rank(topo, args.rank)
+        config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
+        ring_file = _write_ring_config(config_dir, topo, rank)
+    except (JoinTokenError, ClusterCliError, OSError) as e:
+        return _fail("join", e)
+    facts = {
+        "host": topo.hosts[rank],
+        "device": args.device,
+        "dtype": args.dtype,
+        "pid": os.getpid(),
+    }
+    facts["role"] = role_of(topo, rank, _num_layers(args.model))
+    console.print(f"rank {rank} of {topo.world_size} ({facts['role']}); RING_CONFIG={ring_file}")
+    board = None
+    try:
+        if rank == 0:
+            board = StatusBoard(
+                topo.secret,
+                host=_bind_host(topo.hosts[0]),
+                port=topo.status_port,
+                world_size=topo.world_size,
+            ).start()
+            board.update(0, **facts, rtt_ms=0.0, joined_at=time.time())
+            _wait_for_ranks(console, topo, board, args.timeout)
+        else:
+            rtt = _reach_head(console, topo, args.timeout)
+            announce(
+                topo.hosts[0], topo.status_port, topo.secret, rank, **facts, rtt_ms=round(rtt, 3)
+            )
+        return _run_rank(console, args, rank, ring_file)
+    except KeyboardInterrupt:
+        return 130
+    except (StatusError, LaunchError, ClusterCliError, OSError) as e:
+        return _fail("join", e)
+    finally:
+        if board is not None:
+            board.close()
+
+
+def _bind_host(host: str) -> str:
+    return host if host in local_addresses() else "0.0.0.0"
+
+
+def _num_layers(model: str | None) -> int | None:
+    if not model:
+        return None
+    from tandem.config import ModelConfig
+
+    return ModelConfig.from_dir(model).num_hidden_layers
+
+
+def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> float:
+    deadline = time.monotonic() + timeout_s
+    with console.status(f"waiting for the head at {topo.hosts[0]}:{topo.status_port}"):
+        while True:
+            try:
+                return measure_rtt_ms(topo.hosts[0], topo.status_port, topo.secret)
+            except StatusError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def _wait_for_ranks(
+    console: Console, topo: ClusterTopology, board: StatusBoard, timeout_s: float
+) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    deadline = time.monotonic() + timeout_s
+    with Progress(
+        TextColumn("ranks joined"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("join", total=topo.world_size)
+        while True:
+            n = len(board.snapshot()["ranks"])
+            bar.update(task, completed=n)
+            if n >= topo.world_size:
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(
+                    set(range(topo.world_size)) - {r["rank"] for r in board.snapshot()["ranks"]}
+                )
+                raise ClusterCliError(f"ranks {missing} did not join within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+
+def _run_rank(console: Console, args: argparse.Namespace, rank: int, ring_file: Path) -> int:
+    """With --model, run this rank's process (the head serves, the others work) until it ends."""
+    if not args.model:
+        console.print("joined; no --model given, so holding the slot (Ctrl-C to leave)")
+        while True:
+            time.sleep(3600)
+    if rank == 0:
+        argv = [
+            sys.executable,
+            "-m",
+            "tandem",
+            "serve",
+            "--model",
+            args.model,
+            "--ring-config",
+            str(ring_file),
+        ]
+    else:
+        argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
+    argv += ["--device", args.device, "--dtype", args.dtype]
+    group = ProcessGroup([RankProcess(f"rank{rank}", argv, {"RING_CONFIG": str(ring_file)})])
+    with group:
+        name, code = group.wait()
+    return code
+
+
+# ---- status -------------------------------------------------------------------------------------
+
+
+def run_status(args: argparse.Namespace) -> int:
+    try:
+        topo = decode_token(args.token)
+        snap = query(topo.hosts[0], topo.status_port, topo.secret)
+    except (JoinTokenError, StatusError) as e:
+        return _fail("status", e)
+    if args.json:
+        print(json.dumps(snap, indent=2))
+        return 0
+    layers = _num_layers(args.model)
+    joined = {r["rank"]: r for r in snap["ranks"]}
+    table = Table(
+        title=f"cluster {topo.cluster_id}: {len(joined)}/{topo.world_size} joined, tp={topo.tp} x pp={topo.pp}"
+    )
+    for col in ("rank", "host", "state", "device", "dtype", "layers / shard", "rtt to head", "pid"):
+        table.add_column(col)
+    for r in range(topo.world_size):
+        info = joined.get(r)
+        if info is None:
+            table.add_row(
+                str(r),
+                topo.hosts[r],
+                "[red]missing[/red]",
+                "",
+                "",
+                role_of(topo, r, layers),
+                "",
+                "",
+            )
+            continue
+        rtt = info.get("rtt_ms")
+        table.add_row(
+            str(r),
+            str(info.get("host", topo.hosts[r])),
+            "[green]joined[/green]",
+            str(info.get("device", "?")),
+            str(info.get("dtype", "?")),
+            str(info.get("role") or role_of(topo, r, layers)),
+            "-" if rtt is None else f"{rtt:.2f} ms",
+            str(info.get("pid", "")),
+        )
+    Console().print(table)
+    return 0 if len(joined) == topo.world_size else 1

@@ -1,0 +1,89 @@
+"""`tandem serve`: an OpenAI-compatible server on the head, over one device or a TP / PP group.
+
+    tandem serve --model DIR [--tp N --pp M] [--host 127.0.0.1 --port 8000] [--api-key K]
+
+Binds 127.0.0.1 unless `--host` says otherwise. `/health` answers 200 while the cluster is whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tandem.cluster.launcher import LaunchError, check_port_free
+
+DEFAULT_PORT = 8000
+
+
+class ServeError(RuntimeError):
+    """A mistake the user can fix (missing model, port in use, unsupported layout): one line."""
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by `serve` and `launch`."""
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (local processes)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8000)")
+    p.add_argument(
+        "--api-key", default=os.environ.get("TANDEM_API_KEY"), help="require this bearer key"
+    )
+    p.add_argument(
+        "--dtype", default="float32", help="compute dtype: one, or one per rank (a,b,...)"
+    )
+    p.add_argument("--device", default="cpu", help="device: one, or one per rank (a,b,...)")
+    p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per step")
+    p.add_argument("--max-seq-len", type=int, default=None, help="context per sequence")
+    p.add_argument("--served-model-name", default=None, help="the model id clients use")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server", description=__doc__)
+    p.add_argument("--model", required=True, help="a model directory (config.json + safetensors)")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _serve(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ServeError, LaunchError, OSError, ValueError) as e:
+        print(f"tandem serve: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tandem.cli.engine_factory import build_serving_engine
+    from tandem.server.app import create_app
+
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise ServeError(f"{model_dir}: not a model directory (no config.json)")
+    check_port_free(args.host, args.port)  # before minutes of weight loading, not after
+    engine, close = build_serving_engine(
+        model_dir,
+        tp=args.tp,
+        pp=args.pp,
+        dtype=args.dtype,
+        device=args.device,
+        max_batch=args.max_batch,
+        max_seq_len=args.max_seq_len,
+        name=args.served_model_name,
+    )
+    try:
+        app = create_app(engine, api_key=args.api_key)
+        print(
+            f"tandem: serving {engine.model_name!r} (tp={args.tp}, pp={args.pp}) on "
+            f"http://{args.host}:{args.port}/v1",
+            flush=True,
+        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        close()
+    return 0

@@ -1,0 +1,202 @@
+"""The cluster's status board: who has joined, on what device and dtype, holding which part, and
+how far away. A tiny authenticated JSON exchange (no pickle), served by the head on the token's
+status port.
+
+One exchange per TCP connection, every socket operation under a timeout:
+
+    board  -> client   16-byte random nonce
+    client -> board    u32 length | 32-byte HMAC-SHA256(secret, nonce | body) | body (UTF-8 JSON)
+    board  -> client   u32 length | 32-byte HMAC-SHA256(secret, nonce | reply) | reply (JSON)
+                       (or u32 0 alone: the request's MAC did not verify)
+
+A body is {"kind": "announce", "rank": r, ...facts} or {"kind": "query"} or {"kind": "ping"}. A wrong
+MAC, an oversized length or malformed JSON closes the connection; the board keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import socket
+import statistics
+import struct
+import threading
+import time
+from typing import Any
+
+MAX_MESSAGE = 64 * 1024
+REFUSED = 0  # a zero length in reply: the board could not authenticate the request
+NONCE_LEN = 16
+MAC_LEN = 32
+_LEN = struct.Struct(">I")
+
+
+class StatusError(RuntimeError):
+    """The status exchange failed (unreachable board, wrong secret, bad reply)."""
+
+
+class BoardUnreachable(StatusError):
+    """Nothing answers on the head's status port."""
+
+
+class StatusAuthError(StatusError):
+    """The other side does not hold this cluster's secret."""
+
+
+def _mac(secret: bytes, nonce: bytes, body: bytes) -> bytes:
+    return hmac.new(secret, nonce + body, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise StatusError("the peer closed the connection mid-message")
+        buf += chunk
+    return bytes(buf)
+
+
+def _send_msg(sock: socket.socket, secret: bytes, nonce: bytes, obj: dict[str, Any]) -> None:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    if len(body) > MAX_MESSAGE:
+        raise StatusError(f"status message of {len(body)} bytes exceeds {MAX_MESSAGE}")
+    sock.sendall(_LEN.pack(len(body)) + _mac(secret, nonce, body) + body)
+
+
+def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any]:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n == REFUSED:
+        raise StatusAuthError(
+            "the status board refused this cluster secret: the token is from another cluster "
+            "(or the head was re-initialized)"
+        )
+    if n > MAX_MESSAGE:  # checked before anything is allocated
+        raise StatusError(f"status message claims {n} bytes (limit {MAX_MESSAGE})")
+    mac = _recv_exact(sock, MAC_LEN)
+    body = _recv_exact(sock, n)
+    if not hmac.compare_digest(mac, _mac(secret, nonce, body)):
+        raise StatusAuthError("status message MAC mismatch: the peer has another cluster's secret")
+    try:
+        obj = json.loads(body.decode())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise StatusError(f"status message is not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise StatusError("status message is not a JSON object")
+    return obj
+
+
+class StatusBoard:
+    """Runs on the head: a thread answering announces, pings and queries on (host, port)."""
+
+    def __init__(self, secret: str, host: str = "127.0.0.1", port: int = 0, world_size: int = 1):
+        self.secret = bytes.fromhex(secret)
+        self.world_size = world_size
+        self.ranks: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._sock = socket.create_server((host, port))
+        self._sock.settimeout(0.5)
+        self.port = self._sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="tandem-status", daemon=True)
+
+    def start(self) -> StatusBoard:
+        self._thread.start()
+        return self
+
+    def update(self, rank: int, /, **facts: Any) -> None:
+        """Adds facts about `rank` (the head records its own, and layer/shard figures)."""
+        with self._lock:
+            self.ranks.setdefault(rank, {"rank": rank}).update(facts)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            ranks = [dict(v) for _, v in sorted(self.ranks.items())]
+        return {"world_size": self.world_size, "ranks": ranks, "time": time.time()}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, addr = self._sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn, contextlib.suppress(OSError, StatusError):
+                conn.settimeout(5.0)
+                self._answer(conn, addr[0])
+
+    def _answer(self, conn: socket.socket, peer: str) -> None:
+        nonce = os.urandom(NONCE_LEN)
+        conn.sendall(nonce)
+        try:
+            msg = _recv_msg(conn, self.secret, nonce)
+        except StatusAuthError:
+            conn.sendall(_LEN.pack(REFUSED))
+            raise
+        kind = msg.get("kind")
+        if kind == "announce" and isinstance(msg.get("rank"), int):
+            rank = msg["rank"]
+            if not 0 <= rank < self.world_size:
+                _send_msg(conn, self.secret, nonce, {"ok": False, "error": f"no rank {rank}"})
+                return
+            facts = {k: v for k, v in msg.items() if k not in ("kind",)}
+            self.update(rank, **facts, peer=peer, joined_at=time.time())
+            _send_msg(conn, self.secret, nonce, {"ok": True})
+        elif kind == "query":
+            _send_msg(conn, self.secret, nonce, {"ok": True, **self.snapshot()})
+        elif kind == "ping":
+            _send_msg(conn, self.secret, nonce, {"ok": True})
+        else:
+            _send_msg(conn, self.secret, nonce, {"ok": False, "error": f"unknown kind {kind!r}"})
+
+
+def exchange(
+    host: str, port: int, secret: str, msg: dict[str, Any], timeout_s: float = 5.0
+) -> dict:
+    """One authenticated request/reply with the board at host:port."""
+    key = bytes.fromhex(secret)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError as e:
+        raise BoardUnreachable(
+            f"cannot reach the head's status board at {host}:{port} ({e.strerror or e}): "
+            "is the head up, and is that port open between the nodes?"
+        ) from e
+    with sock:
+        sock.settimeout(timeout_s)
+        try:
+            nonce = _recv_exact(sock, NONCE_LEN)
+            _send_msg(sock, key, nonce, msg)
+            reply = _recv_msg(sock, key, nonce)
+        except StatusError:
+            raise
+        except OSError as e:
+            raise StatusError(f"status exchange with {host}:{port} failed: {e}") from e
+    if not reply.get("ok"):
+        raise StatusError(f"the status board refused: {reply.get('error')}")
+    return reply
+
+
+def measure_rtt_ms(host: str, port: int, secret: str, n: int = 5) -> float:
+    """Median round trip of an authenticated ping (connect included), in milliseconds."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        exchange(host, port, secret, {"kind": "ping"})
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def announce(host: str, port: int, secret: str, rank: int, /, **facts: Any) -> None:
+    exchange(host, port, secret, {"kind": "announce", "rank": rank, **facts})
+
+
+def query(host: str, port: int, secret: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    return exchange(host, port, secret, {"kind": "query"}, timeout_s)

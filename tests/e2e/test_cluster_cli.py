@@ -1,0 +1,130 @@
+"""`tandem cluster init / join / status` across real processes on loopback."""
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tandem.cluster.status import StatusAuthError, StatusBoard, announce, query
+from tandem.cluster.token import decode_token, encode_token, new_topology
+
+TANDEM = [sys.executable, "-m", "tandem"]
+
+
+def _free_block(n: int) -> int:
+    """A base port with n consecutive free ports after it."""
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def _cli(*args, timeout=60):
+    return subprocess.run([*TANDEM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cluster_init_prints_a_token_that_join_and_status_accept(tmp_path):
+    base = _free_block(4)
+    out = _cli(
+        "cluster",
+        "init",
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "--base-port",
+        str(base),
+        "--write-configs",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip().splitlines()[-1]
+    topo = decode_token(token)
+    assert topo.world_size == 2 and topo.base_port == base
+    assert "█" in out.stdout  # the QR code
+    ring1 = json.loads((tmp_path / "ring1.json").read_text())
+    assert ring1["rank"] == 1 and ring1["right_port"] == base and ring1["secret"] == topo.secret
+    assert (tmp_path / "ring0.json").stat().st_mode & 0o077 == 0  # the secret is not world-readable
+
+    procs = []
+    try:
+        for rank, device, dtype in ((0, "cpu", "float32"), (1, "cpu", "bfloat16")):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *TANDEM,
+                        "cluster",
+                        "join",
+                        token,
+                        "--rank",
+                        str(rank),
+                        "--device",
+                        device,
+                        "--dtype",
+                        dtype,
+                        "--config-dir",
+                        str(tmp_path / f"n{rank}"),
+                        "--timeout",
+                        "60",
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        deadline = time.time() + 60
+        snap = None
+        while time.time() < deadline:
+            r = _cli("cluster", "status", token, "--json")
+            if r.returncode == 0:
+                snap = json.loads(r.stdout)
+                if len(snap["ranks"]) == 2:
+                    break
+            time.sleep(0.5)
+        assert snap is not None and len(snap["ranks"]) == 2, snap
+        by_rank = {r["rank"]: r for r in snap["ranks"]}
+        assert by_rank[1]["dtype"] == "bfloat16" and by_rank[0]["dtype"] == "float32"
+        assert by_rank[1]["role"] == "tp shard 1/2" and by_rank[1]["rtt_ms"] > 0
+        table = _cli("cluster", "status", token)
+        assert table.returncode == 0 and "joined" in table.stdout and "bfloat16" in table.stdout
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+def test_cluster_join_refuses_a_mistyped_token_in_one_line():
+    token = encode_token(new_topology(["127.0.0.1"], 1, 1))
+    bad = token[:20] + ("2" if token[20] != "2" else "3") + token[21:]
+    out = _cli("cluster", "join", bad, "--rank", "0")
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "join token" in out.stderr
+
+
+def test_status_board_refuses_a_peer_with_another_clusters_secret():
+    topo = new_topology(["127.0.0.1"], 1, 1)
+    board = StatusBoard(topo.secret, port=0, world_size=1).start()
+    try:
+        with pytest.raises(StatusAuthError):
+            query("127.0.0.1", board.port, new_topology(["127.0.0.1"], 1, 1).secret)
+        announce("127.0.0.1", board.port, topo.secret, 0, device="cpu")
+        assert query("127.0.0.1", board.port, topo.secret)["ranks"][0]["device"] == "cpu"
+        with socket.create_connection(("127.0.0.1", board.port), timeout=5) as s:  # hostile length
+            s.recv(16)
+            s.sendall(b"\xff\xff\xff\xff" + b"\0" * 40)
+        assert query("127.0.0.1", board.port, topo.secret)["world_size"] == 1  # still serving
+    finally:
+        board.close()
