@@ -16,7 +16,7 @@ from tandem.config import ModelConfig
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies, float32, shape (head_dim // 2,)."""
     dim = config.head_dim
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
     s = config.rope_scaling
     if s is None or s.rope_type == "default":

@@ -1,0 +1,130 @@
+"""Device discovery and the per-device automatic compute dtype.
+
+`--dtype auto` looks the device up in `AUTO_DTYPE_TABLE`, first matching row wins. The rule of the
+table: take the 16-bit format the hardware computes natively (decode is bound by reading weights, so
+16 bits is about twice as fast as 32), and float32 where no 16-bit arithmetic is native.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class DeviceError(ValueError):
+    """A device that is unknown or not available on this machine."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cuda", "rocm", "mps", "cpu"
+    arch: str  # "sm90", "gfx1100", "avx512_bf16", ...
+
+
+@dataclass(frozen=True)
+class AutoDtypeRule:
+    kind: str
+    matches: Callable[[str], bool]
+    dtype: torch.dtype
+    why: str
+
+
+AUTO_DTYPE_TABLE: tuple[AutoDtypeRule, ...] = (
+    AutoDtypeRule(
+        "rocm", lambda a: a.startswith("gfx11"), torch.float16, "RDNA3: f16 WMMA, no fast bf16"
+    ),
+    AutoDtypeRule(
+        "rocm", lambda a: a.startswith("gfx9"), torch.bfloat16, "CDNA: native bf16 matrix cores"
+    ),
+    AutoDtypeRule("rocm", lambda a: True, torch.float16, "other AMD GPUs: f16"),
+    AutoDtypeRule(
+        "cuda", lambda a: _sm(a) >= 80, torch.bfloat16, "Ampere and newer: bf16 tensor cores"
+    ),
+    AutoDtypeRule("cuda", lambda a: True, torch.float16, "pre-Ampere: f16 tensor cores only"),
+    AutoDtypeRule("mps", lambda a: True, torch.float16, "Apple GPUs: f16 native"),
+    AutoDtypeRule(
+        "cpu",
+        lambda a: a in ("amx_bf16", "avx512_bf16"),
+        torch.bfloat16,
+        "CPU with bf16 dot-product instructions: half the bytes per weight",
+    ),
+    AutoDtypeRule("cpu", lambda a: True, torch.float32, "CPU without bf16 instructions"),
+)
+
+
+def _sm(arch: str) -> int:
+    return int(arch[2:]) if arch.startswith("sm") and arch[2:].isdigit() else 0
+
+
+@cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def resolve_device(name: str | None = None) -> torch.device:
+    """`None`/"auto" picks CUDA/ROCm, then MPS, then CPU; an explicit name must be available."""
+    if name in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise DeviceError(f"unknown device {name!r}: {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"device {name!r} requested but no CUDA/ROCm device is available")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device {name!r} requested but MPS is not available")
+    return dev
+
+
+def describe(device: torch.device) -> DeviceInfo:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        if torch.version.hip:
+            return DeviceInfo("rocm", getattr(props, "gcnArchName", "gfx").split(":")[0])
+        return DeviceInfo("cuda", f"sm{props.major}{props.minor}")
+    if device.type == "mps":
+        return DeviceInfo("mps", "apple")
+    flags = _cpu_flags()
+    arch = next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), "generic")
+    return DeviceInfo("cpu", arch)
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    return dtype_for(describe(device))
+
+
+def dtype_for(info: DeviceInfo) -> torch.dtype:
+    """The first AUTO_DTYPE_TABLE row matching `info`."""
+    for rule in AUTO_DTYPE_TABLE:
+        if rule.kind == info.kind and rule.matches(info.arch):
+            return rule.dtype
+    return torch.float32
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ "auto" or one of DTYPE_NAMES."""
+    if name == "auto":
+        return auto_dtype(device)
+    if name not in DTYPE_NAMES:
+        raise DeviceError(f"unknown dtype {name!r}; choose auto or one of {', '.join(DTYPE_NAMES)}")
+    return DTYPE_NAMES[name]

@@ -1,0 +1,214 @@
+"""A Hugging Face model directory: `config.json` plus `model.safetensors` or a sharded
+`model.safetensors.index.json`.
+
+Every file's header is parsed and checked against the file size before anything is read, so a
+truncated file or a header that claims more bytes than exist is refused up front. Tensors are read
+through memory-mapped `safe_open` handles, one at a time and only the slice asked for, so a
+tensor-parallel rank reads only its shard and no second full copy of the checkpoint is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from tandem.config import ModelConfig
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+# safetensors dtype code -> (torch dtype, bytes per element)
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "F64": (torch.float64, 8),
+    "I64": (torch.int64, 8),
+    "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2),
+    "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1),
+}
+FLOAT_CODES = ("F32", "F16", "BF16")
+
+
+class ModelFileError(ValueError):
+    """Base of every error about a model directory's files; the message names file and tensor."""
+
+
+class MissingFileError(ModelFileError):
+    """A file the directory needs is absent or unreadable."""
+
+
+class CorruptFileError(ModelFileError):
+    """A file whose bytes are not what its format says: bad header, truncated data, bad offsets."""
+
+
+class MissingTensorError(ModelFileError):
+    """The model needs a tensor that no file in the directory holds."""
+
+
+class TensorShapeError(ModelFileError):
+    """A tensor's stored shape differs from the one the config implies."""
+
+
+class TensorDtypeError(ModelFileError):
+    """A tensor stored in a dtype the model cannot take (weights must be F32, F16 or BF16)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: str  # safetensors code, e.g. "BF16"
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPES[self.dtype][1]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def read_header(file: Path) -> dict[str, TensorInfo]:
+    """Parses and checks one safetensors file's header against the file's real size."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CorruptFileError(f"{file}: {size} bytes, too short for a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > MAX_HEADER_BYTES:
+                raise CorruptFileError(
+                    f"{file}: header claims {n} bytes but the file has only {size - 8} after the length"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise MissingFileError(f"{file}: cannot read ({e.strerror or e})") from e
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptFileError(f"{file}: header is not a JSON object ({e})") from e
+    data_size = size - 8 - n
+    out: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            code, shape, (a, b) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+            if not all(isinstance(x, int) and x >= 0 for x in (*shape, a, b)):
+                raise TypeError
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptFileError(f"{file}: tensor {name!r} has a malformed header entry") from e
+        if code not in DTYPES:
+            raise TensorDtypeError(f"{file}: tensor {name!r} has unknown dtype {code!r}")
+        info = TensorInfo(file, code, shape)
+        if b < a or b - a != info.nbytes:
+            raise CorruptFileError(
+                f"{file}: tensor {name!r} spans bytes [{a}, {b}) but {code}{list(shape)} needs {info.nbytes}"
+            )
+        if b > data_size:
+            raise CorruptFileError(
+                f"{file}: tensor {name!r} ends at byte {b} of the data but the file holds only "
+                f"{data_size} (truncated?)"
+            )
+        out[name] = info
+    return out
+
+
+class ModelDir:
+    """An opened model directory. `config` is parsed, every header checked; tensors are read lazily."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise MissingFileError(f"{self.path}: not a directory")
+        self.config = ModelConfig.from_dir(self.path)
+        self.manifest: dict[str, TensorInfo] = {}
+        for file in self._weight_files():
+            for name, info in read_header(file).items():
+                if name in self.manifest:
+                    raise CorruptFileError(
+                        f"{file}: tensor {name!r} also in {self.manifest[name].file}"
+                    )
+                self.manifest[name] = info
+        self._handles: dict[Path, Any] = {}
+
+    def _weight_files(self) -> list[Path]:
+        index = self.path / INDEX_FILE
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                files = sorted({str(v) for v in weight_map.values()})
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CorruptFileError(f"{index}: not a valid safetensors index ({e})") from e
+            for f in files:
+                if Path(f).name != f:
+                    raise CorruptFileError(f"{index}: shard name {f!r} must be a plain file name")
+            missing = [f for f in files if not (self.path / f).is_file()]
+            if missing:
+                raise MissingFileError(
+                    f"{index}: shard(s) {', '.join(missing)} not found in {self.path}"
+                )
+            return [self.path / f for f in files]
+        single = self.path / SINGLE_FILE
+        if not single.is_file():
+            raise MissingFileError(f"{self.path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+        return [single]
+
+    def info(self, name: str) -> TensorInfo:
+        info = self.manifest.get(name)
+        if info is None:
+            raise MissingTensorError(f"{self.path}: no file holds tensor {name!r}")
+        return info
+
+    def read(
+        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+    ) -> torch.Tensor:
+        """Tensor `name`, or its slice [start, end) along `dim`, in its stored dtype on the CPU."""
+        info = self.info(name)
+        handle = self._handles.get(info.file)
+        try:
+            if handle is None:
+                handle = self._handles[info.file] = safe_open(str(info.file), framework="pt")
+            if dim is None:
+                return handle.get_tensor(name)
+            if not 0 <= dim < len(info.shape):
+                raise TensorShapeError(
+                    f"{info.file}: tensor {name!r} has no dim {dim} (shape {info.shape})"
+                )
+            lo, hi = start or 0, info.shape[dim] if end is None else end
+            if not 0 <= lo <= hi <= info.shape[dim]:
+                raise TensorShapeError(
+                    f"{info.file}: slice [{lo}, {hi}) of dim {dim} outside tensor {name!r} {info.shape}"
+                )
+            index = tuple(
+                slice(lo, hi) if d == dim else slice(None) for d in range(len(info.shape))
+            )
+            return handle.get_slice(name)[index]
+        except SafetensorError as e:
+            raise CorruptFileError(f"{info.file}: reading tensor {name!r} failed ({e})") from e
+
+    def fingerprint(self) -> str:
+        """sha256 over the config and the tensor manifest (names, dtypes, shapes): ranks whose
+        fingerprints differ hold different models."""
+        h = hashlib.sha256(json.dumps(self.config.to_hf_dict(), sort_keys=True).encode())
+        for name in sorted(self.manifest):
+            info = self.manifest[name]
+            h.update(f"{name}|{info.dtype}|{list(info.shape)}\n".encode())
+        return h.hexdigest()
+
+    def close(self) -> None:
+        self._handles.clear()

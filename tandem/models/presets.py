@@ -1,0 +1,186 @@
+"""Named model shapes and their deterministic random weights, for tests and benchmarks (no model can
+be downloaded on the machines this project is built on).
+
+Random-weight init, chosen so greedy decoding is *stable across dtypes* (a 16-bit run follows the
+float32 reference's greedy ids for many tokens) while outputs still depend on the context:
+- every weight is rounded to bfloat16 before it is stored, so f32, bf16 and f16 runs multiply the
+  very same numbers and differ only in activation rounding;
+- hidden projections have std 1/sqrt(fan_in) (o_proj and down_proj divided by sqrt(2 * layers)),
+  so activations neither vanish nor explode and every layer matters;
+- the output matrix (lm_head, or the tied embedding) gives logits of std LOGIT_STD and has a small set of "hot" rows (`HOT_ROWS`,
+  printable tokens when the preset has a tokenizer) scaled up by `HOT_SCALE`: the argmax lands
+  among them with a top-1/top-2 gap of a large fraction of the logit scale, instead of the
+  near-ties of a 150k-way Gaussian maximum that 16-bit rounding would flip every few tokens;
+- with tied embeddings the final norm weight gets random signs, so a token's own embedding is not
+  an attractor (otherwise the model would just repeat its input).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from tandem.config import ModelConfig, RopeScaling
+
+HOT_ROWS = 24
+HOT_SCALE = 4.0
+LOGIT_STD = 2.0  # std of an ordinary (not hot) row's logit
+
+
+@dataclass(frozen=True)
+class Preset:
+    config: ModelConfig
+    tokenizer_vocab: int | None  # size of the byte-level BPE to build, None for no tokenizer
+    dtype: torch.dtype  # dtype the safetensors file stores
+
+
+def _tiny(arch: str, **kw) -> ModelConfig:
+    base = dict(
+        architecture=arch,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_ids=(0,),
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+PRESETS: dict[str, Preset] = {
+    "qwen3-0.6b": Preset(
+        ModelConfig(
+            architecture="Qwen3ForCausalLM",
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+            qk_norm=True,
+            eos_token_ids=(0,),
+            torch_dtype="bfloat16",
+        ),
+        tokenizer_vocab=4096,
+        dtype=torch.bfloat16,
+    ),
+    "tiny-llama": Preset(_tiny("LlamaForCausalLM"), 512, torch.float32),
+    "tiny-llama-untied": Preset(
+        _tiny("LlamaForCausalLM", tie_word_embeddings=False), 512, torch.float32
+    ),
+    "tiny-llama3-rope-scaling": Preset(
+        _tiny(
+            "LlamaForCausalLM",
+            rope_theta=500000.0,
+            rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64),
+        ),
+        512,
+        torch.float32,
+    ),
+    "tiny-mistral": Preset(
+        _tiny("MistralForCausalLM", num_key_value_heads=1, sliding_window=64), 512, torch.float32
+    ),
+    "tiny-qwen2": Preset(_tiny("Qwen2ForCausalLM", qkv_bias=True), 512, torch.float32),
+    "tiny-qwen3": Preset(_tiny("Qwen3ForCausalLM", qk_norm=True), 512, torch.float32),
+    # untied, three layers, no tokenizer: prompts given as token ids
+    "tiny-qwen3-untied": Preset(
+        _tiny("Qwen3ForCausalLM", qk_norm=True, tie_word_embeddings=False, num_hidden_layers=3),
+        None,
+        torch.float32,
+    ),
+}
+
+
+class UnknownPresetError(ValueError):
+    """A preset name that is not in PRESETS."""
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise UnknownPresetError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    p = PRESETS[name]
+    return replace(p, config=replace(p.config, torch_dtype=str(p.dtype).removeprefix("torch.")))
+
+
+def hot_rows(config: ModelConfig, printable_ids: list[int] | None) -> list[int]:
+    """Which output rows are scaled up: the given (printable) token ids, else evenly spaced ids."""
+    if printable_ids:
+        return printable_ids[:HOT_ROWS]
+    step = max(1, config.vocab_size // HOT_ROWS)
+    return list(range(1, config.vocab_size, step))[:HOT_ROWS]
+
+
+def random_weights(
+    config: ModelConfig, seed: int, dtype: torch.dtype, hot: list[int] | None = None
+) -> dict[str, torch.Tensor]:
+    """HF-named random weights, deterministic for (config, seed), each rounded to bfloat16."""
+    g = torch.Generator().manual_seed(seed)
+    D, L = config.hidden_size, config.num_hidden_layers
+    hd, H, Hkv, F = (
+        config.head_dim,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+    )
+
+    def normal(shape: tuple[int, ...], std: float) -> torch.Tensor:
+        return torch.randn(shape, generator=g) * std
+
+    def linear(out_f: int, in_f: int, scale: float = 1.0) -> torch.Tensor:
+        return normal((out_f, in_f), scale / math.sqrt(in_f))
+
+    w: dict[str, torch.Tensor] = {}
+    out_std = LOGIT_STD / math.sqrt(D)  # a unit-rms hidden state gives logits of std LOGIT_STD
+    embed = normal((config.vocab_size, D), out_std if config.tie_word_embeddings else 1.0)
+    out_rows = hot if hot is not None else hot_rows(config, None)
+    if config.tie_word_embeddings:
+        embed[out_rows] *= HOT_SCALE
+    w["model.embed_tokens.weight"] = embed
+    residual_scale = 1.0 / math.sqrt(2 * L)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = linear(H * hd, D)
+        w[p + "self_attn.k_proj.weight"] = linear(Hkv * hd, D)
+        w[p + "self_attn.v_proj.weight"] = linear(Hkv * hd, D)
+        w[p + "self_attn.o_proj.weight"] = linear(D, H * hd, residual_scale)
+        if config.qkv_bias:
+            w[p + "self_attn.q_proj.bias"] = normal((H * hd,), 0.1)
+            w[p + "self_attn.k_proj.bias"] = normal((Hkv * hd,), 0.1)
+            w[p + "self_attn.v_proj.bias"] = normal((Hkv * hd,), 0.1)
+        if config.o_bias:
+            w[p + "self_attn.o_proj.bias"] = normal((D,), 0.1)
+        if config.qk_norm:
+            w[p + "self_attn.q_norm.weight"] = 1.0 + normal((hd,), 0.1)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + normal((hd,), 0.1)
+        w[p + "mlp.gate_proj.weight"] = linear(F, D)
+        w[p + "mlp.up_proj.weight"] = linear(F, D)
+        w[p + "mlp.down_proj.weight"] = linear(D, F, residual_scale)
+        if config.mlp_bias:
+            for name, n in (("gate_proj", F), ("up_proj", F), ("down_proj", D)):
+                w[p + f"mlp.{name}.bias"] = normal((n,), 0.1)
+        w[p + "input_layernorm.weight"] = 1.0 + normal((D,), 0.1)
+        w[p + "post_attention_layernorm.weight"] = 1.0 + normal((D,), 0.1)
+    if config.tie_word_embeddings:
+        signs = torch.randint(0, 2, (D,), generator=g).float() * 2 - 1
+        w["model.norm.weight"] = signs
+    else:
+        w["model.norm.weight"] = 1.0 + normal((D,), 0.1)
+        head = normal((config.vocab_size, D), out_std)
+        head[out_rows] *= HOT_SCALE
+        w["lm_head.weight"] = head
+    return {k: v.to(torch.bfloat16).to(dtype).contiguous() for k, v in w.items()}
