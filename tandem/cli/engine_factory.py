@@ -50,7 +50,6 @@ def build_executor(
     if tp < 1 or pp < 1:
         raise LayoutUnavailable(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
     if tp * pp == 1:
-        from tandem.engine.local import LocalExecutor
         from tandem.loaders.load import load_model
         from tandem.loaders.safetensors_dir import ModelDir
 
@@ -60,8 +59,21 @@ def build_executor(
             task = bar.add_task("loading weights", total=config.num_hidden_layers)
             model = load_model(ModelDir(model_dir), dtype=DTYPES[dtype], device=device)
             bar.update(task, completed=config.num_hidden_layers)
-        return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
+        return _local_executor(model, max_batch, max_seq_len)
     raise LayoutUnavailable(f"tp={tp} x pp={pp} is not wired into `serve` in this build yet")
+
+
+def _local_executor(model, max_batch: int, max_seq_len: int):
+    try:
+        from tandem.engine.local import LocalExecutor
+    except ImportError:  # until the single-node executor lands: the TP head at world size 1
+        from tandem.comm.solo import SoloCommunicator
+        from tandem.engine.remote import TPExecutor
+        from tandem.engine.shard_runner import ShardRunner
+
+        runner = ShardRunner(model, max_batch=max_batch, max_seq_len=max_seq_len)
+        return TPExecutor(runner, SoloCommunicator(), model.config.vocab_size)
+    return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
 
 
 def build_serving_engine(

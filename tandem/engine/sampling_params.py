@@ -26,6 +26,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

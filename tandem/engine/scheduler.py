@@ -242,7 +242,8 @@ class Scheduler:
         if r.req.first_token_at is None:
             r.req.first_token_at = time.perf_counter()
             self._push(self.stats.ttft, r.req.first_token_at - r.req.submitted_at)
-        if token in self.eos_token_ids or token in r.req.params.stop_token_ids:
+        eos = token in self.eos_token_ids and not r.req.params.ignore_eos
+        if eos or token in r.req.params.stop_token_ids:
             return "stop"
         if r.req.on_token(token):
             return "stop"

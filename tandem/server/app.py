@@ -188,6 +188,7 @@ def _params(
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
             seed=body.seed,
+            ignore_eos=body.ignore_eos,
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e)) from e

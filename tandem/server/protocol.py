@@ -55,6 +55,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    ignore_eos: bool = False  # vLLM's extension: always generate max_tokens
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

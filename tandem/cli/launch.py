@@ -1,0 +1,206 @@
+"""`tandem launch`: a whole local cluster in one command, serving the OpenAI API.
+
+    tandem launch [--model DIR] [--tp 2 --pp 1] [--port 8000] [--no-demo]
+
+Brings up the head (`tandem serve`) and its ranks as local processes on loopback for the model (the
+built-in model when none is given), waits until the cluster is whole, streams one demo chat
+completion, then serves until Ctrl-C. Ctrl-C, SIGTERM, a rank that exits or a cluster that turns
+unhealthy shut every process down: none is left behind and every port is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+
+from tandem.cli.serve import add_engine_args
+from tandem.cluster.launcher import (
+    LaunchError,
+    ProcessGroup,
+    RankProcess,
+    check_port_free,
+    sigterm_as_keyboard_interrupt,
+)
+
+DEFAULT_DEMO_PROMPT = "Write one sentence about running a model across two computers."
+FALLBACK_PRESET = "tiny-qwen3"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch", help="a local multi-process cluster + OpenAI server", description=__doc__
+    )
+    p.add_argument("--model", default=None, help="model directory (default: the built-in model)")
+    add_engine_args(p)
+    p.add_argument("--no-demo", action="store_true", help="skip the demo completion")
+    p.add_argument("--demo-prompt", default=DEFAULT_DEMO_PROMPT)
+    p.add_argument(
+        "--startup-timeout", type=float, default=600.0, help="seconds for ranks to come up"
+    )
+    p.add_argument(
+        "--log-dir", default=None, help="write each rank's output here instead of the terminal"
+    )
+    p.set_defaults(func=run)
+
+
+def default_model_dir(console: Console) -> Path:
+    """The built-in model if this install has one, else a small random preset made once and cached."""
+    builtin = Path(__file__).resolve().parent.parent / "builtin"
+    for candidate in sorted(builtin.glob("*/config.json")):
+        return candidate.parent
+    cache = Path.home() / ".cache" / "tandem" / "models" / FALLBACK_PRESET
+    if not (cache / "config.json").is_file():
+        console.print(
+            f"[yellow]no built-in model in this install; making a random {FALLBACK_PRESET} model[/yellow]"
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tandem",
+                "make-model",
+                str(cache),
+                "--preset",
+                FALLBACK_PRESET,
+                "--seed",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode != 0:
+            raise LaunchError(
+                f"could not make the fallback model: {out.stderr.strip().splitlines()[-1:]}"
+            )
+    return cache
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, {}
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    try:
+        with sigterm_as_keyboard_interrupt():
+            return _launch(args, console)
+    except LaunchError as e:
+        print(f"tandem launch: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _launch(args: argparse.Namespace, console: Console) -> int:
+    model = Path(args.model) if args.model else default_model_dir(console)
+    if not (model / "config.json").is_file():
+        raise LaunchError(f"{model}: not a model directory (no config.json)")
+    check_port_free(args.host, args.port)
+    argv = [sys.executable, "-m", "tandem", "serve", "--model", str(model)]
+    for flag in (
+        "tp",
+        "pp",
+        "host",
+        "port",
+        "dtype",
+        "device",
+        "max_batch",
+        "max_seq_len",
+        "served_model_name",
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    n_ranks = args.tp * args.pp
+    env = {"TANDEM_API_KEY": args.api_key} if args.api_key else {}  # not on argv, where ps shows it
+    group = ProcessGroup(
+        [RankProcess("head", argv, env)], log_dir=Path(args.log_dir) if args.log_dir else None
+    )
+    base = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
+    try:
+        group.start()
+        gone = _wait_whole(console, group, base, n_ranks, args.startup_timeout)
+        if gone is not None:
+            raise LaunchError(f"{gone[0]} exited with code {gone[1]} before the cluster was up")
+        _, models = _get(f"{base}/v1/models")
+        name = models.get("data", [{}])[0].get("id", "?")
+        console.print(
+            f"[green]tandem:[/green] {n_ranks} rank(s) up (tp={args.tp}, pp={args.pp}); model [bold]{name}[/bold]"
+        )
+        console.print(
+            f"OpenAI API at [bold]{base}/v1[/bold]  (health {base}/health, metrics {base}/metrics)"
+        )
+        if not args.no_demo:
+            _demo(console, base, name, args.demo_prompt, args.api_key)
+        console.print("serving; Ctrl-C to stop every rank")
+        gone = group.wait(until=lambda: _get(f"{base}/health")[0] == 503, interval_s=1.0)
+        if gone is not None:
+            console.print(
+                f"[red]{gone[0]} exited with code {gone[1]}: shutting the cluster down[/red]"
+            )
+            return 1
+        console.print("[red]the cluster is no longer whole (/health 503): shutting it down[/red]")
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping every rank")
+        return 0
+    finally:
+        group.shutdown()
+
+
+def _wait_whole(console: Console, group: ProcessGroup, base: str, n: int, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    with console.status(f"loading weights and joining {n} rank(s)..."):
+        while time.monotonic() < deadline:
+            gone = group.poll()
+            if gone is not None:
+                return gone
+            if _get(f"{base}/health")[0] == 200:
+                return None
+            time.sleep(0.3)
+    raise LaunchError(f"the cluster was not up within {timeout_s:.0f} s")
+
+
+def _demo(console: Console, base: str, model: str, prompt: str, api_key: str | None) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "stream": True,
+    }
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(), headers)
+    console.print(f"[bold]demo[/bold] > {prompt}")
+    out = Console()
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    out.print(
+                        choice.get("delta", {}).get("content", ""),
+                        end="",
+                        markup=False,
+                        highlight=False,
+                    )
+        out.print()
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        console.print(f"[yellow]demo request failed: {e}[/yellow]")

@@ -1,0 +1,101 @@
+"""Starting a real `tandem serve` / `tandem launch` process for the e2e tests, and cleaning it up."""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from tandem.cluster.launcher import free_ports
+
+TANDEM = [sys.executable, "-m", "tandem"]
+PRESET = "tiny-qwen3"
+
+
+def make_model(out: Path, preset: str = PRESET, seed: int = 0) -> Path:
+    r = subprocess.run(
+        [*TANDEM, "make-model", str(out), "--preset", preset, "--seed", str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def health(base: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, timeout_s: float = 180.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"server exited with {proc.returncode}: {out[-3000:]}")
+        if health(base) == 200:
+            return
+        time.sleep(0.3)
+    raise AssertionError("server did not become healthy")
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    procs = [*descendants(proc.pid)]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        procs.append(psutil.Process(proc.pid))
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+@contextlib.contextmanager
+def running(args: list[str], env: dict | None = None):
+    """Starts `tandem <args> --port P`, waits for /health 200, yields (proc, base URL)."""
+    (port,) = free_ports(1)
+    proc = subprocess.Popen(
+        [*TANDEM, *args, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base)
+        yield proc, base
+    finally:
+        kill_tree(proc)
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def metric(base: str, name: str) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    raise KeyError(name)

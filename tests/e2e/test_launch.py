@@ -1,0 +1,92 @@
+"""`tandem launch` brings a local cluster up, and Ctrl-C or a dead rank takes every process down."""
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from serve_support import TANDEM, descendants, health, kill_tree, make_model, wait_healthy
+
+from tandem.cluster.launcher import check_port_free, free_ports
+
+TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "1"))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("launch") / "model")
+
+
+def _launch(model, port):
+    return subprocess.Popen(
+        [
+            *TANDEM,
+            "launch",
+            "--model",
+            str(model),
+            "--tp",
+            str(TP),
+            "--port",
+            str(port),
+            "--no-demo",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _all_gone(procs, timeout_s=30.0):
+    gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_launch_then_sigint_leaves_no_process_and_frees_the_port(model):
+    (port,) = free_ports(1)
+    proc = _launch(model, port)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}")
+        children = descendants(proc.pid)
+        assert len(children) >= TP  # the head and its ranks, each a real process
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert _all_gone(children) == []
+        check_port_free("127.0.0.1", port)
+    finally:
+        kill_tree(proc)
+
+
+def test_a_rank_that_dies_takes_the_whole_cluster_down(model):
+    (port,) = free_ports(1)
+    proc = _launch(model, port)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}")
+        children = descendants(proc.pid)
+        victim = children[-1]  # the youngest process: a worker rank when TP > 1
+        victim.kill()
+        assert proc.wait(90) == 1
+        assert _all_gone(children) == []
+        assert health(f"http://127.0.0.1:{port}") == 0
+    finally:
+        kill_tree(proc)
+
+
+def test_launch_refuses_a_port_in_use_in_one_line(model):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        t0 = time.time()
+        out = subprocess.run(
+            [*TANDEM, "launch", "--model", str(model), "--port", str(port), "--no-demo"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2 and time.time() - t0 < 60
+    assert f"port {port}" in out.stderr and "in use" in out.stderr
+    assert out.stderr.strip().count("\n") == 0

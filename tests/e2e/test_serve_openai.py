@@ -1,0 +1,126 @@
+"""The official `openai` client against a live `tandem serve` (real processes, real sockets)."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import psutil
+import pytest
+from serve_support import get_json, make_model, metric, running
+
+TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "1"))
+
+PROMPTS = [
+    "Hello, world!",
+    "The quick brown fox",
+    "Once upon a time",
+    "def generate(model, prompt):",
+    "Numbers: 0 1 2 3",
+    "The sun rose over the hills",
+    "One language model spread across",
+    "How are you today?",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = make_model(tmp_path_factory.mktemp("serve") / "model")
+    with running(["serve", "--model", str(model), "--tp", str(TP), "--max-batch", "8"]) as (
+        proc,
+        base,
+    ):
+        name = get_json(f"{base}/v1/models")["data"][0]["id"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        yield proc, base, name, client
+
+
+def _chat(client, name, prompt, **kw):
+    return client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": prompt}], temperature=0, **kw
+    )
+
+
+def test_openai_client_gets_a_chat_completion(server):
+    _, _, name, client = server
+    r = _chat(client, name, "Hello, world!", max_tokens=10)
+    choice = r.choices[0]
+    assert isinstance(choice.message.content, str) and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert 1 <= r.usage.completion_tokens <= 10 and r.usage.prompt_tokens > 3
+    assert r.model == name
+
+
+def test_openai_client_streamed_chat_equals_the_non_streamed_one(server):
+    _, _, name, client = server
+    whole = _chat(client, name, "Once upon a time", max_tokens=12).choices[0].message.content
+    stream = _chat(client, name, "Once upon a time", max_tokens=12, stream=True)
+    parts, reasons = [], []
+    for chunk in stream:
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+    assert "".join(parts) == whole
+    assert reasons[-1] in ("stop", "length")
+
+
+def test_text_completions_and_models_endpoints(server):
+    _, _, name, client = server
+    assert [m.id for m in client.models.list().data] == [name]
+    r = client.completions.create(
+        model=name, prompt="The quick brown fox", max_tokens=6, temperature=0
+    )
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 6
+
+
+def test_eight_concurrent_clients_share_steps_and_match_one_at_a_time(server):
+    _, base, name, client = server
+    alone = [_chat(client, name, p, max_tokens=12).choices[0].message.content for p in PROMPTS]
+    steps0, toks0 = (
+        metric(base, "tandem_steps_total"),
+        metric(base, "tandem_generation_tokens_total"),
+    )
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda p: _chat(client, name, p, max_tokens=12), PROMPTS))
+    steps = metric(base, "tandem_steps_total") - steps0
+    tokens = metric(base, "tandem_generation_tokens_total") - toks0
+    assert [r.choices[0].message.content for r in together] == alone
+    assert len(set(alone)) > 1  # independent completions, not one answer copied
+    assert steps < tokens  # decode steps were shared, not one request at a time
+
+
+def test_openai_style_errors_for_unknown_model_negative_max_tokens_and_long_prompt(server):
+    _, _, name, client = server
+    with pytest.raises(openai.NotFoundError) as e:
+        _chat(client, "no-such-model", "hi", max_tokens=2)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, name, "hi", max_tokens=-1)
+    assert e.value.body["param"] == "max_tokens"
+    ctx = client.models.list().data[0].model_extra["max_model_len"]
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, name, "hello " * ctx, max_tokens=2)
+    assert e.value.body["code"] == "context_length_exceeded"
+
+
+def test_server_binds_loopback_by_default(server):
+    proc, _, _, _ = server
+    listening = [
+        c.laddr
+        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for c in p.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+
+
+def test_wrong_api_key_gets_401_and_the_right_one_is_served(tmp_path):
+    model = make_model(tmp_path / "model")
+    with running(["serve", "--model", str(model)], env={"TANDEM_API_KEY": "right-key"}) as (
+        _,
+        base,
+    ):
+        bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong-key", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        good = openai.OpenAI(base_url=f"{base}/v1", api_key="right-key", max_retries=0)
+        assert len(good.models.list().data) == 1
