@@ -1,0 +1,127 @@
+"""`tandem generate`: one prompt through the generation loop, text streamed to the terminal or one
+JSON object with the ids, text and timings (`--json`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from tandem.config import ModelConfig
+from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
+from tandem.engine.generate import generate
+from tandem.engine.local import LocalExecutor
+from tandem.engine.sampling_params import SamplingParams
+from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be turned into token ids."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt on this machine")
+    p.add_argument("--model", required=True, help="HF model directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
+    src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    p.set_defaults(func=run)
+
+
+def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None, vocab_size: int) -> list[int]:
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        except ValueError as e:
+            raise PromptError(f"--prompt-ids must be comma-separated integers: {e}") from e
+        if not ids or min(ids) < 0 or max(ids) >= vocab_size:
+            raise PromptError(f"--prompt-ids must be non-empty ids in [0, {vocab_size})")
+        return ids
+    if tokenizer is None:
+        raise PromptError(f"{args.model} has no tokenizer.json: give the prompt with --prompt-ids")
+    text = args.prompt
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise PromptError("the prompt encodes to no tokens")
+    return ids
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = ModelConfig.from_dir(args.model)
+    tokenizer = Tokenizer.from_dir(args.model)
+    try:
+        ids = prompt_ids(args, tokenizer, config.vocab_size)
+    except PromptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    stop = (
+        ()
+        if args.ignore_eos
+        else tuple(config.eos_token_ids) + (tokenizer.eos_token_ids if tokenizer else ())
+    )
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_token_ids=stop,
+    )
+    executor = LocalExecutor.from_dir(
+        args.model, device=device, dtype=dtype, max_batch=1, max_seq_len=len(ids) + args.max_tokens
+    )
+    stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
+
+    def on_token(_row: int, tok: int) -> None:
+        if stream is not None:
+            sys.stdout.write(stream.push(tok))
+            sys.stdout.flush()
+
+    try:
+        (res,) = generate(executor, [ids], params, on_token=on_token)
+    finally:
+        executor.close()
+    text = tokenizer.decode(res.token_ids) if tokenizer else None
+    if args.json:
+        out = {
+            "token_ids": res.token_ids,
+            "text": text,
+            "prompt_tokens": len(ids),
+            "finish_reason": res.finish_reason,
+            "ttft_s": round(res.ttft_s, 6),
+            "prefill_tok_s": round(res.prefill_tok_s, 3),
+            "decode_tok_s": round(res.decode_tok_s, 3),
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": str(device),
+        }
+        print(json.dumps(out))
+    else:
+        if stream is None:
+            print(",".join(map(str, res.token_ids)))
+        else:
+            print()
+        print(
+            f"[{len(ids)} prompt tokens, ttft {res.ttft_s:.3f}s, prefill {res.prefill_tok_s:.1f} tok/s, "
+            f"decode {res.decode_tok_s:.1f} tok/s, {str(dtype).removeprefix('torch.')}]",
+            file=sys.stderr,
+        )
+    return 0

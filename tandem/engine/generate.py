@@ -1,0 +1,90 @@
+"""The generation loop over any `Executor`: one batched prefill of every prompt, then one decode step
+per token for the sequences still running. Sampling stays here, on the head."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tandem.engine.executor import Executor, Step, StepSequence
+from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # or "stop"
+    ttft_s: float = 0.0  # start to first sampled token (prefill of the whole batch + sampling)
+    decode_s: float = 0.0  # first to last sampled token
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return len(self.prompt_ids) / self.ttft_s if self.ttft_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+def generate(
+    executor: Executor,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    *,
+    on_token: Callable[[int, int], None] | None = None,
+    first_seq_id: int = 0,
+) -> list[GenerationResult]:
+    """Generates for every prompt together; `on_token(row, token_id)` sees each token as sampled.
+    A sequence stops at `params.max_tokens` or at one of `params.stop_token_ids` (kept in its ids)."""
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    results = [GenerationResult(list(p)) for p in prompts]
+    gens = [
+        make_generator(None if params.seed is None else params.seed + i)
+        for i in range(len(prompts))
+    ]
+    ids = [first_seq_id + i for i in range(len(prompts))]
+    stop = set(params.stop_token_ids)
+    t0 = time.perf_counter()
+    step = Step(tuple(StepSequence(ids[i], tuple(p), 0) for i, p in enumerate(prompts)))
+    running = list(range(len(prompts)))
+    try:
+        while running:
+            logits = executor.run(step)  # (len(running), vocab)
+            now = time.perf_counter()
+            still = []
+            for row, i in enumerate(running):
+                r = results[i]
+                tok = sample_next(logits[row], params, gens[i])
+                r.token_ids.append(tok)
+                if len(r.token_ids) == 1:
+                    r.ttft_s = now - t0
+                else:
+                    r.decode_s = now - t0 - r.ttft_s
+                if on_token is not None:
+                    on_token(i, tok)
+                if tok in stop:
+                    r.finish_reason = "stop"
+                elif len(r.token_ids) < params.max_tokens:
+                    still.append(i)
+            done = [ids[i] for i in running if i not in still]
+            if done:
+                executor.release(done)
+            running = still
+            step = Step(
+                tuple(
+                    StepSequence(
+                        ids[i],
+                        (results[i].token_ids[-1],),
+                        len(prompts[i]) + len(results[i].token_ids) - 1,
+                    )
+                    for i in running
+                )
+            )
+    finally:
+        if running:
+            executor.release([ids[i] for i in running])
+    return results
