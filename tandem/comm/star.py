@@ -1,0 +1,291 @@
+"""A star rooted at rank 0: every collective is one gather to the root and one scatter back.
+
+Rank 0 listens; ranks 1..N-1 dial it (with retry and backoff) through the HMAC handshake. The
+root reduces in rank order, ((x_0 + x_1) + x_2) + ..., in float32 (algorithm RANK_ORDER of
+`algorithms.py`), so the star equals `reference` with algorithm="star" bit for bit, and every rank
+receives the root's one encoding of the result. Two hops of latency, and the root moves N-1 times
+the tensor each way: the star suits small N and small tensors (decode steps), the ring large ones.
+
+    comm = StarCommunicator.create(rank, world_size, root=("10.0.0.1", 29500), secret=b"...",
+                                   cluster_id="c1", wire_dtype="float32", model_fingerprint="")
+
+Rank 0 binds `root` (or takes a bound `listener=`). Errors as for the ring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tandem.comm import base
+from tandem.comm.framing import FrameReader, check_gathered_shape, data_header
+from tandem.comm.staging import (
+    decode_f32,
+    decode_tensor,
+    encode_f32,
+    encode_tensor,
+    np_dtype,
+    stage_to_host,
+    unstage,
+)
+from tandem.transport.channel import Channel
+from tandem.transport.endpoints import (
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_OP_TIMEOUT_S,
+    Listener,
+    connect,
+)
+from tandem.transport.handshake import Identity
+from tandem.wire import dtypes as wd
+from tandem.wire import frame as fr
+
+
+class StarCommunicator:
+    """Rank `rank` of a star; the root holds one channel per worker, a worker one to the root."""
+
+    def __init__(
+        self, rank: int, world_size: int, channels: dict[int, Channel], wire_dtype: str
+    ) -> None:
+        self._rank, self._size = rank, world_size
+        self._ch = channels  # peer rank -> channel
+        self._wire = wd.negotiable(wire_dtype)
+        self._readers = {
+            j: FrameReader(c.ts.recv_into, rank, j, c.max_frame_bytes) for j, c in channels.items()
+        }
+        self._seq = 0
+        self._broken: str | None = None
+
+    @classmethod
+    def create(
+        cls,
+        rank: int,
+        world_size: int,
+        *,
+        root: tuple[str, int],
+        listener: Listener | None = None,
+        secret: bytes | None = None,
+        cluster_id: str = "tandem",
+        wire_dtype: str = "float32",
+        model_fingerprint: str = "",
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+        op_timeout: float = DEFAULT_OP_TIMEOUT_S,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> StarCommunicator:
+        if world_size < 2 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"a star needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
+            )
+        me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "star")
+        kw = dict(op_timeout=op_timeout, max_frame_bytes=max_frame_bytes)
+        channels: dict[int, Channel] = {}
+        if rank == 0:
+            if listener is None:
+                listener = Listener(root[0], root[1], me, secret)
+            else:
+                listener.me, listener.secret = me, secret
+            try:
+                while len(channels) < world_size - 1:
+                    want = set(range(1, world_size)) - set(channels)
+                    ch = listener.accept(want, timeout=handshake_timeout, **kw)
+                    channels[ch.peer_rank] = ch
+            except BaseException:
+                for c in channels.values():
+                    c.close()
+                raise
+            finally:
+                listener.close()
+        else:
+            channels[0] = connect(
+                root[0],
+                root[1],
+                me,
+                secret,
+                expect_rank=0,
+                handshake_timeout=handshake_timeout,
+                **kw,
+            )
+        return cls(rank, world_size, channels, wire_dtype)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    def _begin(self) -> int:
+        if self._broken is not None:
+            raise base.CommClosedError(f"rank {self._rank}: star is unusable: {self._broken}")
+        self._seq += 1
+        return self._seq
+
+    def _run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self._broken = f"{type(e).__name__}: {e}"
+            raise
+
+    def _send(self, j: int, head: bytes, payload: Any) -> None:
+        self._ch[j].ts.send_all([head, payload])
+
+    def _recv(self, j: int, head: bytes, n: int, dtype: np.dtype) -> np.ndarray:
+        out = np.empty(n, dtype=dtype)
+        self._readers[j].known(head, memoryview(out))
+        return out
+
+    # ----------------------------------------------------------------------------- reductions
+
+    def _sum(self, x: np.ndarray, op: int, seq: int, fp: int, parts: int) -> np.ndarray:
+        """Rank-order sum at the root; each worker gets all of it (parts=1) or its 1/N (parts=N)."""
+        wire, n, size = self._wire, x.size, self._size
+        w = np_dtype(wire)
+        mine = encode_f32(x, wire)
+        up = data_header(op, wire.code, seq, fp, (n,), 0)
+        m = n // parts
+        if self._rank != 0:
+            self._send(0, up, mine)
+            got = self._recv(0, data_header(op, wire.code, seq, fp, (m,), 1), m, w)
+            return decode_f32(got, wire)
+        acc = decode_f32(mine, wire).copy()
+        for j in range(1, size):
+            np.add(acc, decode_f32(self._recv(j, up, n, w), wire), out=acc)
+        result = encode_f32(acc, wire)
+        down = data_header(op, wire.code, seq, fp, (m,), 1)
+        for j in range(1, size):
+            self._send(j, down, result[j * m : (j + 1) * m] if parts > 1 else result)
+        return decode_f32(result[:m], wire)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        base.check_tensor(t, "all_reduce_sum", reduce=True)
+        x = stage_to_host(t, torch.float32)
+        seq = self._begin()
+        fp = fr.fingerprint(fr.ALL_REDUCE, self._wire.code, tuple(t.shape))
+        out = self._run(self._sum, x, fr.ALL_REDUCE, seq, fp, 1)
+        return unstage(np.array(out, dtype=np.float32), tuple(t.shape), t)
+
+    def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        base.check_tensor(t, "reduce_scatter", reduce=True)
+        d = base.check_dim(t, dim, "reduce_scatter")
+        part = base.check_divisible(t, d, self._size, "reduce_scatter")
+        moved = t.movedim(d, 0)
+        x = stage_to_host(moved, torch.float32)
+        seq = self._begin()
+        fp = fr.fingerprint(fr.REDUCE_SCATTER, self._wire.code, (*t.shape, d))
+        out = self._run(self._sum, x, fr.REDUCE_SCATTER, seq, fp, self._size)
+        host = np.array(out, dtype=np.float32)
+        return unstage(host, (part, *moved.shape[1:]), t).movedim(0, d).contiguous()
+
+    def barrier(self) -> None:
+        seq = self._begin()
+        fp = fr.fingerprint(fr.BARRIER, self._wire.code, (1,))
+        self._run(self._sum, np.zeros(1, dtype=np.float32), fr.BARRIER, seq, fp, 1)
+
+    # ----------------------------------------------------------------------------- movement
+
+    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        base.check_tensor(t, "all_gather", reduce=False)
+        d = base.check_dim(t, dim, "all_gather")
+        wire, payload = encode_tensor(t, self._wire)
+        seq = self._begin()
+        others = tuple(0 if i == d else s for i, s in enumerate(t.shape))
+        fp = fr.fingerprint(fr.ALL_GATHER, wire.code, (*others, d))
+        blocks = self._run(self._gather, wire, payload, tuple(t.shape), d, seq, fp)
+        parts = [decode_tensor(p, wire, s, t.dtype, t.device) for s, p in blocks]
+        return torch.cat(parts, dim=d)
+
+    def _gather(
+        self, wire: wd.WireDtype, payload: np.ndarray, shape: tuple, d: int, seq: int, fp: int
+    ) -> list:
+        op, size = fr.ALL_GATHER, self._size
+        if self._rank != 0:
+            self._send(0, data_header(op, wire.code, seq, fp, shape, 0), payload)
+            blocks = []
+            for i in range(size):
+                header, got = self._readers[0].any(op, seq, fp, 1 + i)
+                check_gathered_shape(header, wire.code, shape, d, i)
+                blocks.append((header.shape, got.view(np_dtype(wire))))
+            return blocks
+        blocks = [(shape, payload)]
+        for j in range(1, size):
+            header, got = self._readers[j].any(op, seq, fp, 0)
+            check_gathered_shape(header, wire.code, shape, d, j)
+            blocks.append((header.shape, got.view(np_dtype(wire))))
+        for j in range(1, size):
+            for i, (s, p) in enumerate(blocks):
+                self._send(j, data_header(op, wire.code, seq, fp, s, 1 + i), p)
+        return blocks
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        base.check_tensor(t, "broadcast", reduce=False)
+        base.check_src(src, self._size)
+        wire, payload = encode_tensor(t, self._wire)
+        seq = self._begin()
+        shape = tuple(t.shape)
+        fp = fr.fingerprint(fr.BROADCAST, wire.code, (*shape, src))
+        got = self._run(self._broadcast, wire, payload, shape, src, seq, fp)
+        return decode_tensor(got, wire, shape, t.dtype, t.device)
+
+    def _broadcast(
+        self, wire: wd.WireDtype, payload: np.ndarray, shape: tuple, src: int, seq: int, fp: int
+    ) -> np.ndarray:
+        op, r = fr.BROADCAST, self._rank
+        up = data_header(op, wire.code, seq, fp, shape, 0)
+        down = data_header(op, wire.code, seq, fp, shape, 1)
+        if r != 0:
+            if r == src:
+                self._send(0, up, payload)
+                return payload
+            return self._recv(0, down, payload.size, payload.dtype)
+        if src != 0:
+            payload = self._recv(src, up, payload.size, payload.dtype)
+        for j in range(1, self._size):
+            if j != src:
+                self._send(j, down, payload)
+        return payload
+
+    def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        parts = base.check_parts(parts, self._size, "all_to_all")
+        encoded = [encode_tensor(p, self._wire) for p in parts]
+        wire = encoded[0][0]
+        seq = self._begin()
+        fp = fr.fingerprint(fr.ALL_TO_ALL, wire.code, (self._size,))
+        items = [(tuple(p.shape), e[1]) for p, e in zip(parts, encoded)]
+        got = self._run(self._all_to_all, wire, items, seq, fp)
+        like = parts[0]
+        return [decode_tensor(p, wire, s, like.dtype, like.device) for s, p in got]
+
+    def _all_to_all(self, wire: wd.WireDtype, items: list, seq: int, fp: int) -> list:
+        """Workers send every part to the root (step = destination); the root routes part i->k
+        to rank k (step = source)."""
+        op, size, w = fr.ALL_TO_ALL, self._size, np_dtype(wire)
+        if self._rank != 0:
+            for k, (s, p) in enumerate(items):
+                self._send(0, data_header(op, wire.code, seq, fp, s, k), p)
+            out = []
+            for i in range(size):
+                header, got = self._readers[0].any(op, seq, fp, i)
+                out.append((header.shape, got.view(w)))
+            return out
+        table = [items]  # table[i][k]: part from rank i to rank k
+        for j in range(1, size):
+            row = []
+            for k in range(size):
+                header, got = self._readers[j].any(op, seq, fp, k)
+                row.append((header.shape, got.view(w)))
+            table.append(row)
+        for k in range(1, size):
+            for i in range(size):
+                s, p = table[i][k]
+                self._send(k, data_header(op, wire.code, seq, fp, s, i), p)
+        return [table[i][0] for i in range(size)]
+
+    def close(self) -> None:
+        if self._broken is None:
+            self._broken = "closed"
+        for c in self._ch.values():
+            c.close()
