@@ -24,16 +24,19 @@ class HostProcessFailed(RuntimeError):
 class Hosts:
     """`n` hosts: loopback (`net=None`: every host is 127.0.0.1) or the namespaces of `net`."""
 
-    def __init__(self, n: int, net: EmulatedNetwork | None = None) -> None:
-        if net is not None and net.n_hosts < n:
+    def __init__(self, n: int, net: EmulatedNetwork | None = None, loopback: bool = False) -> None:
+        """`loopback=True` with a `net` puts every host on the loopback of `net`'s host 0, so its
+        byte counters see only this run's traffic."""
+        if net is not None and net.n_hosts < (1 if loopback else n):
             raise ValueError(f"network has {net.n_hosts} hosts, {n} needed")
         self.n = n
         self.net = net
+        self.loopback = loopback or net is None
         self._procs: list[subprocess.Popen] = []
 
     @property
     def name(self) -> str:
-        if self.net is None:
+        if self.loopback:
             return "loopback"
         s = self.net.shaping
         return f"emulated {s.rate_mbit} Mbit/s" if s else "emulated unshaped"
@@ -41,12 +44,27 @@ class Hosts:
     def address(self, host: int) -> str:
         if not 0 <= host < self.n:
             raise ValueError(f"host {host} out of range 0..{self.n - 1}")
-        return "127.0.0.1" if self.net is None else self.net.address(host)
+        return "127.0.0.1" if self.loopback else self.net.address(host)
+
+    def device(self, host: int) -> str:
+        """The network interface host `host` talks through."""
+        self.address(host)
+        return "lo" if self.loopback else self.net.host_dev(host)
 
     def argv(self, host: int, argv: Sequence[str]) -> list[str]:
         """`argv` as it must be run to execute on `host`."""
         self.address(host)
-        return list(argv) if self.net is None else self.net.exec_argv(host, argv)
+        if self.net is None:
+            return list(argv)
+        return self.net.exec_argv(0 if self.loopback else host, argv)
+
+    def wire_bytes(self) -> int | None:
+        """Bytes sent so far by every host (headers included); None without namespaces."""
+        if self.net is None:
+            return None
+        if self.loopback:
+            return self.net.tx_rx_bytes(0, dev="lo")[0]
+        return sum(self.net.tx_rx_bytes(h)[0] for h in range(self.n))
 
     def popen(
         self, host: int, argv: Sequence[str], env: dict[str, str] | None = None, **kw
@@ -82,7 +100,7 @@ class Hosts:
             text=True,
         )
         try:
-            line = _read_line(server, timeout=30.0)
+            line = read_line(server, timeout=30.0)
             if not line.startswith("PORT "):
                 raise HostProcessFailed(f"goodput server said {line!r}")
             port = line.split()[1]
@@ -109,7 +127,7 @@ class Hosts:
         self.close()
 
 
-def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
     """One stdout line, or `HostProcessFailed` if the process dies or stays silent too long."""
     import selectors
 

@@ -141,9 +141,10 @@ class EmulatedNetwork:
         """`argv` run inside host `host`'s namespace."""
         return ["ip", "netns", "exec", self.namespace(host), *argv]
 
-    def counters_argv(self, host: int) -> list[str]:
+    def counters_argv(self, host: int, dev: str | None = None) -> list[str]:
         """Reads the host's interface statistics as JSON (`ip -s -j link show`)."""
-        return ["ip", "-n", self.namespace(host), "-s", "-j", "link", "show", self.host_dev(host)]
+        dev = dev or self.host_dev(host)
+        return ["ip", "-n", self.namespace(host), "-s", "-j", "link", "show", dev]
 
     def _tbf(self, ns: str, dev: str) -> list[str]:
         s = self.shaping
@@ -184,10 +185,10 @@ class EmulatedNetwork:
         for cmd in self.teardown_commands():
             subprocess.run(cmd, capture_output=True, timeout=30)
 
-    def tx_rx_bytes(self, host: int) -> tuple[int, int]:
-        """Bytes sent and received on the host's port so far (headers included)."""
+    def tx_rx_bytes(self, host: int, dev: str | None = None) -> tuple[int, int]:
+        """Bytes sent and received on the host's port (or `dev`) so far, headers included."""
         out = subprocess.run(
-            self.counters_argv(host), capture_output=True, text=True, timeout=10, check=True
+            self.counters_argv(host, dev), capture_output=True, text=True, timeout=10, check=True
         ).stdout
         stats = json.loads(out)[0]["stats64"]
         return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])

@@ -1,0 +1,115 @@
+"""One rank of a timed generation: the head times it, the other ranks serve their part.
+
+    python -m tandem.bench.decode_run --model DIR --layout single
+    python -m tandem.bench.decode_run --model DIR --layout tp --rank R --world N --peers A:P,...
+    python -m tandem.bench.decode_run --model DIR --layout pp --rank R --world M --peers A:P,...
+
+The head (rank 0) prints "MARK decode_start" / "MARK decode_end" on stdout around the decode
+phase and waits for a line on stdin after each (so the harness can read the network's byte
+counters exactly there), then prints one JSON object: TTFT, prefill and decode speed, the greedy
+ids, and the layout's shape. Ranks are placed on hosts by the harness; a peer address is the
+rank's own host's address, which it binds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+import torch
+
+from tandem.bench.timing import prompt_ids, time_greedy
+
+
+class DecodeRunError(RuntimeError):
+    """A layout this build cannot launch, or bad peer arguments."""
+
+
+def _phase_gate(name: str) -> None:
+    print(f"MARK {name}", flush=True)
+    sys.stdin.readline()
+
+
+def _single(args: argparse.Namespace):
+    from tandem.engine.shard_runner import ShardRunner
+    from tandem.loaders.load import load_model
+    from tandem.loaders.safetensors_dir import ModelDir
+
+    model = load_model(ModelDir(args.model), dtype=getattr(torch, args.dtype)).eval()
+    return _RunnerExecutor(ShardRunner(model, 1, args.max_seq_len), model.config.vocab_size)
+
+
+class _RunnerExecutor:
+    """The whole model in this process, through the same `ShardRunner` the TP ranks use."""
+
+    def __init__(self, runner, vocab_size: int) -> None:
+        self.runner, self.vocab_size = runner, vocab_size
+        self.max_seq_len, self.max_batch = runner.max_seq_len, runner.max_batch
+
+    def run(self, step):
+        return self.runner.forward(step)
+
+    def release(self, seq_ids):
+        self.runner.release(seq_ids)
+
+    def close(self) -> None:
+        pass
+
+
+def _tp(args: argparse.Namespace):
+    from tandem.bench.ring_access import connect_ring
+    from tandem.engine.tp_group import run_worker, start_head
+
+    comm = connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
+    if args.rank != 0:
+        run_worker(args.model, comm, dtype=args.dtype, device="cpu")
+        return None
+    return start_head(args.model, comm, max_batch=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+
+
+def _pp(args: argparse.Namespace):
+    from tandem.bench.pipeline_access import join_pipeline
+
+    return join_pipeline(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tandem.bench.decode_run")
+    p.add_argument("--model", required=True)
+    p.add_argument("--layout", choices=["single", "tp", "pp"], default="single")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--peers", default="", help="every rank's ADDR:PORT, in rank order")
+    p.add_argument("--secret", default="")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--gate", action="store_true", help="wait on stdin at the phase marks")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    build = {"single": _single, "tp": _tp, "pp": _pp}[args.layout]
+    executor = build(args)
+    if executor is None:  # a worker: it served until the head closed the group
+        return 0
+    try:
+        prompt = prompt_ids(args.prompt_len, executor.vocab_size)
+        time_greedy(executor, prompt[: max(1, args.prompt_len // 4)], args.warmup, seq_id=1)
+        timing = time_greedy(
+            executor, prompt, args.decode, seq_id=0, on_phase=_phase_gate if args.gate else None
+        )
+    finally:
+        executor.close()
+    out = {**asdict(timing), "prefill_tok_per_s": timing.prefill_tok_per_s,
+           "decode_tok_per_s": timing.decode_tok_per_s, "layout": args.layout,
+           "world": args.world, "threads": args.threads, "dtype": args.dtype}  # fmt: skip
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""`tandem bench`: one model, the controls and layouts side by side, on loopback and an emulated link.
+
+For each link (loopback; an emulated 2.5 GbE switch, `netns.py`) and each layout (single, TP=N,
+PP=M) the harness starts the ranks (`decode_run.py`) on their hosts, reads every host's byte
+counters around the head's decode phase, and records TTFT, prefill and decode speed and wire bytes
+per token. Then the peers in the same run: our ring against torch gloo all-reduce
+(`collective_run.py`) on each link, and Hugging Face transformers decoding the same directory
+(`hf_peer.py`). Finally `plan_model` predicts every measured layout from the measured single-node
+speed and link figures (the ring's per-message cost calibrated by the all-reduce run, never by the
+layout runs), and `report.py` writes JSON, markdown and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tandem.bench.hosts import HostProcessFailed, Hosts, read_line
+from tandem.bench.netns import EmulatedNetwork, NetnsUnavailable, Shaping, check_available
+
+BASE_PORT = 29610  # inside this run's private namespaces only; no other process binds there
+
+
+@dataclass(frozen=True)
+class BenchLayout:
+    kind: str  # "single" | "tp" | "pp"
+    n: int = 1
+
+    @property
+    def name(self) -> str:
+        return "single" if self.kind == "single" else f"{self.kind.upper()}={self.n}"
+
+
+def parse_layouts(text: str) -> list[BenchLayout]:
+    """`"single,tp2,pp2,tp3,pp3"` -> layouts."""
+    out = []
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        if part == "single":
+            out.append(BenchLayout("single"))
+        elif part[:2] in ("tp", "pp") and part[2:].isdigit() and int(part[2:]) >= 2:
+            out.append(BenchLayout(part[:2], int(part[2:])))
+        else:
+            raise ValueError(f"layout {part!r}: expected single, tpN or ppN (N >= 2)")
+    return out
+
+
+@dataclass
+class BenchOptions:
+    model_dir: str
+    layouts: list[BenchLayout] = field(default_factory=lambda: parse_layouts("single,tp2,pp2"))
+    links: tuple[str, ...] = ("loopback", "emulated")
+    rate_mbit: int = 2500
+    prompt_len: int = 64
+    decode: int = 32
+    dtype: str = "float32"
+    threads: int = 2  # for the whole machine; split among co-located ranks
+    collectives: bool = True
+    hf_peer: bool = True
+    timeout_s: float = 900.0
+    log_dir: str | None = None
+
+
+def machine_info() -> dict:
+    import os
+    import platform
+
+    import torch
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "torch": torch.__version__}  # fmt: skip
+
+
+def _threads_per_rank(opts: BenchOptions, n_ranks: int) -> int:
+    return max(1, opts.threads // n_ranks)
+
+
+def run_layout(
+    hosts: Hosts, lay: BenchLayout, opts: BenchOptions, log: Callable[[str], None]
+) -> dict:
+    """Starts the layout's ranks (rank r on host r), gates the head's decode phase to read the
+    byte counters, and returns the head's figures plus wire bytes per decode token."""
+    n = lay.n
+    secret = secrets.token_hex(16)
+    peers = ",".join(f"{hosts.address(r)}:{BASE_PORT + r}" for r in range(n))
+    base = [sys.executable, "-m", "tandem.bench.decode_run", "--model", opts.model_dir,
+            "--layout", lay.kind, "--world", str(n), "--peers", peers, "--secret", secret,
+            "--dtype", opts.dtype, "--threads", str(_threads_per_rank(opts, n)),
+            "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
+            "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
+    logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
+    workers = [
+        hosts.popen(r, [*base, "--rank", str(r)], stdout=logs[r], stderr=logs[r])
+        for r in range(1, n)
+    ]
+    head = hosts.popen(0, [*base, "--rank", "0", "--gate"], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=logs[0], text=True)  # fmt: skip
+    marks: dict[str, int | None] = {}
+    deadline = time.monotonic() + opts.timeout_s
+    try:
+        while True:
+            line = read_line(head, timeout=max(1.0, deadline - time.monotonic()))
+            if line.startswith("MARK "):
+                marks[line.split()[1]] = hosts.wire_bytes()
+                head.stdin.write("\n")
+                head.stdin.flush()
+            elif line.startswith("{"):
+                result = json.loads(line)
+                break
+            elif not line and head.poll() is not None:
+                raise HostProcessFailed(f"{lay.name} head exited {head.returncode}")
+        head.wait(timeout=60)
+        for w in workers:
+            w.wait(timeout=60)
+        bad = [w.returncode for w in workers if w.returncode != 0]
+        if head.returncode != 0 or bad:
+            raise HostProcessFailed(f"{lay.name}: head {head.returncode}, workers {bad}")
+    except HostProcessFailed as e:
+        raise HostProcessFailed(f"{e} (logs: {opts.log_dir})") from None
+    finally:
+        for f in logs:
+            f.close()
+    start, end = marks.get("decode_start"), marks.get("decode_end")
+    wire = None if start is None or end is None else (end - start) / opts.decode
+    log(f"  {hosts.name:>24} {lay.name:>7}: {result['decode_tok_per_s']:.2f} tok/s decode, "
+        f"TTFT {result['ttft_s']:.3f} s, wire {0 if wire is None else wire / 1e3:.1f} KB/token")  # fmt: skip
+    return {"layout": lay.name, "kind": lay.kind, "n": n, "link": hosts.name,
+            "wire_bytes_per_token": wire, **result}  # fmt: skip
+
+
+def _log_files(opts: BenchOptions, tag: str, n: int) -> list:
+    if opts.log_dir is None:
+        return [open("/dev/null", "w") for _ in range(n)]  # noqa: SIM115
+    Path(opts.log_dir).mkdir(parents=True, exist_ok=True)
+    return [open(Path(opts.log_dir) / f"{tag}-rank{r}.log", "w") for r in range(n)]  # noqa: SIM115
+
+
+def run_collectives(hosts: Hosts, world: int, sizes: list[int], backend: str, iters: int) -> dict:
+    """Our ring or gloo all-reduce between `world` ranks on `hosts`; rank 0's JSON."""
+    secret = secrets.token_hex(16)
+    port = BASE_PORT + 50 if backend == "gloo" else BASE_PORT + 60
+    peers = ",".join(f"{hosts.address(r)}:{port + r}" for r in range(world))
+    argv = [sys.executable, "-m", "tandem.bench.collective_run", "--backend", backend,
+            "--world", str(world), "--master", f"{hosts.address(0)}:{port}", "--peers", peers,
+            "--secret", secret, "--bytes", ",".join(map(str, sizes)), "--iters", str(iters)]  # fmt: skip
+    procs = []
+    for r in range(world):
+        env = {"GLOO_SOCKET_IFNAME": hosts.device(r), "OMP_NUM_THREADS": "1"}
+        procs.append(hosts.popen(r, [*argv, "--rank", str(r)], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    out, err = procs[0].communicate(timeout=300)
+    for p in procs[1:]:
+        p.wait(timeout=60)
+    if procs[0].returncode != 0:
+        raise HostProcessFailed(f"{backend} all-reduce on {hosts.name}: {err[-1500:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
+    from tandem.config import ModelConfig
+
+    config = ModelConfig.from_dir(opts.model_dir)
+    max_ranks = max(lay.n for lay in opts.layouts)
+    doc: dict = {"machine": machine_info(), "options": _options_dict(opts),
+                 "model": {"dir": opts.model_dir, **asdict(config)},
+                 "links": {}, "runs": [], "allreduce": [], "peers": {}}  # fmt: skip
+    try:
+        check_available()
+        net = EmulatedNetwork.new(max(max_ranks, 3), Shaping(rate_mbit=opts.rate_mbit))
+    except NetnsUnavailable as e:
+        if "emulated" in opts.links:
+            raise
+        log(f"no namespaces ({e}): loopback in the root namespace, no byte counters")
+        net = None
+    hidden_bytes = 4 * config.hidden_size
+    sizes = [hidden_bytes, 4 * config.hidden_size * opts.prompt_len, 4 << 20]
+    ctx = net.up() if net is not None else _null()
+    with ctx:
+        for link in opts.links:
+            hosts = Hosts(max(max_ranks, 3), net, loopback=(link == "loopback"))
+            with hosts:
+                fig = hosts.measure_link(0, 0 if link == "loopback" else 1)
+                doc["links"][link] = {"name": hosts.name, **asdict(fig)}
+                log(f"{hosts.name}: rtt {fig.rtt_s * 1e6:.0f} us, goodput "
+                    f"{fig.goodput_bytes_per_s / 1e6:.0f} MB/s")  # fmt: skip
+                if opts.collectives:
+                    for world in sorted({2, *(lay.n for lay in opts.layouts if lay.kind == "tp")}):
+                        for backend in ("ring", "gloo"):
+                            try:
+                                r = run_collectives(hosts, world, sizes, backend, iters=200)
+                            except (HostProcessFailed, subprocess.TimeoutExpired) as e:
+                                log(f"  {backend} all-reduce x{world} failed: {e}")
+                                continue
+                            doc["allreduce"].append({"link": link, **r})
+                            s0 = r["sizes"][0]
+                            log(f"  {backend:>4} all-reduce x{world}, {s0['bytes']} B: "
+                                f"{s0['median_s'] * 1e6:.0f} us median")  # fmt: skip
+                for lay in opts.layouts:
+                    if link != "loopback" and lay.kind == "single":
+                        continue  # one process: no link to cross
+                    try:
+                        doc["runs"].append(run_layout(hosts, lay, opts, log))
+                    except (HostProcessFailed, subprocess.TimeoutExpired, OSError) as e:
+                        log(f"  {lay.name} on {hosts.name} failed: {e}")
+                        doc["runs"].append({"layout": lay.name, "link": hosts.name,
+                                            "error": str(e)})  # fmt: skip
+    if opts.hf_peer:
+        doc["peers"]["hf"] = _hf_peer(opts, log)
+    return doc
+
+
+def _hf_peer(opts: BenchOptions, log: Callable[[str], None]) -> dict:
+    argv = [sys.executable, "-m", "tandem.bench.hf_peer", "--model", opts.model_dir,
+            "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
+            "--dtype", opts.dtype, "--threads", str(opts.threads)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=opts.timeout_s)
+    if proc.returncode != 0:
+        log(f"HF peer failed: {proc.stderr[-1500:]}")
+        return {"error": proc.stderr[-1500:]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    log(f"HF transformers: {out['decode_tok_per_s']:.2f} tok/s decode, TTFT {out['ttft_s']:.3f} s")
+    return out
+
+
+def _options_dict(opts: BenchOptions) -> dict:
+    d = asdict(opts)
+    d["layouts"] = [lay.name for lay in opts.layouts]
+    return d
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

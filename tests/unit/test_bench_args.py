@@ -1,0 +1,29 @@
+"""The bench's small parsers: layouts and peer lists fail closed on bad text."""
+
+import pytest
+
+from tandem.bench.harness import BenchLayout, parse_layouts
+from tandem.bench.ring_access import parse_peers
+
+
+def test_layouts_parse_in_order():
+    assert parse_layouts("single, tp2,PP3") == [
+        BenchLayout("single"), BenchLayout("tp", 2), BenchLayout("pp", 3)
+    ]  # fmt: skip
+    assert [lay.name for lay in parse_layouts("tp2,pp2")] == ["TP=2", "PP=2"]
+
+
+@pytest.mark.parametrize("bad", ["tp1", "tp", "dp2", "pp0", "single2"])
+def test_bad_layouts_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        parse_layouts(bad)
+
+
+def test_peers_parse_to_host_port_pairs():
+    assert parse_peers(["10.77.0.1:29610", "[::1]:5"]) == [("10.77.0.1", 29610), ("[::1]", 5)]
+
+
+@pytest.mark.parametrize("bad", ["10.77.0.1", ":29610", "h:port"])
+def test_bad_peers_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        parse_peers([bad])
