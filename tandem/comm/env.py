@@ -1,0 +1,126 @@
+"""`from_env()`: the communicator the process environment describes.
+
+    TANDEM_COMM     ring (default) | star | gloo | nccl
+    RING_CONFIG     path of the paper's JSON file (see tandem.cluster.ring_config), or else
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT   torchrun's variables (star, gloo, nccl)
+    TANDEM_SECRET   the cluster secret when the file has no "secret" field
+    TANDEM_WIRE_DTYPE, TANDEM_CLUSTER_ID   optional overrides
+
+No RING_CONFIG and no RANK/WORLD_SIZE, or a world size of 1, gives the SoloCommunicator.
+Every error is a CommConfigError naming the variable or field at fault.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from tandem.cluster.ring_config import RingConfig, RingConfigError, load_ring_config
+from tandem.comm.base import CommError, Communicator
+from tandem.comm.solo import SoloCommunicator
+
+BACKENDS = ("ring", "star", "gloo", "nccl")
+
+
+class CommConfigError(CommError, ValueError):
+    """The environment does not describe a usable communicator; the message names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name)
+    if raw is None:
+        raise CommConfigError(f"{name} is required (torchrun-style launch) but is not set")
+    try:
+        return int(raw)
+    except ValueError:
+        raise CommConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _torchrun(env: Mapping[str, str]) -> RingConfig:
+    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    if world < 1 or not 0 <= rank < world:
+        raise CommConfigError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
+    addr = env.get("MASTER_ADDR")
+    if world > 1 and not addr:
+        raise CommConfigError("MASTER_ADDR is required when WORLD_SIZE > 1")
+    port = _int(env, "MASTER_PORT") if world > 1 else 1
+    return RingConfig(rank, world, 0, "", 0, master_ip=addr, master_port=port)
+
+
+def from_env(
+    environ: Mapping[str, str] | None = None, *, model_fingerprint: str = ""
+) -> Communicator:
+    """Build (and connect) the communicator described by `environ` (default: os.environ)."""
+    env = os.environ if environ is None else environ
+    backend = env.get("TANDEM_COMM", "ring").strip().lower()
+    if backend not in BACKENDS:
+        raise CommConfigError(
+            f"TANDEM_COMM={backend!r} is not a backend; choose one of {', '.join(BACKENDS)}"
+        )
+    if env.get("RING_CONFIG"):
+        try:
+            cfg = load_ring_config(env["RING_CONFIG"])
+        except RingConfigError as e:
+            raise CommConfigError(str(e)) from None
+        from_file = True
+    elif "RANK" in env or "WORLD_SIZE" in env:
+        cfg, from_file = _torchrun(env), False
+    else:
+        return SoloCommunicator()
+    if cfg.world_size == 1:
+        return SoloCommunicator()
+    secret_text = cfg.secret or env.get("TANDEM_SECRET") or None
+    secret = secret_text.encode() if secret_text else None
+    wire = env.get("TANDEM_WIRE_DTYPE", cfg.wire_dtype)
+    cluster_id = env.get("TANDEM_CLUSTER_ID", cfg.cluster_id)
+    common = dict(
+        secret=secret,
+        cluster_id=cluster_id,
+        wire_dtype=wire,
+        model_fingerprint=model_fingerprint,
+        handshake_timeout=cfg.handshake_timeout,
+        op_timeout=cfg.op_timeout,
+    )
+    if backend == "ring":
+        if not from_file:
+            raise CommConfigError(
+                "TANDEM_COMM=ring needs RING_CONFIG (port, right_ip, right_port); torchrun's "
+                "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT describe only a master: use "
+                "TANDEM_COMM=star or gloo with them"
+            )
+        from tandem.comm.ring import RingCommunicator
+
+        return RingCommunicator.create(
+            cfg.rank,
+            cfg.world_size,
+            right=(cfg.right_ip, cfg.right_port),
+            listen=(cfg.bind_ip(secret is not None), cfg.port),
+            **common,
+        )
+    master = _master(cfg)
+    if backend == "star":
+        from tandem.comm.star import StarCommunicator
+
+        if cfg.rank == 0:
+            master = (cfg.listen_ip or master[0], master[1])
+        return StarCommunicator.create(cfg.rank, cfg.world_size, root=master, **common)
+    from tandem.comm.torchdist import TorchDistCommunicator
+
+    return TorchDistCommunicator.create(
+        cfg.rank, cfg.world_size, master=master, backend=backend, timeout=cfg.handshake_timeout
+    )
+
+
+def _master(cfg: RingConfig) -> tuple[str, int]:
+    if cfg.master_port is None:
+        raise CommConfigError(
+            "master_port (RING_CONFIG) or MASTER_PORT is required for star, gloo and nccl"
+        )
+    ip = cfg.master_ip
+    if ip is None:
+        if cfg.rank != 0:
+            raise CommConfigError(
+                f"master_ip is required on rank {cfg.rank} (only rank 0 may leave it null)"
+            )
+        ip = "127.0.0.1"
+    return ip, cfg.master_port

@@ -1,0 +1,129 @@
+"""Scenarios the spawned ranks run (module-level so "spawn" children can import them)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import time
+from typing import Any
+
+import torch
+
+from tandem.comm import reference
+
+
+def rank_input(
+    seed: int, rank: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    scale = 10.0 ** ((rank % 3) - 1)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[
+        :16
+    ]
+
+
+def conformance(comm: Any, cases: list[tuple], mirror: dict) -> list[tuple[str, bool, str]]:
+    """Run each case on this rank and compare with `reference` computed from every rank's inputs
+    (regenerated here from the same seeds). Returns (case name, equals reference, digest)."""
+    r, n = comm.rank, comm.world_size
+    out = []
+    for case in cases:
+        kind, size, seed = case
+        name = f"{kind}:{size}"
+        if kind == "all_reduce":
+            xs = [rank_input(seed, j, (size,)) for j in range(n)]
+            got = comm.all_reduce_sum(xs[r])
+            want = reference.all_reduce_sum(xs, **mirror)[r]
+        elif kind == "reduce_scatter":
+            dim = seed % 2
+            shape = (n * size, 3) if dim == 0 else (2, n * size)
+            xs = [rank_input(seed, j, shape) for j in range(n)]
+            got = comm.reduce_scatter(xs[r], dim)
+            want = reference.reduce_scatter(xs, dim, **mirror)[r]
+        elif kind == "all_gather":
+            xs = [rank_input(seed, j, (size + j, 2)) for j in range(n)]
+            got = comm.all_gather(xs[r], 0)
+            want = reference.all_gather(xs, 0, wire_dtype=mirror.get("wire_dtype", "float32"))[r]
+        elif kind == "broadcast":
+            src = seed % n
+            xs = [rank_input(seed, j, (size,)) for j in range(n)]
+            got = comm.broadcast(xs[r], src)
+            want = xs[src]
+        elif kind == "all_to_all":
+            parts = [
+                [rank_input(seed + k, j, (size + k, j + 1)) for k in range(n)] for j in range(n)
+            ]
+            back = comm.all_to_all(comm.all_to_all(parts[r]))
+            got = torch.cat([p.flatten() for p in back])
+            want = torch.cat([p.flatten() for p in parts[r]])
+            name = f"all_to_all.all_to_all==identity:{size}"
+        elif kind == "rs_ag_identity":
+            x = rank_input(seed, r, (n * size, 4))
+            got = comm.all_gather(comm.reduce_scatter(x, 0), 0)
+            want = comm.all_reduce_sum(x)
+            name = f"all_reduce==all_gather.reduce_scatter:{size}"
+        elif kind == "ids":
+            x = torch.arange(size, dtype=torch.int64) + (r << 40)
+            got = comm.all_gather(x, 0)
+            want = torch.cat([torch.arange(size, dtype=torch.int64) + (j << 40) for j in range(n)])
+        else:
+            raise ValueError(kind)
+        out.append((name, bool(got.shape == want.shape and torch.equal(got, want)), digest(got)))
+    return out
+
+
+def mixed_dtypes(comm: Any, dtypes: list[str]) -> tuple[list[float], str, list[float]]:
+    """Rank j computes in dtypes[j]; values exactly representable in float16 and bfloat16."""
+    dt = getattr(torch, dtypes[comm.rank])
+    vals = torch.tensor([1.5, -2.25, 0.75, 96.0, 3.0], dtype=torch.float32) * (comm.rank + 1)
+    out = comm.all_reduce_sum(vals.to(dt))
+    raw = vals.to(dt).view(torch.int16)  # what a raw-bytes wire would have carried
+    return out.float().tolist(), str(out.dtype), raw.tolist()
+
+
+def stall_or_die(comm: Any, mode: str, victim: int, seconds: float) -> dict:
+    """Rank `victim` dies (os._exit) or stalls; the others time an all_reduce."""
+    x = torch.ones(1000)
+    comm.all_reduce_sum(x)  # the ring works first
+    if comm.rank == victim:
+        if mode == "die":
+            os._exit(3)
+        time.sleep(seconds)
+        return {"victim": True}
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce_sum(x)
+    except Exception as e:
+        return {
+            "error": type(e).__name__,
+            "mro": [c.__name__ for c in type(e).__mro__],
+            "elapsed": time.monotonic() - t0,
+            "msg": str(e),
+        }
+    return {"error": None, "elapsed": time.monotonic() - t0}
+
+
+def desync(comm: Any) -> str:
+    x = torch.ones(8)
+    comm.all_reduce_sum(x) if comm.rank == 0 else comm.all_gather(x, 0)
+    return "no error"
+
+
+def big_all_reduce(comm: Any, n: int) -> tuple[bool, str, int]:
+    xs = [rank_input(7, j, (n,)) for j in range(comm.world_size)]
+    got = comm.all_reduce_sum(xs[comm.rank])
+    want = reference.all_reduce_sum(xs)[comm.rank]
+    return (
+        bool(torch.equal(got, want)),
+        digest(got),
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    )
+
+
+def simple_sum(comm: Any) -> list[float]:
+    return comm.all_reduce_sum(torch.full((4,), float(comm.rank + 1))).tolist()
