@@ -268,8 +268,8 @@ class TcpStageTransport:
             frame = self._conn.recv_frame(timeout)
             self.bytes_received += len(frame)
             return frame
-        except StageLinkError:
-            raise
+        except StageLinkError as e:
+            raise StageLinkError(f"{self.name}: {e}") from e
         except Exception as e:
             raise StageLinkError(f"{self.name}: {type(e).__name__}: {e}") from e
 

@@ -79,3 +79,14 @@ def stage_model(
     own = m.state_dict()
     m.load_state_dict({k: state[k] for k in own}, strict=True)
     return m.to(dtype).eval()
+
+
+def write_model(ref: Transformer, out) -> str:
+    """`ref`'s weights as a model directory (config.json + model.safetensors)."""
+    from tandem.loaders.writer import write_model_dir
+
+    state = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    if ref.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    write_model_dir(out, ref.config, state)
+    return str(out)
