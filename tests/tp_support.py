@@ -73,3 +73,53 @@ def greedy(executor, prompts: list[list[int]], n_new: int) -> tuple[list[list[in
         step = Step(tuple(entries))
     executor.release(list(seqs))
     return out, first
+
+
+class SingleNode:
+    """The single-device reference as an `Executor`: the whole model loaded by A's loader."""
+
+    def __init__(self, model_dir, dtype=torch.float32, max_batch: int = 4, max_seq_len: int = 128):
+        from tandem.engine.shard_runner import ShardRunner
+        from tandem.loaders.load import load_model
+        from tandem.loaders.safetensors_dir import ModelDir
+
+        self.model = load_model(ModelDir(model_dir), dtype=dtype)
+        self.runner = ShardRunner(self.model, max_batch, max_seq_len)
+        self.vocab_size = self.model.config.vocab_size
+
+    def run(self, step):
+        return self.runner.forward(step)
+
+    def release(self, ids):
+        self.runner.release(ids)
+
+    def close(self):
+        pass
+
+
+def write_random_model(out, config: ModelConfig, seed: int = 0):
+    """A model directory (config.json + model.safetensors) with the presets' dtype-stable init."""
+    from tandem.loaders.writer import write_model_dir
+    from tandem.models.presets import random_weights
+
+    write_model_dir(out, config, random_weights(config, seed, torch.float32))
+    return out
+
+
+def greedy_with_gaps(executor, prompt: list[int], n_new: int):
+    """Greedy ids plus, per step, the top-1 minus top-2 logit gap."""
+    from tandem.engine.executor import Step, StepSequence
+
+    ids, gaps = [], []
+    step = Step((StepSequence(0, tuple(prompt), 0),))
+    pos = len(prompt)
+    for _ in range(n_new):
+        logits = executor.run(step)[0]
+        top = torch.topk(logits.float(), 2).values
+        gaps.append(float(top[0] - top[1]))
+        t = int(logits.argmax())
+        ids.append(t)
+        step = Step((StepSequence(0, (t,), pos),))
+        pos += 1
+    executor.release([0])
+    return ids, gaps

@@ -28,6 +28,7 @@ HEADER = 8
 KIND_STEP = 1  # run a forward over `step` (after freeing `release`)
 KIND_RELEASE = 2  # only free the KV caches of `release`
 KIND_STOP = 3  # leave the worker loop
+KIND_PING = 4  # nothing to do: keeps an idle group's sockets inside their op timeout
 
 
 class ControlError(RuntimeError):
@@ -105,7 +106,7 @@ def _check_header(frame: torch.Tensor) -> None:
     if int(frame[0]) != MAGIC:
         raise ControlError("control frame has the wrong magic: peers are out of step")
     kind = int(frame[1])
-    if kind not in (KIND_STEP, KIND_RELEASE, KIND_STOP):
+    if kind not in (KIND_STEP, KIND_RELEASE, KIND_STOP, KIND_PING):
         raise ControlError(f"unknown control kind {kind}")
     if any(int(v) < 0 for v in frame[2:6]):
         raise ControlError("negative count in control frame")

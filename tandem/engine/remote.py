@@ -10,6 +10,8 @@ before they run it), so every rank's cache slots stay in step without an extra b
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -19,6 +21,11 @@ from tandem.engine import control
 from tandem.engine.control import Control
 from tandem.engine.executor import Step
 from tandem.engine.shard_runner import ShardRunner
+
+
+class GroupFailedError(RuntimeError):
+    """A step could not complete on the group: a worker died, hung or refused it. The group is
+    unusable afterwards (its communicator is broken); close it and start a new one."""
 
 
 def send_control(comm: Communicator, msg: Control, src: int = 0) -> None:
@@ -38,7 +45,12 @@ def recv_control(comm: Communicator, src: int = 0) -> Control:
 
 
 class TPExecutor:
-    """`Executor` over a TP group whose rank 0 is this process; `runner` holds rank 0's shard."""
+    """`Executor` over a TP group whose rank 0 is this process; `runner` holds rank 0's shard.
+
+    With `keepalive_s`, a daemon thread sends a PING frame whenever the group has been idle that
+    long, so workers blocked on the next frame stay inside their op timeout while a server waits
+    for requests; a lock keeps pings and steps from interleaving on the wire.
+    """
 
     def __init__(
         self,
@@ -46,6 +58,8 @@ class TPExecutor:
         comm: Communicator,
         vocab_size: int,
         on_close: Callable[[], None] | None = None,
+        keepalive_s: float | None = None,
+        diagnose: Callable[[], str | None] | None = None,
     ) -> None:
         if comm.rank != 0:
             raise ValueError(
@@ -57,29 +71,80 @@ class TPExecutor:
         self.max_seq_len = runner.max_seq_len
         self.max_batch = runner.max_batch
         self._on_close = on_close
+        self._diagnose = diagnose
         self._pending_release: list[int] = []
         self._closed = False
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        if keepalive_s is not None and comm.world_size > 1:
+            threading.Thread(
+                target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
+            ).start()
+
+    def _keepalive(self, every: float) -> None:
+        while not self._stop.wait(every / 4):
+            with self._lock:
+                if self._closed or self._failure is not None:
+                    return
+                if time.monotonic() - self._last < every:
+                    continue
+                try:
+                    send_control(self.comm, Control(control.KIND_PING))
+                except BaseException as e:  # surfaced by the next run()
+                    self._failure = e
+                    return
+                self._last = time.monotonic()
 
     def run(self, step: Step) -> torch.Tensor:
         """Logits (B, vocab_size) float32 at each sequence's last new token."""
-        release = tuple(self._pending_release)
-        self._pending_release.clear()
-        send_control(self.comm, Control(control.KIND_STEP, step, release))
-        logits = self.runner.forward(step)
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            self.runner.check(step)  # refused here, before any rank sees it
+            release = tuple(self._pending_release)
+            self._pending_release.clear()
+            try:
+                send_control(self.comm, Control(control.KIND_STEP, step, release))
+                logits = self.runner.forward(step)
+            except Exception as e:
+                self._failure = GroupFailedError(self._explain(e))
+                raise self._failure from e
+            finally:
+                self._last = time.monotonic()
         assert logits is not None  # rank 0 of a group holding the head always gets the logits
         return logits
 
+    def _explain(self, e: BaseException) -> str:
+        msg = (
+            f"the tensor-parallel group failed during a step ({type(e).__name__}: {e}); "
+            f"a worker died, hung past the op timeout, or refused the step"
+        )
+        if self._diagnose is not None:
+            deadline = time.monotonic() + 2.0  # a killed worker may not be reaped yet
+            while time.monotonic() < deadline:
+                why = self._diagnose()
+                if why is not None:
+                    return f"{msg}\n{why}"
+                time.sleep(0.05)
+        return msg
+
     def release(self, seq_ids: list[int]) -> None:
-        self.runner.release(seq_ids)
-        self._pending_release.extend(seq_ids)
+        with self._lock:
+            self.runner.release(seq_ids)
+            self._pending_release.extend(seq_ids)
 
     def close(self) -> None:
         """Tells the workers to leave their loop, closes the communicator, then `on_close`."""
-        if self._closed:
-            return
-        self._closed = True
+        self._stop.set()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
-            send_control(self.comm, Control(control.KIND_STOP))
+            if self._failure is None:
+                send_control(self.comm, Control(control.KIND_STOP))
         except Exception:  # noqa: BLE001 - a dead worker must not keep the head from cleaning up
             pass
         finally:

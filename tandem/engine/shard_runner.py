@@ -37,12 +37,7 @@ class ShardRunner:
         head, the hidden state (B, T, D)."""
         m = self.model
         seqs = step.sequences
-        for s in seqs:
-            have = self._cached.get(s.seq_id, 0)
-            if s.start_pos != have:
-                raise StepOrderError(
-                    f"sequence {s.seq_id} starts at {s.start_pos} but {have} tokens are cached"
-                )
+        self.check(step)
         lengths = [len(s.token_ids) for s in seqs]
         slots = [self.slots.slot(s.seq_id) for s in seqs]
         ctx = m.context([s.start_pos for s in seqs], lengths, self.cache, slots)
@@ -62,6 +57,34 @@ class ShardRunner:
             return h
         logits = m.head(m.last_hidden(h, ctx))  # (B, 1, vocab) or None off rank 0
         return None if logits is None else logits[:, 0].float().cpu()
+
+    def check(self, step: Step) -> None:
+        """Raises `StepOrderError` for a step this runner (and so every rank) would refuse: the
+        head calls it before broadcasting, so a bad step never desynchronizes the group."""
+        seqs = step.sequences
+        if not seqs:
+            raise StepOrderError("a step needs at least one sequence")
+        if len({s.seq_id for s in seqs}) != len(seqs):
+            raise StepOrderError("a sequence appears twice in one step")
+        new = 0
+        for s in seqs:
+            have = self._cached.get(s.seq_id)
+            if have is None:
+                new += 1
+            if s.start_pos != (have or 0):
+                raise StepOrderError(
+                    f"sequence {s.seq_id} starts at {s.start_pos} but {have or 0} tokens are cached"
+                )
+            if not s.token_ids:
+                raise StepOrderError(f"sequence {s.seq_id} has no new tokens")
+            if s.start_pos + len(s.token_ids) > self.max_seq_len:
+                raise StepOrderError(
+                    f"sequence {s.seq_id} would reach {s.start_pos + len(s.token_ids)} tokens; "
+                    f"the KV cache holds {self.max_seq_len}"
+                )
+        free = self.max_batch - len(self._cached)
+        if new > free:
+            raise StepOrderError(f"{new} new sequences but only {free} free KV cache slots")
 
     def release(self, seq_ids: list[int] | tuple[int, ...]) -> None:
         for sid in seq_ids:

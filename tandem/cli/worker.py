@@ -1,0 +1,127 @@
+"""`tandem worker --model DIR`: one tensor-parallel worker (any rank but 0) of a group whose head runs
+`tandem generate --tp N` or `tandem serve`.
+
+The worker holds only its shard and KV cache; it takes the layout from the head, runs the steps the
+head sends, and exits when the head stops or its connection closes. Its place in the ring comes
+from `--rank/--world-size/--peers` (what the local launcher passes) or, across machines, from
+`RING_CONFIG` (`tandem.comm.from_env`). The cluster secret is read from `TANDEM_SECRET` (hex), never
+from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from tandem.comm.base import Communicator
+from tandem.engine.tp_group import DTYPES, run_worker
+
+DEFAULT_OP_TIMEOUT_S = 60.0
+
+
+class WorkerArgsError(ValueError):
+    """The worker's ring position is missing or inconsistent."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run one tensor-parallel worker rank (not the head)")
+    p.add_argument("--model", required=True, help="model directory (same files as the head's)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="this rank's compute dtype")
+    p.add_argument("--device", default="cpu", help="this rank's device (cpu, cuda:0, mps, ...)")
+    p.add_argument("--rank", type=int, help="this rank (1..N-1); default from RING_CONFIG")
+    p.add_argument("--world-size", type=int, help="ranks in the group, head included")
+    p.add_argument("--peers", help="host:port of every rank, comma-separated, in rank order")
+    p.add_argument("--op-timeout", type=float, default=DEFAULT_OP_TIMEOUT_S)
+    p.add_argument("--handshake-timeout", type=float, default=120.0)
+    p.add_argument("--threads", type=int, help="torch CPU threads for this rank")
+    p.set_defaults(func=run)
+
+
+def parse_peers(text: str, world_size: int) -> list[tuple[str, int]]:
+    out = []
+    for item in text.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise WorkerArgsError(f"--peers item {item!r} is not host:port")
+        out.append((host, int(port)))
+    if len(out) != world_size:
+        raise WorkerArgsError(f"--peers lists {len(out)} ranks, --world-size is {world_size}")
+    return out
+
+
+def ring_from_args(
+    rank: int,
+    world_size: int,
+    peers: list[tuple[str, int]],
+    secret: bytes | None,
+    *,
+    op_timeout: float,
+    handshake_timeout: float,
+    cluster_id: str = "tandem-tp",
+) -> Communicator:
+    """Rank `rank` of a ring over `peers`: listen on its own address, dial the next rank's."""
+    from tandem.comm.ring import RingCommunicator
+
+    if not 0 <= rank < world_size:
+        raise WorkerArgsError(f"rank {rank} is not in [0, {world_size})")
+    host, port = peers[rank]
+    listen_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+    return RingCommunicator.create(
+        rank,
+        world_size,
+        right=peers[(rank + 1) % world_size],
+        listen=(listen_host, port),
+        secret=secret,
+        cluster_id=cluster_id,
+        op_timeout=op_timeout,
+        handshake_timeout=handshake_timeout,
+    )
+
+
+def secret_from_env() -> bytes | None:
+    text = os.environ.get("TANDEM_SECRET", "")
+    if not text:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return text.encode()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.peers is not None:
+        if args.rank is None or args.world_size is None:
+            raise WorkerArgsError("--peers needs --rank and --world-size")
+        peers = parse_peers(args.peers, args.world_size)
+        comm = ring_from_args(
+            args.rank,
+            args.world_size,
+            peers,
+            secret_from_env(),
+            op_timeout=args.op_timeout,
+            handshake_timeout=args.handshake_timeout,
+        )
+    elif os.environ.get("RING_CONFIG"):
+        from tandem import comm as comm_pkg
+
+        from_env = getattr(comm_pkg, "from_env", None)
+        if from_env is None:
+            raise WorkerArgsError("RING_CONFIG is set but this build has no tandem.comm.from_env")
+        comm = from_env()
+    else:
+        raise WorkerArgsError("give --rank/--world-size/--peers, or set RING_CONFIG")
+    if comm.rank == 0:
+        raise WorkerArgsError("rank 0 is the head: run `tandem generate` or `tandem serve` there")
+    try:
+        steps = run_worker(args.model, comm, dtype=args.dtype, device=args.device)
+    finally:
+        comm.close()
+    print(f"worker rank {comm.rank}: {steps} steps, head said stop", file=sys.stderr)
+    return 0

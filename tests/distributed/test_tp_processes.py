@@ -1,0 +1,77 @@
+"""Tensor parallelism across real processes on loopback: N-1 `tandem worker` processes + the head,
+over the TCP ring, compared with the single-node reference."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from tp_support import SingleNode, greedy, tiny_config, write_random_model
+
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.remote import GroupFailedError
+from tandem.engine.shard_runner import StepOrderError
+from tandem.engine.tp_local import launch_local_tp
+
+PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    # 4 kv heads: TP=3 splits them 2,1,1 (uneven), 2:1 weights split them 3,1
+    config = tiny_config(
+        "Qwen3ForCausalLM", vocab_size=512, num_attention_heads=8, num_key_value_heads=4
+    )
+    return write_random_model(tmp_path_factory.mktemp("tp") / "m", config)
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir):
+    ref = SingleNode(model_dir)
+    return {b: greedy(ref, PROMPTS[:b], 32) for b in (1, 3)}
+
+
+@pytest.mark.parametrize("tp,weights", [(2, None), (3, None), (2, (2.0, 1.0))])
+def test_tp_matches_single_node_across_processes(model_dir, expected, tp, weights):
+    ex = launch_local_tp(model_dir, tp, weights=weights, max_batch=4, max_seq_len=128, threads=1)
+    try:
+        with pytest.raises(StepOrderError):  # refused on the head, before any worker sees it
+            ex.run(Step((StepSequence(1, (3,), 5),)))
+        for batch in (1, 3):
+            ids, first = greedy(ex, PROMPTS[:batch], 32)
+            want_ids, want_first = expected[batch]
+            assert (first - want_first).abs().max().item() < 1e-4
+            assert ids == want_ids
+        assert ex.comm_stats.collectives > 0
+    finally:
+        ex.close()
+
+
+def _worker_pids(ex):
+    return [
+        p for p in psutil.Process().children(recursive=True) if "worker" in " ".join(p.cmdline())
+    ]
+
+
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_lost_worker_fails_the_head_within_the_op_timeout(model_dir, how):
+    op_timeout = 10.0  # long enough for a loaded CI machine to start the group
+    ex = launch_local_tp(
+        model_dir, 2, max_batch=2, max_seq_len=128, op_timeout=op_timeout, threads=1
+    )
+    workers = _worker_pids(ex)
+    try:
+        greedy(ex, PROMPTS[:1], 3)  # the group works
+        (w,) = workers
+        os.kill(w.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(GroupFailedError, match="tensor-parallel group failed") as err:
+            greedy(ex, PROMPTS[:1], 3)
+        elapsed = time.monotonic() - t0
+        assert elapsed < op_timeout + 3.0
+        if how == "kill":
+            assert "rank1 exited" in str(err.value)
+    finally:
+        ex.close()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
