@@ -15,6 +15,7 @@ from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
 from tandem.loaders.tokenizer import Tokenizer
 
+KEEPALIVE_S = 5.0  # an idle server pings its workers this often (and notices a dead one)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -50,6 +51,7 @@ def build_executor(
     if tp < 1 or pp < 1:
         raise LayoutUnavailable(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
     if tp * pp == 1:
+        from tandem.engine.local import LocalExecutor
         from tandem.loaders.load import load_model
         from tandem.loaders.safetensors_dir import ModelDir
 
@@ -59,21 +61,67 @@ def build_executor(
             task = bar.add_task("loading weights", total=config.num_hidden_layers)
             model = load_model(ModelDir(model_dir), dtype=DTYPES[dtype], device=device)
             bar.update(task, completed=config.num_hidden_layers)
-        return _local_executor(model, max_batch, max_seq_len)
-    raise LayoutUnavailable(f"tp={tp} x pp={pp} is not wired into `serve` in this build yet")
+        return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
+    from tandem.engine.tp_local import per_rank
+
+    dtypes = per_rank(dtype, tp * pp, "dtype")
+    devices = per_rank(device, tp * pp, "device")
+    with console.status(f"starting {tp * pp} ranks, loading their shards, forming the group..."):
+        if pp == 1:
+            from tandem.engine.tp_local import launch_local_tp
+
+            return launch_local_tp(
+                model_dir,
+                tp,
+                dtypes=dtypes,
+                devices=devices,
+                max_batch=max_batch,
+                max_seq_len=max_seq_len,
+                keepalive_s=KEEPALIVE_S,
+            )
+        from tandem.engine.pipeline_launch import StageSpec, launch_pipeline
+        from tandem.parallel.partition import split_by_weights
+
+        ranges = split_by_weights(config.num_hidden_layers, [1.0] * pp)
+        stages = [
+            StageSpec(layers=r, tp=tp, dtype=dtypes[k * tp], device=devices[k * tp])
+            for k, r in enumerate(ranges)
+        ]
+        return launch_pipeline(model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len)
 
 
-def _local_executor(model, max_batch: int, max_seq_len: int):
-    try:
-        from tandem.engine.local import LocalExecutor
-    except ImportError:  # until the single-node executor lands: the TP head at world size 1
-        from tandem.comm.solo import SoloCommunicator
-        from tandem.engine.remote import TPExecutor
-        from tandem.engine.shard_runner import ShardRunner
+def executor_health(executor) -> Callable[[], tuple[bool, str]]:
+    """Whole while the executor has not recorded a failure (a dead or hung rank)."""
 
-        runner = ShardRunner(model, max_batch=max_batch, max_seq_len=max_seq_len)
-        return TPExecutor(runner, SoloCommunicator(), model.config.vocab_size)
-    return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
+    def health() -> tuple[bool, str]:
+        own = getattr(executor, "health", None)
+        if callable(own):
+            return own()
+        failure = getattr(executor, "_failure", None) or getattr(executor, "_failed", None)
+        if failure:
+            return False, str(failure)
+        return True, "ok"
+
+    return health
+
+
+def executor_stats(executor) -> Callable[[], dict[str, float]]:
+    """Collective time and bytes on the wire, from whichever counters the executor keeps."""
+
+    def stats() -> dict[str, float]:
+        out: dict[str, float] = {}
+        comm = getattr(executor, "comm_stats", None)
+        if comm is not None:
+            out["collectives"] = comm.collectives
+            out["collective_seconds"] = comm.seconds
+            out["wire_bytes"] = comm.bytes_moved
+        sent = getattr(executor, "bytes_sent", None)
+        if isinstance(sent, int):
+            received = getattr(executor, "bytes_received", 0)
+            out["wire_bytes"] = out.get("wire_bytes", 0) + sent + received
+        return out
+
+    return stats
 
 
 def build_serving_engine(
@@ -109,13 +157,13 @@ def build_serving_engine(
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
-    health = getattr(executor, "health", None)
     engine = ServingEngine(
         scheduler,
         tokenizer,
         name or model_dir.resolve().name,
         chat_template=chat,
-        health=health if callable(health) else None,
+        health=executor_health(executor),
+        executor_stats=executor_stats(executor),
     )
     scheduler.start()
 

@@ -105,12 +105,14 @@ class ServingEngine:
         model_name: str,
         chat_template: Callable[[list[dict[str, Any]]], str] | None = None,
         health: Callable[[], tuple[bool, str]] | None = None,
+        executor_stats: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.model_name = model_name
         self._chat_template = chat_template
         self._health = health
+        self._executor_stats = executor_stats
         self.started_at = time.time()
         self.requests_total: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -170,10 +172,10 @@ class ServingEngine:
 
     def metrics(self) -> dict[str, Any]:
         """A snapshot for /metrics: scheduler counters plus the executor's own figures if it has any
-        (`stats()` returning e.g. {"collective_seconds": ..., "wire_bytes": ...})."""
+        (`executor_stats()` returning e.g. {"collective_seconds": ..., "wire_bytes": ...})."""
         s = self.scheduler.stats
         running, waiting = self.scheduler.load()
-        ex_stats = getattr(self.scheduler.executor, "stats", None)
+        ex_stats = self._executor_stats or getattr(self.scheduler.executor, "stats", None)
         executor = dict(ex_stats()) if callable(ex_stats) else {}
         with self._lock:
             finished = dict(self.requests_total)

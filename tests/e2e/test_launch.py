@@ -11,7 +11,7 @@ from serve_support import TANDEM, descendants, health, kill_tree, make_model, wa
 
 from tandem.cluster.launcher import check_port_free, free_ports
 
-TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "1"))
+TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "2"))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,8 @@ def test_a_rank_that_dies_takes_the_whole_cluster_down(model):
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}")
         children = descendants(proc.pid)
-        victim = children[-1]  # the youngest process: a worker rank when TP > 1
+        workers = [c for c in children if "worker" in c.cmdline()]
+        victim = workers[0] if workers else children[0]  # a worker rank when TP > 1, else the head
         victim.kill()
         assert proc.wait(90) == 1
         assert _all_gone(children) == []

@@ -8,7 +8,8 @@ import psutil
 import pytest
 from serve_support import get_json, make_model, metric, running
 
-TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "1"))
+TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "2"))
+KEY = "right-key"
 
 PROMPTS = [
     "Hello, world!",
@@ -25,12 +26,10 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = make_model(tmp_path_factory.mktemp("serve") / "model")
-    with running(["serve", "--model", str(model), "--tp", str(TP), "--max-batch", "8"]) as (
-        proc,
-        base,
-    ):
-        name = get_json(f"{base}/v1/models")["data"][0]["id"]
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    args = ["serve", "--model", str(model), "--tp", str(TP), "--max-batch", "8"]
+    with running(args, env={"TANDEM_API_KEY": KEY}) as (proc, base):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=120)
+        name = client.models.list().data[0].id
         yield proc, base, name, client
 
 
@@ -113,14 +112,19 @@ def test_server_binds_loopback_by_default(server):
     assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
 
 
-def test_wrong_api_key_gets_401_and_the_right_one_is_served(tmp_path):
-    model = make_model(tmp_path / "model")
-    with running(["serve", "--model", str(model)], env={"TANDEM_API_KEY": "right-key"}) as (
-        _,
-        base,
-    ):
-        bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong-key", max_retries=0)
-        with pytest.raises(openai.AuthenticationError):
-            bad.models.list()
-        good = openai.OpenAI(base_url=f"{base}/v1", api_key="right-key", max_retries=0)
-        assert len(good.models.list().data) == 1
+def test_wrong_api_key_gets_401_and_health_and_metrics_stay_open(server):
+    _, base, _, _ = server
+    bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.models.list()
+    assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    assert get_json(f"{base}/health")["status"] == "ok"
+    assert metric(base, "tandem_healthy") == 1
+
+
+def test_metrics_report_time_in_collectives_and_bytes_on_the_wire(server):
+    _, base, name, client = server
+    _chat(client, name, "Hello, world!", max_tokens=4)
+    if TP > 1:
+        assert metric(base, "tandem_collective_seconds_total") > 0
+        assert metric(base, "tandem_wire_bytes_total") > 0
