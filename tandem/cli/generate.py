@@ -9,6 +9,12 @@ import sys
 
 import torch
 
+from tandem.cli.pp_options import (
+    add_pp_arguments,
+    build_pipeline_executor,
+    pipeline_report,
+    wants_pipeline,
+)
 from tandem.config import ModelConfig
 from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
 from tandem.engine.generate import generate
@@ -38,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_pp_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -86,9 +93,23 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop_token_ids=stop,
     )
-    executor = LocalExecutor.from_dir(
-        args.model, device=device, dtype=dtype, max_batch=1, max_seq_len=len(ids) + args.max_tokens
-    )
+    if wants_pipeline(args):
+        executor = build_pipeline_executor(
+            args,
+            config,
+            max_batch=1,
+            max_seq_len=len(ids) + args.max_tokens,
+            dtype=str(dtype).removeprefix("torch."),
+            device=str(device),
+        )
+    else:
+        executor = LocalExecutor.from_dir(
+            args.model,
+            device=device,
+            dtype=dtype,
+            max_batch=1,
+            max_seq_len=len(ids) + args.max_tokens,
+        )
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
     def on_token(_row: int, tok: int) -> None:
@@ -113,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
             "dtype": str(dtype).removeprefix("torch."),
             "device": str(device),
         }
+        if wants_pipeline(args):
+            out["pipeline"] = pipeline_report(executor, len(ids) + len(res.token_ids))
         print(json.dumps(out))
     else:
         if stream is None:

@@ -239,6 +239,12 @@ class PipelineExecutor:
         )
 
     @property
+    def socket_bytes(self) -> int:
+        """Bytes on the head's sockets both ways, transport frame headers included."""
+        links = (*self.to_stage0_peers, *self.to_next, self.from_last)
+        return sum(link.socket_bytes() for link in links if hasattr(link, "socket_bytes"))
+
+    @property
     def bytes_received(self) -> int:
         """Bytes the head has read from the last stage."""
         return getattr(self.from_last, "bytes_received", 0)

@@ -28,14 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from tandem.engine.pipeline_executor import PipelineExecutor
+from tandem.engine.pipeline_layout import StageSpec
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
 from tandem.engine.stage_worker import DTYPES, READY
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.parallel.partition import LayerRange, validate_ranges
+from tandem.parallel.partition import validate_ranges
 from tandem.parallel.stage import StageRunner
 from tandem.parallel.stage_link import (
     LinkTerms,
@@ -48,16 +47,6 @@ from tandem.parallel.stage_link import (
 
 class LaunchError(RuntimeError):
     """A stage process did not start, or exited before the pipeline was up."""
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """One stage: its layers, its TP degree, and the compute dtype/device of each of its ranks."""
-
-    layers: LayerRange
-    tp: int = 1
-    dtype: str = "float32"
-    device: str = "cpu"
 
 
 @dataclass
@@ -312,7 +301,3 @@ def _build_head(
     ex.worker_pids = group.pids()
     ex.worker_procs = [p.popen for p in group.procs]
     return ex
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[name]

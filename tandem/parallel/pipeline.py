@@ -235,8 +235,10 @@ class TcpStageTransport:
     def __init__(self, conn: FramedConnection, name: str = "stage link") -> None:
         self._conn = conn
         self.name = name
-        self.bytes_sent = 0
+        self.bytes_sent = 0  # stage frames, as the in-process transport counts them
         self.bytes_received = 0
+        self._overhead = getattr(conn, "frame_overhead", 0)  # the transport's header per frame
+        self._frames = 0
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._sender, name=f"send {name}", daemon=True)
@@ -260,6 +262,7 @@ class TcpStageTransport:
     def send(self, frame: bytes) -> None:
         self._raise_if_failed()
         self.bytes_sent += len(frame)
+        self._frames += 1
         self._queue.put(bytes(frame))
 
     def recv(self, timeout: float) -> bytes:
@@ -267,11 +270,16 @@ class TcpStageTransport:
         try:
             frame = self._conn.recv_frame(timeout)
             self.bytes_received += len(frame)
+            self._frames += 1
             return frame
         except StageLinkError as e:
             raise StageLinkError(f"{self.name}: {e}") from e
         except Exception as e:
             raise StageLinkError(f"{self.name}: {type(e).__name__}: {e}") from e
+
+    def socket_bytes(self) -> int:
+        """Bytes this link moved both ways, the transport's frame headers included."""
+        return self.bytes_sent + self.bytes_received + self._overhead * self._frames
 
     def flush(self, timeout: float = 10.0) -> None:
         """Waits until every queued frame is written (or the sender failed)."""

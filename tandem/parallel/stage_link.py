@@ -52,6 +52,8 @@ def max_frame_bytes(max_batch: int, max_tokens: int, hidden_size: int) -> int:
 class ChannelConnection:
     """`FramedConnection` over a `Channel`: one P2P DATA frame per stage frame, numbered."""
 
+    frame_overhead = fr.FIXED_SIZE + 8  # the DATA frame's header and its one shape dim
+
     def __init__(self, ch: Channel, max_bytes: int) -> None:
         self.ch = ch
         self.max_bytes = max_bytes

@@ -1,0 +1,89 @@
+"""From command-line choices to the stages of a pipeline grid (pure, no processes).
+
+`--pp M` asks for M stages; `--tp N` makes each of them a TP group of N ranks, or `--layout 2,1`
+gives each stage its own TP degree (stage 0 TP=2, stage 1 TP=1; M is then the list's length).
+Layer ranges come from `tandem.parallel.partition`: by default each stage's speed is its TP degree
+(ranks of one machine are alike), and the head's LM head is counted against stage 0; `--pp-weights`
+overrides the split. `--dtype` / `--device` take one value for every rank or a comma list, one per
+stage or one per rank (ranks numbered stage by stage); a TP stage runs in its first rank's choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.parallel.partition import (
+    LayerRange,
+    StageCapacity,
+    model_cost,
+    parse_pp_weights,
+    partition_layers,
+)
+
+
+class LayoutError(ValueError):
+    """A --pp / --tp / --layout / --dtype combination that does not describe a grid."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its layers, its TP degree, and the compute dtype/device of its ranks."""
+
+    layers: LayerRange
+    tp: int = 1
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+def parse_layout(text: str | None, pp: int | None, tp: int = 1) -> tuple[int, ...]:
+    """The TP degree of each stage: `--layout 2,1`, or `pp` stages of `tp` ranks each."""
+    if text:
+        try:
+            layout = tuple(int(x) for x in text.split(","))
+        except ValueError as e:
+            raise LayoutError(f"--layout {text!r}: not a comma-separated list of TP degrees") from e
+        if pp not in (None, 1, len(layout)):
+            raise LayoutError(f"--layout {text!r} has {len(layout)} stages but --pp is {pp}")
+    else:
+        layout = (tp,) * (pp or 1)
+    if not layout or min(layout) < 1:
+        raise LayoutError(f"every stage needs a TP degree of at least 1, got {list(layout)}")
+    return layout
+
+
+def per_stage(value: str, layout: Sequence[int], what: str) -> list[str]:
+    """One value per stage from one value, a value per stage, or a value per rank."""
+    parts = [v.strip() for v in value.split(",")]
+    if len(parts) == 1:
+        return parts * len(layout)
+    if len(parts) == len(layout):
+        return parts
+    if len(parts) == sum(layout):
+        firsts, r = [], 0
+        for tp in layout:
+            firsts.append(parts[r])
+            r += tp
+        return firsts
+    raise LayoutError(
+        f"--{what} {value!r}: give one value, one per stage ({len(layout)}) or one per rank ({sum(layout)})"
+    )
+
+
+def plan_stages(
+    config,
+    layout: Sequence[int],
+    *,
+    pp_weights: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    speeds: Sequence[float] | None = None,
+) -> list[StageSpec]:
+    """The stages of the grid `layout` for `config`, with their layer ranges."""
+    n = len(layout)
+    weights = parse_pp_weights(pp_weights, n) if pp_weights else None
+    caps = [StageCapacity(speed=float(s)) for s in (speeds or layout)]
+    ranges = partition_layers(caps, model_cost(config), weights)
+    dtypes = per_stage(dtype, layout, "dtype")
+    devices = per_stage(device, layout, "device")
+    return [StageSpec(r, tp, dt, dev) for r, tp, dt, dev in zip(ranges, layout, dtypes, devices)]
