@@ -67,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--model", default=None, help="model directory (starts the worker / head)")
     join.add_argument("--config-dir", default=None, help="where to write RING_CONFIG")
     join.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the head")
+    join.add_argument("--host", default="127.0.0.1", help="rank 0: the HTTP server's bind address")
+    join.add_argument("--port", type=int, default=8000, help="rank 0: the HTTP server's port")
     join.set_defaults(func=run_join)
 
     status = sub.add_parser("status", help="who has joined, and what each rank holds")
@@ -264,16 +266,8 @@ def _run_rank(console: Console, args: argparse.Namespace, rank: int, ring_file: 
         while True:
             time.sleep(3600)
     if rank == 0:
-        argv = [
-            sys.executable,
-            "-m",
-            "tandem",
-            "serve",
-            "--model",
-            args.model,
-            "--ring-config",
-            str(ring_file),
-        ]
+        argv = [sys.executable, "-m", "tandem", "serve", "--model", args.model]
+        argv += ["--ring-config", str(ring_file), "--host", args.host, "--port", str(args.port)]
     else:
         argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
     argv += ["--device", args.device, "--dtype", args.dtype]

@@ -46,8 +46,14 @@ def build_executor(
     max_batch: int,
     max_seq_len: int,
     console: Console,
+    ring_config: Path | None = None,
 ):
-    """The executor for the layout; its `close()` brings down whatever it started."""
+    """The executor for the layout; its `close()` brings down whatever it started. With
+    `ring_config`, this process is rank 0 of a TP group whose workers run on other machines."""
+    if ring_config is not None:
+        return _remote_tp_head(
+            model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
+        )
     if tp < 1 or pp < 1:
         raise LayoutUnavailable(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
     if tp * pp == 1:
@@ -88,6 +94,35 @@ def build_executor(
             for k, r in enumerate(ranges)
         ]
         return launch_pipeline(model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len)
+
+
+def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_len, console):
+    import os
+
+    from tandem.comm import from_env
+    from tandem.engine.tp_group import start_head
+    from tandem.parallel.metered import MeteredCommunicator
+
+    with console.status(f"waiting for the ring of {ring_config} to form (workers joining)..."):
+        comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
+    if comm.rank != 0:
+        comm.close()
+        raise LayoutUnavailable(f"{ring_config} is rank {comm.rank}: only rank 0 serves")
+    metered = MeteredCommunicator(comm)
+    with console.status(
+        f"agreeing on the model with {comm.world_size - 1} worker(s), loading shards"
+    ):
+        ex = start_head(
+            model_dir,
+            metered,
+            max_batch=max_batch,
+            max_seq_len=max_seq_len,
+            dtype=dtype,
+            device=device,
+            keepalive_s=KEEPALIVE_S,
+        )
+    ex.comm_stats = metered.stats
+    return ex
 
 
 def executor_health(executor) -> Callable[[], tuple[bool, str]]:
@@ -135,6 +170,7 @@ def build_serving_engine(
     max_seq_len: int | None = None,
     name: str | None = None,
     console: Console | None = None,
+    ring_config: Path | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor)."""
     console = console or Console(stderr=True)
@@ -153,6 +189,7 @@ def build_serving_engine(
         max_batch=max_batch,
         max_seq_len=seq_len,
         console=console,
+        ring_config=ring_config,
     )
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)

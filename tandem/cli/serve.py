@@ -43,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server", description=__doc__)
     p.add_argument("--model", required=True, help="a model directory (config.json + safetensors)")
     add_engine_args(p)
+    p.add_argument(
+        "--ring-config",
+        default=None,
+        help="serve as rank 0 of a multi-machine TP group (RING_CONFIG file; workers run "
+        "`tandem worker` or `tandem cluster join`)",
+    )
     p.set_defaults(func=run)
 
 
@@ -75,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_seq_len=args.max_seq_len,
         name=args.served_model_name,
+        ring_config=Path(args.ring_config) if args.ring_config else None,
     )
     try:
         app = create_app(engine, api_key=args.api_key)

@@ -113,6 +113,7 @@ class ClusterTopology:
             "rank": rank,
             "world_size": self.world_size,
             "secret": self.secret,
+            "cluster_id": self.cluster_id,
         }
 
     def _check_rank(self, rank: int) -> None:

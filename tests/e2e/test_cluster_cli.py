@@ -128,3 +128,41 @@ def test_status_board_refuses_a_peer_with_another_clusters_secret():
         assert query("127.0.0.1", board.port, topo.secret)["world_size"] == 1  # still serving
     finally:
         board.close()
+
+
+def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
+    import openai
+    from serve_support import kill_tree, make_model, wait_healthy
+
+    from tandem.cluster.launcher import free_ports
+
+    model = make_model(tmp_path / "model")
+    base = _free_block(4)
+    token = _cli(
+        "cluster", "init", "--hosts", "127.0.0.1,127.0.0.1", "--base-port", str(base), "--no-qr"
+    ).stdout.split()[-1]
+    (http_port,) = free_ports(1)
+    procs = []
+    try:
+        for rank in (1, 0):
+            argv = [*TANDEM, "cluster", "join", token, "--rank", str(rank), "--model", str(model)]
+            argv += ["--config-dir", str(tmp_path / f"n{rank}"), "--port", str(http_port)]
+            procs.append(
+                subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            )
+        wait_healthy(procs[1], f"http://127.0.0.1:{http_port}")
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{http_port}/v1", api_key="x", max_retries=0
+        )
+        r = client.chat.completions.create(
+            model="model",
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=5,
+            temperature=0,
+        )
+        assert r.usage.completion_tokens >= 1
+        snap = json.loads(_cli("cluster", "status", token, "--json").stdout)
+        assert sorted(x["rank"] for x in snap["ranks"]) == [0, 1]
+    finally:
+        for p in procs:
+            kill_tree(p)

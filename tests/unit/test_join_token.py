@@ -1,6 +1,7 @@
 import base58
 import pytest
 
+from tandem.cluster.ring_config import parse_ring_config
 from tandem.cluster.token import (
     JoinTokenError,
     TokenCorrupt,
@@ -74,6 +75,10 @@ def test_ring_configs_close_the_ring_and_point_at_the_head():
     ]
     assert cfgs[0]["master_ip"] is None and cfgs[1]["master_ip"] == "a"
     assert all(c["master_port"] == 40003 and c["secret"] == topo.secret for c in cfgs)
+    parsed = [parse_ring_config(c) for c in cfgs]  # the collectives' own RING_CONFIG parser
+    assert [p.rank for p in parsed] == [0, 1, 2] and {p.cluster_id for p in parsed} == {
+        topo.cluster_id
+    }
 
 
 def test_layout_parsing_covers_tp_pp_and_grids_and_refuses_mismatch():
