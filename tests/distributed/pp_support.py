@@ -90,3 +90,26 @@ def write_model(ref: Transformer, out) -> str:
         state.pop("lm_head.weight", None)
     write_model_dir(out, ref.config, state)
     return str(out)
+
+
+@torch.inference_mode()
+def mixed_reference_greedy(ref: Transformer, split: int, dtype1: torch.dtype, prompts, n_new: int):
+    """Layers [0, split) + head in float32, layers [split, L) in `dtype1`, the hidden state crossing
+    as float32 both ways: what a two-stage pipeline with a float32 wire computes (no cache)."""
+    L = ref.config.num_hidden_layers
+    head = stage_model(ref, (0, split), with_embed=True, with_head=True)
+    tail = stage_model(ref, (split, L), dtype=dtype1)
+
+    def logits(seq):
+        x = torch.tensor([seq])
+        ctx0 = head.context([0], [len(seq)])
+        h = head.forward_layers(head.embed(x), ctx0).float()
+        h = tail.forward_layers(h.to(dtype1), tail.context([0], [len(seq)])).float()
+        return head.head(h)[0, -1].float()
+
+    seqs = [list(p) for p in prompts]
+    first = torch.stack([logits(s) for s in seqs])
+    for _ in range(n_new):
+        for s in seqs:
+            s.append(int(logits(s).argmax()))
+    return first, [s[len(p) :] for s, p in zip(seqs, prompts)]

@@ -10,6 +10,7 @@ import pytest
 import torch
 from pp_support import (
     executor_greedy,
+    mixed_reference_greedy,
     prompts,
     reference_greedy,
     reference_model,
@@ -91,3 +92,19 @@ def test_a_stage_killed_mid_generation_is_a_clear_error_at_the_head_within_the_t
         ex.close()
         assert time.monotonic() - t0 < 20
     assert all(p.poll() is not None for p in ex.worker_procs)
+
+
+def test_stages_in_different_dtypes_meet_at_the_float32_wire(model_dir):
+    """Stage 1 computes in bfloat16, the head in float32: the seam converts explicitly both ways,
+    so the run equals the same mixed computation in one process."""
+    ref, path = model_dir
+    stages = [StageSpec(R(0, 2)), StageSpec(R(2, 5), dtype="bfloat16")]
+    ps = prompts(3, 97)
+    want_first, want_ids = mixed_reference_greedy(ref, 2, torch.bfloat16, ps, 8)
+    ex = launch_pipeline(path, stages, max_batch=4, max_seq_len=64, timeout=30, threads=1)
+    try:
+        first, ids = executor_greedy(ex, ps, 8)
+    finally:
+        ex.close()
+    torch.testing.assert_close(first, want_first, atol=3e-2, rtol=0)
+    assert ids == want_ids

@@ -111,3 +111,20 @@ def test_microbatched_step_equals_one_batch():
         ex3.close()
     torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=0)
     assert a[1] == b[1]
+
+
+def test_all_micro_batches_enter_the_pipe_before_the_head_waits_for_the_first():
+    """Pipelined sends: the head embeds and sends micro-batch k+1 while the stages run micro-batch
+    k, and only then waits; every stage sees one frame per micro-batch per step."""
+    ref = reference_model(tiny_config())
+    ex, _ = build(ref, [(0, 1), (1, 3), (3, 4)], microbatches=3)
+    events = []
+    send, recv = ex.to_next[0].send, ex.from_last.recv
+    ex.to_next[0].send = lambda f: (events.append("send"), send(f))[1]
+    ex.from_last.recv = lambda t: (events.append("recv"), recv(t))[1]
+    try:
+        executor_greedy(ex, prompts(3, 97), 2)
+    finally:
+        ex.close()
+    # prefill and one decode step, three micro-batches each, then the release
+    assert events[:12] == ["send"] * 3 + ["recv"] * 3 + ["send"] * 3 + ["recv"] * 3
