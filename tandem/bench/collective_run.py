@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -80,7 +81,9 @@ def _socket(rank: int, world: int, peers: list[str]) -> tuple[Callable, Callable
 
     def all_reduce(t: torch.Tensor) -> torch.Tensor:
         mine = t.numpy()
-        conn.sendall(memoryview(mine).cast("B"))
+        # both ranks send at once: a large send would fill both socket buffers and deadlock
+        sender = threading.Thread(target=conn.sendall, args=(memoryview(mine).cast("B"),))
+        sender.start()
         got = bytearray(mine.nbytes)
         view, n = memoryview(got), 0
         while n < len(got):
@@ -88,6 +91,7 @@ def _socket(rank: int, world: int, peers: list[str]) -> tuple[Callable, Callable
             if k == 0:
                 raise CollectiveBenchError("peer closed")
             n += k
+        sender.join()
         other = np.frombuffer(got, dtype=np.float32)
         a, b = (mine, other) if rank == 0 else (other, mine)
         return torch.from_numpy(a + b)
@@ -140,11 +144,12 @@ def run(args: argparse.Namespace) -> dict:
     try:
         for nbytes in (int(b) for b in args.bytes.split(",")):
             t = torch.full((nbytes // 4,), float(args.rank + 1))
-            for _ in range(args.warmup):
+            iters = max(10, min(args.iters, int(args.byte_budget // nbytes)))
+            for _ in range(min(args.warmup, iters)):
                 all_reduce(t.clone())
-            times = _time_each(lambda t=t: all_reduce(t.clone()), args.iters)
+            times = _time_each(lambda t=t: all_reduce(t.clone()), iters)
             med, p90 = _median_p90(times)
-            row = {"bytes": nbytes, "median_s": med, "p90_s": p90}
+            row = {"bytes": nbytes, "median_s": med, "p90_s": p90, "iters": iters}
             if args.backend == "ring":
                 staging, reduction = staging_and_reduction_s(nbytes, args.world)
                 row.update(staging_s=staging, reduction_s=reduction,
@@ -166,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bytes", default="4096,65536,1048576")
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--byte-budget", type=float, default=64e6, help="fewer iterations for big sizes")
     out = run(p.parse_args(argv))
     if out["rank"] == 0:
         print(json.dumps(out), flush=True)

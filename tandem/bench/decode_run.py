@@ -33,29 +33,11 @@ def _phase_gate(name: str) -> None:
 
 
 def _single(args: argparse.Namespace):
-    from tandem.engine.shard_runner import ShardRunner
-    from tandem.loaders.load import load_model
-    from tandem.loaders.safetensors_dir import ModelDir
+    from tandem.engine.local import LocalExecutor
 
-    model = load_model(ModelDir(args.model), dtype=getattr(torch, args.dtype)).eval()
-    return _RunnerExecutor(ShardRunner(model, 1, args.max_seq_len), model.config.vocab_size)
-
-
-class _RunnerExecutor:
-    """The whole model in this process, through the same `ShardRunner` the TP ranks use."""
-
-    def __init__(self, runner, vocab_size: int) -> None:
-        self.runner, self.vocab_size = runner, vocab_size
-        self.max_seq_len, self.max_batch = runner.max_seq_len, runner.max_batch
-
-    def run(self, step):
-        return self.runner.forward(step)
-
-    def release(self, seq_ids):
-        self.runner.release(seq_ids)
-
-    def close(self) -> None:
-        pass
+    return LocalExecutor.from_dir(
+        args.model, dtype=getattr(torch, args.dtype), max_batch=2, max_seq_len=args.max_seq_len
+    )
 
 
 def _tp(args: argparse.Namespace):

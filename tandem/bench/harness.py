@@ -81,13 +81,16 @@ def machine_info() -> dict:
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1), "loadavg": load,
             "kernel": platform.release(), "python": platform.python_version(),
             "torch": torch.__version__}  # fmt: skip
 
 
-def _threads_per_rank(opts: BenchOptions, n_ranks: int) -> int:
-    return max(1, opts.threads // n_ranks)
+def _threads_per_rank(opts: BenchOptions, lay: BenchLayout) -> int:
+    """TP ranks compute at once, so they split the machine's threads; pipeline stages take turns
+    on one stream, so each gets them all (as each would on its own node)."""
+    return max(1, opts.threads // lay.n) if lay.kind == "tp" else opts.threads
 
 
 def run_layout(
@@ -100,7 +103,7 @@ def run_layout(
     peers = ",".join(f"{hosts.address(r)}:{BASE_PORT + r}" for r in range(n))
     base = [sys.executable, "-m", "tandem.bench.decode_run", "--model", opts.model_dir,
             "--layout", lay.kind, "--world", str(n), "--peers", peers, "--secret", secret,
-            "--dtype", opts.dtype, "--threads", str(_threads_per_rank(opts, n)),
+            "--dtype", opts.dtype, "--threads", str(_threads_per_rank(opts, lay)),
             "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
             "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
     logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
@@ -139,8 +142,8 @@ def run_layout(
     wire = None if start is None or end is None else (end - start) / opts.decode
     log(f"  {hosts.name:>24} {lay.name:>7}: {result['decode_tok_per_s']:.2f} tok/s decode, "
         f"TTFT {result['ttft_s']:.3f} s, wire {0 if wire is None else wire / 1e3:.1f} KB/token")  # fmt: skip
-    return {"layout": lay.name, "kind": lay.kind, "n": n, "link": hosts.name,
-            "wire_bytes_per_token": wire, **result}  # fmt: skip
+    return {**result, "layout": lay.name, "kind": lay.kind, "n": n, "link": hosts.name,
+            "wire_bytes_per_token": wire}  # fmt: skip
 
 
 def _log_files(opts: BenchOptions, tag: str, n: int) -> list:
@@ -200,7 +203,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                     f"{fig.goodput_bytes_per_s / 1e6:.0f} MB/s")  # fmt: skip
                 if opts.collectives:
                     for world in sorted({2, *(lay.n for lay in opts.layouts if lay.kind == "tp")}):
-                        for backend in ("ring", "gloo"):
+                        for backend in ("ring", "gloo") + (("socket",) if world == 2 else ()):
                             try:
                                 r = run_collectives(hosts, world, sizes, backend, iters=200)
                             except (HostProcessFailed, subprocess.TimeoutExpired) as e:
@@ -221,6 +224,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                                             "error": str(e)})  # fmt: skip
     if opts.hf_peer:
         doc["peers"]["hf"] = _hf_peer(opts, log)
+    doc["machine"]["loadavg_end"] = machine_info()["loadavg"]
     return doc
 
 

@@ -2,20 +2,34 @@
 
     python -m tandem.bench.hf_peer --model DIR --prompt-len P --decode K [--dtype float32]
 
-Prints one JSON object: TTFT (`generate` with one new token), decode tok/s from the difference
-between K+1 and 1 new tokens (greedy, EOS ignored), and the greedy ids for comparison.
+Prints one JSON object: TTFT and the median decode step of one greedy `generate` of K+1 tokens
+(EOS ignored; times stamped by a streamer as each token arrives), and the greedy ids.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
 import torch
 
 from tandem.bench.timing import prompt_ids
+
+
+class _Clock:
+    """A `generate` streamer that stamps each arrival: the prompt first, then one per new token."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
 
 
 def run(model_dir: str, prompt_len: int, n_decode: int, dtype: str, threads: int) -> dict:
@@ -27,16 +41,17 @@ def run(model_dir: str, prompt_len: int, n_decode: int, dtype: str, threads: int
     ids = torch.tensor([prompt_ids(prompt_len, model.config.vocab_size)])
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    def gen(n: int) -> tuple[float, torch.Tensor]:
+    def gen(n: int) -> tuple[float, list[float], torch.Tensor]:
+        clock = _Clock()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        return time.perf_counter() - t0, out
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, streamer=clock, **kw)
+        return t0, clock.stamps, out
 
-    gen(2)  # warm-up
-    ttft, _ = gen(1)
-    total, out = gen(n_decode + 1)
-    decode_s = (total - ttft) / n_decode
+    gen(4)  # warm-up
+    t0, stamps, out = gen(n_decode + 1)
+    ttft = stamps[1] - t0  # stamps[0]: the prompt handed to the streamer before the forward
+    steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]
     return {
         "engine": f"transformers {__import__('transformers').__version__}",
         "dtype": dtype,
@@ -44,7 +59,8 @@ def run(model_dir: str, prompt_len: int, n_decode: int, dtype: str, threads: int
         "decode_tokens": n_decode,
         "ttft_s": ttft,
         "prefill_tok_per_s": prompt_len / ttft,
-        "decode_tok_per_s": 1.0 / decode_s,
+        "decode_s_per_token": statistics.median(steps),
+        "decode_tok_per_s": 1.0 / statistics.median(steps),
         "token_ids": out[0, prompt_len:].tolist(),
     }
 

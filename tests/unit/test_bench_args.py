@@ -27,3 +27,10 @@ def test_peers_parse_to_host_port_pairs():
 def test_bad_peers_are_value_errors(bad):
     with pytest.raises(ValueError):
         parse_peers([bad])
+
+
+def test_bench_cli_refuses_an_unknown_link_before_starting_anything(tmp_path, capsys):
+    from tandem.cli.main import main
+
+    rc = main(["bench", "--model", str(tmp_path), "--links", "wifi", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--links" in capsys.readouterr().err

@@ -1,0 +1,86 @@
+"""`tandem bench`: one model, single node vs TP vs PP on loopback and an emulated 2.5 GbE link,
+with HF transformers and torch gloo as peers in the same run; JSON, markdown and a PNG chart.
+
+    tandem bench --preset qwen3-0.6b --layouts single,tp2,pp2,tp3,pp3 --out bench-out
+
+The emulated link needs root and iproute2 (network namespaces, veth, `tc tbf`); without them use
+`--links loopback`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench", help="measure layouts side by side with peers", description=__doc__
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a model directory")
+    src.add_argument("--preset", help="make a random-weight model of this preset (cached in --out)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layouts", default="single,tp2,pp2,tp3,pp3")
+    p.add_argument("--links", default="loopback,emulated")
+    p.add_argument("--rate-mbit", type=int, default=2500, help="emulated link rate (tbf)")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--decode", type=int, default=32, help="decode tokens timed per run")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2, help="threads for the whole machine")
+    p.add_argument("--no-collectives", action="store_true", help="skip ring/gloo all-reduce")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF transformers peer")
+    p.add_argument("--out", default="bench-out", help="directory for bench.{json,md,png} and logs")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.bench.harness import BenchOptions, parse_layouts, run_bench
+    from tandem.bench.netns import NetnsUnavailable
+    from tandem.bench.report import analyze, chart, markdown
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        layouts = parse_layouts(args.layouts)
+        links = tuple(x.strip() for x in args.links.split(",") if x.strip())
+        if not links or set(links) - {"loopback", "emulated"}:
+            raise ValueError(f"--links {args.links!r}: choose from loopback, emulated")
+        model_dir = args.model or _make_preset(args.preset, args.seed, out)
+    except ValueError as e:
+        print(f"tandem bench: {e}", file=sys.stderr)
+        return 2
+    opts = BenchOptions(model_dir=str(model_dir), layouts=layouts, links=links,
+                        rate_mbit=args.rate_mbit, prompt_len=args.prompt_len, decode=args.decode,
+                        dtype=args.dtype, threads=args.threads,
+                        collectives=not args.no_collectives, hf_peer=not args.no_hf,
+                        log_dir=str(out / "logs"))  # fmt: skip
+    try:
+        doc = run_bench(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
+    except NetnsUnavailable as e:
+        print(f"tandem bench: {e}; or run with --links loopback", file=sys.stderr)
+        return 2
+    doc["command"] = " ".join(["tandem", *sys.argv[1:]]) if sys.argv[0].endswith("tandem") else None
+    doc = analyze(doc)
+    (out / "bench.json").write_text(json.dumps(doc, indent=2))
+    md = markdown(doc)
+    (out / "bench.md").write_text(md)
+    if not chart(doc, str(out / "bench.png")):
+        print("tandem bench: matplotlib not installed, no chart", file=sys.stderr)
+    print(md)
+    return 0
+
+
+def _make_preset(preset: str, seed: int, out: Path) -> Path:
+    from tandem.loaders.make import make_model_dir
+    from tandem.models.presets import UnknownPresetError
+
+    model_dir = out / f"model-{preset}-seed{seed}"
+    if not (model_dir / "config.json").exists():
+        try:
+            make_model_dir(model_dir, preset, seed=seed)
+        except UnknownPresetError as e:
+            raise ValueError(str(e)) from None
+    return model_dir

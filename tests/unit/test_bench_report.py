@@ -1,0 +1,64 @@
+"""The bench report's arithmetic on a synthetic result: sync per token, projection, plan check."""
+
+import pytest
+
+from tandem.bench.report import analyze, markdown
+
+MODEL = {
+    "dir": "m", "architecture": "Qwen3ForCausalLM", "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 8, "tie_word_embeddings": True,
+}  # fmt: skip
+EMU = "emulated 2500 Mbit/s"
+
+
+def _run(layout, kind, n, link, s, ids=(1, 2, 3)):
+    return {"layout": layout, "kind": kind, "n": n, "link": link, "decode_s_per_token": s,
+            "decode_tok_per_s": 1 / s, "prefill_tok_per_s": 100.0, "ttft_s": 0.1,
+            "token_ids": list(ids), "wire_bytes_per_token": 1000.0}  # fmt: skip
+
+
+def _doc():
+    ring = {"backend": "ring", "world": 2, "link": "emulated",
+            "sizes": [{"bytes": 256, "median_s": 100e-6, "p90_s": 200e-6, "staging_s": 5e-6,
+                       "reduction_s": 1e-6, "wire_s": 94e-6}]}  # fmt: skip
+    return {
+        "machine": {"cpu": "cpu", "cores": 2, "memory_gib": 1, "kernel": "k", "torch": "t"},
+        "model": MODEL,
+        "links": {"loopback": {"name": "loopback", "rtt_s": 20e-6, "goodput_bytes_per_s": 1e9},
+                  "emulated": {"name": EMU, "rtt_s": 24e-6, "goodput_bytes_per_s": 3e8}},
+        "runs": [_run("single", "single", 1, "loopback", 0.010),
+                 _run("TP=2", "tp", 2, EMU, 0.012),
+                 _run("PP=2", "pp", 2, EMU, 0.0103, ids=(1, 2, 4))],
+        "allreduce": [ring], "peers": {},
+    }  # fmt: skip
+
+
+def test_sync_per_token_is_the_layout_minus_single_and_splits_by_the_allreduce_run():
+    doc = analyze(_doc())
+    tp = doc["sync"]["emulated"]["TP=2"]
+    assert tp["ms_per_token"] == pytest.approx(2.0)
+    assert tp["allreduces_per_token"] == 2 * 4 + 1
+    assert tp["staging_ms"] == pytest.approx(9 * 5e-3)
+    assert tp["staging_ms"] + tp["reduction_ms"] + tp["wire_ms"] == pytest.approx(2.0)
+
+
+def test_projection_adds_measured_sync_to_the_papers_168_tok_s_node():
+    pr = analyze(_doc())["projection"]
+    assert pr["tp2"]["tax"] == pytest.approx((1 / 168 + 0.002) * 168)
+    assert pr["tp2"]["met"] is True
+    assert pr["pp2"]["slowdown"] == pytest.approx(0.0003 * 168)
+    assert pr["pp2"]["met"] is True
+
+
+def test_plan_overhead_is_calibrated_on_the_allreduce_run_not_on_layouts():
+    preds = {p["layout"]: p for p in analyze(_doc())["predictions"]}
+    expected = 100e-6 - (24e-6 / 2 + 256 / 3e8)
+    assert preds["TP=2"]["calibrated_overhead_us"] == pytest.approx(expected * 1e6)
+
+
+def test_markdown_flags_a_layout_whose_greedy_ids_differ():
+    md = markdown(analyze(_doc()))
+    pp_row = next(line for line in md.splitlines() if "| PP=2 |" in line)
+    assert pp_row.endswith("| NO |")
+    assert "within 20%" in md
