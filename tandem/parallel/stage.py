@@ -31,6 +31,10 @@ class UpstreamFailedError(StageLinkError):
     """An upstream stage failed; its ERROR frame has been passed on towards the head."""
 
 
+class StageOrderError(ValueError):
+    """A step whose start position disagrees with what this stage's cache holds (desync)."""
+
+
 class StageRunner:
     """The compute half of a stage: `forward` runs the held layers for one step."""
 
@@ -41,6 +45,7 @@ class StageRunner:
             KVCache.for_model(model, max_batch, max_seq_len) if len(model.model.layers) else None
         )
         self.slots = SlotTable(max_batch)
+        self._cached: dict[int, int] = {}  # seq_id -> tokens in this stage's cache
 
     @torch.inference_mode()
     def forward(
@@ -52,14 +57,26 @@ class StageRunner:
         last_only: bool = False,
     ) -> torch.Tensor:
         """h (B, T, D) -> (B, T, D), or (B, 1, D) at each row's last real token when `last_only`."""
+        for s, p in zip(seq_ids, start_pos):
+            if p != self._cached.get(s, 0):
+                raise StageOrderError(
+                    f"sequence {s} starts at {p} but this stage holds {self._cached.get(s, 0)} tokens"
+                )
         slots = [self.slots.slot(s) for s in seq_ids]
         ctx = self.model.context(start_pos, lengths, self.cache, slots)
         h = self.model.forward_layers(h.to(self.model.dtype), ctx)
+        for s, p, n in zip(seq_ids, start_pos, lengths):
+            self._cached[s] = p + n
         return self.model.last_hidden(h, ctx) if last_only else h
 
     def release(self, seq_ids: Sequence[int]) -> None:
         for s in seq_ids:
             self.slots.release(s)
+            self._cached.pop(s, None)
+
+    @property
+    def live_sequences(self) -> int:
+        return len(self._cached)
 
 
 @dataclass

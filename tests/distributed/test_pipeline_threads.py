@@ -21,7 +21,7 @@ from tandem.engine.pipeline_executor import (
     split_microbatches,
 )
 from tandem.parallel.pipeline import LocalStageTransport
-from tandem.parallel.stage import StageLinks, StageRunner, serve_stage
+from tandem.parallel.stage import StageLinks, StageOrderError, StageRunner, serve_stage
 
 
 def _serve_quietly(*args, **kw):
@@ -31,7 +31,7 @@ def _serve_quietly(*args, **kw):
         pass
 
 
-def build(ref, ranges, microbatches=None, timeout=30.0, stage_max_seq_len=64):
+def build(ref, ranges, microbatches=None, timeout=30.0, stage_max_seq_len=64, max_batch=4):
     """Head (stage 0) here, stages 1.. in threads, linked in a ring by local transports."""
     n = len(ranges)
     links = [LocalStageTransport.pair() for _ in range(n)]  # link k: stage k -> stage k+1 (mod n)
@@ -49,11 +49,11 @@ def build(ref, ranges, microbatches=None, timeout=30.0, stage_max_seq_len=64):
     head = stage_model(ref, ranges[0], with_embed=True, with_head=True)
     ex = PipelineExecutor(
         head,
-        StageRunner(head, 4, 64),
+        StageRunner(head, max_batch, 64),
         to_next=[links[0][0]],
         from_last=links[n - 1][1],
         num_stages=n,
-        max_batch=4,
+        max_batch=max_batch,
         max_seq_len=64,
         timeout=timeout,
         microbatches=microbatches,
@@ -128,3 +128,26 @@ def test_all_micro_batches_enter_the_pipe_before_the_head_waits_for_the_first():
         ex.close()
     # prefill and one decode step, three micro-batches each, then the release
     assert events[:12] == ["send"] * 3 + ["recv"] * 3 + ["send"] * 3 + ["recv"] * 3
+
+
+def test_finishing_a_sequence_frees_its_cache_on_every_stage():
+    """Two cache slots per stage, six sequences two at a time: only possible if each release
+    reaches every stage (a stage that kept them would run out of slots)."""
+    ref = reference_model(tiny_config())
+    ex, threads = build(ref, [(0, 1), (1, 3), (3, 4)], max_batch=2)
+    try:
+        for r in range(3):
+            _, ids = executor_greedy(ex, prompts(2, 97, seed=r), 3, base_id=10 * r)
+            assert ids == reference_greedy(ref, prompts(2, 97, seed=r), 3)[1]
+        assert ex.stage0.live_sequences == 0
+    finally:
+        ex.close()
+
+
+def test_a_step_out_of_order_with_a_stage_cache_fails_closed():
+    ref = reference_model(tiny_config())
+    runner = StageRunner(stage_model(ref, (1, 3)), max_batch=2, max_seq_len=16)
+    h = torch.zeros(1, 2, 32)
+    runner.forward((7,), (0,), (2,), h)
+    with pytest.raises(StageOrderError, match="sequence 7 starts at 5 but this stage holds 2"):
+        runner.forward((7,), (5,), (1,), h[:, :1])
