@@ -181,7 +181,9 @@ class Listener:
         try:
             head = fr.encode_header(fr.HELLO, fr.HANDSHAKE, 6, 0, 0, (2,))
             ts.send_all([head, b"{}"])
-        except TransportError:
+            ts.sock.shutdown(socket.SHUT_WR)
+            ts.sock.recv(1 << 16)  # drain what the peer already sent, so close() does not reset
+        except (TransportError, OSError):
             pass
         ts.close()
 

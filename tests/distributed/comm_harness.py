@@ -127,13 +127,22 @@ def run_world(
                 q.put(port)
         results: dict[int, Any] = {}
         errors: dict[int, tuple[str, str]] = {}
+        gone: dict[int, float] = {}  # rank -> when its process was first seen dead
         while len(results) + len(errors) < world:
-            try:
-                rank, status, value = out_q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
+            if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"world did not finish within {timeout:g} s; got {sorted(results)}"
-                ) from None
+                )
+            try:
+                rank, status, value = out_q.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r in results or r in errors or p.exitcode is None:
+                        continue
+                    first = gone.setdefault(r, time.monotonic())
+                    if time.monotonic() - first > 2.0:  # its last words had time to arrive
+                        errors[r] = ("ProcessExited", f"exit code {p.exitcode}")
+                continue
             if status == "ok":
                 results[rank] = value
             else:
