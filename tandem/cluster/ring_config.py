@@ -50,6 +50,17 @@ class RingConfig:
         return "0.0.0.0" if has_secret and not loop else "127.0.0.1"
 
 
+def secret_bytes(text: str | None) -> bytes | None:
+    """The cluster key from its text form (the `secret` field or TANDEM_SECRET): hex digits when
+    the text is valid hex (what `tandem` generates), else its UTF-8 bytes; None when empty."""
+    if not text:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return text.encode()
+
+
 def _need(d: dict, key: str, kind: type, where: str, *, optional: bool = False) -> Any:
     if key not in d or d[key] is None:
         if optional:

@@ -3,7 +3,7 @@
     TANDEM_COMM     ring (default) | star | gloo | nccl
     RING_CONFIG     path of the paper's JSON file (see tandem.cluster.ring_config), or else
     RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT   torchrun's variables (star, gloo, nccl)
-    TANDEM_SECRET   the cluster secret when the file has no "secret" field
+    TANDEM_SECRET   the cluster secret when the file has no "secret" field (hex, else UTF-8)
     TANDEM_WIRE_DTYPE, TANDEM_CLUSTER_ID   optional overrides
 
 No RING_CONFIG and no RANK/WORLD_SIZE, or a world size of 1, gives the SoloCommunicator.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from tandem.cluster.ring_config import RingConfig, RingConfigError, load_ring_config
+from tandem.cluster.ring_config import RingConfig, RingConfigError, load_ring_config, secret_bytes
 from tandem.comm.base import CommError, Communicator
 from tandem.comm.solo import SoloCommunicator
 
@@ -69,8 +69,7 @@ def from_env(
         return SoloCommunicator()
     if cfg.world_size == 1:
         return SoloCommunicator()
-    secret_text = cfg.secret or env.get("TANDEM_SECRET") or None
-    secret = secret_text.encode() if secret_text else None
+    secret = secret_bytes(cfg.secret or env.get("TANDEM_SECRET"))
     wire = env.get("TANDEM_WIRE_DTYPE", cfg.wire_dtype)
     cluster_id = env.get("TANDEM_CLUSTER_ID", cfg.cluster_id)
     common = dict(

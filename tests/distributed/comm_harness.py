@@ -59,6 +59,13 @@ def make_comm(backend: str, rank: int, world: int, ports_q: Any, peer_q: Any, op
         return StarCommunicator.create(
             rank, world, root=("127.0.0.1", root), listener=lis, secret=secret, **opts
         )
+    if backend == "env":
+        import os
+
+        from tandem.comm import from_env
+
+        os.environ.update(opts["env"][rank])
+        return from_env()
     from tandem.comm.torchdist import TorchDistCommunicator
 
     port = peer_q.get(timeout=60)
@@ -121,7 +128,7 @@ def run_world(
             _, root = ports_q.get(timeout=120)
             for q in peer_qs:
                 q.put(root)
-        else:
+        elif backend != "env":
             port = _free_port()
             for q in peer_qs:
                 q.put(port)

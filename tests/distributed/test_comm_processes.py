@@ -75,3 +75,37 @@ def test_gloo_equals_reference_bit_for_bit_on_every_rank(world: int) -> None:
     cases = [c for c in CASES if c[1] < 100000]
     mirror = dict(algorithm=alg.RANK_ORDER)
     _check(run_world("gloo", world, conformance, (cases, mirror)), world)
+
+
+def _free_ports(k: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(k)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_from_env_ring_config_files_form_a_ring_and_torchrun_vars_a_star(tmp_path) -> None:
+    import json
+
+    from comm_scenarios import simple_sum
+
+    world = 3
+    ports = _free_ports(world)
+    env = {}
+    for r in range(world):
+        cfg = {"master_ip": None if r == 0 else "127.0.0.1", "master_port": ports[0], "port": ports[r],
+               "right_ip": "127.0.0.1", "right_port": ports[(r + 1) % world], "rank": r,
+               "world_size": world, "secret": "0badc0de", "handshake_timeout": 60}  # fmt: skip
+        path = tmp_path / f"ring{r}.json"
+        path.write_text(json.dumps(cfg))
+        env[r] = {"RING_CONFIG": str(path), "TANDEM_COMM": "ring"}
+    assert run_world("env", world, simple_sum, options=dict(env=env)) == [[6.0] * 4] * world
+    (master,) = _free_ports(1)
+    env = {r: {"TANDEM_COMM": "star", "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(master), "TANDEM_SECRET": "s"} for r in range(2)}  # fmt: skip
+    assert run_world("env", 2, simple_sum, options=dict(env=env)) == [[3.0] * 4] * 2
