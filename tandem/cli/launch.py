@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-dir", default=None, help="write each rank's output here instead of the terminal"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, tp=2)  # a cluster by default: two ranks on loopback
 
 
 def default_model_dir(console: Console) -> Path:

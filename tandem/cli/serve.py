@@ -57,7 +57,13 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args)
     except KeyboardInterrupt:
         return 130
-    except (ServeError, LaunchError, OSError, ValueError) as e:
+    except (
+        ServeError,
+        LaunchError,
+        RuntimeError,
+        OSError,
+        ValueError,
+    ) as e:  # typed errors: one line
         print(f"tandem serve: error: {e}", file=sys.stderr)
         return 2
 
@@ -85,8 +91,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         app = create_app(engine, api_key=args.api_key)
+        layout = f"tp={args.tp}, pp={args.pp}"
+        if args.ring_config:
+            layout = f"rank 0 of the group in {args.ring_config}"
         print(
-            f"tandem: serving {engine.model_name!r} (tp={args.tp}, pp={args.pp}) on "
+            f"tandem: serving {engine.model_name!r} ({layout}) on "
             f"http://{args.host}:{args.port}/v1",
             flush=True,
         )

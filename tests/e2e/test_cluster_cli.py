@@ -166,3 +166,64 @@ def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
     finally:
         for p in procs:
             kill_tree(p)
+
+
+def test_nodes_holding_different_models_are_refused_in_one_line_at_the_head(tmp_path):
+    from serve_support import kill_tree, make_model
+
+    from tandem.cluster.launcher import free_ports
+
+    head_model = make_model(tmp_path / "a", preset="tiny-qwen3")
+    other_model = make_model(tmp_path / "b", preset="tiny-llama")
+    base = _free_block(4)
+    token = _cli(
+        "cluster", "init", "--hosts", "127.0.0.1,127.0.0.1", "--base-port", str(base), "--no-qr"
+    ).stdout.split()[-1]
+    (http_port,) = free_ports(1)
+    worker = subprocess.Popen(
+        [
+            *TANDEM,
+            "cluster",
+            "join",
+            token,
+            "--rank",
+            "1",
+            "--model",
+            str(other_model),
+            "--config-dir",
+            str(tmp_path / "n1"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        head = _cli(
+            "cluster",
+            "join",
+            token,
+            "--rank",
+            "0",
+            "--model",
+            str(head_model),
+            "--config-dir",
+            str(tmp_path / "n0"),
+            "--port",
+            str(http_port),
+            timeout=240,
+        )
+        assert head.returncode != 0
+        errors = [line for line in head.stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "disagree with the head on the model" in errors[0], head.stderr
+        assert "Traceback" not in head.stderr
+    finally:
+        kill_tree(worker)
+
+
+def test_an_unreachable_head_is_a_one_line_error_within_the_timeout():
+    base = _free_block(4)
+    token = encode_token(new_topology(["127.0.0.1", "127.0.0.1"], 2, 1, base_port=base))
+    t0 = time.time()
+    out = _cli("cluster", "join", token, "--rank", "1", "--timeout", "2")
+    assert out.returncode == 2 and time.time() - t0 < 30
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "cannot reach the head" in errors[0] and str(base + 3) in errors[0]
