@@ -8,11 +8,19 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from tandem.config import ModelConfig
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.tokenizer import Tokenizer
 
 KEEPALIVE_S = 5.0  # an idle server pings its workers this often (and notices a dead one)
@@ -28,11 +36,25 @@ def _progress(console: Console) -> Progress:
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        DownloadColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     )
+
+
+class _ProgressDir(ModelDir):
+    """A model directory that reports the bytes of every tensor read (for the loading bar)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.total_bytes = sum(info.nbytes for info in self.manifest.values())
+        self.on_read: Callable[[int], None] = lambda n: None
+
+    def read(self, name: str, *args, **kwargs) -> torch.Tensor:
+        t = super().read(name, *args, **kwargs)
+        self.on_read(t.numel() * t.element_size())
+        return t
 
 
 def build_executor(
@@ -59,14 +81,14 @@ def build_executor(
     if tp * pp == 1:
         from tandem.engine.local import LocalExecutor
         from tandem.loaders.load import load_model
-        from tandem.loaders.safetensors_dir import ModelDir
 
         if dtype not in DTYPES:
             raise LayoutUnavailable(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         with _progress(console) as bar:
-            task = bar.add_task("loading weights", total=config.num_hidden_layers)
-            model = load_model(ModelDir(model_dir), dtype=DTYPES[dtype], device=device)
-            bar.update(task, completed=config.num_hidden_layers)
+            md = _ProgressDir(model_dir)
+            task = bar.add_task("loading weights", total=md.total_bytes)
+            md.on_read = lambda n: bar.advance(task, n)
+            model = load_model(md, dtype=DTYPES[dtype], device=device)
         return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
     from tandem.engine.tp_local import per_rank
 
