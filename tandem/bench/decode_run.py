@@ -52,9 +52,23 @@ def _tp(args: argparse.Namespace):
 
 
 def _pp(args: argparse.Namespace):
-    from tandem.bench.pipeline_access import join_pipeline
+    """The head of an M-stage pipeline; it starts stages 1..M-1 itself (`launch_pipeline`), on the
+    hosts `--netns` names (rank g inside namespace g), bound to their `--peers` addresses."""
+    from tandem.bench.ring_access import parse_peers
+    from tandem.config import ModelConfig
+    from tandem.engine.pipeline_launch import launch_pipeline
+    from tandem.engine.pipeline_layout import plan_stages
 
-    return join_pipeline(args)
+    addrs = [h for h, _ in parse_peers(args.peers.split(","))]
+    netns = [n for n in args.netns.split(",") if n]
+    if len(addrs) != args.world or (netns and len(netns) != args.world):
+        raise DecodeRunError(f"pp: need {args.world} peers (and namespaces, if any)")
+    stages = plan_stages(ModelConfig.from_dir(args.model), [1] * args.world, dtype=args.dtype)
+    prefix = (lambda g: ["ip", "netns", "exec", netns[g]]) if netns else None
+    return launch_pipeline(
+        args.model, stages, max_batch=2, max_seq_len=args.max_seq_len, threads=args.threads,
+        addresses=addrs, argv_prefix=prefix,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--peers", default="", help="every rank's ADDR:PORT, in rank order")
     p.add_argument("--secret", default="")
+    p.add_argument("--netns", default="", help="pp: every rank's namespace, in rank order")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=64)

@@ -107,9 +107,14 @@ def run_layout(
             "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
             "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
     logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
+    if lay.kind == "pp":  # the head starts the stages itself, each inside its host's namespace
+        names = [hosts.namespace(r) for r in range(n)]
+        if all(names):
+            base += ["--netns", ",".join(names)]
     workers = [
         hosts.popen(r, [*base, "--rank", str(r)], stdout=logs[r], stderr=logs[r])
         for r in range(1, n)
+        if lay.kind != "pp"
     ]
     head = hosts.popen(0, [*base, "--rank", "0", "--gate"], stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, stderr=logs[0], text=True)  # fmt: skip

@@ -51,6 +51,13 @@ class Hosts:
         self.address(host)
         return "lo" if self.loopback else self.net.host_dev(host)
 
+    def namespace(self, host: int) -> str | None:
+        """The network namespace host `host` runs in (None without namespaces)."""
+        self.address(host)
+        if self.net is None:
+            return None
+        return self.net.namespace(0 if self.loopback else host)
+
     def argv(self, host: int, argv: Sequence[str]) -> list[str]:
         """`argv` as it must be run to execute on `host`."""
         self.address(host)

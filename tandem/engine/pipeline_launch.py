@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +137,14 @@ def launch_pipeline(
     timeout: float = 120.0,
     microbatches: int | None = None,
     threads: int = 0,
+    addresses: Sequence[str] | None = None,
+    argv_prefix: Callable[[int], list[str]] | None = None,
 ) -> PipelineExecutor:
-    """Starts the stage processes and returns the head's `PipelineExecutor` (close it to stop them)."""
+    """Starts the stage processes and returns the head's `PipelineExecutor` (close it to stop them).
+
+    `addresses[g]` is the address global rank g binds and is reached at (default 127.0.0.1 for
+    all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
+    hosts of `tandem bench`)."""
     md = ModelDir(model_dir)
     cfg = md.config
     validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
@@ -157,7 +163,11 @@ def launch_pipeline(
         op_timeout=timeout,
         max_frame_bytes=max_frame_bytes(max_batch, max_seq_len, cfg.hidden_size),
     )
-    head_listener = StageListener(terms, 0)
+
+    def addr(g: int) -> str:
+        return addresses[g] if addresses is not None else "127.0.0.1"
+
+    head_listener = StageListener(terms, 0, addr(0))
     group = _Group()
     env = {**os.environ, "TANDEM_SECRET": secret}
     if threads:
@@ -187,11 +197,14 @@ def launch_pipeline(
                     "--max-seq-len", str(max_seq_len), "--timeout", str(timeout),
                     "--threads", str(threads),
                 ]  # fmt: skip
+                argv += ["--listen", f"{addr(g)}:0", "--tp-listen", f"{addr(g)}:0"]
                 if last:
                     argv.append("--last")
+                if argv_prefix is not None:
+                    argv = [*argv_prefix(g), *argv]
                 procs[g] = group.spawn(argv, f"stage {k} rank {r}", env)
         got = {g: _read_ports(p, max(timeout, 60.0)) for g, p in procs.items()}
-        head_ring = ring_listener() if stages[0].tp > 1 else None
+        head_ring = ring_listener(addr(0), 0) if stages[0].tp > 1 else None
         got[0] = (head_listener.port, head_ring.port if head_ring else 0)
         ports = {g: p[0] for g, p in got.items()}
         for k in range(len(stages)):
@@ -201,14 +214,14 @@ def launch_pipeline(
                 down = ""
                 if r == 0:
                     nxt = ranks[k + 1] if k + 1 < len(stages) else [0]
-                    down = ",".join(f"127.0.0.1:{ports[d]}" for d in nxt)
+                    down = ",".join(f"{addr(d)}:{ports[d]}" for d in nxt)
                 right = ranks[k][(r + 1) % len(ranks[k])]
-                ring = f"127.0.0.1:{got[right][1]}" if stages[k].tp > 1 else ""
+                ring = f"{addr(right)}:{got[right][1]}" if stages[k].tp > 1 else ""
                 procs[g].popen.stdin.write(f"{down}\n{ring}\n".encode())
                 procs[g].popen.stdin.flush()
-        head_right = f"127.0.0.1:{got[ranks[0][1]][1]}" if head_ring else ""
+        head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
         return _build_head(
-            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right,
+            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
             timeout=timeout, microbatches=microbatches,
         )  # fmt: skip
@@ -230,6 +243,7 @@ def _build_head(
     group,
     head_ring,
     head_right,
+    addr,
     *,
     max_batch,
     max_seq_len,
@@ -265,10 +279,10 @@ def _build_head(
         shard = load_tp_stage(md, r0, comm, dtype=dtype, device=s0.device)
         stage0 = StageRunner(shard, max_batch, max_seq_len)
     peers = dial_all(
-        terms, 0, [f"127.0.0.1:{ports[g]}" for g in ranks[0][1:]], ranks[0][1:], "head"
+        terms, 0, [f"{addr(g)}:{ports[g]}" for g in ranks[0][1:]], ranks[0][1:], "head"
     )
     to_next = (
-        dial_all(terms, 0, [f"127.0.0.1:{ports[g]}" for g in ranks[1]], ranks[1], "head")
+        dial_all(terms, 0, [f"{addr(g)}:{ports[g]}" for g in ranks[1]], ranks[1], "head")
         if n > 1
         else []
     )
