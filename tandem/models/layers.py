@@ -8,8 +8,9 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """y = w * x / sqrt(mean(x^2) + eps), the statistic taken in float32 (as HF does), the weight
-    applied after casting back to the input dtype."""
+    """y = w * x / sqrt(mean(x^2) + eps). The fused `F.rms_norm` kernel accumulates in float32 and
+    rounds once; in float32 it equals HF's op-by-op form bit for bit, and it is one dispatch instead
+    of eight on the decode path."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -17,10 +18,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class MLP(nn.Module):
