@@ -58,6 +58,7 @@ class BenchOptions:
     rate_mbit: int = 2500
     prompt_len: int = 64
     decode: int = 32
+    rounds: int = 2  # timed generations per process; the best is reported
     dtype: str = "float32"
     threads: int = 2  # for the whole machine; split among co-located ranks
     collectives: bool = True
@@ -105,6 +106,7 @@ def run_layout(
             "--layout", lay.kind, "--world", str(n), "--peers", peers, "--secret", secret,
             "--dtype", opts.dtype, "--threads", str(_threads_per_rank(opts, lay)),
             "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
+            "--rounds", str(opts.rounds),
             "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
     logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
     if lay.kind == "pp":  # the head starts the stages itself, each inside its host's namespace
@@ -118,13 +120,13 @@ def run_layout(
     ]
     head = hosts.popen(0, [*base, "--rank", "0", "--gate"], stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, stderr=logs[0], text=True)  # fmt: skip
-    marks: dict[str, int | None] = {}
+    marks: dict[str, list[int | None]] = {"decode_start": [], "decode_end": []}
     deadline = time.monotonic() + opts.timeout_s
     try:
         while True:
             line = read_line(head, timeout=max(1.0, deadline - time.monotonic()))
             if line.startswith("MARK "):
-                marks[line.split()[1]] = hosts.wire_bytes()
+                marks[line.split()[1]].append(hosts.wire_bytes())
                 head.stdin.write("\n")
                 head.stdin.flush()
             elif line.startswith("{"):
@@ -143,8 +145,10 @@ def run_layout(
     finally:
         for f in logs:
             f.close()
-    start, end = marks.get("decode_start"), marks.get("decode_end")
-    wire = None if start is None or end is None else (end - start) / opts.decode
+    spans = list(zip(marks["decode_start"], marks["decode_end"]))
+    wire = None
+    if spans and all(a is not None and b is not None for a, b in spans):
+        wire = sum(b - a for a, b in spans) / (len(spans) * opts.decode)
     log(f"  {hosts.name:>24} {lay.name:>7}: {result['decode_tok_per_s']:.2f} tok/s decode, "
         f"TTFT {result['ttft_s']:.3f} s, wire {0 if wire is None else wire / 1e3:.1f} KB/token")  # fmt: skip
     return {**result, "layout": lay.name, "kind": lay.kind, "n": n, "link": hosts.name,
@@ -236,6 +240,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
 def _hf_peer(opts: BenchOptions, log: Callable[[str], None]) -> dict:
     argv = [sys.executable, "-m", "tandem.bench.hf_peer", "--model", opts.model_dir,
             "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
+            "--rounds", str(opts.rounds),
             "--dtype", opts.dtype, "--threads", str(opts.threads)]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=opts.timeout_s)
     if proc.returncode != 0:

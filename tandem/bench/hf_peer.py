@@ -32,7 +32,9 @@ class _Clock:
         pass
 
 
-def run(model_dir: str, prompt_len: int, n_decode: int, dtype: str, threads: int) -> dict:
+def run(
+    model_dir: str, prompt_len: int, n_decode: int, dtype: str, threads: int, rounds: int = 1
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -49,9 +51,14 @@ def run(model_dir: str, prompt_len: int, n_decode: int, dtype: str, threads: int
         return t0, clock.stamps, out
 
     gen(4)  # warm-up
-    t0, stamps, out = gen(n_decode + 1)
-    ttft = stamps[1] - t0  # stamps[0]: the prompt handed to the streamer before the forward
-    steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]
+    best = None
+    for _ in range(rounds):  # the best round, as for tandem's runs
+        t0, stamps, out = gen(n_decode + 1)
+        ttft = stamps[1] - t0  # stamps[0]: the prompt handed to the streamer before the forward
+        steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]
+        if best is None or statistics.median(steps) < statistics.median(best[1]):
+            best = (ttft, steps, out)
+    ttft, steps, out = best
     return {
         "engine": f"transformers {__import__('transformers').__version__}",
         "dtype": dtype,
@@ -72,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode", type=int, default=32)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
     a = p.parse_args(argv)
-    print(json.dumps(run(a.model, a.prompt_len, a.decode, a.dtype, a.threads)), flush=True)
+    print(
+        json.dumps(run(a.model, a.prompt_len, a.decode, a.dtype, a.threads, a.rounds)), flush=True
+    )
     return 0
 
 

@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate-mbit", type=int, default=2500, help="emulated link rate (tbf)")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--decode", type=int, default=32, help="decode tokens timed per run")
+    p.add_argument("--rounds", type=int, default=2, help="timed generations per run; best kept")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2, help="threads for the whole machine")
     p.add_argument("--no-collectives", action="store_true", help="skip ring/gloo all-reduce")
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opts = BenchOptions(model_dir=str(model_dir), layouts=layouts, links=links,
                         rate_mbit=args.rate_mbit, prompt_len=args.prompt_len, decode=args.decode,
+                        rounds=args.rounds,
                         dtype=args.dtype, threads=args.threads,
                         collectives=not args.no_collectives, hf_peer=not args.no_hf,
                         log_dir=str(out / "logs"))  # fmt: skip
