@@ -24,8 +24,12 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model = make_model(tmp_path_factory.mktemp("serve") / "model")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("serve") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(model):
     args = ["serve", "--model", str(model), "--tp", str(TP), "--max-batch", "8"]
     with running(args, env={"TANDEM_API_KEY": KEY}) as (proc, base):
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -128,3 +132,13 @@ def test_metrics_report_time_in_collectives_and_bytes_on_the_wire(server):
     if TP > 1:
         assert metric(base, "tandem_collective_seconds_total") > 0
         assert metric(base, "tandem_wire_bytes_total") > 0
+
+
+def test_a_pipeline_server_gives_the_same_greedy_chat_as_the_tensor_parallel_one(server, model):
+    _, _, name, client = server
+    want = [_chat(client, name, p, max_tokens=8).choices[0].message.content for p in PROMPTS[:3]]
+    with running(["serve", "--model", str(model), "--pp", "2"]) as (_, base):
+        pp = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+        got = [_chat(pp, name, p, max_tokens=8).choices[0].message.content for p in PROMPTS[:3]]
+        assert metric(base, "tandem_wire_bytes_total") > 0
+    assert got == want
