@@ -124,6 +124,12 @@ class Scheduler:
                 f"the prompt has {len(req.prompt_ids)} tokens; this model's context is "
                 f"{self.max_seq_len} tokens (prompt plus completion)"
             )
+        vocab = self.executor.vocab_size
+        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+        if bad:  # refused here: a bad id must not reach (and fail) the executor for everyone
+            raise RequestRejected(
+                f"token id(s) {bad[:5]} outside this model's vocabulary [0, {vocab})"
+            )
         with self._cv:
             if self.failure is not None:
                 raise EngineUnavailable(f"the engine failed: {self.failure}")

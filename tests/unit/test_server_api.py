@@ -89,6 +89,9 @@ def test_openai_style_errors_for_unknown_model_bad_max_tokens_and_long_prompt(cl
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = _chat(client, temperature=-1)
     assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [5, 100000]})
+    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+    assert client.get("/health").status_code == 200  # one bad request does not take the engine down
 
 
 def test_api_key_is_required_on_v1_when_set():
