@@ -85,6 +85,8 @@ class RingCommunicator:
         self._io = Duplex(right.ts, left.ts)
         self._seq = 0
         self._broken: str | None = None
+        self._tails: dict = {}
+        self._fps: dict = {}
         self._reader = FrameReader(self._io.recv_into, rank, left.peer_rank, left.max_frame_bytes)
 
     @classmethod
@@ -172,7 +174,32 @@ class RingCommunicator:
     def _header(
         self, op: int, code: int, seq: int, fp: int, shape: tuple[int, ...], step: int
     ) -> bytes:
-        return data_header(op, code, seq, fp, shape, step)
+        """data_header(...), with the shape's bytes cached: this runs on every hop."""
+        tail = self._tails.get((code, shape))
+        if tail is None:
+            if len(self._tails) > 512:
+                self._tails.clear()
+            head = data_header(op, code, seq, fp, shape, step)
+            tail = self._tails[(code, shape)] = (
+                len(shape),
+                fr.FIXED.unpack_from(head)[-1],
+                head[fr.FIXED_SIZE :],
+            )
+        ndim, nbytes, dims = tail
+        return (
+            fr.FIXED.pack(
+                fr.MAGIC, fr.PROTOCOL_VERSION, fr.DATA, op, code, ndim, step, 0, seq, fp, nbytes
+            )
+            + dims
+        )
+
+    def _fingerprint(self, op: int, code: int, shape: tuple[int, ...]) -> int:
+        fp = self._fps.get((op, code, shape))
+        if fp is None:
+            if len(self._fps) > 512:
+                self._fps.clear()
+            fp = self._fps[(op, code, shape)] = fr.fingerprint(op, code, shape)
+        return fp
 
     def _recv_known(self, expect: bytes, payload: memoryview, on_progress: Any = None) -> None:
         self._reader.known(expect, payload, on_progress)
@@ -194,9 +221,9 @@ class RingCommunicator:
         for s in range(size - 1):
             head = self._header(op, wire.code, seq, fp, (n,), s)
             self._io.send([head, blocks[(r - s) % size]])
-            got = np.empty(n, dtype=self._wnp)
-            self._recv_known(head, memoryview(got))
-            blocks[(r - s - 1) % size] = got
+            blocks[(r - s - 1) % size] = self._reader.known_small(
+                head, n * wire.itemsize, self._wnp
+            )
         self._io.flush()
         acc = np.add(decode_f32(blocks[0], wire), decode_f32(blocks[1], wire))
         for j in range(2, size):
@@ -264,7 +291,7 @@ class RingCommunicator:
     def _all_reduce(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         seq = self._begin()
         op, code = fr.ALL_REDUCE, self._wire.code
-        fp = fr.fingerprint(op, code, shape)
+        fp = self._fingerprint(op, code, shape)
         if (
             alg.choose_all_reduce(x.size * self._wire.itemsize, self._size, self._small)
             == alg.RANK_ORDER
@@ -421,13 +448,8 @@ class RingCommunicator:
     def barrier(self) -> None:
         seq = self._begin()
         one = np.zeros(1, dtype=np.float32)
-        self._guard(
-            self._sum_rank_order,
-            one,
-            fr.BARRIER,
-            seq,
-            fr.fingerprint(fr.BARRIER, self._wire.code, (1,)),
-        )
+        fp = self._fingerprint(fr.BARRIER, self._wire.code, (1,))
+        self._guard(self._sum_rank_order, one, fr.BARRIER, seq, fp)
 
     def close(self) -> None:
         if self._broken is None:

@@ -46,13 +46,18 @@ def stage_to_host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
     The single device->host crossing every backend shares.
     """
-    host = t.detach().to(device="cpu", dtype=dtype).contiguous()
-    return host.reshape(-1).numpy()
+    if t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous():
+        host = t.detach() if t.requires_grad else t  # already on the host: no copy, no dispatch
+    else:
+        host = t.detach().to(device="cpu", dtype=dtype).contiguous()
+    return host.numpy().reshape(-1)
 
 
 def unstage(host: np.ndarray, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """A host array -> a tensor of `shape` on `like`'s device in `like`'s dtype (host -> device)."""
-    out = torch.from_numpy(host).reshape(shape)
+    out = torch.from_numpy(host.reshape(shape))
+    if like.dtype == out.dtype and like.device.type == "cpu":
+        return out
     return out.to(device=like.device, dtype=like.dtype)
 
 

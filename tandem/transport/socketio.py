@@ -143,6 +143,11 @@ class Duplex:
         return moved
 
     def _wait(self, want_in: bool, last: float) -> None:
+        if want_in and not self.views:  # the common case: only waiting to receive
+            remaining = self.inp.timeout - (time.monotonic() - last)
+            if remaining <= 0 or not self.inp._pin.poll(remaining * 1000):
+                raise PeerTimeoutError(f"{self.inp.peer}: no progress for {self.inp.timeout:g} s")
+            return
         masks: dict[int, int] = {}
         if self.views:
             masks[self.out.sock.fileno()] = _OUT
@@ -165,7 +170,7 @@ class Duplex:
         last = time.monotonic()
         sock = self.inp.sock
         while got < want:
-            moved = self._push()
+            moved = self._push() if self.views else False
             try:
                 k = sock.recv_into(view[got:])
             except BlockingIOError:
