@@ -10,7 +10,16 @@ import importlib
 import sys
 
 # One module per command; a module listed here must exist.
-COMMAND_MODULES: tuple[str, ...] = ("plan", "cluster", "serve", "make_model", "launch", "generate", "worker", "bench")
+COMMAND_MODULES: tuple[str, ...] = (
+    "plan",
+    "cluster",
+    "serve",
+    "make_model",
+    "launch",
+    "generate",
+    "worker",
+    "bench",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
