@@ -36,7 +36,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        B, T, _ = x.shape
+        """x (B, T, D) or flattened (B*T, D) -> the same shape."""
+        B, T = ctx.positions.shape
         hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads
         q = self.q_proj(x).view(B, T, H, hd)
         k = self.k_proj(x).view(B, T, Hkv, hd)
@@ -64,4 +65,4 @@ class Attention(nn.Module):
                 q.transpose(1, 2), keys, values, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal
             )  # (B, H, T, hd)
             out = out.transpose(1, 2)
-        return self.o_proj(out.reshape(B, T, H * hd))
+        return self.o_proj(out.reshape(*x.shape[:-1], H * hd))

@@ -109,9 +109,11 @@ class Transformer(nn.Module):
 
     def forward_layers(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Runs the held layers in ascending global index; h (B, T, D) -> (B, T, D)."""
+        shape = h.shape
+        x = h.reshape(-1, shape[-1])  # (B*T, D): 2-D inputs take the shortest path through linear
         for layer in self.model.layers.values():
-            h = layer(h, ctx)
-        return h
+            x = layer(x, ctx)
+        return x.view(shape)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """h (B, T, D) -> logits (B, T, vocab_size), in the compute dtype."""

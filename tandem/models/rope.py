@@ -36,7 +36,11 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 class RotaryEmbedding:
     """Computes cos/sin for absolute positions. Not an nn.Module on purpose: `model.to(bfloat16)`
-    must not round the float32 inverse frequencies."""
+    must not round the float32 inverse frequencies.
+
+    Returns `sin` with its first half negated, so that `apply_rope` needs one `roll` instead of
+    slicing, negating and concatenating: rotate_half(x) * sin == roll(x, half) * [-s, s].
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         self.inv_freq = rope_inv_freq(config)
@@ -45,17 +49,18 @@ class RotaryEmbedding:
     def __call__(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (B, T) int64 -> cos, sin each (B, T, 1, head_dim) in `dtype`."""
+        """positions (B, T) int64 -> cos, signed sin each (B, T, 1, head_dim) in `dtype`."""
         inv = self._on.get(positions.device)
         if inv is None:
             inv = self._on[positions.device] = self.inv_freq.to(positions.device)
         freqs = positions[..., None].float() * inv  # (B, T, head_dim/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, head_dim)
-        return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        cos = torch.cat((cos, cos), dim=-1)  # (B, T, head_dim)
+        sin = torch.cat((-sin, sin), dim=-1)
+        return cos.to(dtype)[:, :, None, :], sin.to(dtype)[:, :, None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, head_dim) rotated by position; the two halves of head_dim form the pairs."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """x (B, T, H, head_dim) rotated by position; element i pairs with i + head_dim/2 (HF's
+    rotate_half convention). `sin` is the signed sin from RotaryEmbedding."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
