@@ -1,0 +1,97 @@
+"""The supervised process group: whole trees go down together, even stubborn or orphaned ones."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from tandem.cluster.launcher import ProcessGroup, RankProcess
+
+# a rank that starts a grandchild and then sleeps (optionally ignoring SIGINT and SIGTERM)
+RANK = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    if sys.argv[1] == "stubborn":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    time.sleep(600)
+    """
+)
+
+
+def _wait_for_tree(group: ProcessGroup, n: int, timeout_s: float = 20.0) -> list[int]:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        pids = group.pids()
+        if len(pids) >= n:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} processes, got {group.pids()}")
+
+
+def _gone(pids: list[int], timeout_s: float = 15.0) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_shutdown_takes_down_every_rank_and_its_children_even_stubborn_ones():
+    ranks = [
+        RankProcess("polite", [sys.executable, "-c", RANK, "polite"]),
+        RankProcess("stubborn", [sys.executable, "-c", RANK, "stubborn"]),
+    ]
+    group = ProcessGroup(ranks, grace_s=0.5)
+    group.start()
+    try:
+        pids = _wait_for_tree(group, 4)
+        assert group.poll() is None
+    finally:
+        group.shutdown()
+    assert _gone(pids)
+
+
+def test_poll_reports_the_first_rank_that_exits():
+    ranks = [
+        RankProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"]),
+        RankProcess("crasher", [sys.executable, "-c", "import sys; sys.exit(3)"]),
+    ]
+    with ProcessGroup(ranks) as group:
+        assert group.wait(interval_s=0.05) == ("crasher", 3)
+        sleeper = group.procs[0].pid
+    assert _gone([sleeper])
+
+
+def test_ranks_die_with_a_launcher_that_is_killed_outright():
+    launcher = textwrap.dedent(
+        """
+        import sys, time
+        from tandem.cluster.launcher import ProcessGroup, RankProcess
+        g = ProcessGroup([RankProcess("r", [sys.executable, "-c", "import time; time.sleep(600)"])])
+        g.start()
+        print(g.procs[0].pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    try:
+        rank_pid = int(proc.stdout.readline())
+        assert psutil.pid_exists(rank_pid)
+        os.kill(proc.pid, signal.SIGKILL)  # no handler, no finally: only the parent-death signal
+        proc.wait(10)
+        assert _gone([rank_pid])
+    finally:
+        proc.kill()
+        proc.wait(10)
