@@ -6,8 +6,13 @@ Per step, for each micro-batch (see `split_microbatches`):
     stage M-1 --wire--> h_last (B, 1, D) --final norm + LM head--> logits (B, vocab) --> sampling
 
 so each step crosses each stage boundary once with one hidden state, and no logits cross the wire.
-All micro-batches are sent before the first result is awaited: while stage 1 runs micro-batch 0 the
-head runs stage 0 on micro-batch 1, and so on (pipelined sends: a send never waits for the peer).
+The head sends every micro-batch before it awaits the first result, so while stage 1 runs micro-batch
+0 the head runs stage 0 on micro-batch 1, and so on (pipelined sends: a send never waits for the
+peer); the LM head then runs once over all of them. A step is split only when it is compute-heavy
+(prefill): in memory-bound decode every micro-batch would re-read each stage's weights. Decode keeps
+all stages busy across steps instead: `submit` starts a step without waiting and `collect` returns
+the oldest one's logits, so a loop that keeps one group of sequences in flight per stage
+(`tandem.engine.pipeline_generate`) has every stage working on a different group at once.
 
 When stage 0 is itself a tensor-parallel group, the head sends each micro-batch's embedded hidden
 state to stage 0's other ranks first (they hold layer shards only; the head keeps the whole
@@ -17,6 +22,7 @@ embedding and LM head), then runs its own shard with them.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
@@ -26,6 +32,8 @@ from tandem.models.llama import Transformer
 from tandem.parallel import pipeline as pp
 from tandem.parallel.pipeline import StageLinkError, StageMessage, StageTransport
 from tandem.parallel.stage import StageRunner
+
+MICROBATCH_MIN_TOKENS = 32
 
 
 class PipelineFailedError(RuntimeError):
@@ -82,7 +90,8 @@ class PipelineExecutor:
         self.max_seq_len = max_seq_len
         self.wire_dtype = wire_dtype
         self.timeout = timeout
-        self.microbatches = microbatches or num_stages
+        self.microbatches = microbatches
+        self._pending: deque[tuple[int, tuple[StepSequence, ...]]] = deque()
         self._diagnose = diagnose
         self._on_close = on_close
         self._tag = 0
@@ -101,16 +110,43 @@ class PipelineExecutor:
         self._check_usable()
         self._check_order(step)
         try:
-            groups = split_microbatches(step.sequences, self.microbatches)
+            groups = split_microbatches(step.sequences, self._microbatches_for(step))
             tags = [self._launch(g) for g in groups]
-            logits = [self._collect(t, g) for t, g in zip(tags, groups)]
+            hidden = [self._receive(t, g) for t, g in zip(tags, groups)]
+            logits = self._head(torch.cat(hidden))  # one LM head pass (one weight read) per step
         except (StageLinkError, pp.StageMessageError) as e:
             raise self._fail(str(e)) from e
-        for s in step.sequences:
-            self._cached[s.seq_id] = s.start_pos + len(s.token_ids)
-        self.steps += 1
-        self.tokens_in += sum(len(s.token_ids) for s in step.sequences)
-        return torch.cat(logits)
+        self._account(step)
+        return logits
+
+    # ---- pipelining across steps ----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def submit(self, step: Step) -> int:
+        """Starts `step` through the pipeline without waiting for it; returns its tag. Results come
+        back in submission order (`collect`). A caller that keeps one group of sequences in flight
+        per stage keeps every stage busy (see `tandem.engine.pipeline_generate`)."""
+        self._check_usable()
+        self._check_order(step)
+        try:
+            tag = self._launch(step.sequences)
+        except (StageLinkError, pp.StageMessageError) as e:
+            raise self._fail(str(e)) from e
+        self._pending.append((tag, step.sequences))
+        self._account(step)
+        return tag
+
+    @torch.inference_mode()
+    def collect(self) -> tuple[int, torch.Tensor]:
+        """The oldest submitted step's tag and logits (B, vocab_size), float32 on the host."""
+        self._check_usable()
+        if not self._pending:
+            raise ValueError("no step in flight")
+        tag, seqs = self._pending.popleft()
+        try:
+            return tag, self._head(self._receive(tag, seqs))
+        except (StageLinkError, pp.StageMessageError) as e:
+            raise self._fail(str(e)) from e
 
     def release(self, seq_ids: list[int]) -> None:
         """Frees the sequences' caches here and, in order behind any step in flight, on every stage."""
@@ -184,8 +220,8 @@ class PipelineExecutor:
         self.stage_hops += 1
         return tag
 
-    def _collect(self, tag: int, seqs: tuple[StepSequence, ...]) -> torch.Tensor:
-        """Receives stage M-1's (B, 1, D) for micro-batch `tag`; final norm + LM head -> (B, vocab)."""
+    def _receive(self, tag: int, seqs: tuple[StepSequence, ...]) -> torch.Tensor:
+        """Stage M-1's last-token hidden state (B, 1, D) for micro-batch `tag`."""
         m = self.embed_head
         if self.num_stages == 1:
             h = self._local.pop(tag)
@@ -205,8 +241,26 @@ class PipelineExecutor:
                     f"tag {msg.tag} of {msg.seq_ids}"
                 )
             h = msg.hidden
-        h = h.to(m.dtype)
-        return m.head(h)[:, 0].float().cpu()  # (B, 1, D) -> (B, vocab)
+        return h.to(m.dtype)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: (B, 1, D) -> logits (B, vocab) float32 on the host."""
+        return self.embed_head.head(h)[:, 0].float().cpu()
+
+    def _microbatches_for(self, step: Step) -> int:
+        """Decode is memory-bound: every micro-batch re-reads each stage's weights, so one step is
+        split only when it is compute-heavy (a prefill of at least `MICROBATCH_MIN_TOKENS` tokens
+        per micro-batch). Decode throughput comes from `submit`/`collect` across steps instead."""
+        if self.microbatches is not None:
+            return self.microbatches
+        tokens = sum(len(s.token_ids) for s in step.sequences)
+        return max(1, min(self.num_stages, tokens // MICROBATCH_MIN_TOKENS))
+
+    def _account(self, step: Step) -> None:
+        for s in step.sequences:
+            self._cached[s.seq_id] = s.start_pos + len(s.token_ids)
+        self.steps += 1
+        self.tokens_in += sum(len(s.token_ids) for s in step.sequences)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from tandem.engine.pipeline_executor import (
     PipelineFailedError,
     split_microbatches,
 )
+from tandem.engine.pipeline_generate import generate_pipelined
+from tandem.engine.sampling_params import SamplingParams
 from tandem.parallel.pipeline import LocalStageTransport
 from tandem.parallel.stage import StageLinks, StageOrderError, StageRunner, serve_stage
 
@@ -151,3 +153,34 @@ def test_a_step_out_of_order_with_a_stage_cache_fails_closed():
     runner.forward((7,), (0,), (2,), h)
     with pytest.raises(StageOrderError, match="sequence 7 starts at 5 but this stage holds 2"):
         runner.forward((7,), (5,), (1,), h[:, :1])
+
+
+def test_pipelined_generation_keeps_a_group_per_stage_in_flight_and_matches_the_reference():
+    """Cross-step pipelining: with three groups on three stages, three steps are in flight at once,
+    and every sequence's greedy ids equal the single-node reference."""
+    ref = reference_model(tiny_config())
+    ps = prompts(3, 97)
+    _, want = reference_greedy(ref, ps, 10)
+    ex, _ = build(ref, [(0, 1), (1, 3), (3, 4)])
+    depth, most = 0, 0
+    submit, collect = ex.submit, ex.collect
+
+    def counting_submit(step):
+        nonlocal depth, most
+        depth += 1
+        most = max(most, depth)
+        return submit(step)
+
+    def counting_collect():
+        nonlocal depth
+        depth -= 1
+        return collect()
+
+    ex.submit, ex.collect = counting_submit, counting_collect
+    try:
+        res = generate_pipelined(ex, ps, SamplingParams(max_tokens=10, temperature=0.0), groups=3)
+    finally:
+        ex.close()
+    assert [r.token_ids for r in res] == want
+    assert most == 3
+    assert ex.stage0.live_sequences == 0
