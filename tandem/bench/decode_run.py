@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -41,14 +42,23 @@ def _single(args: argparse.Namespace):
 
 
 def _tp(args: argparse.Namespace):
+    from tandem.bench.optrace import TracedCommunicator
     from tandem.bench.ring_access import connect_ring
     from tandem.engine.tp_group import run_worker, start_head
 
-    comm = connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
+    comm = TracedCommunicator(
+        connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
+    )
     if args.rank != 0:
-        run_worker(args.model, comm, dtype=args.dtype, device="cpu")
+        try:
+            run_worker(args.model, comm, dtype=args.dtype, device="cpu")
+        finally:
+            if args.trace_dir:
+                comm.dump(Path(args.trace_dir) / f"rank{args.rank}.json")
         return None
-    return start_head(args.model, comm, max_batch=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    ex = start_head(args.model, comm, max_batch=2, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    ex.trace = comm
+    return ex
 
 
 def _pp(args: argparse.Namespace):
@@ -88,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="timed generations; the best is reported")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--gate", action="store_true", help="wait on stdin at the phase marks")
+    p.add_argument("--trace-dir", default="", help="tp: every rank writes its collectives' times")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     build = {"single": _single, "tp": _tp, "pp": _pp}[args.layout]
@@ -97,13 +108,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prompt = prompt_ids(args.prompt_len, executor.vocab_size)
         time_greedy(executor, prompt[: max(1, args.prompt_len // 4)], args.warmup, seq_id=1)
-        gate = _phase_gate if args.gate else None
+        trace = getattr(executor, "trace", None)
+        spans: list[list[int]] = []
+
+        def gate(name: str) -> None:
+            if trace is not None:  # collective indices of the decode phase
+                if name == "decode_start":
+                    spans.append([len(trace.ops)])
+                else:
+                    spans[-1].append(len(trace.ops))
+            if args.gate:
+                _phase_gate(name)
+
         rounds = [
             time_greedy(executor, prompt, args.decode, seq_id=0, on_phase=gate)
             for _ in range(args.rounds)
         ]
     finally:
         executor.close()
+        trace = getattr(executor, "trace", None)
+        if trace is not None and args.trace_dir:
+            trace.dump(Path(args.trace_dir) / "rank0.json", {"decode_spans": spans})
     # the best round: on a machine shared with other work, the least disturbed one
     best = min(rounds, key=lambda t: t.decode_s_per_token)
     out = {**asdict(best), "prefill_tok_per_s": max(t.prefill_tok_per_s for t in rounds),

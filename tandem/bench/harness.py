@@ -109,6 +109,11 @@ def run_layout(
             "--rounds", str(opts.rounds),
             "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
     logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
+    trace_dir = None
+    if lay.kind == "tp" and opts.log_dir is not None:
+        trace_dir = Path(opts.log_dir) / f"trace-{hosts.name.split()[0]}-{lay.name}"
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        base += ["--trace-dir", str(trace_dir)]
     if lay.kind == "pp":  # the head starts the stages itself, each inside its host's namespace
         names = [hosts.namespace(r) for r in range(n)]
         if all(names):
@@ -149,10 +154,26 @@ def run_layout(
     wire = None
     if spans and all(a is not None and b is not None for a, b in spans):
         wire = sum(b - a for a, b in spans) / (len(spans) * opts.decode)
+    if trace_dir is not None:
+        result["sync_in_place"] = _trace_sync(trace_dir, n, opts.decode)
     log(f"  {hosts.name:>24} {lay.name:>7}: {result['decode_tok_per_s']:.2f} tok/s decode, "
         f"TTFT {result['ttft_s']:.3f} s, wire {0 if wire is None else wire / 1e3:.1f} KB/token")  # fmt: skip
     return {**result, "layout": lay.name, "kind": lay.kind, "n": n, "link": hosts.name,
             "wire_bytes_per_token": wire}  # fmt: skip
+
+
+def _trace_sync(trace_dir: Path, n: int, decode: int) -> dict:
+    """Synchronization and waiting per decode token from the ranks' collective traces."""
+    from tandem.bench.optrace import analyze_traces
+
+    traces = [json.loads((trace_dir / f"rank{r}.json").read_text()) for r in range(n)]
+    rounds = [analyze_traces(traces, a, b) for a, b in traces[0]["marks"]["decode_spans"]]
+    best = min(rounds, key=lambda r: r["sync_s"])
+    return {"ms_per_token": best["sync_s"] / decode * 1e3,
+            "skew_ms_per_token": best["skew_s"] / decode * 1e3,
+            "collectives_per_token": best["collectives"] / decode,
+            "by_kind": best["by_kind"],
+            "rounds_ms_per_token": [r["sync_s"] / decode * 1e3 for r in rounds]}  # fmt: skip
 
 
 def _log_files(opts: BenchOptions, tag: str, n: int) -> list:

@@ -4,9 +4,8 @@
   - `predictions`: `plan_model` for every measured TP/PP run, from the measured single-node speed
     and the link's measured RTT and goodput; the ring's software cost per message is calibrated on
     the all-reduce microbenchmark (2 ranks, one hidden state), never on the layout runs.
-  - `sync`: per link, synchronization per decode token measured in place (layout minus single: on
-    this machine co-located ranks share its throughput, so compute is the single run's), and its
-    split into host staging, wire and reduction from the all-reduce run's split.
+  - `sync`: per link and layout, synchronization per decode token (`_sync_entry`): for TP measured
+    in place from every rank's collective trace, split into host staging, reduction and the rest.
   - `projection`: the paper's node pair (168 tok/s alone) with our measured per-token sync added:
     TP=2 tax and PP=2 slowdown, against the issue's targets (< 1.5x, within 10%).
 """
@@ -82,16 +81,35 @@ def analyze(doc: dict) -> dict:
 
 
 def _sync_entry(doc: dict, run: dict, s_single: float, link: str, config: Any) -> dict:
-    in_place = run["decode_s_per_token"] - s_single
-    entry: dict[str, Any] = {"ms_per_token": in_place * 1e3,
-                             "wire_bytes_per_token": run.get("wire_bytes_per_token")}  # fmt: skip
-    ring = _ring_small(doc, link, run["n"]) if run["kind"] == "tp" else None
-    if ring and "staging_s" in ring:
-        n_ar = 2 * config.num_hidden_layers + 1  # two per layer + the embedding's
-        staging, reduction = n_ar * ring["staging_s"], n_ar * ring["reduction_s"]
-        entry.update(allreduces_per_token=n_ar, allreduce_us=ring["median_s"] * 1e6,
-                     staging_ms=staging * 1e3, reduction_ms=reduction * 1e3,
-                     wire_ms=max(in_place - staging - reduction, 0.0) * 1e3)  # fmt: skip
+    """TP: the collectives' own time per token from the ranks' traces (`optrace`), split into
+    host staging and reduction (timed alone in the all-reduce run) and the rest (wire, framing,
+    wake-ups). PP: M hops of one hidden state, each taken as one 2-rank ring exchange of it on this
+    link (the all-reduce run), since the stage links are not traced. Both also give the wall-time
+    difference to single, which on a shared machine is mostly noise."""
+    wall = (run["decode_s_per_token"] - s_single) * 1e3
+    entry: dict[str, Any] = {
+        "wall_diff_ms": wall,
+        "wire_bytes_per_token": run.get("wire_bytes_per_token"),
+    }
+    ring = _ring_small(doc, link, run["n"] if run["kind"] == "tp" else 2)
+    if run["kind"] == "tp" and "sync_in_place" in run:
+        sp = run["sync_in_place"]
+        n_ar = sp["by_kind"].get("all_reduce_sum", {}).get("count", 0) / max(
+            run["decode_tokens"], 1
+        )
+        entry.update(source="traced collectives", ms_per_token=sp["ms_per_token"],
+                     skew_ms_per_token=sp["skew_ms_per_token"], allreduces_per_token=n_ar,
+                     collectives_per_token=sp["collectives_per_token"])  # fmt: skip
+        if ring and "staging_s" in ring:
+            staging, reduction = n_ar * ring["staging_s"] * 1e3, n_ar * ring["reduction_s"] * 1e3
+            entry.update(allreduce_us=ring["median_s"] * 1e6, staging_ms=staging,
+                         reduction_ms=reduction,
+                         wire_ms=max(sp["ms_per_token"] - staging - reduction, 0.0))  # fmt: skip
+    elif run["kind"] == "pp" and ring:
+        entry.update(source="M x one 2-rank exchange of a hidden state",
+                     ms_per_token=run["n"] * ring["median_s"] * 1e3)  # fmt: skip
+    else:
+        entry.update(source="wall-time difference", ms_per_token=wall)
     return entry
 
 
@@ -157,17 +175,22 @@ def markdown(doc: dict) -> str:
 
 
 def _sync_table(doc: dict) -> list[str]:
-    rows = [(link, lay, e) for link, d in doc.get("sync", {}).items() for lay, e in d.items()
-            if "staging_ms" in e]  # fmt: skip
+    rows = [(link, lay, e) for link, d in doc.get("sync", {}).items() for lay, e in d.items()]
     if not rows:
         return []
-    out = ["", "Synchronization per decode token (TP), split with the all-reduce run's timings:", "",
-           "| link | layout | all-reduces/token | us each (isolated) | staging ms | reduction ms | "
-           "wire+wait ms | total ms (in place) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["", "Synchronization per decode token:", "",
+           "| link | layout | sync ms/token | host staging ms | reduction ms | wire+rest ms | "
+           "waiting for the slower rank ms | collectives/token | wall diff to single ms | source |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for link, lay, e in rows:
-        out.append(f"| {link} | {lay} | {e['allreduces_per_token']} | {e['allreduce_us']:.0f} | "
-                   f"{e['staging_ms']:.2f} | {e['reduction_ms']:.2f} | {e['wire_ms']:.2f} | "
-                   f"{e['ms_per_token']:.2f} |")  # fmt: skip
+
+        def f(key: str, e=e) -> str:
+            return f"{e[key]:.2f}" if isinstance(e.get(key), float) else "-"
+
+        out.append(f"| {link} | {lay} | {f('ms_per_token')} | {f('staging_ms')} | "
+                   f"{f('reduction_ms')} | {f('wire_ms')} | {f('skew_ms_per_token')} | "
+                   f"{e.get('collectives_per_token', '-')} | {f('wall_diff_ms')} | "
+                   f"{e.get('source', '')} |")  # fmt: skip
     return out
 
 

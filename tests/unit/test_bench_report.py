@@ -28,26 +28,35 @@ def _doc():
         "links": {"loopback": {"name": "loopback", "rtt_s": 20e-6, "goodput_bytes_per_s": 1e9},
                   "emulated": {"name": EMU, "rtt_s": 24e-6, "goodput_bytes_per_s": 3e8}},
         "runs": [_run("single", "single", 1, "loopback", 0.010),
-                 _run("TP=2", "tp", 2, EMU, 0.012),
+                 {**_run("TP=2", "tp", 2, EMU, 0.012), "decode_tokens": 10,
+                  "sync_in_place": {"ms_per_token": 1.5, "skew_ms_per_token": 0.4,
+                                    "collectives_per_token": 11.0,
+                                    "by_kind": {"all_reduce_sum": {"count": 90, "sync_s": 0.012}}}},
                  _run("PP=2", "pp", 2, EMU, 0.0103, ids=(1, 2, 4))],
         "allreduce": [ring], "peers": {},
     }  # fmt: skip
 
 
-def test_sync_per_token_is_the_layout_minus_single_and_splits_by_the_allreduce_run():
+def test_tp_sync_comes_from_the_traces_and_splits_by_the_allreduce_run():
     doc = analyze(_doc())
     tp = doc["sync"]["emulated"]["TP=2"]
-    assert tp["ms_per_token"] == pytest.approx(2.0)
-    assert tp["allreduces_per_token"] == 2 * 4 + 1
+    assert tp["ms_per_token"] == pytest.approx(1.5)
+    assert tp["wall_diff_ms"] == pytest.approx(2.0)
+    assert tp["allreduces_per_token"] == 9
     assert tp["staging_ms"] == pytest.approx(9 * 5e-3)
-    assert tp["staging_ms"] + tp["reduction_ms"] + tp["wire_ms"] == pytest.approx(2.0)
+    assert tp["staging_ms"] + tp["reduction_ms"] + tp["wire_ms"] == pytest.approx(1.5)
+
+
+def test_pp_sync_is_one_hidden_state_exchange_per_stage():
+    pp = analyze(_doc())["sync"]["emulated"]["PP=2"]
+    assert pp["ms_per_token"] == pytest.approx(2 * 0.1)
 
 
 def test_projection_adds_measured_sync_to_the_papers_168_tok_s_node():
     pr = analyze(_doc())["projection"]
-    assert pr["tp2"]["tax"] == pytest.approx((1 / 168 + 0.002) * 168)
+    assert pr["tp2"]["tax"] == pytest.approx((1 / 168 + 0.0015) * 168)
     assert pr["tp2"]["met"] is True
-    assert pr["pp2"]["slowdown"] == pytest.approx(0.0003 * 168)
+    assert pr["pp2"]["slowdown"] == pytest.approx(0.0002 * 168)
     assert pr["pp2"]["met"] is True
 
 
