@@ -1,12 +1,14 @@
 """The official `openai` client against a live `tandem serve` (real processes, real sockets)."""
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import psutil
 import pytest
 from serve_support import get_json, make_model, metric, running
+from serve_support import health as get_status
 
 TP = int(os.environ.get("TANDEM_TEST_SERVE_TP", "2"))
 KEY = "right-key"
@@ -142,3 +144,24 @@ def test_a_pipeline_server_gives_the_same_greedy_chat_as_the_tensor_parallel_one
         got = [_chat(pp, name, p, max_tokens=8).choices[0].message.content for p in PROMPTS[:3]]
         assert metric(base, "tandem_wire_bytes_total") > 0
     assert got == want
+
+
+def test_health_turns_503_when_a_worker_dies_and_requests_get_an_openai_error(model):
+    if TP < 2:
+        pytest.skip("needs a worker rank")
+    with running(["serve", "--model", str(model), "--tp", str(TP)]) as (proc, base):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+        name = client.models.list().data[0].id
+        _chat(client, name, "Hello", max_tokens=2)
+        workers = [
+            c for c in psutil.Process(proc.pid).children(recursive=True) if "worker" in c.cmdline()
+        ]
+        assert workers
+        workers[0].kill()
+        deadline = time.time() + 60
+        while get_status(base) != 503 and time.time() < deadline:
+            time.sleep(0.5)
+        assert get_status(base) == 503
+        with pytest.raises(openai.InternalServerError) as e:
+            _chat(client, name, "Hello", max_tokens=2)
+        assert e.value.status_code == 503 and e.value.body["code"] == "engine_unavailable"
