@@ -123,3 +123,47 @@ def greedy_with_gaps(executor, prompt: list[int], n_new: int):
         pos += 1
     executor.release([0])
     return ids, gaps
+
+
+def launch_concurrently(specs: dict, **common) -> dict:
+    """`launch_local_tp` for several groups at once (worker start-up dominates on a small machine):
+    every group's workers are spawned from this thread (the parent-death signal follows the
+    spawning thread), then the heads form their groups on helper threads. `specs` maps a key to
+    (model_dir, tp, extra kwargs). Every group formed is closed if any fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tandem.engine.tp_local import LocalWorkers, launch_local_tp
+
+    started = {}
+    for key, (model_dir, tp, kw) in specs.items():
+        opts = {**common, **kw}
+        started[key] = LocalWorkers(
+            model_dir,
+            tp,
+            dtypes=opts.get("dtypes") or ["float32"] * tp,
+            devices=opts.get("devices") or ["cpu"] * tp,
+            op_timeout=opts.get("op_timeout", 60.0),
+            handshake_timeout=opts.get("handshake_timeout", 120.0),
+            threads=opts.get("threads"),
+        )
+
+    def one(key):
+        model_dir, tp, kw = specs[key]
+        return launch_local_tp(model_dir, tp, workers=started[key], **{**common, **kw})
+
+    out: dict = {}
+    errors = []
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        futures = {key: pool.submit(one, key) for key in specs}
+        for key, f in futures.items():
+            try:
+                out[key] = f.result()
+            except Exception as e:  # noqa: BLE001 - re-raised after cleanup
+                errors.append(e)
+    if errors:
+        for ex in out.values():
+            ex.close()
+        for w in started.values():
+            w.shutdown()
+        raise errors[0]
+    return out

@@ -15,6 +15,7 @@ from tandem.cli.pp_options import (
     pipeline_report,
     wants_pipeline,
 )
+from tandem.cli.tp_args import TPMeter, add_tp_arguments, resolve_ranks, tp_executor
 from tandem.config import ModelConfig
 from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
 from tandem.engine.generate import generate
@@ -41,9 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help=f"auto or one of {', '.join(DTYPE_NAMES)}; with --tp one per rank, e.g. bfloat16,float16",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_tp_arguments(p)
     add_pp_arguments(p)
     p.set_defaults(func=run)
 
@@ -78,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
     except PromptError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
+    if tp:  # one dtype and one device per rank
+        dtypes, devices = resolve_ranks(args)
+        dtype, device = ",".join(dtypes), ",".join(devices)
+    else:
+        device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
     stop = (
         ()
         if args.ignore_eos
@@ -93,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop_token_ids=stop,
     )
-    if wants_pipeline(args):
+    if tp:
+        executor = tp_executor(args, max_seq_len=len(ids) + args.max_tokens)
+    elif wants_pipeline(args):
         executor = build_pipeline_executor(
             args,
             config,
@@ -112,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
         )
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
+    meter = TPMeter(executor) if tp else None
+
     def on_token(_row: int, tok: int) -> None:
+        if meter is not None:
+            meter.token()
         if stream is not None:
             sys.stdout.write(stream.push(tok))
             sys.stdout.flush()
@@ -134,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
             "dtype": str(dtype).removeprefix("torch."),
             "device": str(device),
         }
+        if meter is not None:
+            out["tensor_parallel"] = meter.report()
         if wants_pipeline(args):
             out["pipeline"] = pipeline_report(executor, len(ids) + len(res.token_ids))
         print(json.dumps(out))

@@ -83,13 +83,9 @@ def ring_from_args(
 
 
 def secret_from_env() -> bytes | None:
+    """TANDEM_SECRET as bytes (its text encoded, as `tandem.comm.from_env` reads it)."""
     text = os.environ.get("TANDEM_SECRET", "")
-    if not text:
-        return None
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        return text.encode()
+    return text.encode() if text else None
 
 
 def run(args: argparse.Namespace) -> int:

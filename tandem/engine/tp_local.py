@@ -45,6 +45,58 @@ def _tail(path: Path, n: int = 2000) -> str:
         return "(no log)"
 
 
+class LocalWorkers:
+    """Ranks 1..N-1 as `tandem worker` processes, started at once (construction returns without
+    waiting for them). Start them from a thread that outlives the group: the parent-death signal
+    fires when the spawning *thread* exits."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tp: int,
+        *,
+        dtypes: list[str],
+        devices: list[str],
+        op_timeout: float,
+        handshake_timeout: float,
+        threads: int | None,
+    ) -> None:
+        if tp < 2:
+            raise LocalGroupError(f"a local TP group needs at least 2 ranks, got {tp}")
+        self.tp = tp
+        self.ports = free_ports(tp)
+        self.secret = secrets.token_hex(32).encode()
+        self.log_dir = Path(tempfile.mkdtemp(prefix="tandem-tp-"))
+        peers = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        ranks = []
+        for r in range(1, tp):
+            argv = [sys.executable, "-m", "tandem", "worker", "--model", str(model_dir)]
+            argv += ["--rank", str(r), "--world-size", str(tp), "--peers", peers]
+            argv += ["--dtype", dtypes[r], "--device", devices[r]]
+            argv += ["--op-timeout", str(op_timeout), "--handshake-timeout", str(handshake_timeout)]
+            if threads:
+                argv += ["--threads", str(threads)]
+            ranks.append(RankProcess(f"rank{r}", argv, {"TANDEM_SECRET": self.secret.decode()}))
+        self.group = ProcessGroup(ranks, log_dir=self.log_dir, grace_s=2.0)
+        self.group.start()
+
+    def diagnose(self) -> str | None:
+        """Which worker exited and the tail of its log, or None while all run."""
+        gone = self.group.poll()
+        if gone is None:
+            return None
+        name, code = gone
+        log = _tail(self.log_dir / f"{name}.log")
+        return f"worker {name} exited with code {code}; its log ends:\n{log}"
+
+    def shutdown(self, wait_s: float = 3.0) -> None:
+        """Gives workers told to stop `wait_s` to exit on their own, then brings down the rest."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.group.procs):
+            time.sleep(0.05)
+        self.group.shutdown()
+
+
 def launch_local_tp(
     model_dir: str | Path,
     tp: int,
@@ -57,38 +109,59 @@ def launch_local_tp(
     op_timeout: float = 60.0,
     handshake_timeout: float = 120.0,
     threads: int | None = None,
-    keepalive_s: float | None = None,
+    keepalive_s: float | None = -1.0,
+    workers: LocalWorkers | None = None,
 ) -> TPExecutor:
-    """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker."""
-    from tandem.comm.ring import RingCommunicator
-
+    """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
+    `workers` may be started beforehand (to start several groups' processes at once). An idle
+    group pings its workers every `keepalive_s` (default a quarter of the op timeout; None: never)
+    so they outlive pauses between steps longer than the op timeout."""
+    if keepalive_s is not None and keepalive_s < 0:
+        keepalive_s = op_timeout / 4
     dtypes = dtypes or ["float32"] * tp
     devices = devices or ["cpu"] * tp
-    if tp < 2:
-        raise LocalGroupError(f"a local TP group needs at least 2 ranks, got {tp}")
-    ports = free_ports(tp)
-    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
-    secret = secrets.token_bytes(32)
-    log_dir = Path(tempfile.mkdtemp(prefix="tandem-tp-"))
-    ranks = []
-    for r in range(1, tp):
-        argv = [sys.executable, "-m", "tandem", "worker", "--model", str(model_dir)]
-        argv += ["--rank", str(r), "--world-size", str(tp), "--peers", peers]
-        argv += ["--dtype", dtypes[r], "--device", devices[r], "--op-timeout", str(op_timeout)]
-        argv += ["--handshake-timeout", str(handshake_timeout)]
-        if threads:
-            argv += ["--threads", str(threads)]
-        ranks.append(RankProcess(f"rank{r}", argv, {"TANDEM_SECRET": secret.hex()}))
-    group = ProcessGroup(ranks, log_dir=log_dir, grace_s=2.0)
-    group.start()
+    if workers is None:
+        workers = LocalWorkers(
+            model_dir,
+            tp,
+            dtypes=dtypes,
+            devices=devices,
+            op_timeout=op_timeout,
+            handshake_timeout=handshake_timeout,
+            threads=threads,
+        )
+    return form_local_group(
+        model_dir,
+        workers,
+        weights=weights,
+        dtype=dtypes[0],
+        device=devices[0],
+        max_batch=max_batch,
+        max_seq_len=max_seq_len,
+        op_timeout=op_timeout,
+        handshake_timeout=handshake_timeout,
+        keepalive_s=keepalive_s,
+    )
 
-    def diagnose() -> str | None:
-        gone = group.poll()
-        if gone is None:
-            return None
-        name, code = gone
-        return f"worker {name} exited with code {code}; its log ends:\n{_tail(log_dir / f'{name}.log')}"
 
+def form_local_group(
+    model_dir: str | Path,
+    workers: LocalWorkers,
+    *,
+    weights: tuple[float, ...] | None,
+    dtype: str,
+    device: str,
+    max_batch: int,
+    max_seq_len: int,
+    op_timeout: float,
+    handshake_timeout: float,
+    keepalive_s: float | None,
+) -> TPExecutor:
+    """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard.
+    Any failure shuts the workers down before it is raised."""
+    from tandem.comm.ring import RingCommunicator
+
+    ports, tp = workers.ports, workers.tp
     try:
         comm = _form_ring(
             lambda: RingCommunicator.create(
@@ -96,12 +169,12 @@ def launch_local_tp(
                 tp,
                 right=("127.0.0.1", ports[1]),
                 listen=("127.0.0.1", ports[0]),
-                secret=secret,
+                secret=workers.secret,
                 cluster_id="tandem-tp",
                 op_timeout=op_timeout,
                 handshake_timeout=handshake_timeout,
             ),
-            diagnose,
+            workers.diagnose,
             handshake_timeout,
         )
         metered = MeteredCommunicator(comm)
@@ -111,20 +184,20 @@ def launch_local_tp(
             weights=weights,
             max_batch=max_batch,
             max_seq_len=max_seq_len,
-            dtype=dtypes[0],
-            device=devices[0],
-            on_close=group.shutdown,
+            dtype=dtype,
+            device=device,
+            on_close=workers.shutdown,
             keepalive_s=keepalive_s,
-            diagnose=diagnose,
+            diagnose=workers.diagnose,
         )
     except BaseException as e:
-        why = diagnose()
-        group.shutdown()
+        why = workers.diagnose()
+        workers.shutdown()
         if why is not None and not isinstance(e, KeyboardInterrupt):
             raise LocalGroupError(f"the local TP group failed to form: {e}\n{why}") from e
         raise
     ex.comm_stats = metered.stats
-    ex.log_dir = log_dir
+    ex.log_dir = workers.log_dir
     return ex
 
 

@@ -1,0 +1,43 @@
+"""`tandem generate --tp 2` as a user runs it: same ids as single-node, plus the communication figures."""
+
+import json
+import subprocess
+import sys
+
+from tandem.loaders.make import make_model_dir
+
+
+def _generate(model_dir, *extra):
+    cmd = [sys.executable, "-m", "tandem", "generate", "--model", str(model_dir)]
+    cmd += ["--prompt-ids", "5,6,7,8,9", "--max-tokens", "12", "--ignore-eos", "--json"]
+    cmd += ["--threads", "1", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_generate_tp2_prints_single_node_ids_and_comm_figures(tmp_path):
+    d = tmp_path / "m"
+    make_model_dir(d, "tiny-qwen3", seed=0)
+    single = _generate(d, "--dtype", "float32")
+    tp = _generate(d, "--tp", "2", "--tp-weights", "2,1", "--dtype", "float32,float32")
+    assert tp["token_ids"] == single["token_ids"]
+    report = tp["tensor_parallel"]
+    assert report["tp"] == 2 and report["tp_weights"] == [2.0, 1.0]
+    assert [r["dtype"] for r in report["ranks"]] == ["float32", "float32"]
+    per_token = report["comm_per_token"]
+    # 2 layers x 2 all-reduces + embedding all-reduce + logits to the head + the step broadcast
+    assert per_token["collectives"] >= 7
+    assert per_token["bytes_on_wire"] > 0 and per_token["ms_in_collectives"] > 0
+    for key in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
+        assert key in tp
+
+
+def test_generate_rejects_a_per_rank_list_of_the_wrong_length(tmp_path):
+    d = tmp_path / "m"
+    make_model_dir(d, "tiny-qwen3", seed=0)
+    cmd = [sys.executable, "-m", "tandem", "generate", "--model", str(d), "--prompt-ids", "5,6"]
+    cmd += ["--tp", "2", "--dtype", "float32,float16,bfloat16"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "one per rank" in out.stderr
