@@ -34,6 +34,9 @@ from tandem.cluster.token import (
     parse_layout,
     token_qr,
 )
+from tandem.config import ModelConfig
+from tandem.parallel.partition import split_by_weights
+from tandem.parallel.plan import plan_for_config
 
 
 class ClusterCliError(RuntimeError):
@@ -146,21 +149,24 @@ def assign_rank(topo: ClusterTopology, rank: int | None, mine: set[str] | None =
     return matches[0]
 
 
-def role_of(topo: ClusterTopology, rank: int, num_layers: int | None = None) -> str:
-    """'stage s/pp layers [a, b) | tp shard t/tp' for `rank` (equal layer split when known)."""
+def role_of(topo: ClusterTopology, rank: int, config: ModelConfig | None = None) -> str:
+    """What `rank` holds: its pipeline stage and layer range, and its tensor-parallel shard (kv heads
+    and MLP rows from the TP plan) when the model's config is known. Half-open ranges."""
     stage, shard = divmod(rank, topo.tp)
     parts = []
-    if topo.pp > 1:
-        text = f"stage {stage}/{topo.pp}"
-        if num_layers:
-            per, extra = divmod(num_layers, topo.pp)
-            start = stage * per + min(stage, extra)
-            text += f" layers [{start}, {start + per + (stage < extra)})"
-        parts.append(text)
-    elif num_layers:
-        parts.append(f"layers [0, {num_layers})")
+    if config is not None:
+        ranges = split_by_weights(config.num_hidden_layers, [1.0] * topo.pp)
+        prefix = f"stage {stage}/{topo.pp} " if topo.pp > 1 else ""
+        parts.append(f"{prefix}layers {ranges[stage]}")
+    elif topo.pp > 1:
+        parts.append(f"stage {stage}/{topo.pp}")
     if topo.tp > 1:
-        parts.append(f"tp shard {shard}/{topo.tp}")
+        text = f"tp shard {shard}/{topo.tp}"
+        if config is not None:
+            plan = plan_for_config(config, topo.tp)
+            kv, mlp = plan.kv_heads[shard], plan.intermediate[shard]
+            text += f" kv heads [{kv.start}, {kv.end}) mlp rows [{mlp.start}, {mlp.end})"
+        parts.append(text)
     return " | ".join(parts) or "whole model"
 
 
@@ -179,7 +185,7 @@ def run_join(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "pid": os.getpid(),
     }
-    facts["role"] = role_of(topo, rank, _num_layers(args.model))
+    facts["role"] = role_of(topo, rank, _model_config(args.model))
     console.print(f"rank {rank} of {topo.world_size} ({facts['role']}); RING_CONFIG={ring_file}")
     board = None
     try:
@@ -211,12 +217,8 @@ def _bind_host(host: str) -> str:
     return host if host in local_addresses() else "0.0.0.0"
 
 
-def _num_layers(model: str | None) -> int | None:
-    if not model:
-        return None
-    from tandem.config import ModelConfig
-
-    return ModelConfig.from_dir(model).num_hidden_layers
+def _model_config(model: str | None) -> ModelConfig | None:
+    return ModelConfig.from_dir(model) if model else None
 
 
 def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> float:
@@ -289,7 +291,7 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snap, indent=2))
         return 0
-    layers = _num_layers(args.model)
+    config = _model_config(args.model)
     joined = {r["rank"]: r for r in snap["ranks"]}
     table = Table(
         title=f"cluster {topo.cluster_id}: {len(joined)}/{topo.world_size} joined, tp={topo.tp} x pp={topo.pp}"
@@ -305,7 +307,7 @@ def run_status(args: argparse.Namespace) -> int:
                 "[red]missing[/red]",
                 "",
                 "",
-                role_of(topo, r, layers),
+                role_of(topo, r, config),
                 "",
                 "",
             )
@@ -317,7 +319,7 @@ def run_status(args: argparse.Namespace) -> int:
             "[green]joined[/green]",
             str(info.get("device", "?")),
             str(info.get("dtype", "?")),
-            str(info.get("role") or role_of(topo, r, layers)),
+            str(info.get("role") or role_of(topo, r, config)),
             "-" if rtt is None else f"{rtt:.2f} ms",
             str(info.get("pid", "")),
         )
