@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tandem.engine.executor import Executor, Step, StepSequence
+from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
 from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
 
 FinishCallback = Callable[[str, BaseException | None], None]
@@ -80,8 +81,8 @@ class SchedulerStats:
     step_seconds: float = 0.0
     decode_steps: int = 0
     decode_seconds: float = 0.0  # steps that carried no prefill: the per-token decode latency
-    ttft: list[float] = field(default_factory=list)  # bounded ring below
-    decode_latencies: list[float] = field(default_factory=list)
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    decode_latency: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
 
 
 class Scheduler:
@@ -247,7 +248,7 @@ class Scheduler:
         self.stats.generated_tokens += 1
         if r.req.first_token_at is None:
             r.req.first_token_at = time.perf_counter()
-            self._push(self.stats.ttft, r.req.first_token_at - r.req.submitted_at)
+            self.stats.ttft.observe(r.req.first_token_at - r.req.submitted_at)
         eos = token in self.eos_token_ids and not r.req.params.ignore_eos
         if eos or token in r.req.params.stop_token_ids:
             return "stop"
@@ -264,13 +265,7 @@ class Scheduler:
         if prefill_tokens == 0:
             s.decode_steps += 1
             s.decode_seconds += dt
-            self._push(s.decode_latencies, dt)
-
-    @staticmethod
-    def _push(ring: list[float], value: float, cap: int = 4096) -> None:
-        ring.append(value)
-        if len(ring) > cap:
-            del ring[: len(ring) - cap]
+            s.decode_latency.observe(dt)
 
     def _finish(self, r: _Running, reason: str, error: BaseException | None) -> None:
         try:

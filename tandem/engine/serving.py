@@ -187,8 +187,8 @@ class ServingEngine:
             "generated_tokens": s.generated_tokens,
             "steps": s.steps,
             "step_seconds": s.step_seconds,
-            "ttft": list(s.ttft),
-            "decode_latencies": list(s.decode_latencies),
+            "ttft": s.ttft.snapshot(),
+            "decode_latency": s.decode_latency.snapshot(),
             "executor": executor,
         }
 

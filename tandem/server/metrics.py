@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-DECODE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
 # executor stats key -> (metric name, help)
 EXECUTOR_METRICS = {
     "collective_seconds": (
@@ -22,13 +19,14 @@ EXECUTOR_METRICS = {
 }
 
 
-def _histogram(name: str, help_: str, values: list[float], buckets: tuple[float, ...]) -> list[str]:
+def _histogram(name: str, help_: str, h: dict[str, Any]) -> list[str]:
+    """`h` is `Histogram.snapshot()`: cumulative bucket counts, sum, count."""
     lines = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-    for b in buckets:
-        lines.append(f'{name}_bucket{{le="{b}"}} {sum(1 for v in values if v <= b)}')
-    lines.append(f'{name}_bucket{{le="+Inf"}} {len(values)}')
-    lines.append(f"{name}_sum {sum(values):.6f}")
-    lines.append(f"{name}_count {len(values)}")
+    for bound, count in h["buckets"]:
+        lines.append(f'{name}_bucket{{le="{bound}"}} {count}')
+    lines.append(f'{name}_bucket{{le="+Inf"}} {h["count"]}')
+    lines.append(f"{name}_sum {h['sum']:.6f}")
+    lines.append(f"{name}_count {h['count']}")
     return lines
 
 
@@ -65,14 +63,11 @@ def render_metrics(
     lines += _single("tandem_requests_running", "gauge", "Requests in the batch.", m["running"])
     lines += _single("tandem_requests_waiting", "gauge", "Requests queued.", m["waiting"])
     lines += _single("tandem_healthy", "gauge", "1 when the cluster is whole.", int(healthy))
-    lines += _histogram(
-        "tandem_time_to_first_token_seconds", "Time to first token.", m["ttft"], TTFT_BUCKETS
-    )
+    lines += _histogram("tandem_time_to_first_token_seconds", "Time to first token.", m["ttft"])
     lines += _histogram(
         "tandem_decode_step_seconds",
         "Latency of decode-only steps (one token per running request).",
-        m["decode_latencies"],
-        DECODE_BUCKETS,
+        m["decode_latency"],
     )
     for key, value in sorted(m["executor"].items()):
         name, help_ = EXECUTOR_METRICS.get(

@@ -150,3 +150,16 @@ def test_text_stream_holds_back_split_utf8_and_partial_stop_strings():
             break
     assert "".join(deltas) == "héllo " and hit
     assert all("w" not in d for d in deltas)
+
+
+def test_latency_histograms_are_cumulative_and_never_shrink():
+    from tandem.engine.histogram import Histogram
+
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.5, 0.5, 3.0):
+        h.observe(v)
+    snap = h.snapshot()
+    assert snap["buckets"] == [(0.1, 1), (1.0, 3)] and snap["count"] == 4
+    for _ in range(10000):
+        h.observe(0.05)
+    assert h.snapshot()["buckets"][0] == (0.1, 10001)
