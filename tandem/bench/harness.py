@@ -284,3 +284,23 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+def measure_local_s_per_token(
+    config, model_dir: str | None, decode: int = 8, threads: int = 2, dtype: str = "float32"
+) -> float:
+    """This machine's batch-1 decode time per token on the model (median step of a short run)."""
+    import torch
+
+    from tandem.bench.plan_model import PlanModelError
+    from tandem.bench.timing import prompt_ids, time_greedy
+    from tandem.engine.local import LocalExecutor
+
+    if model_dir is None:
+        raise PlanModelError("--measure-local needs --model DIR (weights to run)")
+    torch.set_num_threads(threads)
+    ex = LocalExecutor.from_dir(model_dir, dtype=getattr(torch, dtype), max_batch=2,
+                                max_seq_len=64)  # fmt: skip
+    prompt = prompt_ids(16, config.vocab_size)
+    time_greedy(ex, prompt[:4], 2, seq_id=1)  # warm-up
+    return time_greedy(ex, prompt, decode).decode_s_per_token

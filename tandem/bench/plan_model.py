@@ -223,9 +223,13 @@ def candidate_layouts(n_nodes: int, max_tp: int = 8, max_pp: int = 8) -> list[La
 def rank_layouts(
     config: Any, nodes: list[NodeSpec], link: LinkSpec, layouts: list[Layout] | None = None
 ) -> list[Prediction]:
-    """Predictions for every feasible layout, fastest first (ties: fewer ranks, then unweighted)."""
+    """Predictions for every feasible layout, fastest first (ties: fewer ranks, then unweighted).
+
+    Nodes are taken fastest first, so a layout of k ranks uses the k fastest nodes and the head
+    (rank 0, which also runs the LM head) is the fastest."""
     if not nodes:
         raise PlanModelError("no nodes given")
+    nodes = sorted(nodes, key=lambda n: n.s_per_token)
     layouts = candidate_layouts(len(nodes)) if layouts is None else layouts
     preds = []
     for lay in layouts:

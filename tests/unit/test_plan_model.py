@@ -142,3 +142,9 @@ def test_bad_node_text_is_a_plan_model_error(bad):
 def test_bad_rate_is_a_plan_model_error():
     with pytest.raises(PlanModelError):
         parse_rate("fast")
+
+
+def test_plan_puts_the_fastest_node_first_so_single_means_the_best_node_alone():
+    nodes = [NodeSpec("cpu", 0.2), NodeSpec("gpu", 0.006)]
+    preds = {p.layout.name: p for p in rank_layouts(CFG, nodes, LINK)}
+    assert preds["single"].s_per_token == pytest.approx(0.006)
