@@ -94,6 +94,10 @@ def build_executor(
 
     dtypes = per_rank(dtype, tp * pp, "dtype")
     devices = per_rank(device, tp * pp, "device")
+    # The ranks share this machine's cores: oversubscribed OpenMP pools spin against each other
+    # and every collective waits for a descheduled peer.
+    threads = local_threads(tp * pp)
+    torch.set_num_threads(threads)
     with console.status(f"starting {tp * pp} ranks, loading their shards, forming the group..."):
         if pp == 1:
             from tandem.engine.tp_local import launch_local_tp
@@ -106,6 +110,7 @@ def build_executor(
                 max_batch=max_batch,
                 max_seq_len=max_seq_len,
                 keepalive_s=KEEPALIVE_S,
+                threads=threads,
             )
         from tandem.engine.pipeline_launch import StageSpec, launch_pipeline
         from tandem.parallel.partition import split_by_weights
@@ -115,7 +120,9 @@ def build_executor(
             StageSpec(layers=r, tp=tp, dtype=dtypes[k * tp], device=devices[k * tp])
             for k, r in enumerate(ranges)
         ]
-        return launch_pipeline(model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len)
+        return launch_pipeline(
+            model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
+        )
 
 
 def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_len, console):
@@ -145,6 +152,14 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
         )
     ex.comm_stats = metered.stats
     return ex
+
+
+def local_threads(n_ranks: int) -> int:
+    """CPU threads per rank when `n_ranks` share this machine (OMP_NUM_THREADS caps the total)."""
+    import os
+
+    total = int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
+    return max(1, total // n_ranks)
 
 
 def executor_health(executor) -> Callable[[], tuple[bool, str]]:
