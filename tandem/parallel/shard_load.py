@@ -78,4 +78,9 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
             p.copy_(t)
             nbytes += t.numel() * t.element_size()
             del t
+            close = getattr(reader, "close", None)
+            if close is not None:
+                # drop the file mapping: a column slice touches every page of its tensor, and
+                # mapped pages count as this process's resident memory while the file stays open
+                close()
     return nbytes
