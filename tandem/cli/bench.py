@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except NetnsUnavailable as e:
         print(f"tandem bench: {e}; or run with --links loopback", file=sys.stderr)
         return 2
-    doc["command"] = " ".join(["tandem", *sys.argv[1:]]) if sys.argv[0].endswith("tandem") else None
+    doc["command"] = " ".join(["tandem", *sys.argv[1:]])
     doc = analyze(doc)
     (out / "bench.json").write_text(json.dumps(doc, indent=2))
     md = markdown(doc)
