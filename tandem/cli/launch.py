@@ -30,7 +30,7 @@ from tandem.cluster.launcher import (
     sigterm_as_keyboard_interrupt,
 )
 
-DEFAULT_DEMO_PROMPT = "Write one sentence about running a model across two computers."
+DEFAULT_DEMO_PROMPT = "Once upon a time"
 FALLBACK_PRESET = "tiny-qwen3"
 
 
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="model directory (default: the built-in model)")
     add_engine_args(p)
     p.add_argument("--no-demo", action="store_true", help="skip the demo completion")
-    p.add_argument("--demo-prompt", default=DEFAULT_DEMO_PROMPT)
+    p.add_argument("--demo-prompt", default=None, help="text the demo completion continues")
     p.add_argument(
         "--startup-timeout", type=float, default=600.0, help="seconds for ranks to come up"
     )
@@ -51,36 +51,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, tp=2)  # a cluster by default: two ranks on loopback
 
 
-def default_model_dir(console: Console) -> Path:
-    """The built-in model if this install has one, else a small random preset made once and cached."""
-    builtin = Path(__file__).resolve().parent.parent / "builtin"
-    for candidate in sorted(builtin.glob("*/config.json")):
-        return candidate.parent
+def default_model_dir(console: Console) -> tuple[Path, str]:
+    """(model directory, demo prompt): the built-in model if this install has it, else a small
+    random preset made once and cached (so the command still shows the machinery working)."""
+    from tandem.builtin import BUILTIN_PROMPT, BuiltinModelMissingError
+    from tandem.builtin import default_model_dir as builtin_dir
+
+    try:
+        return builtin_dir(), BUILTIN_PROMPT
+    except BuiltinModelMissingError as e:
+        console.print(f"[yellow]{e}[/yellow]")
     cache = Path.home() / ".cache" / "tandem" / "models" / FALLBACK_PRESET
     if not (cache / "config.json").is_file():
-        console.print(
-            f"[yellow]no built-in model in this install; making a random {FALLBACK_PRESET} model[/yellow]"
-        )
+        console.print(f"[yellow]making a random-weight {FALLBACK_PRESET} model instead[/yellow]")
         out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tandem",
-                "make-model",
-                str(cache),
-                "--preset",
-                FALLBACK_PRESET,
-                "--seed",
-                "0",
-            ],
+            [sys.executable, "-m", "tandem", "make-model", str(cache)]
+            + ["--preset", FALLBACK_PRESET, "--seed", "0"],
             capture_output=True,
             text=True,
         )
         if out.returncode != 0:
-            raise LaunchError(
-                f"could not make the fallback model: {out.stderr.strip().splitlines()[-1:]}"
-            )
-    return cache
+            tail = out.stderr.strip().splitlines()[-1:]
+            raise LaunchError(f"could not make the fallback model: {tail}")
+    return cache, DEFAULT_DEMO_PROMPT
 
 
 def _get(url: str, timeout: float = 2.0) -> tuple[int, dict]:
@@ -104,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace, console: Console) -> int:
-    model = Path(args.model) if args.model else default_model_dir(console)
+    if args.model:
+        model, demo_prompt = Path(args.model), DEFAULT_DEMO_PROMPT
+    else:
+        model, demo_prompt = default_model_dir(console)
+    demo_prompt = args.demo_prompt or demo_prompt
     if not (model / "config.json").is_file():
         raise LaunchError(f"{model}: not a model directory (no config.json)")
     check_port_free(args.host, args.port)
@@ -143,7 +140,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
             f"OpenAI API at [bold]{base}/v1[/bold]  (health {base}/health, metrics {base}/metrics)"
         )
         if not args.no_demo:
-            _demo(console, base, name, args.demo_prompt, args.api_key)
+            _demo(console, base, name, demo_prompt, args.api_key)
         console.print("serving; Ctrl-C to stop every rank")
         gone = group.wait(until=lambda: _get(f"{base}/health")[0] == 503, interval_s=1.0)
         if gone is not None:
@@ -174,33 +171,23 @@ def _wait_whole(console: Console, group: ProcessGroup, base: str, n: int, timeou
 
 
 def _demo(console: Console, base: str, model: str, prompt: str, api_key: str | None) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 48,
-        "temperature": 0,
-        "stream": True,
-    }
+    """Streams one greedy completion of `prompt` through the server, as a client would."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0, "stream": True}
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(), headers)
-    console.print(f"[bold]demo[/bold] > {prompt}")
+    req = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), headers)
+    console.print("[bold]demo[/bold] (POST /v1/completions, streamed):")
     out = Console()
+    out.print(prompt, end="", style="bold", markup=False, highlight=False)
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             for raw in r:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
-                for choice in chunk.get("choices", []):
-                    out.print(
-                        choice.get("delta", {}).get("content", ""),
-                        end="",
-                        markup=False,
-                        highlight=False,
-                    )
+                for choice in json.loads(line[6:]).get("choices", []):
+                    out.print(choice.get("text", ""), end="", markup=False, highlight=False)
         out.print()
     except (urllib.error.URLError, OSError, ValueError) as e:
         console.print(f"[yellow]demo request failed: {e}[/yellow]")

@@ -41,7 +41,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server", description=__doc__)
-    p.add_argument("--model", required=True, help="a model directory (config.json + safetensors)")
+    p.add_argument("--model", default=None, help="a model directory (default: the built-in model)")
     add_engine_args(p)
     p.add_argument(
         "--ring-config",
@@ -74,6 +74,10 @@ def _serve(args: argparse.Namespace) -> int:
     from tandem.cli.engine_factory import build_serving_engine
     from tandem.server.app import create_app
 
+    if args.model is None:
+        from tandem.builtin import default_model_dir
+
+        args.model = str(default_model_dir())
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         raise ServeError(f"{model_dir}: not a model directory (no config.json)")
