@@ -174,6 +174,11 @@ def run_join(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         topo = decode_token(args.token)
+        if args.model and topo.pp > 1:
+            raise ClusterCliError(
+                f"this token's layout is tp={topo.tp} x pp={topo.pp}; joined clusters run tensor "
+                "parallelism only in this build (use --layout tp, or `tandem serve --pp` on one host)"
+            )
         rank = assign_rank(topo, args.rank)
         config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
         ring_file = _write_ring_config(config_dir, topo, rank)
