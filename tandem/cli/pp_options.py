@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from tandem.engine.pipeline_launch import launch_pipeline
 from tandem.engine.pipeline_layout import parse_layout, plan_stages
@@ -57,7 +58,8 @@ def build_pipeline_executor(
         max_seq_len=max_seq_len,
         wire_dtype=args.wire_dtype,
         microbatches=args.microbatches,
-        threads=args.threads or 0,
+        # one OpenMP pool per process, sized so the ranks do not oversubscribe this machine's cores
+        threads=args.threads or max(1, (os.cpu_count() or 1) // sum(layout)),
     )
     ex.stages = describe_stages(stages)
     return ex
