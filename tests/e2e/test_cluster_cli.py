@@ -227,3 +227,41 @@ def test_an_unreachable_head_is_a_one_line_error_within_the_timeout():
     assert out.returncode == 2 and time.time() - t0 < 30
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "cannot reach the head" in errors[0] and str(base + 3) in errors[0]
+
+
+def test_a_head_whose_workers_never_come_is_a_one_line_error_naming_the_missing_rank(tmp_path):
+    from serve_support import make_model
+
+    from tandem.cluster.launcher import free_ports
+
+    model = make_model(tmp_path / "model")
+    base = _free_block(4)
+    _cli(
+        "cluster",
+        "init",
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "--base-port",
+        str(base),
+        "--no-qr",
+        "--write-configs",
+        str(tmp_path),
+    )
+    ring0 = tmp_path / "ring0.json"
+    cfg = json.loads(ring0.read_text())
+    ring0.write_text(json.dumps({**cfg, "handshake_timeout": 3.0}))
+    (http_port,) = free_ports(1)
+    out = _cli(
+        "serve",
+        "--model",
+        str(model),
+        "--ring-config",
+        str(ring0),
+        "--port",
+        str(http_port),
+        timeout=120,
+    )
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "rank" in errors[0] and "[1]" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
