@@ -15,6 +15,7 @@ from pathlib import Path
 from tandem.cluster.launcher import LaunchError, check_port_free
 
 DEFAULT_PORT = 8000
+GRACEFUL_SHUTDOWN_S = 3
 
 
 class ServeError(RuntimeError):
@@ -103,7 +104,14 @@ def _serve(args: argparse.Namespace) -> int:
             f"http://{args.host}:{args.port}/v1",
             flush=True,
         )
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # open streams must not hold Ctrl-C up
+        )
     finally:
         close()
     return 0

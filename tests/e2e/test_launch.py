@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import psutil
@@ -38,6 +39,30 @@ def _launch(model, port):
     )
 
 
+def _long_stream(port, chunks):
+    import json
+    import urllib.request
+
+    body = {
+        "model": "model",
+        "prompt": "Once",
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            for line in r:
+                chunks.append(line)
+    except OSError:
+        pass
+
+
 def _all_gone(procs, timeout_s=30.0):
     gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
@@ -50,8 +75,13 @@ def test_launch_then_sigint_leaves_no_process_and_frees_the_port(model):
         wait_healthy(proc, f"http://127.0.0.1:{port}")
         children = descendants(proc.pid)
         assert len(children) >= TP  # the head and its ranks, each a real process
+        chunks: list[bytes] = []
+        stream = threading.Thread(target=_long_stream, args=(port, chunks), daemon=True)
+        stream.start()  # an open SSE stream must not hold the shutdown up
+        time.sleep(2)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
+        assert len(chunks) > 2  # the stream was live when Ctrl-C came
         assert _all_gone(children) == []
         check_port_free("127.0.0.1", port)
     finally:
