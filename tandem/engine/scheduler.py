@@ -69,6 +69,7 @@ class _Running:
     cached: int = 0  # tokens of `tokens` already in the executor's KV cache
     generated: int = 0
     generator: torch.Generator | None = None
+    busy: bool = False  # in a pipeline step that has not come back yet
 
 
 @dataclass
@@ -109,6 +110,10 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        # An executor that can keep several steps in flight (a pipeline) gets one group per stage.
+        self._depth = int(getattr(executor, "num_stages", 1) or 1)
+        self._pipelined = self._depth > 1 and callable(getattr(executor, "submit", None))
+        self._inflight: deque = deque()
 
     # ---- public API ----------------------------------------------------------------------------
 
@@ -171,18 +176,64 @@ class Scheduler:
             self.step()
 
     def step(self) -> bool:
-        """Runs one batched forward; False when there was nothing to do."""
+        """Runs one batched forward (or, over a pipeline, one submit or collect); False when there
+        was nothing to do."""
         self._admit()
         self._drop_cancelled()
+        if self._pipelined:
+            return self._pipeline_step()
         if not self._running:
             return False
+        seqs, rows, prefill_tokens = self._build(self._running)
+        t0 = time.perf_counter()
+        try:
+            logits = self.executor.run(Step(sequences=seqs))  # (B, vocab) f32
+        except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
+            self._fail_all(e)
+            return False
+        self._record_step(time.perf_counter() - t0, prefill_tokens)
+        self._absorb(rows, seqs, logits)
+        return True
+
+    def _pipeline_step(self) -> bool:
+        """Keeps up to `num_stages` groups of sequences in flight, so every stage has work: submit
+        a group of idle sequences while there is room, else collect the oldest group. A sequence is
+        in at most one step in flight (its next token depends on this one)."""
+        ex = self.executor
+        idle = [r for r in self._running if not r.busy]
+        try:
+            if idle and len(self._inflight) < self._depth:
+                size = -(-len(self._running) // self._depth)  # ceil: one group per stage
+                seqs, rows, prefill_tokens = self._build(idle[:size])
+                tag = ex.submit(Step(sequences=seqs))  # type: ignore[attr-defined]
+                for r in rows:
+                    r.busy = True
+                self._inflight.append((tag, rows, seqs, prefill_tokens, time.perf_counter()))
+                return True
+            if not self._inflight:
+                return False
+            tag, rows, seqs, prefill_tokens, t0 = self._inflight.popleft()
+            got, logits = ex.collect()  # type: ignore[attr-defined]
+        except Exception as e:
+            self._fail_all(e)
+            return False
+        if got != tag:
+            self._fail_all(SchedulerError(f"pipeline returned step {got}, expected {tag}"))
+            return False
+        for r in rows:
+            r.busy = False
+        self._record_step(time.perf_counter() - t0, prefill_tokens)
+        self._absorb(rows, seqs, logits)
+        return True
+
+    def _build(self, group: list[_Running]) -> tuple[tuple[StepSequence, ...], list[_Running], int]:
+        """The step for `group`: a prefill chunk (within the token budget) or one decode token each.
+        Returns (sequences, the running entry of each row, prefill tokens)."""
         seqs: list[StepSequence] = []
-        sampled: list[
-            _Running
-        ] = []  # rows of the logits, in step order, that end a prompt or decode
+        rows: list[_Running] = []
         budget = self.prefill_budget
         prefill_tokens = 0
-        for r in self._running:
+        for r in group:
             pending = len(r.tokens) - r.cached
             if pending > 1:  # still prefilling
                 if budget == 0:
@@ -194,17 +245,15 @@ class Scheduler:
                 n = 1
             chunk = tuple(r.tokens[r.cached : r.cached + n])
             seqs.append(StepSequence(seq_id=r.seq_id, token_ids=chunk, start_pos=r.cached))
-            sampled.append(r)
-        t0 = time.perf_counter()
-        try:
-            logits = self.executor.run(Step(sequences=tuple(seqs)))  # (B, vocab) f32
-        except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
-            self._fail_all(e)
-            return False
-        dt = time.perf_counter() - t0
-        self._record_step(dt, prefill_tokens)
+            rows.append(r)
+        return tuple(seqs), rows, prefill_tokens
+
+    def _absorb(
+        self, rows: list[_Running], seqs: tuple[StepSequence, ...], logits: torch.Tensor
+    ) -> None:
+        """Advances each row's cache, samples where a prompt or decode ended, finishes the done."""
         finished: list[tuple[_Running, str]] = []
-        for row, (r, seq) in enumerate(zip(sampled, seqs)):
+        for row, (r, seq) in enumerate(zip(rows, seqs)):
             r.cached += len(seq.token_ids)
             if r.cached < len(r.tokens):
                 continue  # prompt chunk: nothing to sample yet
@@ -217,7 +266,6 @@ class Scheduler:
             self.executor.release([r.seq_id for r, _ in finished])
             for r, reason in finished:
                 self._finish(r, reason, None)
-        return True
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -234,9 +282,10 @@ class Scheduler:
                 self._running.append(r)
 
     def _drop_cancelled(self) -> None:
-        gone = [r for r in self._running if r.req.cancelled]
+        gone = [r for r in self._running if r.req.cancelled and not r.busy]
         if gone:
-            self._running = [r for r in self._running if not r.req.cancelled]
+            ids = {id(r) for r in gone}
+            self._running = [r for r in self._running if id(r) not in ids]
             self.executor.release([r.seq_id for r in gone if r.cached > 0])
             for r in gone:
                 self._finish(r, "cancelled", None)
@@ -279,6 +328,7 @@ class Scheduler:
             waiting = list(self._waiting)
             self._waiting.clear()
         running, self._running = self._running, []
+        self._inflight.clear()
         wrapped = EngineUnavailable(f"the engine failed: {error}")
         for r in running:
             self._finish(r, "error", wrapped)

@@ -137,13 +137,15 @@ def test_metrics_report_time_in_collectives_and_bytes_on_the_wire(server):
 
 
 def test_a_pipeline_server_gives_the_same_greedy_chat_as_the_tensor_parallel_one(server, model):
+    """Concurrent requests over `--pp 2` run as one group per stage in flight (submit/collect)."""
     _, _, name, client = server
-    want = [_chat(client, name, p, max_tokens=8).choices[0].message.content for p in PROMPTS[:3]]
+    want = [_chat(client, name, p, max_tokens=8).choices[0].message.content for p in PROMPTS[:4]]
     with running(["serve", "--model", str(model), "--pp", "2"]) as (_, base):
         pp = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
-        got = [_chat(pp, name, p, max_tokens=8).choices[0].message.content for p in PROMPTS[:3]]
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda p: _chat(pp, name, p, max_tokens=8), PROMPTS[:4]))
         assert metric(base, "tandem_wire_bytes_total") > 0
-    assert got == want
+    assert [r.choices[0].message.content for r in got] == want
 
 
 def test_health_turns_503_when_a_worker_dies_and_requests_get_an_openai_error(model):

@@ -57,3 +57,24 @@ class CharTokenizer:
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
+
+
+class PipelineHistoryExecutor(HistoryExecutor):
+    """The double with a pipeline's submit/collect: steps go in, results come back in order."""
+
+    def __init__(self, num_stages=2, **kw):
+        super().__init__(**kw)
+        self.num_stages = num_stages
+        self.pending = []
+        self.max_in_flight = 0
+        self._tag = 0
+
+    def submit(self, step):
+        logits = self.run(step)
+        self._tag += 1
+        self.pending.append((self._tag, logits))
+        self.max_in_flight = max(self.max_in_flight, len(self.pending))
+        return self._tag
+
+    def collect(self):
+        return self.pending.pop(0)

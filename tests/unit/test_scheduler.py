@@ -156,3 +156,23 @@ def test_background_loop_serves_concurrent_submitters_and_cancellation():
         assert cdone.wait(10) and cout["reason"] == "cancelled"
     finally:
         sched.stop()
+
+
+def test_over_a_pipeline_one_group_per_stage_is_in_flight_and_outputs_match():
+    from _serving_doubles import PipelineHistoryExecutor
+
+    ex = PipelineHistoryExecutor(num_stages=2, max_batch=4)
+    sched = Scheduler(ex)
+    outs = []
+    for i in range(4):
+        req, out, _ = _collect([i + 3, 1, 4], max_tokens=6, temperature=0)
+        sched.submit(req)
+        outs.append(out)
+    while sched.step():
+        pass
+    assert ex.max_in_flight == 2 and not ex.pending
+    assert all(len(s.sequences) == 2 for s in ex.steps)  # 4 running, 2 stages: groups of 2
+    for i, out in enumerate(outs):
+        assert out["reason"] == "length"
+        assert out["tokens"] == _run_alone([i + 3, 1, 4], max_tokens=6, temperature=0)["tokens"]
+    assert sorted(ex.released) == [0, 1, 2, 3]
