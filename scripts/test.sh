@@ -6,4 +6,4 @@ bash scripts/setup.sh
 .venv/bin/ruff check tandem tests bench scripts
 .venv/bin/ruff format --check tandem tests bench scripts
 .venv/bin/lint-imports
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=15 "$@"
