@@ -112,14 +112,11 @@ def build_executor(
                 keepalive_s=KEEPALIVE_S,
                 threads=threads,
             )
-        from tandem.engine.pipeline_launch import StageSpec, launch_pipeline
-        from tandem.parallel.partition import split_by_weights
+        from tandem.engine.pipeline_launch import launch_pipeline
+        from tandem.engine.pipeline_layout import plan_stages
 
-        ranges = split_by_weights(config.num_hidden_layers, [1.0] * pp)
-        stages = [
-            StageSpec(layers=r, tp=tp, dtype=dtypes[k * tp], device=devices[k * tp])
-            for k, r in enumerate(ranges)
-        ]
+        # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
+        stages = plan_stages(config, [tp] * pp, dtype=",".join(dtypes), device=",".join(devices))
         return launch_pipeline(
             model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
         )
