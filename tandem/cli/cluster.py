@@ -45,7 +45,10 @@ class ClusterCliError(RuntimeError):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "cluster", help="form a cluster: init, join, status", description=__doc__
+        "cluster",
+        help="form a cluster: init, join, status",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="cluster_command", required=True)
 

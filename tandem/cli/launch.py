@@ -3,9 +3,9 @@
     tandem launch [--model DIR] [--tp 2 --pp 1] [--port 8000] [--no-demo]
 
 Brings up the head (`tandem serve`) and its ranks as local processes on loopback for the model (the
-built-in model when none is given), waits until the cluster is whole, streams one demo chat
-completion, then serves until Ctrl-C. Ctrl-C, SIGTERM, a rank that exits or a cluster that turns
-unhealthy shut every process down: none is left behind and every port is released.
+built-in model when none is given), waits until the cluster is whole, streams one demo completion
+(the model continuing a prompt), then serves until Ctrl-C. Ctrl-C, SIGTERM, a rank that exits or a
+cluster that turns unhealthy shut every process down: none is left behind and every port is freed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ FALLBACK_PRESET = "tiny-qwen3"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "launch", help="a local multi-process cluster + OpenAI server", description=__doc__
+        "launch",
+        help="a local multi-process cluster + OpenAI server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default=None, help="model directory (default: the built-in model)")
     add_engine_args(p)

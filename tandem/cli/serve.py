@@ -41,7 +41,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server", description=__doc__)
+    p = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default=None, help="a model directory (default: the built-in model)")
     add_engine_args(p)
     p.add_argument(
