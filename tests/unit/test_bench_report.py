@@ -53,11 +53,13 @@ def test_pp_sync_is_one_hidden_state_exchange_per_stage():
 
 
 def test_projection_adds_measured_sync_to_the_papers_168_tok_s_node():
-    pr = analyze(_doc())["projection"]
-    assert pr["tp2"]["tax"] == pytest.approx((1 / 168 + 0.0015) * 168)
-    assert pr["tp2"]["met"] is True
-    assert pr["pp2"]["slowdown"] == pytest.approx(0.0002 * 168)
-    assert pr["pp2"]["met"] is True
+    doc = analyze(_doc())
+    pr = doc["projection"]
+    assert pr["tp2"]["in_place"]["tax"] == pytest.approx((1 / 168 + 0.0015) * 168)
+    assert pr["tp2"]["in_place"]["met"] is True
+    iso = next(p for p in doc["predictions"] if p["layout"] == "TP=2")["predicted_sync_ms"]
+    assert pr["tp2"]["isolated"]["sync_ms"] == pytest.approx(iso)
+    assert pr["pp2"]["in_place"]["slowdown"] == pytest.approx(0.0003 * 168)
 
 
 def test_plan_overhead_is_calibrated_on_the_allreduce_run_not_on_layouts():
