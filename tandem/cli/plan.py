@@ -27,8 +27,10 @@ from tandem.bench.plan_model import (
     rank_layouts,
 )
 
-# Software cost per message of our host-staged ring on this kind of CPU (BENCHMARKS.md).
-DEFAULT_OVERHEAD = "40us"
+# Software cost per message of our host-staged ring: calibrated by `tandem bench` on loopback on the
+# 2-core build machine (BENCHMARKS.md: 132 us at load ~15; 271 us on the emulated link). Pass your
+# own `--overhead` from `tandem bench` on your nodes.
+DEFAULT_OVERHEAD = "130us"
 DEFAULT_RTT = "100us"  # a direct 2.5 GbE cable between two PCs, kernel to kernel and back
 
 
