@@ -3,10 +3,11 @@
     .venv/bin/python bench/comm.py [--worlds 2,3] [--sizes 4K,64K,1M,16M,64M] [--rounds 2]
                                    [--backends ring,star,gloo] [--json]
 
-For each world size and backend, N processes are spawned once and time every size back to back
-(float32 CPU tensors; gloo is torch.distributed's own `all_reduce`, the baseline). Each cell is the
-median over iterations of rank 0's per-call time; with --rounds > 1 the whole sweep is repeated
-(backends interleaved per round) and each cell keeps its best median, since this machine is shared.
+For each world size, one N-process group per backend is spawned and kept alive; then, size by size,
+the backends take turns (--rounds turns each, the order rotating), so every backend is measured
+within seconds of the others on a shared, noisy machine (float32 CPU tensors; gloo is
+torch.distributed's own `all_reduce`, the baseline). Each cell is the best over rounds of the median
+of rank 0's per-call times.
 Algorithm bandwidth = bytes / time; bus bandwidth = algbw * 2(N-1)/N (the nccl-tests convention: the
 bytes each rank must move in an optimal all-reduce). Ratios vs gloo are printed per row.
 """
@@ -45,7 +46,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(backend: str, rank: int, world: int, ports_q, peer_q, out_q, sizes: list[int]) -> None:
+def _rank(backend: str, rank: int, world: int, ports_q, peer_q, out_q, cmd_q) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -79,8 +80,10 @@ def _rank(backend: str, rank: int, world: int, ports_q, peer_q, out_q, sizes: li
                 rank, world, root=("127.0.0.1", peer_q.get()), listener=lis
             )
         reduce, barrier = comm.all_reduce_sum, comm.barrier
-    rows = []
-    for nbytes in sizes:
+    while True:
+        nbytes = cmd_q.get()
+        if nbytes is None:
+            break
         x = torch.randn(nbytes // 4)
         n_it = iterations(nbytes)
         for _ in range(min(20, n_it)):
@@ -92,42 +95,59 @@ def _rank(backend: str, rank: int, world: int, ports_q, peer_q, out_q, sizes: li
             reduce(x)
             times.append(time.perf_counter() - t0)
         times.sort()
-        rows.append((nbytes, statistics.median(times), times[int(len(times) * 0.9)], n_it))
+        out_q.put((rank, (nbytes, statistics.median(times), times[int(len(times) * 0.9)], n_it)))
     if comm is not None:
         comm.close()
     else:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    out_q.put((rank, rows))
 
 
-def run_world(backend: str, world: int, sizes: list[int]) -> list[tuple]:
-    ctx = mp.get_context("spawn")
-    ports_q, out_q = ctx.Queue(), ctx.Queue()
-    peer_qs = [ctx.Queue() for _ in range(world)]
-    procs = [ctx.Process(target=_rank, args=(backend, r, world, ports_q, peer_qs[r], out_q, sizes), daemon=True)
-             for r in range(world)]  # fmt: skip
-    try:
-        for p in procs:
+class World:
+    """N idle rank processes of one backend, measuring one size at a time on command."""
+
+    def __init__(self, backend: str, world: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.world = world
+        ports_q, self.out_q = ctx.Queue(), ctx.Queue()
+        peer_qs = [ctx.Queue() for _ in range(world)]
+        self.cmd_qs = [ctx.Queue() for _ in range(world)]
+        self.procs = [
+            ctx.Process(
+                target=_rank,
+                args=(backend, r, world, ports_q, peer_qs[r], self.out_q, self.cmd_qs[r]),
+                daemon=True,
+            )
+            for r in range(world)
+        ]
+        self._keep = (ports_q, peer_qs)  # queues must outlive the children's start-up
+        for p in self.procs:
             p.start()
         if backend == "ring":
-            ports = dict(ports_q.get(timeout=120) for _ in range(world))
+            ports = dict(ports_q.get(timeout=300) for _ in range(world))
             for r in range(world):
                 peer_qs[r].put(ports[(r + 1) % world])
         elif backend == "star":
-            root = ports_q.get(timeout=120)[1]
+            root = ports_q.get(timeout=300)[1]
             for q in peer_qs:
                 q.put(root)
         else:
             port = _free_port()
             for q in peer_qs:
                 q.put(port)
-        results = dict(out_q.get(timeout=1800) for _ in range(world))
-        return results[0]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
+
+    def measure(self, nbytes: int) -> tuple:
+        for q in self.cmd_qs:
+            q.put(nbytes)
+        rows = dict(self.out_q.get(timeout=1800) for _ in range(self.world))
+        return rows[0]
+
+    def close(self) -> None:
+        for q in self.cmd_qs:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=20)
             if p.is_alive():
                 p.kill()
 
@@ -144,25 +164,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", default="2,3")
     ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     ap.add_argument("--backends", default="ring,star,gloo")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",")]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     backends = args.backends.split(",")
     best: dict[tuple, tuple] = {}
-    for rnd in range(args.rounds):
-        for world in worlds:
-            for backend in backends:
-                t0 = time.monotonic()
-                for nbytes, med, p90, n_it in run_world(backend, world, sizes):
-                    key = (world, nbytes, backend)
-                    if key not in best or med < best[key][0]:
-                        best[key] = (med, p90, n_it)
-                print(
-                    f"# round {rnd + 1}: {backend} N={world} done in {time.monotonic() - t0:.1f} s",
-                    file=sys.stderr,
-                )
+    for world in worlds:
+        worlds_up = {b: World(b, world) for b in backends}
+        try:
+            for nbytes in sizes:
+                for rnd in range(args.rounds):
+                    # rotate who goes first, so no backend always meets the same moment of load
+                    order = backends[rnd % len(backends) :] + backends[: rnd % len(backends)]
+                    for backend in order:
+                        _, med, p90, n_it = worlds_up[backend].measure(nbytes)
+                        key = (world, nbytes, backend)
+                        if key not in best or med < best[key][0]:
+                            best[key] = (med, p90, n_it)
+                print(f"# N={world} {human(nbytes)} done", file=sys.stderr)
+        finally:
+            for w in worlds_up.values():
+                w.close()
     print(f"{'N':>2} {'size':>6} {'backend':>7} {'median us':>10} {'p90 us':>10} {'algbw GB/s':>10} "
           f"{'busbw GB/s':>10} {'vs gloo':>8}")  # fmt: skip
     table = []
