@@ -26,13 +26,14 @@ def covered_prefix(gaps: list[float], threshold: float = GAP_THRESHOLD) -> int:
     return next((i for i, g in enumerate(gaps) if g < threshold), len(gaps))
 
 
-def pick_prompt(model_dir, n_new: int, tries: int = 40) -> tuple[list[int], int]:
-    """The first seeded prompt whose float32 greedy run stays clear of near-ties for MIN_COVERED."""
+def pick_prompt(model_dir, n_new: int, tries: int, high: int) -> tuple[list[int], int]:
+    """The first of a fixed sequence of seeded prompts (8 ids in [3, high)) whose float32 greedy
+    run stays clear of near-ties for MIN_COVERED tokens; else the one that got furthest."""
     ref = SingleNode(model_dir, torch.float32, 1, 64)
-    best = ([], -1)
-    for seed in range(tries):
-        g = torch.Generator().manual_seed(seed)
-        prompt = torch.randint(3, min(512, ref.vocab_size), (8,), generator=g).tolist()
+    g = torch.Generator().manual_seed(0)
+    best: tuple[list[int], int] = ([], -1)
+    for _ in range(tries):
+        prompt = torch.randint(3, min(high, ref.vocab_size), (8,), generator=g).tolist()
         _, gaps = greedy_with_gaps(ref, prompt, n_new)
         n = covered_prefix(gaps)
         if n >= MIN_COVERED:
@@ -41,8 +42,8 @@ def pick_prompt(model_dir, n_new: int, tries: int = 40) -> tuple[list[int], int]
     return best
 
 
-def _compare(model_dir, ex, record_property, n_new=N_NEW, tries=40):
-    prompt, n = pick_prompt(model_dir, n_new, tries)
+def _compare(model_dir, ex, record_property, n_new=N_NEW, tries=40, high=512):
+    prompt, n = pick_prompt(model_dir, n_new, tries, high)
     want, _ = greedy_with_gaps(SingleNode(model_dir, torch.bfloat16, 1, 64), prompt, n_new)
     assert [r.dtype for r in ex.ranks] == ["bfloat16", "float16"]
     got, _ = greedy_with_gaps(ex, prompt, n_new)
@@ -82,6 +83,7 @@ def test_bf16_and_f16_ranks_follow_single_node_bf16_on_tiny_presets(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 16-bit GEMMs are slow on CPUs without native bf16/f16
 def test_bf16_and_f16_ranks_follow_single_node_bf16_on_qwen3_06b(tmp_path, record_property):
     from tandem.engine.tp_local import launch_local_tp
 
@@ -89,7 +91,7 @@ def test_bf16_and_f16_ranks_follow_single_node_bf16_on_qwen3_06b(tmp_path, recor
     make_model_dir(d, "qwen3-0.6b", seed=0)
     ex = launch_local_tp(d, 2, dtypes=["bfloat16", "float16"], max_batch=1, max_seq_len=64)
     try:
-        _compare(d, ex, record_property, n_new=MIN_COVERED + 1, tries=6)
+        _compare(d, ex, record_property, n_new=MIN_COVERED, tries=4, high=4000)
     finally:
         ex.close()
 
