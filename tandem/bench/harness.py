@@ -243,9 +243,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                             s0 = r["sizes"][0]
                             log(f"  {backend:>4} all-reduce x{world}, {s0['bytes']} B: "
                                 f"{s0['median_s'] * 1e6:.0f} us median")  # fmt: skip
-                for lay in opts.layouts:
-                    if link != "loopback" and lay.kind == "single":
-                        continue  # one process: no link to cross
+                for lay in opts.layouts:  # single again on each link: a control close in time
                     try:
                         doc["runs"].append(run_layout(hosts, lay, opts, log))
                     except (HostProcessFailed, subprocess.TimeoutExpired, OSError) as e:

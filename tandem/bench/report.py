@@ -29,8 +29,12 @@ def _ok_runs(doc: dict) -> list[dict]:
     return [r for r in doc["runs"] if "error" not in r]
 
 
-def _single(doc: dict) -> dict | None:
-    return next((r for r in _ok_runs(doc) if r["kind"] == "single"), None)
+def _single(doc: dict, link_name: str | None = None) -> dict | None:
+    """The single-node control run next to `link_name`'s runs (the load drifts on a shared
+    machine), else the first one."""
+    singles = [r for r in _ok_runs(doc) if r["kind"] == "single"]
+    same = [r for r in singles if r["link"] == link_name]
+    return (same or singles or [None])[0]
 
 
 def _ring_small(doc: dict, link: str, world: int = 2) -> dict | None:
@@ -55,8 +59,6 @@ def analyze(doc: dict) -> dict:
     if single is None:
         doc["predictions"], doc["sync"], doc["projection"] = [], {}, {}
         return doc
-    s_single = single["decode_s_per_token"]
-    nodes = [NodeSpec(f"rank{i}", s_single, host="this machine") for i in range(8)]
     hidden_bytes = 4 * config.hidden_size
     preds, sync = [], {}
     link_names = {doc["links"][k]["name"]: k for k in doc["links"]}
@@ -64,6 +66,8 @@ def analyze(doc: dict) -> dict:
         if run["kind"] == "single":
             continue
         link = link_names[run["link"]]
+        s_single = _single(doc, run["link"])["decode_s_per_token"]
+        nodes = [NodeSpec(f"rank{i}", s_single, host="this machine") for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)
         lay = Layout(tp=run["n"]) if run["kind"] == "tp" else Layout(pp=run["n"])
         p = predict(config, lay, nodes, spec)
@@ -164,8 +168,8 @@ def markdown(doc: dict) -> str:
                      f"{fig['goodput_bytes_per_s'] / 1e6:.0f} MB/s")  # fmt: skip
     lines += ["", "| link | layout | decode tok/s | vs single | prefill tok/s | TTFT s | "
               "sync ms/token | wire KB/token | same ids |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    single = _single(doc)
     for r in doc["runs"]:
+        single = _single(doc, r["link"])
         if "error" in r:
             lines.append(f"| {r['link']} | {r['layout']} | failed: {r['error'][:80]} ||||||")
             continue
@@ -181,6 +185,7 @@ def markdown(doc: dict) -> str:
             f"{same} |"
         )
     hf = doc.get("peers", {}).get("hf")
+    single = _single(doc)
     if hf and "error" not in hf:
         lines.append(f"| - | HF transformers (peer) | {hf['decode_tok_per_s']:.2f} | "
                      f"{hf['decode_tok_per_s'] / single['decode_tok_per_s'] if single else 0:.2f}x | "

@@ -73,3 +73,10 @@ def test_markdown_flags_a_layout_whose_greedy_ids_differ():
     pp_row = next(line for line in md.splitlines() if "| PP=2 |" in line)
     assert pp_row.endswith("| NO |")
     assert "within 20%" in md
+
+
+def test_each_link_is_compared_with_the_single_control_run_next_to_it():
+    doc = _doc()
+    doc["runs"].append(_run("single", "single", 1, EMU, 0.011))
+    tp = analyze(doc)["sync"]["emulated"]["TP=2"]
+    assert tp["wall_diff_ms"] == pytest.approx(1.0)
