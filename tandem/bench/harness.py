@@ -22,7 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.bench.hosts import HostProcessFailed, Hosts, read_line
-from tandem.bench.netns import EmulatedNetwork, NetnsUnavailable, Shaping, check_available
+from tandem.bench.netns import (
+    EmulatedNetwork,
+    NetnsUnavailable,
+    Shaping,
+    check_available,
+    stale_namespaces,
+)
 
 BASE_PORT = 29610  # inside this run's private namespaces only; no other process binds there
 
@@ -215,6 +221,10 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     try:
         check_available()
         net = EmulatedNetwork.new(max(max_ranks, 3), Shaping(rate_mbit=opts.rate_mbit))
+        stale = stale_namespaces()
+        if stale:  # a run killed with SIGKILL cannot clean up; say so, do not touch them
+            log(f"note: namespaces left by an earlier killed run: {', '.join(stale)} "
+                "(remove with `ip netns del NAME`)")  # fmt: skip
     except NetnsUnavailable as e:
         if "emulated" in opts.links:
             raise
