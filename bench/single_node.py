@@ -5,10 +5,11 @@ same dtype, same thread count, measured side by side in one run, plus the memory
                                           [--prompt-len 128] [--decode 32] [--repeats 3]
 
 Without --model the `qwen3-0.6b` preset is written to /tmp/tandem-bench-qwen3-0.6b (once).
-Both engines are timed the same way: TTFT = wall time of a generate call for 1 new token, decode
-tok/s = K / (time for K+1 new tokens - TTFT); each figure is the median of --repeats runs.
+Both engines are timed the same way, in interleaved rounds (the machine may be shared): TTFT = wall
+time of a generate call for 1 new token, decode tok/s = K / (time for K+1 new tokens - TTFT) within
+the round; each figure is the median over --repeats rounds.
 Roofline: weight bytes read per decode token (every layer matrix + the LM head, the embedding counted
-once when tied; one embedding row is negligible) divided by a read bandwidth measured in this run
+once when tied; one embedding row is negligible) divided by a read bandwidth measured in every round
 (`sum` over a buffer far larger than the caches, same thread count).
 """
 
@@ -19,6 +20,7 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,7 +36,7 @@ from tandem.loaders.safetensors_dir import ModelDir
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 
 
-def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 7) -> float:
+def read_bandwidth(threads: int, mib: int = 512, repeats: int = 7) -> float:
     """Bytes/s of a streaming read (`sum` over `mib` MiB of float32), median of `repeats`."""
     torch.set_num_threads(threads)
     buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
@@ -64,7 +66,10 @@ def prompt(n: int, vocab: int) -> list[int]:
     return torch.randint(10, min(vocab, 4000), (n,), generator=g).tolist()
 
 
-def time_tandem(model, ids: list[int], k: int, repeats: int) -> tuple[float, float, list[int]]:
+Runner = Callable[[int], tuple[float, list[int]]]  # n new tokens -> (seconds, generated ids)
+
+
+def tandem_runner(model, ids: list[int], k: int) -> Runner:
     ex = LocalExecutor(model, max_batch=1, max_seq_len=len(ids) + k + 1)
 
     def run(n: int) -> tuple[float, list[int]]:
@@ -72,16 +77,10 @@ def time_tandem(model, ids: list[int], k: int, repeats: int) -> tuple[float, flo
         r = generate(ex, [ids], SamplingParams(max_tokens=n, temperature=0.0))[0]
         return time.perf_counter() - t0, r.token_ids
 
-    run(2)
-    ttft = statistics.median(run(1)[0] for _ in range(repeats))
-    totals, out = [], []
-    for _ in range(repeats):
-        t, out = run(k + 1)
-        totals.append(t)
-    return ttft, k / (statistics.median(totals) - ttft), out
+    return run
 
 
-def time_hf(model_dir: Path, dtype: torch.dtype, ids: list[int], k: int, repeats: int):
+def hf_runner(model_dir: Path, dtype: torch.dtype, ids: list[int]) -> Runner:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
@@ -94,13 +93,33 @@ def time_hf(model_dir: Path, dtype: torch.dtype, ids: list[int], k: int, repeats
             out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
         return time.perf_counter() - t0, out[0, len(ids) :].tolist()
 
-    run(2)
-    ttft = statistics.median(run(1)[0] for _ in range(repeats))
-    totals, out = [], []
+    return run
+
+
+def measure(runners: dict[str, Runner], k: int, repeats: int, threads: int) -> dict:
+    """Interleaved rounds (bandwidth, then each engine's 1-token and (k+1)-token generate), so a
+    shared machine's load drifts over all engines alike; per engine the median TTFT and the
+    median of per-round decode rates k / (t(k+1) - t(1))."""
+    for run in runners.values():
+        run(2)  # warm-up
+    ttft: dict[str, list[float]] = {n: [] for n in runners}
+    rate: dict[str, list[float]] = {n: [] for n in runners}
+    ids: dict[str, list[int]] = {}
+    bws = []
     for _ in range(repeats):
-        t, out = run(k + 1)
-        totals.append(t)
-    return ttft, k / (statistics.median(totals) - ttft), out
+        bws.append(read_bandwidth(threads, repeats=3))
+        for name, run in runners.items():
+            t1, _ = run(1)
+            tk, ids[name] = run(k + 1)
+            ttft[name].append(t1)
+            rate[name].append(k / (tk - t1))
+    med = statistics.median
+    return dict(
+        bw=med(bws),
+        ttft={n: med(v) for n, v in ttft.items()},
+        dec={n: med(v) for n, v in rate.items()},
+        ids=ids,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,38 +138,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"writing the qwen3-0.6b preset to {model_dir} ...", file=sys.stderr)
         make_model_dir(model_dir, "qwen3-0.6b", seed=0)
     md = ModelDir(model_dir)
-    bw = read_bandwidth(a.threads)
     print(
         f"model {model_dir} ({md.config.architecture}, {md.config.num_hidden_layers} layers), "
-        f"threads {a.threads}, prompt {a.prompt_len}, decode {a.decode}, median of {a.repeats}"
+        f"threads {a.threads}, prompt {a.prompt_len}, decode {a.decode}, median of {a.repeats}",
+        flush=True,
     )
-    print(f"measured read bandwidth: {bw / 1e9:.2f} GB/s")
     ids = prompt(a.prompt_len, md.config.vocab_size)
-    rows = []
     for name in a.dtypes.split(","):
         dtype = DTYPE_NAMES[name]
         model = load_model(md, dtype=dtype)
         bytes_tok = weight_bytes_per_token(model)
-        roof = bw / bytes_tok
-        t_ttft, t_dec, t_ids = time_tandem(model, ids, a.decode, a.repeats)
-        del model
-        gc.collect()
+        runners = {"tandem": tandem_runner(model, ids, a.decode)}
+        if not a.skip_hf:
+            runners["transformers"] = hf_runner(model_dir, dtype, ids)
+        m = measure(runners, a.decode, a.repeats, a.threads)
+        roof = m["bw"] / bytes_tok
         row = dict(
-            dtype=name, roof=roof, gb=bytes_tok / 1e9, t_pre=a.prompt_len / t_ttft, t_dec=t_dec
+            dtype=name,
+            bw=m["bw"],
+            roof=roof,
+            gb=bytes_tok / 1e9,
+            t_pre=a.prompt_len / m["ttft"]["tandem"],
+            t_dec=m["dec"]["tandem"],
         )
         if not a.skip_hf:
-            h_ttft, h_dec, h_ids = time_hf(model_dir, dtype, ids, a.decode, a.repeats)
-            gc.collect()
+            t_ids, h_ids = m["ids"]["tandem"], m["ids"]["transformers"]
             same = next((i for i, (x, y) in enumerate(zip(t_ids, h_ids)) if x != y), len(t_ids))
-            row.update(h_pre=a.prompt_len / h_ttft, h_dec=h_dec, same=same)
-        rows.append(row)
+            row.update(
+                h_pre=a.prompt_len / m["ttft"]["transformers"],
+                h_dec=m["dec"]["transformers"],
+                same=same,
+            )
         print(_line(row), flush=True)
+        del model, runners
+        gc.collect()
     return 0
 
 
 def _line(r: dict) -> str:
     s = (
-        f"{r['dtype']:>9}: {r['gb']:.2f} GB/token, roofline {r['roof']:.2f} tok/s | tandem decode "
+        f"{r['dtype']:>9}: read bandwidth {r['bw'] / 1e9:.2f} GB/s, {r['gb']:.2f} GB/token, roofline {r['roof']:.2f} tok/s | tandem decode "
         f"{r['t_dec']:.2f} tok/s ({r['t_dec'] / r['roof']:.0%} of roofline), prefill {r['t_pre']:.1f} tok/s"
     )
     if "h_dec" in r:
