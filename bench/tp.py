@@ -66,6 +66,7 @@ def _timed_run(executor, args, trace=None, metered=None) -> dict:
                 }
             )
     best = min(range(len(rounds)), key=lambda i: rounds[i].decode_s_per_token)
+    rss_now = _vm_rss()
     t = rounds[best]
     return {
         "ttft_s": min(r.ttft_s for r in rounds),
@@ -76,7 +77,16 @@ def _timed_run(executor, args, trace=None, metered=None) -> dict:
         "decode_spans": spans,
         "comm": comm[best] if comm else None,
         "token_ids": list(t.token_ids),
+        "rss_after_run": rss_now,
     }
+
+
+def _vm_rss() -> int:
+    """This process's resident bytes now (after loading and generating; file mappings included)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def role_single(args) -> dict:
@@ -224,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             "tp2_rank1": rss_worker / 2**20,
         },
         "rss_ratio_per_rank": [rss_head / rss_single, rss_worker / rss_single],
+        "rss_after_run_mib": {
+            "single": single["rss_after_run"] / 2**20,
+            "tp2_rank0": tp["rss_after_run"] / 2**20,
+        },
+        "rss_after_run_ratio_rank0": tp["rss_after_run"] / single["rss_after_run"],
         "tp2_comm_per_token": tp["comm"],
         "tp2_sync_ms_per_token": 1000 * sync["sync_s"] / tokens,
         "tp2_wait_for_peer_ms_per_token": 1000 * sync["skew_s"] / tokens,

@@ -198,6 +198,7 @@ def form_local_group(
         raise
     ex.comm_stats = metered.stats
     ex.log_dir = workers.log_dir
+    ex.local_workers = workers
     return ex
 
 

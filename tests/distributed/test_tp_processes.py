@@ -3,6 +3,8 @@ over the TCP ring, compared with the single-node reference."""
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -75,3 +77,47 @@ def test_lost_worker_fails_the_head_within_the_op_timeout(model_dir, how):
     finally:
         ex.close()
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+def test_workers_exit_on_their_own_when_the_heads_connection_closes(model_dir):
+    ex = launch_local_tp(model_dir, 3, max_batch=2, max_seq_len=128, threads=1)
+    try:
+        greedy(ex, PROMPTS[:1], 2)
+        procs = ex.local_workers.group.procs
+        ex.comm.close()  # no STOP frame: the sockets just close, as when a head machine dies
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        assert all(p.poll() is not None for p in procs)
+    finally:
+        ex.close()
+
+
+def test_killing_the_head_process_takes_its_workers_down(model_dir, tmp_path):
+    script = tmp_path / "head.py"
+    script.write_text(
+        "import sys, time\n"
+        "from tandem.engine.tp_local import launch_local_tp\n"
+        f"ex = launch_local_tp({str(model_dir)!r}, 2, max_batch=1, max_seq_len=64, threads=1)\n"
+        "print(' '.join(str(p.pid) for p in ex.local_workers.group.procs), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    head = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in head.stdout.readline().split()]
+        assert pids
+        head.kill()  # SIGKILL: no finally runs in the head
+        head.wait(10)
+        deadline = time.monotonic() + 15.0
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [
+                p
+                for p in pids
+                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            ]
+            time.sleep(0.1)
+        assert not alive
+    finally:
+        if head.poll() is None:
+            head.kill()
