@@ -45,8 +45,7 @@ def _tp_greedy(config, ref, n, prompts, n_new, weights=None):
     return run_ranks(ReferenceCommunicator.group(n), body)
 
 
-@pytest.mark.parametrize("n,weights", [(2, None), (3, None), (2, (2.0, 1.0))])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("n,weights,batch", [(2, None, 1), (3, None, 3), (2, (2.0, 1.0), 3)])
 def test_tp_executor_matches_single_device_greedy_in_process(n, weights, batch):
     config = tiny_config()
     ref = random_reference(config)
