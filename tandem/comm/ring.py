@@ -137,12 +137,20 @@ class RingCommunicator:
         dialer.start()
         try:
             left = listener.accept(
-                {(rank - 1) % world_size}, timeout=handshake_timeout, op_timeout=op_timeout,
+                {(rank - 1) % world_size},
+                timeout=handshake_timeout,
+                op_timeout=op_timeout,
                 max_frame_bytes=max_frame_bytes,
-            )  # fmt: skip
-        finally:
+                give_up=lambda: got.get("error"),  # a refused dial fails the ring at once
+            )
+        except BaseException:
             dialer.join()
+            if "right" in got:
+                got["right"].close()
+            raise
+        finally:
             listener.close()
+        dialer.join()
         if "error" in got:
             left.close()
             raise got["error"]
@@ -454,5 +462,6 @@ class RingCommunicator:
     def close(self) -> None:
         if self._broken is None:
             self._broken = "closed"
+        self._io.close()
         self._left.close()
         self._right.close()

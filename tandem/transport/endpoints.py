@@ -14,6 +14,7 @@ import logging
 import select
 import socket
 import time
+from collections.abc import Callable
 
 from tandem.transport.channel import Channel
 from tandem.transport.handshake import (
@@ -133,15 +134,21 @@ class Listener:
         timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
         op_timeout: float = DEFAULT_OP_TIMEOUT_S,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        give_up: Callable[[], BaseException | None] | None = None,
     ) -> Channel:
         """The next peer that authenticates as one of `expect_ranks`; bad connections are refused
-        and skipped. ConnectTimeoutError if none arrives within `timeout`."""
+        and skipped. ConnectTimeoutError if none arrives within `timeout`; if `give_up()` returns
+        an exception (checked twice a second), that is raised instead of waiting on."""
         deadline = time.monotonic() + timeout
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(remaining * 1000):
+            if give_up is not None and (reason := give_up()) is not None:
+                raise reason
+            if remaining > 0 and not poller.poll(min(remaining, 0.5) * 1000):
+                continue
+            if remaining <= 0:
                 raise ConnectTimeoutError(
                     f"rank {self.me.rank}: no peer of rank {sorted(expect_ranks or [])} "
                     f"authenticated on port {self.port} within {timeout:g} s "

@@ -1,16 +1,19 @@
-"""Timed, non-blocking socket I/O: exact sends and receives, and a full-duplex send+receive loop.
+"""Timed, non-blocking socket I/O: exact sends and receives, and full duplex (`Duplex`).
 
 Every wait is bounded by a no-progress timeout: if no byte moves for `timeout` seconds, the call
 raises PeerTimeoutError; a peer that closes or resets raises PeerClosedError. A big send never
-waits for the peer to drain before we read, because `Duplex` interleaves both directions in one
-poll loop (so N ranks all sending into full socket buffers cannot deadlock).
+waits for the peer to drain before we read: `Duplex` hands what the kernel cannot take at once to
+a sender thread while the caller receives (so N ranks all sending into full socket buffers cannot
+deadlock, and the two directions' copies overlap on two cores).
 """
 
 from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
@@ -105,97 +108,138 @@ class TimedSocket:
 
 
 class Duplex:
-    """Full duplex over a pair of sockets: queued sends to `out` progress while `recv_into` fills
-    buffers from `inp`, so ranks that all send large frames at once never deadlock.
+    """Full duplex over a pair of sockets: what `send` cannot hand to the kernel at once is sent by
+    a background thread while `recv_into` fills buffers from `inp`, so ranks that all send large
+    frames at once never deadlock, and sending and receiving overlap on two cores.
 
-    Queued buffers must stay unchanged until `flush` returns (or a later `recv_into` drains them).
+    Small sends (the latency path) go out inline from the caller's thread. Queued buffers must stay
+    unchanged until `flush` returns. A send failure is re-raised by the next call.
     """
-
-    __slots__ = ("out", "inp", "views")
 
     def __init__(self, out: TimedSocket, inp: TimedSocket) -> None:
         self.out, self.inp = out, inp
-        self.views: list[memoryview] = []
+        self._cv = threading.Condition()
+        self._queue: deque[memoryview] = deque()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     def send(self, bufs: Sequence[bytes | bytearray | memoryview]) -> None:
-        """Queue `bufs` behind earlier sends and push as much as the socket takes now."""
-        self.views.extend(memoryview(b).cast("B") for b in bufs if len(b))
-        self._push()
+        """Send `bufs` after everything queued before; returns once they are queued."""
+        views = [memoryview(b).cast("B") for b in bufs if len(b)]
+        with self._cv:
+            self._check()
+            if not self._queue and not self._busy:
+                try:
+                    sent = self.out.sock.sendmsg(views)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as e:
+                    raise PeerClosedError(
+                        f"{self.out.peer}: connection lost while sending ({e})"
+                    ) from e
+                while sent:
+                    if sent >= len(views[0]):
+                        sent -= len(views[0])
+                        views.pop(0)
+                    else:
+                        views[0] = views[0][sent:]
+                        sent = 0
+            if views:
+                self._queue.extend(views)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._sender, name="tandem-send", daemon=True
+                    )
+                    self._thread.start()
+                self._cv.notify_all()
 
-    def _push(self) -> bool:
-        views = self.views
-        if not views:
-            return False
-        try:
-            sent = self.out.sock.sendmsg(views)
-        except BlockingIOError:
-            return False
-        except OSError as e:
-            raise PeerClosedError(f"{self.out.peer}: connection lost while sending ({e})") from e
-        moved = sent > 0
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
-        return moved
-
-    def _wait(self, want_in: bool, last: float) -> None:
-        if want_in and not self.views:  # the common case: only waiting to receive
-            remaining = self.inp.timeout - (time.monotonic() - last)
-            if remaining <= 0 or not self.inp._pin.poll(remaining * 1000):
-                raise PeerTimeoutError(f"{self.inp.peer}: no progress for {self.inp.timeout:g} s")
-            return
-        masks: dict[int, int] = {}
-        if self.views:
-            masks[self.out.sock.fileno()] = _OUT
-        if want_in:
-            fd = self.inp.sock.fileno()
-            masks[fd] = masks.get(fd, 0) | _IN
-        poller = select.poll()
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
-        remaining = self.out.timeout - (time.monotonic() - last)
-        if remaining <= 0 or not poller.poll(remaining * 1000):
-            peer = self.inp.peer if want_in else self.out.peer
-            raise PeerTimeoutError(f"{peer}: no progress for {self.out.timeout:g} s")
+    def _sender(self) -> None:
+        sock, out = self.out.sock, self.out
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                views = list(self._queue)
+                self._queue.clear()
+                self._busy = True
+            try:
+                last = time.monotonic()
+                while views:
+                    try:
+                        sent = sock.sendmsg(views)
+                    except BlockingIOError:
+                        remaining = out.timeout - (time.monotonic() - last)
+                        if remaining <= 0 or not out._pout.poll(remaining * 1000):
+                            raise out._stalled("sending") from None
+                        continue
+                    except OSError as e:
+                        raise PeerClosedError(
+                            f"{out.peer}: connection lost while sending ({e})"
+                        ) from e
+                    last = time.monotonic()
+                    while sent:
+                        if sent >= len(views[0]):
+                            sent -= len(views[0])
+                            views.pop(0)
+                        else:
+                            views[0] = views[0][sent:]
+                            sent = 0
+            except BaseException as e:
+                with self._cv:
+                    self._error = e
+                    self._busy = False
+                    self._queue.clear()
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
 
     def recv_into(self, view: memoryview, on_progress: Callable[[int], None] | None = None) -> None:
-        """Fill `view` from `inp`, pushing queued sends meanwhile; `on_progress(bytes_so_far)`
-        runs after each receive so a caller can reduce finished segments as bytes arrive."""
+        """Fill `view` from `inp` while queued sends proceed; `on_progress(bytes_so_far)` runs
+        after each receive so a caller can reduce finished segments as bytes arrive."""
         view = view.cast("B") if view.format != "B" else view
         got, want = 0, len(view)
+        sock, inp = self.inp.sock, self.inp
         last = time.monotonic()
-        sock = self.inp.sock
         while got < want:
-            moved = self._push() if self.views else False
+            if self._error is not None:
+                raise self._error
             try:
                 k = sock.recv_into(view[got:])
             except BlockingIOError:
-                k = -1
+                remaining = inp.timeout - (time.monotonic() - last)
+                # wake at least once a second to notice a failed sender
+                if remaining <= 0 or (
+                    not inp._pin.poll(min(remaining, 1.0) * 1000) and remaining <= 1.0
+                ):
+                    raise inp._stalled("receiving") from None
+                continue
             except OSError as e:
-                raise PeerClosedError(
-                    f"{self.inp.peer}: connection lost while receiving ({e})"
-                ) from e
+                raise PeerClosedError(f"{inp.peer}: connection lost while receiving ({e})") from e
             if k == 0:
-                raise PeerClosedError(f"{self.inp.peer}: peer closed the connection")
-            if k > 0:
-                got += k
-                if on_progress is not None:
-                    on_progress(got)
-                last = time.monotonic()
-            elif moved:
-                last = time.monotonic()
-            else:
-                self._wait(True, last)
+                raise PeerClosedError(f"{inp.peer}: peer closed the connection")
+            got += k
+            last = time.monotonic()
+            if on_progress is not None:
+                on_progress(got)
 
     def flush(self) -> None:
-        """Block until every queued byte is handed to the kernel."""
-        last = time.monotonic()
-        while self.views:
-            if self._push():
-                last = time.monotonic()
-            elif self.views:
-                self._wait(False, last)
+        """Block until every queued byte is handed to the kernel (or the sender fails)."""
+        with self._cv:
+            while (self._queue or self._busy) and self._error is None:
+                self._cv.wait(1.0)
+            self._check()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()

@@ -7,6 +7,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import tracemalloc
 from typing import Any
 
@@ -237,3 +238,24 @@ def test_ring_detects_op_desync_by_fingerprint_before_reading_payload() -> None:
     )
     with pytest.raises(base.OpDesyncError, match="another shape"):
         ring.all_reduce_sum(torch.zeros(4))
+
+
+def test_ring_formation_fails_at_once_when_its_dial_is_refused() -> None:
+    lis0 = Listener("127.0.0.1", 0, Identity("c", 0, 2), SECRET)
+    lis1 = Listener("127.0.0.1", 0, Identity("c", 1, 2), b"another-clusters-secret")
+    out: dict = {}
+    th = _serve(lis1, {0}, out, timeout=10)
+    t0 = time.monotonic()
+    with pytest.raises(AuthError, match="secret"):
+        RingCommunicator.create(
+            0,
+            2,
+            right=("127.0.0.1", lis1.port),
+            listener=lis0,
+            secret=SECRET,
+            cluster_id="c",
+            handshake_timeout=60,
+        )
+    assert time.monotonic() - t0 < 10, "waited for the handshake timeout instead of failing"
+    th.join(15)
+    lis1.close()
