@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 BUILTIN_MODEL_NAME = "pydoc-qwen3-5m"
-# What `tandem generate` writes about when given no prompt: the start of a reference-manual section.
-BUILTIN_PROMPT = "Exceptions are"
+# What `tandem generate` continues when given no prompt: a section heading of the corpus's kind.
+BUILTIN_PROMPT = 'The "import" statement\n\nThe'
 REQUIRED_FILES = (
     "config.json",
     "model.safetensors",

@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from tandem.builtin import BUILTIN_PROMPT, default_model_dir
 from tandem.cli.pp_options import (
     add_pp_arguments,
     build_pipeline_executor,
@@ -30,9 +31,11 @@ class PromptError(ValueError):
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt on this machine")
-    p.add_argument("--model", required=True, help="HF model directory")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
+    p.add_argument("--model", default=None, help="HF model directory (default: the built-in model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--prompt", help=f"prompt text (needs the model's tokenizer; default {BUILTIN_PROMPT!r})"
+    )
     src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -77,6 +80,10 @@ def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None, vocab_size
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.model is None:
+        args.model = str(default_model_dir())
+    if args.prompt is None and args.prompt_ids is None:
+        args.prompt = BUILTIN_PROMPT
     config = ModelConfig.from_dir(args.model)
     tokenizer = Tokenizer.from_dir(args.model)
     try:
