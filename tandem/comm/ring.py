@@ -30,6 +30,7 @@ the communicator is broken and refuses further ops with CommClosedError.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -86,6 +87,8 @@ class RingCommunicator:
         self._seq = 0
         self._broken: str | None = None
         self._tails: dict = {}
+        self._buffers: dict[str, np.ndarray] = {}
+        self._spare: np.ndarray | None = None
         self._fps: dict = {}
         self._reader = FrameReader(self._io.recv_into, rank, left.peer_rank, left.max_frame_bytes)
 
@@ -201,6 +204,29 @@ class RingCommunicator:
             + dims
         )
 
+    def _buffer(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
+        """An internal work buffer of at least n elements, kept across ops: large fresh buffers
+        cost a page fault and a zeroed page per 4 KB on every call."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < n or buf.dtype != dtype:
+            buf = np.empty(n, dtype=dtype)
+            self._buffers[name] = buf
+        return buf[:n]
+
+    def _output(self, n: int) -> np.ndarray:
+        """The float32 array a large all-reduce returns in. The previous one is reused only when
+        nothing outside this object still refers to it (the caller dropped the returned tensor
+        and every view of it), so a result the caller holds is never overwritten."""
+        spare = self._spare
+        self._spare = None
+        if spare is not None and spare.size == n and sys.getrefcount(spare) == 2:
+            out = spare
+        else:
+            del spare
+            out = np.empty(n, dtype=np.float32)
+        self._spare = out
+        return out
+
     def _fingerprint(self, op: int, code: int, shape: tuple[int, ...]) -> int:
         fp = self._fps.get((op, code, shape))
         if fp is None:
@@ -246,7 +272,7 @@ class RingCommunicator:
         """RING reduce-scatter: afterwards acc[chunk r] holds the (unrounded) full sum of chunk r."""
         size, wire = self._size, self._wire
         bounds = alg.chunk_bounds(x.size, size)
-        scratch = np.empty(max(hi - lo for lo, hi in bounds), dtype=self._wnp)
+        scratch = self._buffer("scratch", max(hi - lo for lo, hi in bounds), self._wnp)
         f32 = wire.code == wd.FLOAT32.code
         seg = _SEGMENT_BYTES // wire.itemsize
         keep: list[np.ndarray] = []  # encoded sends stay alive until flushed
@@ -280,7 +306,7 @@ class RingCommunicator:
         size, wire, r = self._size, self._wire, self._rank
         bounds = alg.chunk_bounds(acc.size, size)
         f32 = wire.code == wd.FLOAT32.code
-        carried = acc if f32 else np.empty(acc.size, dtype=self._wnp)
+        carried = acc if f32 else self._buffer("carried", acc.size, self._wnp)
         lo, hi = bounds[r]
         if not f32:
             carried[lo:hi] = encode_f32(acc[lo:hi], wire)
@@ -305,7 +331,7 @@ class RingCommunicator:
             == alg.RANK_ORDER
         ):
             return self._guard(self._sum_rank_order, x, op, seq, fp)
-        acc = np.empty(x.size, dtype=np.float32)
+        acc = self._output(x.size)
         self._guard(self._reduce_scatter_ring, x, acc, op, seq, fp)
         # The gather receives into chunks the scatter may still be sending from: drain first.
         self._guard(self._io.flush)
