@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from tp_support import SingleNode, greedy, tiny_config, write_random_model
+from tp_support import SingleNode, greedy, launch_concurrently, tiny_config, write_random_model
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.remote import GroupFailedError
@@ -34,26 +34,40 @@ def expected(model_dir):
     return {b: greedy(ref, PROMPTS[:b], 32) for b in (1, 3)}
 
 
-@pytest.mark.parametrize("tp,weights", [(2, None), (3, None), (2, (2.0, 1.0))])
-def test_tp_matches_single_node_across_processes(model_dir, expected, tp, weights):
-    ex = launch_local_tp(model_dir, tp, weights=weights, max_batch=4, max_seq_len=128, threads=1)
+LAYOUTS = [(2, None), (3, None), (2, (2.0, 1.0))]
+
+
+@pytest.fixture(scope="module")
+def groups(model_dir):
+    """The three layouts' groups, their worker processes started at once."""
+    started = launch_concurrently(
+        {layout: (model_dir, layout[0], {"weights": layout[1]}) for layout in LAYOUTS},
+        max_batch=4,
+        max_seq_len=128,
+        threads=1,
+    )
     try:
-        with pytest.raises(StepOrderError):  # refused on the head, before any worker sees it
-            ex.run(Step((StepSequence(1, (3,), 5),)))
-        for batch in (1, 3):
-            ids, first = greedy(ex, PROMPTS[:batch], 32)
-            want_ids, want_first = expected[batch]
-            assert (first - want_first).abs().max().item() < 1e-4
-            assert ids == want_ids
-        assert ex.comm_stats.collectives > 0
+        yield started
     finally:
-        ex.close()
+        for ex in started.values():
+            ex.close()
+
+
+@pytest.mark.parametrize("tp,weights", LAYOUTS)
+def test_tp_matches_single_node_across_processes(groups, expected, tp, weights):
+    ex = groups[(tp, weights)]
+    with pytest.raises(StepOrderError):  # refused on the head, before any worker sees it
+        ex.run(Step((StepSequence(1, (3,), 5),)))
+    for batch in (1, 3):
+        ids, first = greedy(ex, PROMPTS[:batch], 32)
+        want_ids, want_first = expected[batch]
+        assert (first - want_first).abs().max().item() < 1e-4
+        assert ids == want_ids
+    assert ex.comm_stats.collectives > 0
 
 
 def _worker_pids(ex):
-    return [
-        p for p in psutil.Process().children(recursive=True) if "worker" in " ".join(p.cmdline())
-    ]
+    return [psutil.Process(p.pid) for p in ex.local_workers.group.procs]
 
 
 @pytest.mark.parametrize("how", ["kill", "hang"])
