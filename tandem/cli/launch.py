@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +158,10 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         console.print("stopping every rank")
         return 0
     finally:
+        # An impatient second Ctrl-C (or a supervisor signalling the whole process group) must not
+        # cut the bounded shutdown short and leave ranks behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         group.shutdown()
 
 
