@@ -83,8 +83,8 @@ def connect(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ConnectTimeoutError(
-                f"rank {me.rank}: no authenticated peer at {host}:{port} within "
-                f"{handshake_timeout:g} s (last error: {last_err})"
+                f"rank {me.rank}: no authenticated peer of rank {sorted(expect or [])} at "
+                f"{host}:{port} within {handshake_timeout:g} s (last error: {last_err})"
             )
         try:
             sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
