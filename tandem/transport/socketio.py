@@ -5,10 +5,17 @@ raises PeerTimeoutError; a peer that closes or resets raises PeerClosedError. A 
 waits for the peer to drain before we read: `Duplex` hands what the kernel cannot take at once to
 a sender thread while the caller receives (so N ranks all sending into full socket buffers cannot
 deadlock, and the two directions' copies overlap on two cores).
+
+Receives spin before they block: a receiver that finds no bytes first polls without sleeping for
+up to `spin` seconds (env TANDEM_SPIN_US, microseconds, default 500; 0 disables), then blocks in
+poll as before. A rank that reaches a collective first thus sees its peer's bytes within
+microseconds instead of paying the wake-up latency of a blocked poll. The spin counts against the
+no-progress timeout: a stalled peer times out after the same `timeout` seconds either way.
 """
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -18,6 +25,23 @@ from collections.abc import Callable, Sequence
 
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _OUT = select.POLLOUT | select.POLLERR | select.POLLHUP
+
+SPIN_ENV = "TANDEM_SPIN_US"
+DEFAULT_SPIN_US = 500
+
+
+def spin_from_env() -> float:
+    """Seconds a receive spins before it blocks: TANDEM_SPIN_US (microseconds), default 500."""
+    raw = os.environ.get(SPIN_ENV, "").strip()
+    if not raw:
+        return DEFAULT_SPIN_US / 1e6
+    try:
+        us = int(raw)
+    except ValueError:
+        raise ValueError(f"{SPIN_ENV}={raw!r}: expected whole microseconds (0 disables)") from None
+    if us < 0:
+        raise ValueError(f"{SPIN_ENV}={raw!r}: must be >= 0")
+    return us / 1e6
 
 
 class TransportError(ConnectionError):
@@ -41,12 +65,16 @@ def prepare(sock: socket.socket) -> socket.socket:
 
 
 class TimedSocket:
-    """A non-blocking socket plus two poll objects; `peer` names the other end in errors."""
+    """A non-blocking socket plus two poll objects; `peer` names the other end in errors.
+    `spin`: seconds a receive polls without sleeping before it blocks (None: from TANDEM_SPIN_US)."""
 
-    __slots__ = ("sock", "peer", "timeout", "_pin", "_pout")
+    __slots__ = ("sock", "peer", "timeout", "spin", "_pin", "_pout")
 
-    def __init__(self, sock: socket.socket, peer: str, timeout: float) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: str, timeout: float, spin: float | None = None
+    ) -> None:
         self.sock, self.peer, self.timeout = prepare(sock), peer, timeout
+        self.spin = spin_from_env() if spin is None else max(0.0, spin)
         self._pin = select.poll()
         self._pin.register(sock, _IN)
         self._pout = select.poll()
@@ -55,8 +83,28 @@ class TimedSocket:
     def _stalled(self, what: str) -> PeerTimeoutError:
         return PeerTimeoutError(f"{self.peer}: no progress {what} for {self.timeout:g} s")
 
+    def spin_readable(self, budget: float) -> bool:
+        """Poll without sleeping for up to `budget` seconds; True once the socket is readable."""
+        if budget <= 0:
+            return False
+        poll, end = self._pin.poll, time.monotonic() + budget
+        while True:
+            if poll(0):
+                return True
+            if time.monotonic() >= end:
+                return False
+
     def wait_readable(self) -> None:
-        if not self._pin.poll(self.timeout * 1000):
+        """Return once readable; PeerTimeoutError after `timeout` s (spin included) without."""
+        if self.spin <= 0:
+            if not self._pin.poll(self.timeout * 1000):
+                raise self._stalled("receiving")
+            return
+        start = time.monotonic()
+        if self.spin_readable(min(self.spin, self.timeout)):
+            return
+        remaining = self.timeout - (time.monotonic() - start)
+        if remaining <= 0 or not self._pin.poll(remaining * 1000):
             raise self._stalled("receiving")
 
     def send_all(self, bufs: Sequence[bytes | bytearray | memoryview]) -> None:
@@ -209,6 +257,7 @@ class Duplex:
         view = view.cast("B") if view.format != "B" else view
         got, want = 0, len(view)
         sock, inp = self.inp.sock, self.inp
+        spin = inp.spin
         last = time.monotonic()
         while got < want:
             if self._error is not None:
@@ -216,6 +265,11 @@ class Duplex:
             try:
                 k = sock.recv_into(view[got:])
             except BlockingIOError:
+                # spin first (not while the sender thread needs the GIL and a core)
+                if spin > 0 and not self._busy and not self._queue:
+                    budget = min(spin, inp.timeout - (time.monotonic() - last))
+                    if inp.spin_readable(budget):
+                        continue
                 remaining = inp.timeout - (time.monotonic() - last)
                 # wake at least once a second to notice a failed sender
                 if remaining <= 0 or (
