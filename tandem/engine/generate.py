@@ -29,6 +29,37 @@ class GenerationResult:
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
 
+def accept_token(
+    r: GenerationResult, tok: int, elapsed_s: float, stop: set[int], max_tokens: int
+) -> bool:
+    """Records a sampled token and its timing; True while the sequence should keep decoding."""
+    r.token_ids.append(tok)
+    if len(r.token_ids) == 1:
+        r.ttft_s = elapsed_s
+    else:
+        r.decode_s = elapsed_s - r.ttft_s
+    if tok in stop:
+        r.finish_reason = "stop"
+        return False
+    return len(r.token_ids) < max_tokens
+
+
+def decode_step(
+    ids: list[int], prompts: list[list[int]], results: list[GenerationResult], rows: list[int]
+) -> Step:
+    """The next step for `rows`: each feeds back its last token at the position after it."""
+    return Step(
+        tuple(
+            StepSequence(
+                ids[i],
+                (results[i].token_ids[-1],),
+                len(prompts[i]) + len(results[i].token_ids) - 1,
+            )
+            for i in rows
+        )
+    )
+
+
 def generate(
     executor: Executor,
     prompts: list[list[int]],
@@ -57,33 +88,16 @@ def generate(
             now = time.perf_counter()
             still = []
             for row, i in enumerate(running):
-                r = results[i]
                 tok = sample_next(logits[row], params, gens[i])
-                r.token_ids.append(tok)
-                if len(r.token_ids) == 1:
-                    r.ttft_s = now - t0
-                else:
-                    r.decode_s = now - t0 - r.ttft_s
                 if on_token is not None:
                     on_token(i, tok)
-                if tok in stop:
-                    r.finish_reason = "stop"
-                elif len(r.token_ids) < params.max_tokens:
+                if accept_token(results[i], tok, now - t0, stop, params.max_tokens):
                     still.append(i)
             done = [ids[i] for i in running if i not in still]
             if done:
                 executor.release(done)
             running = still
-            step = Step(
-                tuple(
-                    StepSequence(
-                        ids[i],
-                        (results[i].token_ids[-1],),
-                        len(prompts[i]) + len(results[i].token_ids) - 1,
-                    )
-                    for i in running
-                )
-            )
+            step = decode_step(ids, prompts, results, running)
     finally:
         if running:
             executor.release([ids[i] for i in running])

@@ -17,7 +17,7 @@ import time
 from collections import deque
 
 from tandem.engine.executor import Step, StepSequence
-from tandem.engine.generate import GenerationResult
+from tandem.engine.generate import GenerationResult, accept_token, decode_step
 from tandem.engine.pipeline_executor import PipelineExecutor, split_microbatches
 from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
 
@@ -60,33 +60,15 @@ def generate_pipelined(
             now = time.perf_counter()
             still = []
             for k, i in enumerate(rows):
-                r = results[i]
                 tok = sample_next(logits[k], params, gens[i])
-                r.token_ids.append(tok)
-                if len(r.token_ids) == 1:
-                    r.ttft_s = now - t0
-                else:
-                    r.decode_s = now - t0 - r.ttft_s
-                if tok in stop:
-                    r.finish_reason = "stop"
-                elif len(r.token_ids) < params.max_tokens:
+                if accept_token(results[i], tok, now - t0, stop, params.max_tokens):
                     still.append(i)
             done = [ids[i] for i in rows if i not in still]
             if done:
                 executor.release(done)
                 live.difference_update(i for i in rows if i not in still)
             if still:
-                step = Step(
-                    tuple(
-                        StepSequence(
-                            ids[i],
-                            (results[i].token_ids[-1],),
-                            len(prompts[i]) + len(results[i].token_ids) - 1,
-                        )
-                        for i in still
-                    )
-                )
-                executor.submit(step)
+                executor.submit(decode_step(ids, prompts, results, still))
                 inflight.append(still)
     except BaseException:
         if live:
