@@ -127,3 +127,24 @@ def big_all_reduce(comm: Any, n: int) -> tuple[bool, str, int]:
 
 def simple_sum(comm: Any) -> list[float]:
     return comm.all_reduce_sum(torch.full((4,), float(comm.rank + 1))).tolist()
+
+
+def fast_path_meets_general_path(comm: Any) -> dict:
+    """At N = 2 a float32 host tensor takes the ring's one-exchange fast path; rank 1 passes a
+    bfloat16 tensor (the general path) and a 3-d one; both must meet and agree with reference."""
+    out = {}
+    vals = torch.tensor([1.5, -2.25, 0.75, 96.0, 3.0, 0.5], dtype=torch.float32) * (comm.rank + 1)
+    mine = vals if comm.rank == 0 else vals.to(torch.bfloat16)
+    out["mixed"] = comm.all_reduce_sum(mine.reshape(1, 2, 3)).float().reshape(-1).tolist()
+    xs = [rank_input(11, j, (1, 1, 1024)) for j in range(comm.world_size)]
+    got = comm.all_reduce_sum(xs[comm.rank])
+    out["equal"] = bool(torch.equal(got, reference.all_reduce_sum(xs)[comm.rank]))
+    out["shape"] = list(got.shape)
+    out["digest"] = digest(got)
+    return out
+
+
+def fast_path_shape_desync(comm: Any) -> str:
+    """Same element count, other shape: the fingerprints differ, so both ranks fail closed."""
+    comm.all_reduce_sum(torch.ones(8) if comm.rank == 0 else torch.ones(2, 4))
+    return "no error"

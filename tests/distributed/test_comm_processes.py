@@ -109,3 +109,21 @@ def test_from_env_ring_config_files_form_a_ring_and_torchrun_vars_a_star(tmp_pat
     env = {r: {"TANDEM_COMM": "star", "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(master), "TANDEM_SECRET": "s"} for r in range(2)}  # fmt: skip
     assert run_world("env", 2, simple_sum, options=dict(env=env)) == [[3.0] * 4] * 2
+
+
+def test_two_rank_fast_path_meets_the_general_path_and_equals_reference() -> None:
+    from comm_scenarios import fast_path_meets_general_path
+
+    r0, r1 = run_world("ring", 2, fast_path_meets_general_path)
+    base = [1.5, -2.25, 0.75, 96.0, 3.0, 0.5]
+    assert r0["mixed"] == r1["mixed"] == [3 * v for v in base]
+    assert r0["equal"] and r1["equal"] and r0["digest"] == r1["digest"]
+    assert r0["shape"] == [1, 1, 1024]
+
+
+def test_two_rank_fast_path_refuses_a_shape_desync_on_both_ranks() -> None:
+    from comm_scenarios import fast_path_shape_desync
+
+    results = run_world("ring", 2, fast_path_shape_desync, options=dict(op_timeout=10),
+                        allow_errors=True)  # fmt: skip
+    assert [r[1] for r in results] == ["OpDesyncError", "OpDesyncError"], results
