@@ -51,26 +51,33 @@ class StateDictReader:
         return t if dim is None else t.narrow(dim, start, end - start).clone()
 
 
-def greedy(executor, prompts: list[list[int]], n_new: int) -> tuple[list[list[int]], torch.Tensor]:
+def greedy(
+    executor, prompts: list[list[int]], n_new: int, on_ranks: bool = False
+) -> tuple[list[list[int]], torch.Tensor | None]:
     """Greedy-decodes every prompt as one batch through any `Executor`; returns the new ids of each
-    and the first step's (prefill) last-position logits."""
+    and the first step's (prefill) last-position logits. `on_ranks`: every step is a `greedy` step
+    (the executor returns argmax ids, so no logits; `first` is None)."""
     from tandem.engine.executor import Step, StepSequence
 
     seqs = {i: list(p) for i, p in enumerate(prompts)}
     out: list[list[int]] = [[] for _ in prompts]
-    step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in seqs.items()))
+    step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in seqs.items()), on_ranks)
     first = None
     for _ in range(n_new):
-        logits = executor.run(step)
-        if first is None:
-            first = logits
-        nxt = logits.argmax(-1).tolist()
+        got = executor.run(step)
+        if on_ranks:
+            assert got.dtype == torch.int64 and got.shape == (len(prompts),)
+            nxt = got.tolist()
+        else:
+            if first is None:
+                first = got
+            nxt = got.argmax(-1).tolist()
         entries = []
         for i, t in enumerate(nxt):
             out[i].append(t)
             entries.append(StepSequence(i, (t,), len(seqs[i])))
             seqs[i].append(t)
-        step = Step(tuple(entries))
+        step = Step(tuple(entries), on_ranks)
     executor.release(list(seqs))
     return out, first
 

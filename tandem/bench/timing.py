@@ -52,16 +52,16 @@ def time_greedy(
     if not prompt or n_decode < 1:
         raise ValueError("need a non-empty prompt and at least one decode token")
     t0 = time.perf_counter()
-    logits = executor.run(Step((StepSequence(seq_id, tuple(prompt), 0),)))
-    tok = int(torch.argmax(logits[0]))
+    ids = executor.run(Step((StepSequence(seq_id, tuple(prompt), 0),), greedy=True))
+    tok = int(ids[0])
     ttft = time.perf_counter() - t0
     out, pos, steps = [tok], len(prompt), []
     if on_phase:
         on_phase("decode_start")
     for _ in range(n_decode):
         t = time.perf_counter()
-        logits = executor.run(Step((StepSequence(seq_id, (tok,), pos),)))
-        tok = int(torch.argmax(logits[0]))
+        ids = executor.run(Step((StepSequence(seq_id, (tok,), pos),), greedy=True))
+        tok = int(ids[0])
         steps.append(time.perf_counter() - t)
         out.append(tok)
         pos += 1

@@ -2,15 +2,16 @@
 
 A message is a fixed frame of `FRAME` int64 values:
 
-    [MAGIC, kind, n_seqs, n_tokens, n_release, payload_len, 0, 0 | inline payload ...]
+    [MAGIC, kind, n_seqs, n_tokens, n_release, payload_len, flags, 0 | inline payload ...]
 
 followed, only when the payload does not fit inline (`payload_len > FRAME - HEADER`), by a second
 tensor of exactly `payload_len` values. The payload is
 
     [seq_id, start_pos, n_tok] * n_seqs  ++  token ids (n_tokens, in sequence order)  ++  release ids
 
-so a decode step for a handful of sequences is one small fixed-size broadcast. Receivers check the
-magic, kind and every count against the frame before using them (`ControlError` otherwise).
+so a decode step for a handful of sequences is one small fixed-size broadcast. `flags` bit 0 is
+the step's `greedy` (the ranks return argmax ids, not logits). Receivers check the magic, kind,
+flags and every count against the frame before using them (`ControlError` otherwise).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ KIND_STEP = 1  # run a forward over `step` (after freeing `release`)
 KIND_RELEASE = 2  # only free the KV caches of `release`
 KIND_STOP = 3  # leave the worker loop
 KIND_PING = 4  # nothing to do: keeps an idle group's sockets inside their op timeout
+
+FLAG_GREEDY = 1
 
 
 class ControlError(RuntimeError):
@@ -53,7 +56,8 @@ def encode(msg: Control) -> tuple[torch.Tensor, torch.Tensor | None]:
         payload += s.token_ids
         n_tokens += len(s.token_ids)
     payload += msg.release
-    header = [MAGIC, msg.kind, len(seqs), n_tokens, len(msg.release), len(payload), 0, 0]
+    flags = FLAG_GREEDY if msg.step is not None and msg.step.greedy else 0
+    header = [MAGIC, msg.kind, len(seqs), n_tokens, len(msg.release), len(payload), flags, 0]
     if len(payload) <= FRAME - HEADER:
         frame = header + payload + [0] * (FRAME - HEADER - len(payload))
         return torch.tensor(frame, dtype=torch.int64), None
@@ -71,7 +75,7 @@ def payload_len(frame: torch.Tensor) -> int:
 def decode(frame: torch.Tensor, extra: torch.Tensor | None = None) -> Control:
     """Inverse of `encode`; raises `ControlError` on anything inconsistent."""
     _check_header(frame)
-    kind, n_seqs, n_tokens, n_release, n_payload = (int(v) for v in frame[1:6])
+    kind, n_seqs, n_tokens, n_release, n_payload, flags = (int(v) for v in frame[1:7])
     if n_payload <= FRAME - HEADER:
         payload = frame[HEADER : HEADER + n_payload].tolist()
     else:
@@ -95,7 +99,7 @@ def decode(frame: torch.Tensor, extra: torch.Tensor | None = None) -> Control:
         pos += n_tok
     if pos != 3 * n_seqs + n_tokens:
         raise ControlError("control token count disagrees with the sequences' lengths")
-    return Control(kind, Step(tuple(seqs)), release)
+    return Control(kind, Step(tuple(seqs), greedy=bool(flags & FLAG_GREEDY)), release)
 
 
 def _check_header(frame: torch.Tensor) -> None:
@@ -110,3 +114,5 @@ def _check_header(frame: torch.Tensor) -> None:
         raise ControlError(f"unknown control kind {kind}")
     if any(int(v) < 0 for v in frame[2:6]):
         raise ControlError("negative count in control frame")
+    if int(frame[6]) & ~FLAG_GREEDY or int(frame[7]) != 0:
+        raise ControlError(f"unknown control flags {int(frame[6])} / {int(frame[7])}")

@@ -28,9 +28,14 @@ class StepSequence:
 
 @dataclass(frozen=True)
 class Step:
-    """One forward pass over a batch of sequences of possibly different lengths and positions."""
+    """One forward pass over a batch of sequences of possibly different lengths and positions.
+
+    `greedy`: every sequence takes the argmax, so `run` returns the chosen token ids (B,) int64
+    instead of the logits. A tensor-parallel group then sends the head one (max, index) pair per
+    rank and row instead of each rank's logit slice (the largest transfer of a decode step)."""
 
     sequences: tuple[StepSequence, ...]
+    greedy: bool = False
 
 
 class Executor(Protocol):
@@ -39,7 +44,9 @@ class Executor(Protocol):
     max_batch: int
 
     def run(self, step: Step) -> torch.Tensor:
-        """Logits at each sequence's last new token, float32 on the host: (B, vocab_size)."""
+        """Logits at each sequence's last new token, float32 on the host: (B, vocab_size); for
+        a `greedy` step, the argmax of each row instead: (B,) int64 on the host (ties go to the
+        lowest token id, as `torch.argmax` of the full row)."""
         ...
 
     def release(self, seq_ids: list[int]) -> None:

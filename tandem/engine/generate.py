@@ -45,7 +45,11 @@ def accept_token(
 
 
 def decode_step(
-    ids: list[int], prompts: list[list[int]], results: list[GenerationResult], rows: list[int]
+    ids: list[int],
+    prompts: list[list[int]],
+    results: list[GenerationResult],
+    rows: list[int],
+    greedy: bool = False,
 ) -> Step:
     """The next step for `rows`: each feeds back its last token at the position after it."""
     return Step(
@@ -56,7 +60,8 @@ def decode_step(
                 len(prompts[i]) + len(results[i].token_ids) - 1,
             )
             for i in rows
-        )
+        ),
+        greedy,
     )
 
 
@@ -80,11 +85,12 @@ def generate(
     ids = [first_seq_id + i for i in range(len(prompts))]
     stop = set(params.stop_token_ids)
     t0 = time.perf_counter()
-    step = Step(tuple(StepSequence(ids[i], tuple(p), 0) for i, p in enumerate(prompts)))
+    greedy = params.greedy  # the executor returns argmax ids, not logits
+    step = Step(tuple(StepSequence(ids[i], tuple(p), 0) for i, p in enumerate(prompts)), greedy)
     running = list(range(len(prompts)))
     try:
         while running:
-            logits = executor.run(step)  # (len(running), vocab)
+            logits = executor.run(step)  # (len(running), vocab), or (len(running),) ids
             now = time.perf_counter()
             still = []
             for row, i in enumerate(running):
@@ -97,7 +103,7 @@ def generate(
             if done:
                 executor.release(done)
             running = still
-            step = decode_step(ids, prompts, results, running)
+            step = decode_step(ids, prompts, results, running, greedy)
     finally:
         if running:
             executor.release([ids[i] for i in running])

@@ -3,6 +3,10 @@
 Each live sequence owns one row ("slot") of the preallocated KV cache; `run` checks that a step
 continues each sequence where its cache ends, runs one batched forward, and returns the logits of
 each sequence's last new token.
+
+On construction the model's linear layers are put on the measured-best kernel for their device and
+dtype (`tandem.models.kernels`: oneDNN on CPU for float32 and, on CPUs with native bf16, for
+bfloat16); `kernels="torch"` keeps F.linear everywhere.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 from tandem.engine.executor import Step
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
+from tandem.models.kernels import prepare_linear_kernels
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
 
@@ -24,8 +29,16 @@ class StepError(ValueError):
 
 
 class LocalExecutor:
-    def __init__(self, model: Transformer, max_batch: int = 8, max_seq_len: int = 2048) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        max_batch: int = 8,
+        max_seq_len: int = 2048,
+        *,
+        kernels: str = "auto",
+    ) -> None:
         cfg = model.config
+        self.kernels = prepare_linear_kernels(model, kernel=kernels)  # in place, once
         self.model = model
         self.vocab_size = cfg.vocab_size
         self.max_seq_len = min(max_seq_len, cfg.max_position_embeddings)
@@ -43,9 +56,10 @@ class LocalExecutor:
         dtype: torch.dtype = torch.float32,
         max_batch: int = 8,
         max_seq_len: int = 2048,
+        kernels: str = "auto",
     ) -> LocalExecutor:
         model = load_model(ModelDir(path), dtype=dtype, device=device)
-        return cls(model, max_batch, max_seq_len)
+        return cls(model, max_batch, max_seq_len, kernels=kernels)
 
     def _check(self, step: Step) -> None:
         seqs = step.sequences
@@ -86,9 +100,11 @@ class LocalExecutor:
         m = self.model
         ctx = m.context([s.start_pos for s in seqs], lengths, self.cache, slots)
         h = m.forward_layers(m.embed(tokens), ctx)  # (B, T, D)
-        logits = m.head(m.last_hidden(h, ctx))[:, 0]  # (B, vocab)
         for s in seqs:
             self._cached[s.seq_id] = s.start_pos + len(s.token_ids)
+        if step.greedy:
+            return m.head_argmax(m.last_hidden(h, ctx))[:, 0].cpu()  # (B,) int64
+        logits = m.head(m.last_hidden(h, ctx))[:, 0]  # (B, vocab)
         return logits.float().cpu()
 
     def release(self, seq_ids: list[int]) -> None:

@@ -117,7 +117,7 @@ class PipelineExecutor:
         except (StageLinkError, pp.StageMessageError) as e:
             raise self._fail(str(e)) from e
         self._account(step)
-        return logits
+        return logits.argmax(-1) if step.greedy else logits
 
     # ---- pipelining across steps ----------------------------------------------------------------
 

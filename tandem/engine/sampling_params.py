@@ -28,6 +28,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise SamplingParamsError(f"max_tokens must be at least 1, got {self.max_tokens}")
@@ -46,7 +50,10 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token id from `logits` (vocab,), float32 on the host."""
+    """One token id from `logits` (vocab,), float32 on the host; a 0-d integer tensor is a token
+    the executor already chose (a greedy step) and is returned as it is."""
+    if logits.ndim == 0 and not logits.is_floating_point():
+        return int(logits)
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
     scaled = logits.float() / params.temperature

@@ -187,7 +187,8 @@ class Scheduler:
         seqs, rows, prefill_tokens = self._build(self._running)
         t0 = time.perf_counter()
         try:
-            logits = self.executor.run(Step(sequences=seqs))  # (B, vocab) f32
+            greedy = all(r.req.params.greedy for r in rows)  # then (B,) argmax ids come back
+            logits = self.executor.run(Step(sequences=seqs, greedy=greedy))  # (B, vocab) f32
         except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
             self._fail_all(e)
             return False

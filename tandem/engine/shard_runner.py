@@ -33,8 +33,8 @@ class ShardRunner:
     def forward(self, step: Step, h_in: torch.Tensor | None = None) -> torch.Tensor | None:
         """With the embedding, `h_in` is None and the tokens come from `step`; otherwise `h_in` is
         the previous stage's hidden state (B, T, D). Returns, with the head, the last-position
-        logits (B, vocab) float32 on rank 0 of a TP group and None on the others; without the
-        head, the hidden state (B, T, D)."""
+        logits (B, vocab) float32 (for a `greedy` step the argmax ids (B,) int64) on rank 0 of a
+        TP group and None on the others; without the head, the hidden state (B, T, D)."""
         m = self.model
         seqs = step.sequences
         self.check(step)
@@ -55,6 +55,9 @@ class ShardRunner:
             self._cached[s.seq_id] = s.start_pos + n
         if not m.with_head:
             return h
+        if step.greedy:
+            ids = m.head_argmax(m.last_hidden(h, ctx))  # (B, 1) int64 or None off rank 0
+            return None if ids is None else ids[:, 0].cpu()
         logits = m.head(m.last_hidden(h, ctx))  # (B, 1, vocab) or None off rank 0
         return None if logits is None else logits[:, 0].float().cpu()
 

@@ -119,6 +119,16 @@ class Transformer(nn.Module):
         """h (B, T, D) -> logits (B, T, vocab_size), in the compute dtype."""
         return self.lm_head(self.model.norm(h))
 
+    def head_argmax(self, h: torch.Tensor) -> torch.Tensor | None:
+        """h (B, T, D) -> argmax token ids (B, T) int64 of `head(h)`, ties to the lowest id. A head
+        with its own `argmax` (the vocab-parallel head) answers without gathering the logits and
+        may return None (off the rank that samples)."""
+        x = self.model.norm(h)
+        pick = getattr(self.lm_head, "argmax", None)
+        if pick is not None:
+            return pick(x)
+        return self.lm_head(x).argmax(-1)
+
     def last_hidden(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """h (B, T, D) -> (B, 1, D) at each row's last real token."""
         if ctx.lengths and all(n == h.shape[1] for n in ctx.lengths):

@@ -156,6 +156,31 @@ class VocabParallelLMHead(nn.Module):
         # float16 rank's logits do not pass through rank 0's bfloat16 on the way
         return gather_to_head(self.comm, local.float())
 
+    def argmax(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The argmax token ids of `forward(h)` on rank 0 (None elsewhere), without the logits:
+        rank r sends the head, per row, its slice's maximum m_r and global index v_start_r + i_r
+        (2 floats instead of v_local), and
+
+            argmax = v_start_s + i_s  for the first rank s with m_s = max_r m_r
+
+        which is `torch.argmax` of the gathered row (first maximal index), since the slices are
+        concatenated in rank order. Indices travel exactly: vocab < 2^24 (float32's integers)."""
+        local = F.linear(h, self.weight).float()  # (..., dim) -> (..., v_local)
+        if self.comm.world_size == 1:
+            return local.argmax(-1)
+        best, idx = local.max(-1, keepdim=True)  # (..., 1) each; the first maximum in the slice
+        pair = torch.cat([best, (idx + self.vocab_start).float()], dim=-1)  # (..., 2)
+        pairs = gather_to_head(self.comm, pair)  # (..., 2 * world) on rank 0
+        return None if pairs is None else pick_argmax(pairs)
+
+
+def pick_argmax(pairs: torch.Tensor) -> torch.Tensor:
+    """(..., 2p) rank-ordered (max, global index) pairs -> (...,) int64: the index of the first
+    rank holding the overall maximum (`torch.argmax` returns the first of equal maxima)."""
+    values, indices = pairs[..., 0::2], pairs[..., 1::2]  # (..., p) each
+    winner = values.argmax(-1, keepdim=True)  # first rank holding the maximum
+    return indices.gather(-1, winner).squeeze(-1).long()
+
 
 def gather_to_head(comm: Communicator, local: torch.Tensor) -> torch.Tensor | None:
     """Rank-ordered concatenation of every rank's `local` along the last dim, delivered to rank 0

@@ -33,6 +33,8 @@ from tandem.parallel.tensor import (
     VocabParallelLMHead,
 )
 
+MAX_EXACT_VOCAB = 2**24  # token ids travel as float32 in VocabParallelLMHead.argmax
+
 
 class TransformError(ValueError):
     """The plan and the communicator (or the model) disagree."""
@@ -52,6 +54,11 @@ def shard_transformer(
     """This rank's (`comm.rank`) shard of the model, parameters allocated but not loaded."""
     if plan.world_size != comm.world_size:
         raise TransformError(f"plan for {plan.world_size} ranks, communicator of {comm.world_size}")
+    if with_head and comm.world_size > 1 and config.vocab_size > MAX_EXACT_VOCAB:
+        raise TransformError(
+            f"vocab_size {config.vocab_size} exceeds 2^24: the vocab-parallel argmax sends token "
+            f"ids as float32 wire values, exact only up to 2^24"
+        )
     r = comm.rank
     D = config.hidden_size
     meta = torch.device("meta")

@@ -59,10 +59,19 @@ def test_tp_matches_single_node_across_processes(groups, expected, tp, weights):
     with pytest.raises(StepOrderError):  # refused on the head, before any worker sees it
         ex.run(Step((StepSequence(1, (3,), 5),)))
     for batch in (1, 3):
+        start = ex.comm_stats.copy()
         ids, first = greedy(ex, PROMPTS[:batch], 32)
         want_ids, want_first = expected[batch]
         assert (first - want_first).abs().max().item() < 1e-4
         assert ids == want_ids
+        # argmax on the ranks: one (max, index) pair per rank reaches the head, not its logits
+        mid = ex.comm_stats.copy()
+        ids, _ = greedy(ex, PROMPTS[:batch], 32, on_ranks=True)
+        assert ids == want_ids
+        with_logits = mid.bytes_moved - start.bytes_moved
+        argmax_only = ex.comm_stats.bytes_moved - mid.bytes_moved
+        # every rank but 0 ships >= a quarter of the vocabulary per row and step with the logits
+        assert with_logits - argmax_only >= 32 * batch * 4 * (ex.vocab_size // 4)
     assert ex.comm_stats.collectives > 0
 
 

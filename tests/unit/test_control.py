@@ -59,3 +59,14 @@ def test_truncated_payload_is_refused():
     )
     with pytest.raises(ControlError, match="truncated"):
         control.decode(frame, extra[:-1])
+
+
+def test_greedy_flag_roundtrips_and_unknown_flags_are_refused():
+    step = Step((StepSequence(4, (9,), 12), StepSequence(5, (1,), 3)), greedy=True)
+    frame, extra = control.encode(Control(control.KIND_STEP, step))
+    assert control.decode(frame, extra).step == step
+    plain = Step(step.sequences)
+    assert control.decode(*control.encode(Control(control.KIND_STEP, plain))).step.greedy is False
+    frame[6] = 6  # a flag this version does not know
+    with pytest.raises(control.ControlError, match="flags"):
+        control.decode(frame, extra)

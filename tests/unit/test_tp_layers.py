@@ -149,3 +149,49 @@ def test_replicated_kv_heads_match_reference(kv, n, weights):
     outs = _sharded_logits(config, ref, n, weights, tokens)
     with torch.no_grad():
         assert (outs[0] - ref(tokens)).abs().max().item() < 1e-4
+
+
+def test_pick_argmax_takes_the_first_rank_holding_the_maximum_like_torch_argmax():
+    from tandem.parallel.tensor import pick_argmax
+
+    g = torch.Generator().manual_seed(5)
+    for trial in range(200):
+        sizes = [int(v) for v in torch.randint(1, 6, (3,), generator=g)]
+        # few distinct values, so equal maxima inside a slice and across slices are common
+        row = torch.randint(0, 3, (sum(sizes),), generator=g).float()
+        parts, start, pairs = row.split(sizes), 0, []
+        for part in parts:
+            best, idx = part.max(-1, keepdim=True)
+            pairs += [best, (idx + start).float()]
+            start += part.numel()
+        assert int(pick_argmax(torch.cat(pairs))) == int(row.argmax()), (trial, row, sizes)
+
+
+@pytest.mark.parametrize("n,weights", [(2, None), (3, None), (2, (2.0, 1.0))])
+def test_vocab_parallel_argmax_equals_argmax_of_the_gathered_logits(n, weights):
+    config = tiny_config("Qwen3ForCausalLM")
+    ref = random_reference(config)
+    tokens = torch.randint(0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(4))
+    plan = plan_for_config(config, n, weights)
+    state = ref.state_dict()
+
+    def body(comm):
+        model = shard_transformer(config, plan, comm)
+        load_shard(model, StateDictReader(state), plan, comm.rank)
+        with torch.no_grad():
+            h = model.forward_layers(model.embed(tokens), model.context([0] * 3, [9] * 3))
+            return model.head_argmax(h)
+
+    outs = run_ranks(ReferenceCommunicator.group(n), body)
+    with torch.no_grad():
+        assert torch.equal(outs[0], ref(tokens).argmax(-1))
+    assert all(o is None for o in outs[1:])
+
+
+def test_vocab_beyond_float32_exact_integers_is_refused_for_tp():
+    config = tiny_config("Qwen3ForCausalLM")
+    import dataclasses
+
+    huge = dataclasses.replace(config, vocab_size=2**24 + 8)
+    with pytest.raises(TransformError, match="2\\^24"):
+        shard_transformer(huge, plan_for_config(huge, 2), ReferenceCommunicator.group(2)[0])
