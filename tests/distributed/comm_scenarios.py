@@ -148,3 +148,11 @@ def fast_path_shape_desync(comm: Any) -> str:
     """Same element count, other shape: the fingerprints differ, so both ranks fail closed."""
     comm.all_reduce_sum(torch.ones(8) if comm.rank == 0 else torch.ones(2, 4))
     return "no error"
+
+
+def big_prime_all_reduce(comm: Any, n: int, algorithm: str | None) -> tuple[bool, str]:
+    """An all-reduce of n (a prime near 16M) elements, equal to `reference` on every rank."""
+    xs = [rank_input(13, j, (n,)) for j in range(comm.world_size)]
+    got = comm.all_reduce_sum(xs[comm.rank])
+    want = reference.all_reduce_sum(xs, algorithm=algorithm)[comm.rank]
+    return bool(torch.equal(got, want)), digest(got)

@@ -127,3 +127,22 @@ def test_two_rank_fast_path_refuses_a_shape_desync_on_both_ranks() -> None:
     results = run_world("ring", 2, fast_path_shape_desync, options=dict(op_timeout=10),
                         allow_errors=True)  # fmt: skip
     assert [r[1] for r in results] == ["OpDesyncError", "OpDesyncError"], results
+
+
+BIG_PRIME = 16_777_213  # 2^24 - 3, the largest size the issue names, and prime
+
+
+@pytest.mark.parametrize(
+    "backend,world", [("ring", 2), ("ring", 5), ("star", 2), ("star", 3), ("star", 5)]
+)
+def test_16m_prime_all_reduce_equals_reference_on_every_rank(backend: str, world: int) -> None:
+    # ring at N = 3 is test_comm_paper_bugs' 64 MB all-reduce; together every N of the issue
+    from comm_scenarios import big_prime_all_reduce
+
+    algorithm = alg.RANK_ORDER if backend == "star" else None
+    results = run_world(
+        backend, world, big_prime_all_reduce, (BIG_PRIME, algorithm),
+        options=dict(op_timeout=120), timeout=300,
+    )  # fmt: skip
+    assert all(ok for ok, _ in results), results
+    assert len({d for _, d in results}) == 1
