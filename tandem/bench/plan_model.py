@@ -20,7 +20,8 @@ Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b b
     attention and after the MLP), each as `comm.algorithms` picks it: up to 64 KB a ring all-gather
     of whole tensors, `a(N) = (N-1) m(S)`; above, reduce-scatter + all-gather, `a(N) = 2(N-1)
     m(S/N)`. On the head stage also the embedding all-reduce, the step's control broadcast (a
-    frame), and the vocab-parallel LM head's gather of the other ranks' logit slices.
+    frame), and the greedy argmax's all-reduce of one (max, index) pair per rank (2N floats;
+    the benchmarks decode greedily, so no rank ships its logit slice).
   - PP over M stages: M activation messages per token (M-1 forward, 1 back to the head's LM head).
 
     t_token = sum_stages (n_i t_group_i + head work + syncs) + M m(S)   (one stream: no overlap)
@@ -194,10 +195,10 @@ def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) 
             vs = vocab_shares(config, layout.tp, tp_weights[0])
             compute += _group_time([v * n.s_per_token * frac_head for v, n in zip(vs, st)], st)
             if layout.tp > 1:
-                gathered = WIRE_BYTES_PER_ELEMENT * config.vocab_size * (1.0 - vs[0])
-                sync += ar + link.message_s(CONTROL_BYTES) + link.message_s(gathered)
-                wire += allreduce_wire_bytes(layout.tp, s_hidden) + round(gathered)
-                wire += (layout.tp - 1) * CONTROL_BYTES
+                pairs = WIRE_BYTES_PER_ELEMENT * 2 * layout.tp  # the argmax's (max, index) pairs
+                sync += ar + link.message_s(CONTROL_BYTES) + allreduce_s(link, layout.tp, pairs)
+                wire += allreduce_wire_bytes(layout.tp, s_hidden)
+                wire += allreduce_wire_bytes(layout.tp, pairs) + (layout.tp - 1) * CONTROL_BYTES
     if layout.pp > 1:
         sync += layout.pp * link.message_s(s_hidden)
         wire += layout.pp * layout.tp * s_hidden

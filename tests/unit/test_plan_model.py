@@ -47,10 +47,10 @@ def test_tp2_on_two_machines_halves_compute_and_pays_every_allreduce():
     p = predict(CFG, Layout(tp=2), nodes, LINK)
     assert p.compute_s == pytest.approx(0.005)
     ar = LINK.message_s(S)  # a small tensor: one all-gather hop of the whole tensor
-    gathered = 4 * CFG.vocab_size / 2  # the other rank's logit slice
-    expected_sync = (2 * 4 + 1) * ar + LINK.message_s(CONTROL_BYTES) + LINK.message_s(gathered)
+    pairs = 4 * 2 * 2  # the greedy argmax: one (max, index) pair per rank, never the logits
+    expected_sync = (2 * 4 + 1) * ar + LINK.message_s(CONTROL_BYTES) + LINK.message_s(pairs)
     assert p.sync_s == pytest.approx(expected_sync)
-    assert p.wire_bytes_per_token == (2 * 4 + 1) * 2 * S + gathered + CONTROL_BYTES
+    assert p.wire_bytes_per_token == (2 * 4 + 1) * 2 * S + 2 * pairs + CONTROL_BYTES
 
 
 def test_ranks_sharing_one_machine_do_not_speed_up_compute():
