@@ -8,7 +8,8 @@ Every rank runs `warmup + iters` all-reduces of each size (f32 tensors, as the T
 rank 0 prints one JSON object: per size, the median / p90 seconds per all-reduce. For the ring it
 also splits the median into host staging (device -> host f32 and back), reduction (the f32 adds)
 and wire (the rest: framing, syscalls, the link, waiting for the peer), the first two timed on
-the same tensor by themselves.
+the same tensor by themselves. With --cold-mb, small sizes are also timed "cold" (`cold_sync_s`):
+each op after streaming that much memory, as a decode step's all-reduces follow weight reads.
 """
 
 from __future__ import annotations
@@ -130,6 +131,28 @@ def staging_and_reduction_s(nbytes: int, world: int, iters: int = 200) -> tuple[
     return statistics.median(staging), statistics.median(_time_each(reduce, iters))
 
 
+def cold_sync_s(
+    all_reduce: Callable, rank: int, world: int, nbytes: int, iters: int, stream_mb: int
+) -> list[float]:
+    """Per op, the all-reduce as a decode step meets it: every rank first streams `stream_mb` MB
+    through its caches (as it streams weights between two all-reduces), then runs the op; the op's
+    own cost is the fastest rank's time (that rank arrived last, so it did not wait for a peer).
+    The ranks' times meet in one more all-reduce (each writes its row of a zero matrix)."""
+    junk = np.ones(stream_mb * (1 << 20) // 4, dtype=np.float32)
+    t = torch.full((nbytes // 4,), float(rank + 1))
+    mine = []
+    for _ in range(iters):
+        float(junk.sum())  # evicts the op's code and data from L1/L2/L3, as the weights do
+        x = t.clone()
+        t0 = time.perf_counter()
+        all_reduce(x)
+        mine.append(time.perf_counter() - t0)
+    table = torch.zeros(world, iters)
+    table[rank] = torch.tensor(mine)
+    every = all_reduce(table)  # (world, iters): x + 0 = x, so exactly every rank's times
+    return [float(v) for v in every.min(0).values]
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     if args.backend == "gloo":
@@ -154,6 +177,10 @@ def run(args: argparse.Namespace) -> dict:
                 staging, reduction = staging_and_reduction_s(nbytes, args.world)
                 row.update(staging_s=staging, reduction_s=reduction,
                            wire_s=max(med - staging - reduction, 0.0))  # fmt: skip
+            if args.cold_mb > 0 and nbytes <= 65536:
+                cold = cold_sync_s(all_reduce, args.rank, args.world, nbytes,
+                                   min(iters, 100), args.cold_mb)  # fmt: skip
+                row["cold_median_s"], row["cold_p90_s"] = _median_p90(cold)
             results.append(row)
     finally:
         close()
@@ -172,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--byte-budget", type=float, default=64e6, help="fewer iterations for big sizes")
+    p.add_argument("--cold-mb", type=int, default=0,
+                   help="also time small ops after streaming this many MB (the decode case)")  # fmt: skip
     out = run(p.parse_args(argv))
     if out["rank"] == 0:
         print(json.dumps(out), flush=True)

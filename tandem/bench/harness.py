@@ -189,6 +189,9 @@ def _log_files(opts: BenchOptions, tag: str, n: int) -> list:
     return [open(Path(opts.log_dir) / f"{tag}-rank{r}.log", "w") for r in range(n)]  # noqa: SIM115
 
 
+COLD_STREAM_MB = 64  # > any L3 here: a decode step streams ~40 MB of weights between all-reduces
+
+
 def run_collectives(hosts: Hosts, world: int, sizes: list[int], backend: str, iters: int) -> dict:
     """Our ring or gloo all-reduce between `world` ranks on `hosts`; rank 0's JSON."""
     secret = secrets.token_hex(16)
@@ -197,6 +200,8 @@ def run_collectives(hosts: Hosts, world: int, sizes: list[int], backend: str, it
     argv = [sys.executable, "-m", "tandem.bench.collective_run", "--backend", backend,
             "--world", str(world), "--master", f"{hosts.address(0)}:{port}", "--peers", peers,
             "--secret", secret, "--bytes", ",".join(map(str, sizes)), "--iters", str(iters)]  # fmt: skip
+    if backend == "ring":
+        argv += ["--cold-mb", str(COLD_STREAM_MB)]  # the op as decode meets it (plan calibration)
     procs = []
     for r in range(world):
         env = {"GLOO_SOCKET_IFNAME": hosts.device(r), "OMP_NUM_THREADS": "1"}
