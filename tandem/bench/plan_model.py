@@ -10,10 +10,11 @@ Compute. Decode is memory-bound, so a node's time splits over what it reads per 
 
 (`c` params per layer, `h` = final norm + LM head, from `partition.model_cost`). A TP rank `r` with
 share `f_r` of a layer (its kv heads, query heads and MLP rows under `parallel.plan`'s tiling)
-works `f_r t_layer(r)`; ranks advance in lockstep, so a layer takes the slowest *host*, where ranks
-that share a host (`NodeSpec.host`) share its throughput and add up:
+works `f_r t_layer(r)`; ranks advance in lockstep, so a layer takes the slowest *host*. Ranks
+that share a host (`NodeSpec.host`) share its throughput: a host runs `slots` of them at full speed
+at once (its cores / threads per rank; 1 by default: one accelerator), so
 
-    t_group = max_host sum_{r on host} f_r t_layer(r)
+    t_group = max_host max( max_{r on host} f_r t_layer(r),  sum_{r on host} f_r t_layer(r) / slots )
 
 Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b bytes:
   - TP over N ranks, per stage layer: 2 all-reduces of the f32 hidden state S = 4 D bytes (after
@@ -49,16 +50,20 @@ class PlanModelError(ValueError):
 class NodeSpec:
     """One rank's node: its time per decode token alone on the whole model, batch 1.
 
-    Nodes with the same non-empty `host` are processes on one machine and share its throughput.
+    Nodes with the same non-empty `host` are processes on one machine and share its throughput;
+    `slots` (the same on each of them) is how many the host runs at full speed at once.
     """
 
     name: str
     s_per_token: float
     host: str = ""
+    slots: int = 1
 
     def __post_init__(self) -> None:
         if not self.s_per_token > 0:
             raise PlanModelError(f"node {self.name!r}: time per token must be > 0")
+        if self.slots < 1:
+            raise PlanModelError(f"node {self.name!r}: slots must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -156,12 +161,14 @@ def vocab_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tup
 
 
 def _group_time(work: list[float], nodes: list[NodeSpec]) -> float:
-    """Lockstep ranks: the slowest host, where ranks on one host add up."""
-    per_host: dict[str, float] = {}
+    """Lockstep ranks: the slowest host, where a host's ranks share its `slots` (module docstring)."""
+    per_host: dict[str, list[float]] = {}
+    slots: dict[str, int] = {}
     for i, (w, n) in enumerate(zip(work, nodes)):
         key = n.host or f"#{n.name}#{i}"
-        per_host[key] = per_host.get(key, 0.0) + w
-    return max(per_host.values())
+        per_host.setdefault(key, []).append(w)
+        slots[key] = n.slots
+    return max(max(max(ws), sum(ws) / slots[k]) for k, ws in per_host.items())
 
 
 def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) -> Prediction:

@@ -63,6 +63,8 @@ def analyze(doc: dict) -> dict:
         doc["predictions"], doc["sync"], doc["projection"] = [], {}, {}
         return doc
     hidden_bytes = 4 * config.hidden_size
+    cores = int(doc.get("machine", {}).get("cores") or 1)
+    threads = int(doc.get("options", {}).get("threads") or 1)
     preds, sync = [], {}
     link_names = {doc["links"][k]["name"]: k for k in doc["links"]}
     for run in _ok_runs(doc):
@@ -70,7 +72,10 @@ def analyze(doc: dict) -> dict:
             continue
         link = link_names[run["link"]]
         s_single = _single(doc, run["link"])["decode_s_per_token"]
-        nodes = [NodeSpec(f"rank{i}", s_single, host="this machine") for i in range(8)]
+        # one machine: it runs as many ranks at once as it has cores for their threads
+        per_rank = max(1, threads // run["n"]) if run["kind"] == "tp" else threads
+        slots = max(1, cores // per_rank)
+        nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots) for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)
         lay = Layout(tp=run["n"]) if run["kind"] == "tp" else Layout(pp=run["n"])
         p = predict(config, lay, nodes, spec)

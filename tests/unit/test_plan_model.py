@@ -148,3 +148,15 @@ def test_plan_puts_the_fastest_node_first_so_single_means_the_best_node_alone():
     nodes = [NodeSpec("cpu", 0.2), NodeSpec("gpu", 0.006)]
     preds = {p.layout.name: p for p in rank_layouts(CFG, nodes, LINK)}
     assert preds["single"].s_per_token == pytest.approx(0.006)
+
+
+def test_a_host_with_two_slots_runs_two_ranks_at_full_speed_and_shares_beyond():
+    two = [NodeSpec(f"r{i}", 0.01, host="box", slots=2) for i in range(3)]
+    assert predict(CFG, Layout(tp=2), two, FREE).compute_s == pytest.approx(0.005)
+    # three ranks on two slots: each has a third of the work, the host does all of it at 2x
+    tp3 = predict(CFG, Layout(tp=3), two, FREE).compute_s
+    assert tp3 == pytest.approx(0.005, rel=0.1) and tp3 > 0.01 / 3
+    # pipeline stages take turns, whatever the slots
+    assert predict(CFG, Layout(pp=2), two, FREE).compute_s == pytest.approx(0.01)
+    with pytest.raises(PlanModelError):
+        NodeSpec("x", 0.01, slots=0)
