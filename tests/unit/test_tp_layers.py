@@ -17,7 +17,8 @@ from tandem.parallel.transform import TransformError, shard_transformer
 ARCHS = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 
 
-def _sharded_logits(config, ref, n, weights=None, tokens=None):
+def _sharded_logits(config, ref, n, weights=None, tokens=None, run=None):
+    """Every rank's `run(model)` (default: the logits of `tokens`) on its loaded shard."""
     plan = plan_for_config(config, n, weights)
     state = ref.state_dict()
 
@@ -25,7 +26,7 @@ def _sharded_logits(config, ref, n, weights=None, tokens=None):
         model = shard_transformer(config, plan, comm)
         load_shard(model, StateDictReader(state), plan, comm.rank)
         with torch.no_grad():
-            return model(tokens)
+            return model(tokens) if run is None else run(model)
 
     return run_ranks(ReferenceCommunicator.group(n), body)
 
@@ -172,17 +173,12 @@ def test_vocab_parallel_argmax_equals_argmax_of_the_gathered_logits(n, weights):
     config = tiny_config("Qwen3ForCausalLM")
     ref = random_reference(config)
     tokens = torch.randint(0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(4))
-    plan = plan_for_config(config, n, weights)
-    state = ref.state_dict()
 
-    def body(comm):
-        model = shard_transformer(config, plan, comm)
-        load_shard(model, StateDictReader(state), plan, comm.rank)
-        with torch.no_grad():
-            h = model.forward_layers(model.embed(tokens), model.context([0] * 3, [9] * 3))
-            return model.head_argmax(h)
+    def argmax(model):
+        h = model.forward_layers(model.embed(tokens), model.context([0] * 3, [9] * 3))
+        return model.head_argmax(h)
 
-    outs = run_ranks(ReferenceCommunicator.group(n), body)
+    outs = _sharded_logits(config, ref, n, weights, run=argmax)
     with torch.no_grad():
         assert torch.equal(outs[0], ref(tokens).argmax(-1))
     assert all(o is None for o in outs[1:])
