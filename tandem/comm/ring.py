@@ -65,6 +65,27 @@ from tandem.wire import frame as fr
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
 
 
+class _PairPlan:
+    """Per tensor shape, what the N = 2 fast path reuses: the frame's fingerprint and shape bytes,
+    and a receive buffer (header + payload) the peer's frame lands in."""
+
+    __slots__ = ("fp", "dims", "nbytes", "buf", "view", "payload", "expect", "checked", "_reader")
+
+    def __init__(self, fp: int, dims: bytes, nbytes: int, reader: FrameReader) -> None:
+        self.fp, self.dims, self.nbytes, self._reader = fp, dims, nbytes, reader
+        self.buf = bytearray(fr.FIXED_SIZE + len(dims) + nbytes)
+        self.view = memoryview(self.buf)
+        self.payload = np.frombuffer(self.buf, np.float32, offset=fr.FIXED_SIZE + len(dims))
+        self.expect, self.checked = b"", False
+
+    def check(self, got: int) -> None:
+        """The fixed header as soon as it has arrived: a peer in another op fails at once."""
+        if not self.checked and got >= fr.FIXED_SIZE:
+            self.checked = True
+            if self.view[: fr.FIXED_SIZE] != self.expect[: fr.FIXED_SIZE]:
+                raise self._reader.desync(self.expect, self.buf)
+
+
 class RingCommunicator:
     """Rank `rank` of a `world_size` ring over two authenticated channels (left, right)."""
 
@@ -276,15 +297,14 @@ class RingCommunicator:
         each way, sent before anything else is done; the sum is `x + peer`, which equals the
         RANK_ORDER sum x_0 + x_1 bit for bit on both ranks (float addition is commutative). Every
         check of the general path holds: the peer's header must equal ours byte for byte (op,
-        sequence number, step, fingerprint of op/dtype/shape), else OpDesyncError."""
+        sequence number, step, fingerprint of op/dtype/shape; the fixed part as soon as it has
+        arrived), else OpDesyncError. Frames are those of `_sum_rank_order`."""
         if self._broken is not None:
             raise base.CommClosedError(f"rank {self._rank}: ring is unusable: {self._broken}")
         self._seq += 1
-        shape = t.shape
-        plan = self._pairs.get(shape)
+        plan = self._pairs.get(t.shape)
         if plan is None:
-            plan = self._pair_plan(tuple(shape))
-        fp, ndim, nbytes, dims = plan
+            plan = self._pair_plan(tuple(t.shape))
         x = stage_to_host(t, torch.float32)  # aliases t: no copy
         head = (
             fr.FIXED.pack(
@@ -293,35 +313,35 @@ class RingCommunicator:
                 fr.DATA,
                 fr.ALL_REDUCE,
                 wd.FLOAT32.code,
-                ndim,
+                1,
                 0,
                 0,
                 self._seq,
-                fp,
-                nbytes,
+                plan.fp,
+                plan.nbytes,
             )  # fmt: skip
-            + dims
+            + plan.dims
         )
-        self._io.send((head, x))
-        peer = self._reader.known_small(head, nbytes, self._wnp)
-        self._io.flush()
-        return unstage(np.add(x, peer), tuple(shape), t)
+        self._io.send_small(head, x)
+        plan.expect, plan.checked = head, False
+        self._io.recv_small(plan.view, plan.check)
+        if plan.view[: len(head)] != head:
+            raise self._reader.desync(head, plan.buf)
+        out = np.add(x, plan.payload)
+        self._io.flush()  # a no-op unless the send was queued (it must not outlive x)
+        return unstage(out, tuple(t.shape), t)
 
-    def _pair_plan(self, shape: tuple[int, ...]) -> tuple[int, int, int, bytes]:
+    def _pair_plan(self, shape: tuple[int, ...]) -> _PairPlan:
         if len(self._pairs) > 512:
             self._pairs.clear()
-        # the frame of the general path (_sum_rank_order: flat payload, fingerprint of the real
-        # shape, step 0), so a rank on the general path (say, a bfloat16 rank) meets this one
         n = 1
         for d in shape:
             n *= d
+        # the frame of the general path (_sum_rank_order: flat payload, fingerprint of the real
+        # shape, step 0), so a rank on the general path (say, a bfloat16 rank) meets this one
         head = data_header(fr.ALL_REDUCE, wd.FLOAT32.code, 0, 0, (n,), 0)
-        plan = (
-            self._fingerprint(fr.ALL_REDUCE, wd.FLOAT32.code, shape),
-            1,
-            fr.FIXED.unpack_from(head)[-1],
-            head[fr.FIXED_SIZE :],
-        )
+        fp = self._fingerprint(fr.ALL_REDUCE, wd.FLOAT32.code, shape)
+        plan = _PairPlan(fp, head[fr.FIXED_SIZE :], 4 * n, self._reader)
         self._pairs[torch.Size(shape)] = plan
         return plan
 

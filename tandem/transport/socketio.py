@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _OUT = select.POLLOUT | select.POLLERR | select.POLLHUP
@@ -207,6 +208,46 @@ class Duplex:
                     self._thread.start()
                 self._cv.notify_all()
 
+    def send_small(self, head: bytes, payload: Any) -> None:
+        """`send([head, payload])` for the latency path: when nothing is queued (only this thread
+        queues, so the check needs no lock) it is one sendmsg from this thread; otherwise, or for
+        whatever the kernel does not take at once, `send`. `payload`: a buffer with `nbytes`
+        (a numpy array or memoryview)."""
+        if self._queue or self._busy or self._error is not None:
+            self.send((head, payload))
+            return
+        try:
+            sent = self.out.sock.sendmsg((head, payload))
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            raise PeerClosedError(f"{self.out.peer}: connection lost while sending ({e})") from e
+        if sent < len(head) + payload.nbytes:  # rare: the socket buffer was full
+            rest = memoryview(head + memoryview(payload).cast("B").tobytes())[sent:]
+            self.send((rest,))
+
+    def recv_small(self, view: memoryview, check: Callable[[int], None]) -> None:
+        """`recv_into(view, check)` for the latency path: one recv_into first, which usually
+        brings the whole frame; `check(bytes_so_far)` runs after it either way."""
+        try:
+            got = self.inp.sock.recv_into(view)
+        except BlockingIOError:
+            got = -1
+        except OSError as e:
+            raise PeerClosedError(f"{self.inp.peer}: connection lost while receiving ({e})") from e
+        if got == len(view):
+            check(got)
+            return
+        if got == 0:
+            raise PeerClosedError(f"{self.inp.peer}: peer closed the connection")
+        if got > 0:
+            check(got)
+            view = view[got:]
+            base = got
+            self.recv_into(view, lambda k: check(base + k))
+        else:
+            self.recv_into(view, check)
+
     def _sender(self) -> None:
         sock, out = self.out.sock, self.out
         while True:
@@ -215,9 +256,9 @@ class Duplex:
                     self._cv.wait()
                 if not self._queue:
                     return
+                self._busy = True  # before the queue empties: `flush` reads both without the lock
                 views = list(self._queue)
                 self._queue.clear()
-                self._busy = True
             try:
                 last = time.monotonic()
                 while views:
@@ -288,6 +329,8 @@ class Duplex:
 
     def flush(self) -> None:
         """Block until every queued byte is handed to the kernel (or the sender fails)."""
+        if not self._queue and not self._busy and self._error is None:
+            return  # nothing pending: only this thread queues, and the sender sets busy first
         with self._cv:
             while (self._queue or self._busy) and self._error is None:
                 self._cv.wait(1.0)

@@ -98,3 +98,41 @@ def test_spin_env_default_zero_and_bad_values(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setenv(SPIN_ENV, bad)
         with pytest.raises(ValueError, match=SPIN_ENV):
             spin_from_env()
+
+
+def test_small_path_sends_in_order_through_a_full_socket_and_receives_in_pieces():
+    import numpy as np
+
+    a, b = _pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    out = Duplex(TimedSocket(a, "b", 10.0), TimedSocket(a, "b", 10.0))
+    chunk, filler = bytes(range(256)) * 64, bytearray()
+    while True:  # fill the kernel's buffers: the small send cannot go out whole, inline
+        try:
+            filler += chunk[: a.send(chunk)]
+        except BlockingIOError:
+            break
+    payload = np.arange(1024, dtype=np.float32)
+    out.send_small(b"HEAD", payload)  # what the kernel refuses goes to the sender thread
+    filler2 = bytes(range(256)) * 4096
+    out.send((filler2,))  # queued behind it, never around it
+    out.send_small(b"TAIL", payload)  # the queue is busy: goes behind as well
+    got = bytearray()
+    b.settimeout(10)
+    want = bytes(filler) + b"HEAD" + payload.tobytes() + filler2 + b"TAIL" + payload.tobytes()
+    while len(got) < len(want):
+        got += b.recv(1 << 20)
+    out.flush()
+    assert bytes(got) == want
+
+    inp = Duplex(TimedSocket(b, "a", 10.0), TimedSocket(b, "a", 10.0))
+    frame = bytes(range(200)) * 21
+    seen: list[int] = []
+    th = _dribble(a, frame, pieces=3, gap=0.05)
+    buf = bytearray(len(frame))
+    inp.recv_small(memoryview(buf), seen.append)
+    th.join()
+    assert bytes(buf) == frame
+    assert seen == sorted(seen) and seen[-1] == len(frame) and len(seen) >= 2
+    a.close()
+    b.close()
