@@ -3,6 +3,10 @@
 The head counts are this module's own attributes `n_heads` and `n_kv_heads`: one device holds them
 all; a tensor-parallel transform replaces the projections with column/row-parallel ones and sets the
 local counts, and nothing here changes. Query head h reads key/value head h // (n_heads/n_kv_heads).
+
+`tandem.models.kernels.prepare_linear_kernels` may fuse q/k/v into one `qkv_proj` whose weight is
+[W_q; W_k; W_v] (rows stacked, biases likewise): one GEMV instead of three; its output splits back
+into q, k, v along the last dimension (`FUSED`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from tandem.models.rope import apply_rope
 
 
 class Attention(nn.Module):
+    FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}  # fused name -> parts, in row order
+
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -34,14 +40,19 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_proj: nn.Module | None = None  # set by prepare_linear_kernels
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x (B, T, D) or flattened (B*T, D) -> the same shape."""
         B, T = ctx.positions.shape
         hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads
-        q = self.q_proj(x).view(B, T, H, hd)
-        k = self.k_proj(x).view(B, T, Hkv, hd)
-        v = self.v_proj(x).view(B, T, Hkv, hd)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split((H * hd, Hkv * hd, Hkv * hd), -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, H, hd)
+        k = k.view(B, T, Hkv, hd)
+        v = v.view(B, T, Hkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, ctx.cos, ctx.sin)

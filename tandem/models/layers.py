@@ -23,13 +23,22 @@ class RMSNorm(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)). Tensor parallelism splits gate/up by columns and
-    down by rows, so the product needs no communication until down's all-reduce."""
+    down by rows, so the product needs no communication until down's all-reduce.
+
+    `prepare_linear_kernels` may fuse gate and up into one `gate_up_proj` with weight
+    [W_gate; W_up]: one GEMV, its output (..., 2 * intermediate) halved back into gate and up."""
+
+    FUSED = {"gate_up_proj": ("gate_proj", "up_proj")}  # fused name -> parts, in row order
 
     def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj: nn.Module | None = None  # set by prepare_linear_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, -1)  # (..., 2I) -> 2 x (..., I)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

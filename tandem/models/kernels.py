@@ -1,0 +1,280 @@
+"""Which kernel computes `Y = X W^T + b` for the linear layers, chosen once per (device, dtype).
+
+Decode at batch 1 is a chain of GEMVs bound by reading the weights, and torch's default CPU path
+(`F.linear` -> MKL sgemv / oneDNN on a plain bf16 layout) streams only about half the memory
+bandwidth on the x86 CPUs measured here. oneDNN's inner-product primitive, reached through
+`torch.ops.mkldnn._linear_pointwise`, streams ~1.5-2x faster. The choice, per weight:
+
+    kernel     when (CPU only, x86 with oneDNN)             weight storage
+    "onednn"   float32                                      the dense weight itself (no copy)
+    "packed"   bfloat16 on CPUs with avx512_bf16 or AMX     reordered once into oneDNN's blocked
+                                                            layout (`_reorder_linear_weight`); the
+                                                            dense tensor is dropped (same bytes)
+    "torch"    anything else (GPUs, float16, other CPUs)    unchanged, `F.linear`
+
+Measured (AMD EPYC, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B matrices, best of 9, GB/s of
+weights streamed): float32 F.linear 11-15, "onednn" 20-30; bfloat16 F.linear 11-16, "packed"
+17-25; a dense bf16 weight through oneDNN is no faster than F.linear, hence the reorder. float16
+has no oneDNN CPU path here (it needs avx512_fp16), so it stays on F.linear.
+
+A packed weight is an opaque oneDNN tensor: it can be multiplied, not indexed or sliced. A tied LM
+head shares its matrix with the embedding, which must stay dense for row look-ups, so by default a
+tied head stays on its embedding's dense tensor ("torch" kernel in bfloat16, "onednn" in float32);
+`tied_head="copy"` gives it its own packed copy (one extra vocab x hidden matrix in memory).
+
+The kernel produces the same mathematical result as F.linear; the summation order differs, so
+float32 outputs differ from F.linear's in the last bits (~1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TORCH, ONEDNN, PACKED = "torch", "onednn", "packed"
+KERNELS = (TORCH, ONEDNN, PACKED)
+
+
+class KernelError(ValueError):
+    """A kernel that cannot run the given weight (wrong device or dtype, or unsupported here)."""
+
+
+@cache
+def _onednn_cpu() -> bool:
+    """oneDNN is built in, this is an x86 CPU with at least AVX2, and the pointwise op exists."""
+    try:
+        return (
+            torch.backends.mkldnn.is_available()
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        )
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@cache
+def _native_bf16_cpu() -> bool:
+    """The CPU computes bf16 dot products natively (avx512_bf16 or AMX), so oneDNN's bf16 GEMV
+    runs at memory speed instead of converting every weight in software."""
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, c, lambda: False)() for c in checks)
+
+
+def choose_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
+    """The measured-best kernel for a weight on `device` in `dtype` (see the module table)."""
+    if torch.device(device).type != "cpu" or not _onednn_cpu():
+        return TORCH
+    if dtype == torch.float32:
+        return ONEDNN
+    if dtype == torch.bfloat16 and _native_bf16_cpu():
+        return PACKED
+    return TORCH
+
+
+def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
+    """The weight (out, in) as `kernel` wants it stored: reordered for PACKED, unchanged otherwise.
+    A PACKED result is a new tensor of the same byte size; the caller drops the dense one."""
+    if kernel not in KERNELS:
+        raise KernelError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if kernel == TORCH:
+        return weight
+    if weight.device.type != "cpu" or not _onednn_cpu():
+        raise KernelError(f"kernel {kernel!r} needs a CPU weight and oneDNN, got {weight.device}")
+    if weight.is_mkldnn or kernel == ONEDNN:
+        return weight
+    if weight.dtype != torch.bfloat16:
+        raise KernelError(f"kernel 'packed' takes bfloat16 weights, got {weight.dtype}")
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` for a dense or packed weight: x (..., in) -> (..., out).
+
+    Dispatches per call on the weight: packed -> oneDNN; dense float32 on an x86 CPU with oneDNN
+    -> oneDNN on the dense weight; anything else -> F.linear. For a hot loop prefer `KernelLinear`,
+    which decides once."""
+    if weight.is_mkldnn or (
+        weight.dtype == torch.float32 and weight.device.type == "cpu" and _onednn_cpu()
+    ):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def release_file_pages(t: torch.Tensor) -> int:
+    """Drops this process's mapping of the whole pages under `t` when `t` lives in a memory-mapped
+    file (a checkpoint read lazily by the loader), so that a weight that was just packed into a new
+    buffer stops counting twice in the resident set. The file's pages stay in the page cache, and
+    a later read of `t` faults them back in from the file, so this is safe only for a tensor nobody
+    writes to in place: the loader's weights. Anonymous memory is never touched (dropping it would
+    zero it). Linux only; elsewhere, or on any doubt, does nothing. Returns the bytes released."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.is_mkldnn:
+        return 0
+    lo = t.data_ptr()
+    hi = lo + t.numel() * t.element_size()
+    page = mmap.PAGESIZE
+    start, end = -(-lo // page) * page, hi // page * page  # whole pages inside [lo, hi)
+    if end <= start or not _in_file_mapping(start, end):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.madvise(start, end - start, 4) != 0:  # MADV_DONTNEED
+        return 0
+    return end - start
+
+
+def _in_file_mapping(start: int, end: int) -> bool:
+    """[start, end) lies inside one mapping of a regular file (per /proc/self/maps)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        lo, _, hi = fields[0].partition("-")
+        if int(lo, 16) <= start and end <= int(hi, 16):
+            path = fields[5].strip() if len(fields) == 6 else ""
+            return path.startswith("/") and not path.endswith("(deleted)") and Path(path).is_file()
+    return False
+
+
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class KernelLinear(nn.Module):
+    """A drop-in for an inference-only `nn.Linear` whose kernel was chosen once: the same
+    parameter names (`weight`, `bias`), so state-dict keys and tied weights stay as they were.
+    x (..., in) -> (..., out)."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str, in_features: int
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, weight.shape[0]
+        self.kernel = kernel
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, False)
+        self.bias = bias
+        self._fn: Callable = F.linear if kernel == TORCH else _onednn_linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fn(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
+
+
+@dataclass
+class KernelReport:
+    """What `prepare_linear_kernels` did: layer counts per kernel and the weight bytes packed."""
+
+    layers: dict[str, int] = field(default_factory=dict)
+    fused: int = 0  # fused groups (q/k/v, gate/up)
+    packed_bytes: int = 0
+    copied_bytes: int = 0  # an extra packed copy of a tied head (tied_head="copy")
+
+
+def prepare_linear_kernels(
+    model: nn.Module, *, kernel: str = "auto", tied_head: str = "share", fuse: bool = True
+) -> KernelReport:
+    """Puts every `nn.Linear` in `model` on `kernel` ("auto": the measured-best per device and
+    dtype, `choose_kernel`), in place; returns what it did. Inference only: the weights stop
+    requiring grad. Works one matrix (or one fused group) at a time, so peak memory is the model
+    plus one group.
+
+    With `fuse`, a module that declares `FUSED = {fused_name: (part, ...)}` (attention's q/k/v,
+    the MLP's gate/up) gets one `KernelLinear` `fused_name` over the row-stacked weights
+    [W_part1; W_part2; ...] (biases likewise) and its parts set to None: one GEMV instead of several
+    over the same bytes. A prepared model's state dict therefore names the fused weights; it is an
+    execution form, not a checkpoint.
+
+    A linear layer whose weight is shared with another module (a tied LM head) keeps the dense
+    shared tensor unless `tied_head="copy"` packs it a copy of its own; sharing a dense float32
+    weight costs nothing, since "onednn" reads it in place. Calling this again is a no-op."""
+    if tied_head not in ("share", "copy"):
+        raise KernelError(f"tied_head is 'share' or 'copy', got {tied_head!r}")
+    if kernel != "auto" and kernel not in KERNELS:
+        raise KernelError(f"unknown kernel {kernel!r}; choose auto or one of {', '.join(KERNELS)}")
+    owners: dict[int, int] = {}
+    for mod in model.modules():
+        for p in mod.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    report = KernelReport()
+
+    def pick(w: torch.Tensor) -> str:
+        return choose_kernel(w.device, w.dtype) if kernel == "auto" else kernel
+
+    def install(parent: nn.Module, leaf: str, w: torch.Tensor, b, k: str, shared: bool) -> None:
+        if k == PACKED and not w.is_mkldnn:
+            nbytes = w.numel() * w.element_size()
+            w = pack_weight(w, k)
+            if shared:
+                report.copied_bytes += nbytes
+            else:
+                report.packed_bytes += nbytes
+        else:
+            pack_weight(w, k)  # validates the kernel against the weight
+        for t in (w, b):
+            if t is not None:
+                t.requires_grad_(False)
+        setattr(parent, leaf, KernelLinear(w, b, k, w.shape[1]))
+        report.layers[k] = report.layers.get(k, 0) + 1
+
+    # hold names, not modules: a replaced matrix is freed as soon as its layer is done
+    if fuse:
+        for mname in [n for n, m in model.named_modules() if getattr(type(m), "FUSED", None)]:
+            mod = model.get_submodule(mname)
+            for fused, parts in type(mod).FUSED.items():
+                lins = [getattr(mod, n, None) for n in parts]
+                if not _fusable(lins, owners):
+                    continue
+                with torch.no_grad():
+                    w = torch.cat([lin.weight for lin in lins])  # (sum out, in)
+                    b = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
+                for lin in lins:
+                    release_file_pages(lin.weight)
+                for n in parts:
+                    setattr(mod, n, None)
+                del lins
+                install(mod, fused, w, b, pick(w), shared=False)
+                report.fused += 1
+    for name in [n for n, m in model.named_modules() if type(m) is nn.Linear]:
+        lin = model.get_submodule(name)
+        w = lin.weight
+        k = pick(w)
+        shared = owners[id(w)] > 1
+        if k == PACKED and shared and tied_head == "share":
+            k = TORCH
+        owner, _, leaf = name.rpartition(".")
+        install(model.get_submodule(owner), leaf, w, lin.bias, k, shared)
+        if k == PACKED and not shared:
+            release_file_pages(w)
+        del lin, w
+    return report
+
+
+def _fusable(lins: list, owners: dict[int, int]) -> bool:
+    """Plain, unshared nn.Linear parts over the same input, dtype and device, all with or all
+    without a bias."""
+    if not lins or any(type(m) is not nn.Linear for m in lins):
+        return False
+    w0 = lins[0].weight
+    return all(
+        m.in_features == lins[0].in_features
+        and m.weight.dtype == w0.dtype
+        and m.weight.device == w0.device
+        and not m.weight.is_mkldnn
+        and (m.bias is None) == (lins[0].bias is None)
+        and owners[id(m.weight)] == 1
+        for m in lins
+    )

@@ -1,0 +1,167 @@
+"""The decode-kernel choice for linear layers (`tandem.models.kernels`): same results as F.linear,
+fused groups equal their parts, tied weights stay shared, packed weights replace (not duplicate)
+the dense ones, and a lazily mapped checkpoint's pages are released after packing."""
+
+import copy
+
+import pytest
+import torch
+from tp_support import random_reference, tiny_config, write_random_model
+
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.local import LocalExecutor
+from tandem.loaders.load import load_model
+from tandem.loaders.safetensors_dir import ModelDir
+from tandem.models.kernels import (
+    ONEDNN,
+    PACKED,
+    TORCH,
+    KernelError,
+    KernelLinear,
+    choose_kernel,
+    linear,
+    prepare_linear_kernels,
+    release_file_pages,
+)
+
+ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+HAS_ONEDNN = choose_kernel("cpu", torch.float32) == ONEDNN
+HAS_PACKED = choose_kernel("cpu", torch.bfloat16) == PACKED
+needs_onednn = pytest.mark.skipif(not HAS_ONEDNN, reason="no oneDNN x86 CPU path here")
+needs_packed = pytest.mark.skipif(not HAS_PACKED, reason="CPU without native bf16")
+
+
+def _tokens(config, seed=1):
+    return torch.randint(
+        0, config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def test_kernel_table_keeps_float16_and_non_cpu_devices_on_torch():
+    assert choose_kernel("meta", torch.float32) == TORCH
+    assert choose_kernel("cpu", torch.float16) == TORCH
+    assert choose_kernel("cpu", torch.float32) in (ONEDNN, TORCH)
+
+
+def test_unknown_kernel_or_tied_head_mode_is_a_typed_error():
+    model = random_reference(tiny_config())
+    with pytest.raises(KernelError, match="unknown kernel"):
+        prepare_linear_kernels(model, kernel="fast")
+    with pytest.raises(KernelError, match="tied_head"):
+        prepare_linear_kernels(model, tied_head="maybe")
+
+
+@needs_onednn
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prepared_float32_model_matches_f_linear_within_1e_5(arch, fuse):
+    config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
+    ref = random_reference(config)
+    ours = copy.deepcopy(ref)
+    report = prepare_linear_kernels(ours, fuse=fuse)
+    assert report.layers == ({ONEDNN: 9} if fuse else {ONEDNN: 15})
+    assert report.fused == (4 if fuse else 0) and report.packed_bytes == 0
+    tokens = _tokens(config)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), ref(tokens), atol=1e-5, rtol=0)
+
+
+@needs_onednn
+def test_linear_helper_dispatches_dense_and_packed_weights_alike():
+    x, w, b = torch.randn(2, 5, 64), torch.randn(48, 64), torch.randn(48)
+    ref = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(linear(x, w, b), ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(linear(x[:, -1:], w, b), ref[:, -1:], atol=1e-5, rtol=0)
+    if HAS_PACKED:
+        wb, xb = w.bfloat16(), x.bfloat16()
+        packed = torch.ops.mkldnn._reorder_linear_weight(wb, 1)
+        torch.testing.assert_close(linear(xb, packed), linear(xb, wb), atol=0.05, rtol=0.02)
+
+
+def test_tied_head_keeps_sharing_the_embedding_and_state_dict_names_the_fused_weights():
+    config = tiny_config("Qwen3ForCausalLM")
+    assert config.tie_word_embeddings
+    model = random_reference(config).to(torch.bfloat16)
+    prepare_linear_kernels(model)
+    assert isinstance(model.lm_head, KernelLinear)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    keys = model.state_dict().keys()
+    assert "model.layers.0.self_attn.qkv_proj.weight" in keys
+    assert "model.layers.0.mlp.gate_up_proj.weight" in keys
+    assert "model.layers.0.self_attn.q_proj.weight" not in keys
+    assert prepare_linear_kernels(model).layers == {}  # a second call finds nothing to do
+
+
+@needs_packed
+@pytest.mark.parametrize("tied_head", ["share", "copy"])
+def test_packed_bf16_replaces_dense_weights_and_follows_the_torch_kernel(tied_head):
+    config = tiny_config("Qwen3ForCausalLM")
+    ref = random_reference(config).to(torch.bfloat16)
+    ours = copy.deepcopy(ref)
+    report = prepare_linear_kernels(ours, tied_head=tied_head)
+    layer_bytes = sum(p.numel() * 2 for n, p in ref.named_parameters() if n.endswith("proj.weight"))
+    assert report.packed_bytes == layer_bytes
+    head = ours.lm_head.weight
+    assert head.is_mkldnn == (tied_head == "copy")
+    assert report.copied_bytes == (head.numel() * 2 if tied_head == "copy" else 0)
+    assert not ours.model.embed_tokens.weight.is_mkldnn
+    tokens = _tokens(config)
+    with torch.no_grad():
+        a, b = ours(tokens).float(), ref(tokens).float()
+    assert (a - b).abs().max().item() < 0.1  # bf16 rounding of a different summation order
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
+
+
+@needs_onednn
+def test_local_executor_greedy_ids_equal_on_either_kernel(tmp_path):
+    config = tiny_config("Qwen2ForCausalLM")
+    d = write_random_model(tmp_path / "m", config)
+    fast = LocalExecutor(load_model(ModelDir(d)), max_batch=1, max_seq_len=32)
+    slow = LocalExecutor(load_model(ModelDir(d)), max_batch=1, max_seq_len=32, kernels=TORCH)
+    assert isinstance(fast.model.model.layers["0"].mlp.gate_up_proj, KernelLinear)
+    assert fast.model.model.layers["0"].mlp.gate_up_proj.kernel == ONEDNN
+    assert slow.model.model.layers["0"].mlp.gate_up_proj.kernel == TORCH
+    ids = {}
+    for name, ex in (("fast", fast), ("slow", slow)):
+        seq, out, pos = [5, 6, 7], [], 0
+        for _ in range(8):
+            step = Step((StepSequence(0, tuple(seq[pos:]), pos),))
+            pos = len(seq)
+            seq.append(int(ex.run(step)[0].argmax()))
+            out.append(seq[-1])
+        ids[name] = out
+    assert ids["fast"] == ids["slow"]
+
+
+def _resident_bytes(t: torch.Tensor) -> int:
+    """Resident bytes of the pages under `t` (mincore-free: /proc/self/smaps of its mapping)."""
+    lo = t.data_ptr()
+    cur = None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            a, b = (int(x, 16) for x in head[0].split("-"))
+            cur = (a, b) if a <= lo < b else None
+        elif cur and head[0] == "Rss:":
+            return int(head[1]) * 1024
+    return -1
+
+
+@pytest.mark.skipif(not HAS_PACKED, reason="packing is what releases pages")
+def test_packing_releases_the_mapped_checkpoint_pages_but_never_anonymous_memory(tmp_path):
+    config = tiny_config("LlamaForCausalLM", hidden_size=256, intermediate_size=1024)
+    ref = random_reference(config).to(torch.bfloat16)
+    from tandem.loaders.writer import write_model_dir
+
+    write_model_dir(
+        tmp_path / "m", config, {k: v.contiguous() for k, v in ref.state_dict().items()}
+    )
+    md = ModelDir(tmp_path / "m")
+    mapped = md.read("model.layers.0.mlp.down_proj.weight")  # 512 KiB, lazily mapped
+    mapped.sum()  # fault every page in
+    before = _resident_bytes(mapped)
+    assert release_file_pages(mapped) > 0
+    assert _resident_bytes(mapped) < before
+    assert torch.equal(mapped, ref.model.layers["0"].mlp.down_proj.weight)  # re-read from file
+    anon = torch.ones(1 << 20)
+    assert release_file_pages(anon) == 0 and anon.sum().item() == 1 << 20
