@@ -3,6 +3,8 @@ explicitly and every collective is called in plain sight in `forward` (no hooks,
 
 Notation: `X` is the input (..., in), a linear layer computes `Y = X A^T + b` with `A` of shape
 (out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Shard` of one dimension.
+Every product goes through `tandem.models.kernels.linear`, the single-node model's decode kernel
+(oneDNN for float32 on x86 CPUs, `F.linear` elsewhere), so a shard multiplies as the monolith does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.comm.base import Communicator
+from tandem.models.kernels import linear
 
 
 class ColumnParallelLinear(nn.Module):
@@ -36,7 +39,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., in) -> (..., out_local)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -70,8 +73,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.comm.world_size == 1:
-            return F.linear(x, self.weight, self.bias)  # the monolith's exact kernel
-        partial = F.linear(x, self.weight)  # (..., in_local) -> (..., out)
+            return linear(x, self.weight, self.bias)  # the monolith's kernel
+        partial = linear(x, self.weight)  # (..., in_local) -> (..., out)
         y = self.comm.all_reduce_sum(partial)
         return y if self.bias is None else y + self.bias
 
@@ -149,7 +152,7 @@ class VocabParallelLMHead(nn.Module):
         self.weight = weight
 
     def forward(self, h: torch.Tensor) -> torch.Tensor | None:
-        local = F.linear(h, self.weight)  # (..., dim) -> (..., v_local)
+        local = linear(h, self.weight)  # (..., dim) -> (..., v_local)
         if self.comm.world_size == 1:
             return local
         # float32 travels the (float32) wire losslessly whatever each rank computes in, so a
@@ -169,7 +172,7 @@ class VocabParallelLMHead(nn.Module):
         The pairs meet in one small all-reduce rather than a gather: rank r writes its pair into
         slots [2r, 2r+2) of a zero tensor (..., 2p), and since x + 0 = x exactly, the sum is the
         rank-ordered pairs, on the latency-optimal path the layers' all-reduces already take."""
-        local = F.linear(h, self.weight).float()  # (..., dim) -> (..., v_local)
+        local = linear(h, self.weight).float()  # (..., dim) -> (..., v_local)
         n, r = self.comm.world_size, self.comm.rank
         if n == 1:
             return local.argmax(-1)
