@@ -18,9 +18,13 @@ weights streamed): float32 F.linear 11-15, "onednn" 20-30; bfloat16 F.linear 11-
 has no oneDNN CPU path here (it needs avx512_fp16), so it stays on F.linear.
 
 A packed weight is an opaque oneDNN tensor: it can be multiplied, not indexed or sliced. A tied LM
-head shares its matrix with the embedding, which must stay dense for row look-ups, so by default a
-tied head stays on its embedding's dense tensor ("torch" kernel in bfloat16, "onednn" in float32);
-`tied_head="copy"` gives it its own packed copy (one extra vocab x hidden matrix in memory).
+head shares its matrix with the embedding, which must stay dense for row look-ups. `tied_head`:
+"share" keeps the head on the embedding's dense tensor ("torch" kernel in bfloat16; "onednn" reads
+a float32 one in place anyway); "copy" packs the head a copy of its own (one more vocab x hidden
+matrix in memory); "auto" (the default) copies only when the embedding is a lazily mapped
+checkpoint (compute dtype = stored dtype), and then releases its resident pages: the embedding
+reads a few rows per step from the file, the packed head replaces the pages the dense head would
+keep resident, so the resident set does not grow.
 
 The kernel produces the same mathematical result as F.linear; the summation order differs, so
 float32 outputs differ from F.linear's in the last bits (~1e-7 relative).
@@ -133,6 +137,13 @@ def release_file_pages(t: torch.Tensor) -> int:
     return end - start
 
 
+def _is_mapped(t: torch.Tensor) -> bool:
+    """`t` is a CPU tensor whose bytes lie in a mapped regular file."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.is_mkldnn:
+        return False
+    return _in_file_mapping(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+
+
 def _in_file_mapping(start: int, end: int) -> bool:
     """[start, end) lies inside one mapping of a regular file (per /proc/self/maps)."""
     try:
@@ -181,11 +192,11 @@ class KernelReport:
     layers: dict[str, int] = field(default_factory=dict)
     fused: int = 0  # fused groups (q/k/v, gate/up)
     packed_bytes: int = 0
-    copied_bytes: int = 0  # an extra packed copy of a tied head (tied_head="copy")
+    copied_bytes: int = 0  # a packed copy of a tied head (tied_head "copy", or "auto" on a mapping)
 
 
 def prepare_linear_kernels(
-    model: nn.Module, *, kernel: str = "auto", tied_head: str = "share", fuse: bool = True
+    model: nn.Module, *, kernel: str = "auto", tied_head: str = "auto", fuse: bool = True
 ) -> KernelReport:
     """Puts every `nn.Linear` in `model` on `kernel` ("auto": the measured-best per device and
     dtype, `choose_kernel`), in place; returns what it did. Inference only: the weights stop
@@ -198,11 +209,10 @@ def prepare_linear_kernels(
     over the same bytes. A prepared model's state dict therefore names the fused weights; it is an
     execution form, not a checkpoint.
 
-    A linear layer whose weight is shared with another module (a tied LM head) keeps the dense
-    shared tensor unless `tied_head="copy"` packs it a copy of its own; sharing a dense float32
-    weight costs nothing, since "onednn" reads it in place. Calling this again is a no-op."""
-    if tied_head not in ("share", "copy"):
-        raise KernelError(f"tied_head is 'share' or 'copy', got {tied_head!r}")
+    A linear layer whose weight is shared with another module (a tied LM head) is handled per
+    `tied_head` (module docstring: "auto", "share" or "copy"). Calling this again is a no-op."""
+    if tied_head not in ("auto", "share", "copy"):
+        raise KernelError(f"tied_head is 'auto', 'share' or 'copy', got {tied_head!r}")
     if kernel != "auto" and kernel not in KERNELS:
         raise KernelError(f"unknown kernel {kernel!r}; choose auto or one of {', '.join(KERNELS)}")
     owners: dict[int, int] = {}
@@ -253,11 +263,12 @@ def prepare_linear_kernels(
         w = lin.weight
         k = pick(w)
         shared = owners[id(w)] > 1
-        if k == PACKED and shared and tied_head == "share":
+        mapped = shared and k == PACKED and tied_head == "auto" and _is_mapped(w)
+        if k == PACKED and shared and not (tied_head == "copy" or mapped):
             k = TORCH
         owner, _, leaf = name.rpartition(".")
         install(model.get_submodule(owner), leaf, w, lin.bias, k, shared)
-        if k == PACKED and not shared:
+        if k == PACKED and (mapped or not shared):
             release_file_pages(w)
         del lin, w
     return report

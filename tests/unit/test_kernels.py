@@ -165,3 +165,24 @@ def test_packing_releases_the_mapped_checkpoint_pages_but_never_anonymous_memory
     assert torch.equal(mapped, ref.model.layers["0"].mlp.down_proj.weight)  # re-read from file
     anon = torch.ones(1 << 20)
     assert release_file_pages(anon) == 0 and anon.sum().item() == 1 << 20
+
+
+@needs_packed
+def test_auto_tied_head_packs_a_copy_only_over_a_mapped_checkpoint_and_rows_still_read_right(
+    tmp_path,
+):
+    config = tiny_config("Qwen3ForCausalLM", vocab_size=4096, hidden_size=256)
+    ref = random_reference(config).to(torch.bfloat16)
+    from tandem.loaders.writer import write_model_dir
+
+    state = {k: v.contiguous() for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    write_model_dir(tmp_path / "m", config, state)
+    model = load_model(ModelDir(tmp_path / "m"), dtype=torch.bfloat16)  # mapped, not copied
+    report = prepare_linear_kernels(model)
+    assert model.lm_head.weight.is_mkldnn and report.copied_bytes == 4096 * 256 * 2
+    table = model.model.embed_tokens.weight
+    assert not table.is_mkldnn and torch.equal(table, ref.model.embed_tokens.weight)
+    tokens = _tokens(config)
+    with torch.no_grad():
+        a, b = model(tokens).float(), ref(tokens).float()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
