@@ -504,7 +504,7 @@ class RingCommunicator:
         wire, payload = encode_tensor(t, self._wire)
         seq = self._begin()
         shape = tuple(t.shape)
-        fp = fr.fingerprint(fr.BROADCAST, wire.code, (*shape, src))
+        fp = self._fingerprint(fr.BROADCAST, wire.code, (*shape, src))
         got = self._guard(self._broadcast, wire, payload, shape, src, seq, fp)
         return decode_tensor(got, wire, shape, t.dtype, t.device)
 
@@ -519,9 +519,12 @@ class RingCommunicator:
     ) -> np.ndarray:
         hop = (self._rank - src) % self._size  # 0 at the root
         if hop > 0:
-            payload = np.empty(payload.size, dtype=payload.dtype)
             head = self._header(fr.BROADCAST, wire.code, seq, fp, shape, hop - 1)
-            self._recv_known(head, memoryview(payload))
+            if payload.nbytes <= self._small:  # header and payload in one receive
+                payload = self._reader.known_small(head, payload.nbytes, payload.dtype)
+            else:
+                payload = np.empty(payload.size, dtype=payload.dtype)
+                self._recv_known(head, memoryview(payload))
         if hop < self._size - 1:
             self._io.send([self._header(fr.BROADCAST, wire.code, seq, fp, shape, hop), payload])
             self._io.flush()
