@@ -28,6 +28,7 @@ _IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _OUT = select.POLLOUT | select.POLLERR | select.POLLHUP
 
 SPIN_ENV = "TANDEM_SPIN_US"
+_sched_yield = getattr(os, "sched_yield", lambda: None)  # not on every platform
 DEFAULT_SPIN_US = 500
 
 
@@ -85,15 +86,19 @@ class TimedSocket:
         return PeerTimeoutError(f"{self.peer}: no progress {what} for {self.timeout:g} s")
 
     def spin_readable(self, budget: float) -> bool:
-        """Poll without sleeping for up to `budget` seconds; True once the socket is readable."""
+        """Poll without sleeping for up to `budget` seconds; True once the socket is readable.
+        Each turn yields the core (`sched_yield`): alone on its core the spinner goes straight
+        back to polling, but on an oversubscribed machine (more ranks than cores) the rank it is
+        waiting for gets to run instead of waiting out the spin."""
         if budget <= 0:
             return False
-        poll, end = self._pin.poll, time.monotonic() + budget
+        poll, end, yield_ = self._pin.poll, time.monotonic() + budget, _sched_yield
         while True:
             if poll(0):
                 return True
             if time.monotonic() >= end:
                 return False
+            yield_()
 
     def wait_readable(self) -> None:
         """Return once readable; PeerTimeoutError after `timeout` s (spin included) without."""
