@@ -34,6 +34,7 @@ from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
 from tandem.engine.stage_worker import DTYPES, READY
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
+from tandem.models.kernels import prepare_linear_kernels
 from tandem.parallel.partition import validate_ranges
 from tandem.parallel.stage import StageRunner
 from tandem.parallel.stage_link import (
@@ -269,9 +270,11 @@ def _build_head(
     comm = None
     if s0.tp == 1:
         embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=r0)
+        prepare_linear_kernels(embed_head)  # the single-node decode kernels (models/kernels.py)
         stage0 = StageRunner(embed_head, max_batch, max_seq_len)
     else:
         embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=(r0[0], r0[0]))
+        prepare_linear_kernels(embed_head)
         comm = form_stage_ring(
             0, s0.tp, head_ring, head_right, secret=terms.secret,
             cluster_id=f"{terms.cluster_id}/stage0", fingerprint=md.fingerprint(), timeout=timeout,
