@@ -168,6 +168,31 @@ def run_layout(
             "wire_bytes_per_token": wire}  # fmt: skip
 
 
+def measure_concurrency(opts: BenchOptions, k: int = 2) -> dict:
+    """How much of a k-fold speed-up this machine gives k single-node decodes run at once (each
+    with the threads a TP rank gets): `slots` = k t_alone / t_together, between 1 (they share
+    everything) and k (independent). Memory-bound decode on one socket shares its bandwidth, so
+    this is what co-located ranks can get, measured apart from any layout run."""
+    argv = [sys.executable, "-m", "tandem.bench.decode_run", "--model", opts.model_dir,
+            "--layout", "single", "--dtype", opts.dtype, "--threads", str(max(1, opts.threads // k)),
+            "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
+            "--rounds", str(opts.rounds),
+            "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
+
+    def run(n: int) -> float:
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True) for _ in range(n)]  # fmt: skip
+        outs = [p.communicate(timeout=opts.timeout_s)[0] for p in procs]
+        if any(p.returncode != 0 for p in procs):
+            raise HostProcessFailed("a concurrent single-node decode failed")
+        times = [json.loads(o.strip().splitlines()[-1])["decode_s_per_token"] for o in outs]
+        return sum(times) / len(times)
+
+    alone, together = run(1), run(k)
+    return {"k": k, "alone_s_per_token": alone, "together_s_per_token": together,
+            "slots": min(float(k), max(1.0, k * alone / together))}  # fmt: skip
+
+
 def _trace_sync(trace_dir: Path, n: int, decode: int) -> dict:
     """Synchronization and waiting per decode token from the ranks' collective traces."""
     from tandem.bench.optrace import analyze_traces
@@ -265,6 +290,12 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                         log(f"  {lay.name} on {hosts.name} failed: {e}")
                         doc["runs"].append({"layout": lay.name, "link": hosts.name,
                                             "error": str(e)})  # fmt: skip
+    if any(lay.kind == "tp" for lay in opts.layouts):
+        try:
+            doc["concurrency"] = measure_concurrency(opts)
+            log(f"2 decodes at once: {doc['concurrency']['slots']:.2f}x the throughput of one")
+        except (HostProcessFailed, subprocess.TimeoutExpired) as e:
+            log(f"concurrency measurement failed: {e}")
     if opts.hf_peer:
         doc["peers"]["hf"] = _hf_peer(opts, log)
     doc["machine"]["loadavg_end"] = machine_info()["loadavg"]

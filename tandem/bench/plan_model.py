@@ -12,7 +12,8 @@ Compute. Decode is memory-bound, so a node's time splits over what it reads per 
 share `f_r` of a layer (its kv heads, query heads and MLP rows under `parallel.plan`'s tiling)
 works `f_r t_layer(r)`; ranks advance in lockstep, so a layer takes the slowest *host*. Ranks
 that share a host (`NodeSpec.host`) share its throughput: a host runs `slots` of them at full speed
-at once (its cores / threads per rank; 1 by default: one accelerator), so
+at once (1 by default: one accelerator; for CPU ranks, what k decodes at once measure, at most its
+cores / threads per rank), so
 
     t_group = max_host max( max_{r on host} f_r t_layer(r),  sum_{r on host} f_r t_layer(r) / slots )
 
@@ -57,7 +58,7 @@ class NodeSpec:
     name: str
     s_per_token: float
     host: str = ""
-    slots: int = 1
+    slots: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.s_per_token > 0:
@@ -163,7 +164,7 @@ def vocab_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tup
 def _group_time(work: list[float], nodes: list[NodeSpec]) -> float:
     """Lockstep ranks: the slowest host, where a host's ranks share its `slots` (module docstring)."""
     per_host: dict[str, list[float]] = {}
-    slots: dict[str, int] = {}
+    slots: dict[str, float] = {}
     for i, (w, n) in enumerate(zip(work, nodes)):
         key = n.host or f"#{n.name}#{i}"
         per_host.setdefault(key, []).append(w)

@@ -75,9 +75,12 @@ def analyze(doc: dict) -> dict:
             continue
         link = link_names[run["link"]]
         s_single = _single(doc, run["link"])["decode_s_per_token"]
-        # one machine: it runs as many ranks at once as it has cores for their threads
+        # one machine: as many ranks at once as it has cores for their threads, and no more than
+        # the measured speed-up of concurrent decodes (they share the memory bandwidth)
         per_rank = max(1, threads // run["n"]) if run["kind"] == "tp" else threads
-        slots = max(1, cores // per_rank)
+        slots = float(max(1, cores // per_rank))
+        if "concurrency" in doc:
+            slots = min(slots, doc["concurrency"]["slots"])
         nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots) for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)
         lay = Layout(tp=run["n"]) if run["kind"] == "tp" else Layout(pp=run["n"])
