@@ -136,3 +136,20 @@ def test_small_path_sends_in_order_through_a_full_socket_and_receives_in_pieces(
     assert seen == sorted(seen) and seen[-1] == len(frame) and len(seen) >= 2
     a.close()
     b.close()
+
+
+def test_spin_yields_the_core_every_turn_so_an_oversubscribed_peer_can_run(monkeypatch):
+    import tandem.transport.socketio as sio
+
+    calls = []
+    monkeypatch.setattr(sio, "_sched_yield", lambda: calls.append(1))
+    a, b = _pair()
+    ts = TimedSocket(b, "a", 5.0, spin=0.002)
+    assert ts.spin_readable(0.002) is False  # nothing sent: spins out its budget
+    assert len(calls) > 1
+    a.sendall(b"x")
+    time.sleep(0.05)
+    calls.clear()
+    assert ts.spin_readable(0.002) is True and calls == []  # readable: returns at once
+    a.close()
+    b.close()
