@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,11 +40,30 @@ def health(base: str) -> int:
         return 0
 
 
+def spawn(argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Starts `argv` with its output (and its children's) in a temporary file, never an unread
+    pipe: a pipe nobody drains fills at 64 KB and then blocks whichever process writes next."""
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    """Everything `proc` (started by `spawn`, or with a pipe) has written so far."""
+    log = getattr(proc, "log", None)
+    if log is None:
+        return proc.stdout.read() if proc.stdout else ""
+    log.flush()
+    log.seek(0)
+    return log.read()
+
+
 def wait_healthy(proc: subprocess.Popen, base: str, timeout_s: float = 180.0) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
+            out = output(proc)
             raise AssertionError(f"server exited with {proc.returncode}: {out[-3000:]}")
         if health(base) == 200:
             return
@@ -73,13 +93,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
 def running(args: list[str], env: dict | None = None):
     """Starts `tandem <args> --port P`, waits for /health 200, yields (proc, base URL)."""
     (port,) = free_ports(1)
-    proc = subprocess.Popen(
-        [*TANDEM, *args, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+    proc = spawn([*TANDEM, *args, "--port", str(port)], env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, base)

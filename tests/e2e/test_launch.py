@@ -8,7 +8,16 @@ import time
 
 import psutil
 import pytest
-from serve_support import TANDEM, descendants, health, kill_tree, make_model, wait_healthy
+from serve_support import (
+    TANDEM,
+    descendants,
+    health,
+    kill_tree,
+    make_model,
+    output,
+    spawn,
+    wait_healthy,
+)
 
 from tandem.cluster.launcher import check_port_free, free_ports
 
@@ -21,22 +30,8 @@ def model(tmp_path_factory):
 
 
 def _launch(model, port):
-    return subprocess.Popen(
-        [
-            *TANDEM,
-            "launch",
-            "--model",
-            str(model),
-            "--tp",
-            str(TP),
-            "--port",
-            str(port),
-            "--no-demo",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    argv = [*TANDEM, "launch", "--model", str(model), "--tp", str(TP), "--port", str(port)]
+    return spawn([*argv, "--no-demo"])
 
 
 def _long_stream(port, chunks):
@@ -80,7 +75,10 @@ def test_launch_then_sigint_leaves_no_process_and_frees_the_port(model):
         stream.start()  # an open SSE stream must not hold the shutdown up
         time.sleep(2)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        try:
+            assert proc.wait(60) == 0
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit 60 s after Ctrl-C:\n{output(proc)[-3000:]}") from None
         assert len(chunks) > 2  # the stream was live when Ctrl-C came
         assert _all_gone(children) == []
         check_port_free("127.0.0.1", port)
