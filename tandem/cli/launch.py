@@ -92,6 +92,9 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, dict]:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    # Ctrl-C is how a launch is stopped, even when this process inherited SIGINT ignored (started
+    # in the background by a non-interactive shell, which ignores it for its background jobs)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with sigterm_as_keyboard_interrupt():
             return _launch(args, console)

@@ -40,11 +40,13 @@ def health(base: str) -> int:
         return 0
 
 
-def spawn(argv: list[str], env: dict | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], env: dict | None = None, preexec_fn=None) -> subprocess.Popen:
     """Starts `argv` with its output (and its children's) in a temporary file, never an unread
     pipe: a pipe nobody drains fills at 64 KB and then blocks whichever process writes next."""
     log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=preexec_fn
+    )
     proc.log = log  # type: ignore[attr-defined]
     return proc
 

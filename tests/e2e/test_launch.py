@@ -29,9 +29,12 @@ def model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("launch") / "model")
 
 
-def _launch(model, port):
+def _launch(model, port, sigint_ignored=False):
+    """`sigint_ignored`: start it as a non-interactive shell starts a background job, with
+    SIGINT ignored, which Ctrl-C must still stop."""
     argv = [*TANDEM, "launch", "--model", str(model), "--tp", str(TP), "--port", str(port)]
-    return spawn([*argv, "--no-demo"])
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+    return spawn([*argv, "--no-demo"], preexec_fn=ignore)
 
 
 def _long_stream(port, chunks):
@@ -65,7 +68,7 @@ def _all_gone(procs, timeout_s=30.0):
 
 def test_launch_then_sigint_leaves_no_process_and_frees_the_port(model):
     (port,) = free_ports(1)
-    proc = _launch(model, port)
+    proc = _launch(model, port, sigint_ignored=True)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}")
         children = descendants(proc.pid)
