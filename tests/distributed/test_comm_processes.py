@@ -70,7 +70,7 @@ def test_star_equals_reference_bit_for_bit_on_every_rank(world: int) -> None:
     _check(run_world("star", world, conformance, (cases, mirror)), world)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 5])
 def test_gloo_equals_reference_bit_for_bit_on_every_rank(world: int) -> None:
     cases = [c for c in CASES if c[1] < 100000]
     mirror = dict(algorithm=alg.RANK_ORDER)
