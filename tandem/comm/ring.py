@@ -319,7 +319,7 @@ class RingCommunicator:
                 self._seq,
                 plan.fp,
                 plan.nbytes,
-            )  # fmt: skip
+            )
             + plan.dims
         )
         self._io.send_small(head, x)

@@ -188,7 +188,7 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             greedy = all(r.req.params.greedy for r in rows)  # then (B,) argmax ids come back
-            logits = self.executor.run(Step(sequences=seqs, greedy=greedy))  # (B, vocab) f32
+            logits = self.executor.run(Step(sequences=seqs, greedy=greedy))  # (B, vocab) or (B,)
         except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
             self._fail_all(e)
             return False
