@@ -100,6 +100,16 @@ def _threads_per_rank(opts: BenchOptions, lay: BenchLayout) -> int:
     return max(1, opts.threads // lay.n) if lay.kind == "tp" else opts.threads
 
 
+def _decode_argv(opts: BenchOptions, kind: str, threads: int) -> list[str]:
+    """One `decode_run` process of layout `kind` with `threads` torch threads, timed as the run
+    asks (prompt, decode tokens, rounds)."""
+    return [sys.executable, "-m", "tandem.bench.decode_run", "--model", opts.model_dir,
+            "--layout", kind, "--dtype", opts.dtype, "--threads", str(threads),
+            "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
+            "--rounds", str(opts.rounds),
+            "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
+
+
 def run_layout(
     hosts: Hosts, lay: BenchLayout, opts: BenchOptions, log: Callable[[str], None]
 ) -> dict:
@@ -108,12 +118,8 @@ def run_layout(
     n = lay.n
     secret = secrets.token_hex(16)
     peers = ",".join(f"{hosts.address(r)}:{BASE_PORT + r}" for r in range(n))
-    base = [sys.executable, "-m", "tandem.bench.decode_run", "--model", opts.model_dir,
-            "--layout", lay.kind, "--world", str(n), "--peers", peers, "--secret", secret,
-            "--dtype", opts.dtype, "--threads", str(_threads_per_rank(opts, lay)),
-            "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
-            "--rounds", str(opts.rounds),
-            "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
+    base = _decode_argv(opts, lay.kind, _threads_per_rank(opts, lay))
+    base += ["--world", str(n), "--peers", peers, "--secret", secret]
     logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
     trace_dir = None
     if lay.kind == "tp" and opts.log_dir is not None:
@@ -173,11 +179,7 @@ def measure_concurrency(opts: BenchOptions, k: int = 2) -> dict:
     with the threads a TP rank gets): `slots` = k t_alone / t_together, between 1 (they share
     everything) and k (independent). Memory-bound decode on one socket shares its bandwidth, so
     this is what co-located ranks can get, measured apart from any layout run."""
-    argv = [sys.executable, "-m", "tandem.bench.decode_run", "--model", opts.model_dir,
-            "--layout", "single", "--dtype", opts.dtype, "--threads", str(max(1, opts.threads // k)),
-            "--prompt-len", str(opts.prompt_len), "--decode", str(opts.decode),
-            "--rounds", str(opts.rounds),
-            "--max-seq-len", str(opts.prompt_len + opts.decode + 16)]  # fmt: skip
+    argv = _decode_argv(opts, "single", max(1, opts.threads // k))
 
     def run(n: int) -> float:
         procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -268,13 +268,13 @@ def _build_head(
     if n > 1:
         acceptor.start()
     comm = None
+    # at TP > 1 stage 0's layers are sharded (below); the head keeps only embedding and LM head
+    head_layers = r0 if s0.tp == 1 else (r0[0], r0[0])
+    embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=head_layers)
+    prepare_linear_kernels(embed_head)  # the single-node decode kernels (models/kernels.py)
     if s0.tp == 1:
-        embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=r0)
-        prepare_linear_kernels(embed_head)  # the single-node decode kernels (models/kernels.py)
         stage0 = StageRunner(embed_head, max_batch, max_seq_len)
     else:
-        embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=(r0[0], r0[0]))
-        prepare_linear_kernels(embed_head)
         comm = form_stage_ring(
             0, s0.tp, head_ring, head_right, secret=terms.secret,
             cluster_id=f"{terms.cluster_id}/stage0", fingerprint=md.fingerprint(), timeout=timeout,
