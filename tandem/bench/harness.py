@@ -5,7 +5,8 @@ PP=M) the harness starts the ranks (`decode_run.py`) on their hosts, reads every
 counters around the head's decode phase, and records TTFT, prefill and decode speed and wire bytes
 per token. Then the peers in the same run: our ring against torch gloo all-reduce
 (`collective_run.py`) on each link, and Hugging Face transformers decoding the same directory
-(`hf_peer.py`). Finally `plan_model` predicts every measured layout from the measured single-node
+(`hf_peer.py`), then how much concurrent decodes speed up and the lockstep probe (`lockstep.py`).
+Finally `plan_model` predicts every measured layout from the measured single-node
 speed and link figures (the ring's per-message cost calibrated by the all-reduce run, never by the
 layout runs), and `report.py` writes JSON, markdown and a PNG chart.
 """
@@ -298,10 +299,28 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
             log(f"2 decodes at once: {doc['concurrency']['slots']:.2f}x the throughput of one")
         except (HostProcessFailed, subprocess.TimeoutExpired) as e:
             log(f"concurrency measurement failed: {e}")
+        doc["lockstep"] = _lockstep(config, opts, log)
     if opts.hf_peer:
         doc["peers"]["hf"] = _hf_peer(opts, log)
     doc["machine"]["loadavg_end"] = machine_info()["loadavg"]
     return doc
+
+
+def _lockstep(config, opts: BenchOptions, log: Callable[[str], None]) -> dict:
+    """The lockstep probe at every TP degree measured (all of a layout's ranks share this
+    machine); the report turns it into the plan's per-sync penalty."""
+    from tandem.bench.lockstep import LockstepProbeError, measure_lockstep
+
+    ks = tuple(sorted({lay.n for lay in opts.layouts if lay.kind == "tp"}))
+    try:
+        probe = measure_lockstep(config, ks=ks)
+    except (LockstepProbeError, subprocess.TimeoutExpired) as e:
+        log(f"lockstep probe failed: {e}")
+        return {"error": str(e)}
+    for k, f in probe["by_k"].items():
+        log(f"lockstep probe x{k}: segment alone {f['alone_s'] * 1e6:.0f} us, with all-reduce "
+            f"in lockstep {f['lockstep_s'] * 1e6:.0f} us per sync")  # fmt: skip
+    return probe
 
 
 def _hf_peer(opts: BenchOptions, log: Callable[[str], None]) -> dict:

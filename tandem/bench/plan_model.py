@@ -17,6 +17,15 @@ cores / threads per rank), so
 
     t_group = max_host max( max_{r on host} f_r t_layer(r),  sum_{r on host} f_r t_layer(r) / slots )
 
+Lockstep waiting. TP ranks meet at every collective, so each sync also costs what the ranks lose
+waiting for each other beyond that: a rank woken by its peer's data waits for a core when a host
+runs more ranks than it has cores, the segments do not start together, the slowest sets the pace.
+A host carries it per sync as a function of how many of the group's ranks it runs
+(`NodeSpec.lockstep_s`, k -> seconds, measured by `lockstep.py`'s probe as what k ranks' segment +
+all-reduce loop costs beyond this model's own terms; 0 for a node that is not here), and the group
+pays its slowest host's: a TP stage adds  n_syncs * max_host p_host(k_host), n_syncs = 2 n_i (+3 on
+the head stage), nothing for a single rank or a PP-only layout (stages take turns).
+
 Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b bytes:
   - TP over N ranks, per stage layer: 2 all-reduces of the f32 hidden state S = 4 D bytes (after
     attention and after the MLP), each as `comm.algorithms` picks it: up to 64 KB a ring all-gather
@@ -26,7 +35,8 @@ Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b b
     the benchmarks decode greedily, so no rank ships its logit slice).
   - PP over M stages: M activation messages per token (M-1 forward, 1 back to the head's LM head).
 
-    t_token = sum_stages (n_i t_group_i + head work + syncs) + M m(S)   (one stream: no overlap)
+    t_token = sum_stages (n_i t_group_i + head work + syncs + lockstep_i) + M m(S)   (one stream:
+              no overlap)
 """
 
 from __future__ import annotations
@@ -59,12 +69,21 @@ class NodeSpec:
     s_per_token: float
     host: str = ""
     slots: float = 1.0
+    lockstep_s: tuple[tuple[int, float], ...] = ()  # (k, seconds per sync with k ranks here)
 
     def __post_init__(self) -> None:
         if not self.s_per_token > 0:
             raise PlanModelError(f"node {self.name!r}: time per token must be > 0")
         if self.slots < 1:
             raise PlanModelError(f"node {self.name!r}: slots must be >= 1")
+        if any(k < 2 or not p >= 0 for k, p in self.lockstep_s):
+            raise PlanModelError(f"node {self.name!r}: lockstep penalties need k >= 2, p >= 0")
+
+    def lockstep_at(self, k: int) -> float:
+        """Seconds per sync with `k` of a group's ranks on this host: the figure measured for the
+        largest k' <= k (0 for a lone rank or none measured)."""
+        known = [(kk, p) for kk, p in self.lockstep_s if kk <= k]
+        return max(known)[1] if known else 0.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +134,7 @@ class Prediction:
     wire_bytes_per_token: int  # payload bytes all ranks put on the network per token
     stage_layers: tuple[int, ...]
     tp_shares: tuple[float, ...]  # stage 0's per-rank share of a layer
+    lockstep_s: float = 0.0  # per token: TP ranks waiting for each other at the syncs
 
     @property
     def tok_per_s(self) -> float:
@@ -161,15 +181,27 @@ def vocab_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tup
     return tuple(s.size / config.vocab_size for s in plan.vocab)
 
 
-def _group_time(work: list[float], nodes: list[NodeSpec]) -> float:
+def _by_host(nodes: list[NodeSpec]) -> dict[str, list[int]]:
+    """Indices of `nodes` per machine (a node without a host is a machine of its own)."""
+    out: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        out.setdefault(n.host or f"#{n.name}#{i}", []).append(i)
+    return out
+
+
+def group_time(work: list[float], nodes: list[NodeSpec]) -> float:
     """Lockstep ranks: the slowest host, where a host's ranks share its `slots` (module docstring)."""
-    per_host: dict[str, list[float]] = {}
-    slots: dict[str, float] = {}
-    for i, (w, n) in enumerate(zip(work, nodes)):
-        key = n.host or f"#{n.name}#{i}"
-        per_host.setdefault(key, []).append(w)
-        slots[key] = n.slots
-    return max(max(max(ws), sum(ws) / slots[k]) for k, ws in per_host.items())
+    return max(
+        max(max(work[i] for i in ix), sum(work[i] for i in ix) / nodes[ix[0]].slots)
+        for ix in _by_host(nodes).values()
+    )
+
+
+def lockstep_per_sync(nodes: list[NodeSpec]) -> float:
+    """One TP group's waiting per sync: its slowest host's penalty at the ranks it runs."""
+    if len(nodes) < 2:
+        return 0.0
+    return max(nodes[ix[0]].lockstep_at(len(ix)) for ix in _by_host(nodes).values())
 
 
 def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) -> Prediction:
@@ -190,18 +222,20 @@ def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) 
         caps = [StageCapacity(speed=sum(sp) if layout.weighted else 1.0) for sp in speeds]
         counts = [len(r) for r in partition_layers(caps, cost)]
     s_hidden = WIRE_BYTES_PER_ELEMENT * config.hidden_size
-    compute = sync = 0.0
+    compute = sync = lockstep = 0.0
     wire = 0
     for i, st in enumerate(stages):
         shares = layer_shares(config, layout.tp, tp_weights[i])
-        per_layer = _group_time([f * n.s_per_token * frac_layer for f, n in zip(shares, st)], st)
+        per_layer = group_time([f * n.s_per_token * frac_layer for f, n in zip(shares, st)], st)
         compute += counts[i] * per_layer
         ar = allreduce_s(link, layout.tp, s_hidden)
         sync += counts[i] * 2 * ar
         wire += counts[i] * 2 * allreduce_wire_bytes(layout.tp, s_hidden)
+        if layout.tp > 1:  # every all-reduce, plus the head's embedding, control and argmax
+            lockstep += (counts[i] * 2 + (3 if i == 0 else 0)) * lockstep_per_sync(st)
         if i == 0:
             vs = vocab_shares(config, layout.tp, tp_weights[0])
-            compute += _group_time([v * n.s_per_token * frac_head for v, n in zip(vs, st)], st)
+            compute += group_time([v * n.s_per_token * frac_head for v, n in zip(vs, st)], st)
             if layout.tp > 1:
                 pairs = WIRE_BYTES_PER_ELEMENT * 2 * layout.tp  # the argmax's (max, index) pairs
                 sync += ar + link.message_s(CONTROL_BYTES) + allreduce_s(link, layout.tp, pairs)
@@ -211,9 +245,8 @@ def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) 
         sync += layout.pp * link.message_s(s_hidden)
         wire += layout.pp * layout.tp * s_hidden
     first_shares = layer_shares(config, layout.tp, tp_weights[0])
-    return Prediction(
-        layout, compute + sync, compute, sync, wire, tuple(counts), tuple(first_shares)
-    )
+    return Prediction(layout, compute + sync + lockstep, compute, sync, wire, tuple(counts),
+                      tuple(first_shares), lockstep)  # fmt: skip
 
 
 def candidate_layouts(n_nodes: int, max_tp: int = 8, max_pp: int = 8) -> list[Layout]:
@@ -294,6 +327,25 @@ def parse_node(text: str) -> NodeSpec:
     if not sep or not name:
         raise PlanModelError(f"--node {text!r}: expected NAME:TIME[@HOST], e.g. gpu:6ms")
     return NodeSpec(name=name, s_per_token=parse_duration(when), host=host)
+
+
+def parse_lockstep(text: str) -> tuple[str, tuple[tuple[int, float], ...]]:
+    """`HOST:K=TIME[,K=TIME...]`, e.g. `box:2=0.3ms,3=0.8ms` -> ("box", ((2, 3e-4), (3, 8e-4))):
+    a host's lockstep penalty per sync with K of a group's ranks on it (`tandem bench` measures
+    it; `lockstep.py`)."""
+    host, sep, pairs = text.partition(":")
+    if not sep or not host or not pairs:
+        raise PlanModelError(
+            f"--lockstep {text!r}: expected HOST:K=TIME[,K=TIME], e.g. box:2=0.3ms"
+        )
+    out = {}
+    for pair in pairs.split(","):
+        k, eq, when = pair.strip().partition("=")
+        if not eq or not k.strip().isdigit() or int(k) < 2:
+            raise PlanModelError(f"--lockstep {text!r}: {pair!r} is not K=TIME with K >= 2")
+        t = when.strip().lower()
+        out[int(k)] = 0.0 if t in ("0", "0s", "0ms", "0us") else parse_duration(t)
+    return host, tuple(sorted(out.items()))
 
 
 def _positive(number: str, text: str) -> float:

@@ -5,6 +5,10 @@
     and the link's measured RTT and goodput; the ring's software cost per message is calibrated on
     the all-reduce microbenchmark (2 ranks, one hidden state; its "cold" figure when measured:
     each op after streaming 64 MB, as decode's ops follow weight reads), never on the layout runs.
+    TP runs also pay the host's lockstep penalty per sync (`lockstep.py`'s probe, measured in the
+    same bench apart from the layout runs), turned into seconds with this same slots and
+    loopback link spec (`lockstep_penalties`); `predicted_tok_s_no_lockstep` is the prediction
+    without it.
   - `sync`: per link and layout, synchronization per decode token (`_sync_entry`): for TP measured
     in place from every rank's collective trace, split into host staging, reduction and the rest.
   - `projection`: the paper's node pair (168 tok/s alone) with our measured per-token sync added:
@@ -16,7 +20,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from tandem.bench.plan_model import Layout, LinkSpec, NodeSpec, predict
+from tandem.bench.plan_model import Layout, LinkSpec, NodeSpec, allreduce_s, predict
 
 PAPER = {"single_tok_s": 168.0, "tp2_tok_s": 50.4, "prefill_tok_s": 464.0, "tp2_prefill_tok_s": 213.0,
          "ttft_s": 0.09, "sync_ms_per_token": 14.0, "allreduces_per_token": 56,
@@ -59,6 +63,21 @@ def link_spec(doc: dict, link: str, hidden_bytes: int, cold: bool = True) -> Lin
     return LinkSpec(rtt_s=rtt, goodput_bytes_per_s=goodput, overhead_s=overhead)
 
 
+def lockstep_penalties(doc: dict, slots: float, hidden_bytes: int) -> tuple[tuple[int, float], ...]:
+    """The bench's lockstep probe as (k, seconds per sync) beyond the plan's own terms for one
+    segment + all-reduce on this host: the same `slots` as the prediction and the loopback link
+    spec (the probe's ranks talk over loopback); () when the bench did not run the probe."""
+    from tandem.bench.lockstep import penalties
+
+    probe = doc.get("lockstep")
+    if not probe or not probe.get("by_k") or not doc.get("links"):
+        return ()
+    link = "loopback" if "loopback" in doc["links"] else next(iter(doc["links"]))
+    spec = link_spec(doc, link, hidden_bytes)
+    pen = penalties(probe, slots, lambda k: allreduce_s(spec, k, hidden_bytes))
+    return tuple(sorted(pen.items()))
+
+
 def analyze(doc: dict) -> dict:
     config = SimpleNamespace(**doc["model"])  # HF field names, as plan_model reads them
     single = _single(doc)
@@ -81,13 +100,17 @@ def analyze(doc: dict) -> dict:
         slots = float(max(1, cores // per_rank))
         if "concurrency" in doc:
             slots = min(slots, doc["concurrency"]["slots"])
-        nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots) for i in range(8)]
+        pen = lockstep_penalties(doc, slots, hidden_bytes)
+        nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots, pen) for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)
         lay = Layout(tp=run["n"]) if run["kind"] == "tp" else Layout(pp=run["n"])
         p = predict(config, lay, nodes, spec)
         measured = run["decode_tok_per_s"]
         preds.append({"layout": run["layout"], "link": link, "measured_tok_s": measured,
                       "predicted_tok_s": p.tok_per_s, "error": measured / p.tok_per_s - 1,
+                      "predicted_tok_s_no_lockstep": 1 / (p.s_per_token - p.lockstep_s),
+                      "predicted_lockstep_ms": p.lockstep_s * 1e3,
+                      "lockstep_penalty_us": {str(k): v * 1e6 for k, v in pen},
                       "predicted_sync_ms": p.sync_s * 1e3,
                       "predicted_wire_bytes_per_token": p.wire_bytes_per_token,
                       "calibrated_overhead_us": spec.overhead_s * 1e6})  # fmt: skip
@@ -257,12 +280,26 @@ def _prediction_table(doc: dict) -> list[str]:
     if not doc.get("predictions"):
         return []
     out = ["", "`tandem plan` predictions vs measured (target: within 20%):", "",
-           "| link | layout | measured tok/s | predicted tok/s | error | within 20% |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+           "| link | layout | measured tok/s | predicted tok/s | error | within 20% | "
+           "lockstep ms/token | predicted without lockstep |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for p in doc["predictions"]:
         ok = abs(p["error"]) <= TARGET_PLAN_ERROR
+        no_lock = p.get("predicted_tok_s_no_lockstep", p["predicted_tok_s"])
         out.append(f"| {p['link']} | {p['layout']} | {p['measured_tok_s']:.2f} | "
-                   f"{p['predicted_tok_s']:.2f} | {p['error'] * 100:+.0f}% | {'yes' if ok else 'NO'} |")  # fmt: skip
+                   f"{p['predicted_tok_s']:.2f} | {p['error'] * 100:+.0f}% | {'yes' if ok else 'NO'} | "
+                   f"{p.get('predicted_lockstep_ms', 0.0):.1f} | {no_lock:.2f} |")  # fmt: skip
+    probe = (doc.get("lockstep") or {}).get("by_k")
+    if probe:  # the penalties as the TP predictions took them (their slots)
+        pen = next((p["lockstep_penalty_us"] for p in doc["predictions"]
+                    if p["layout"].startswith("TP") and p.get("lockstep_penalty_us")), {})  # fmt: skip
+        out += ["", "Lockstep probe (k ranks on this machine over loopback, one segment of 1/k of "
+                "half a layer + one hidden-state all-reduce per iteration; `lockstep.py`):", "",
+                "| k | segment alone us | k segments at once us | segment + all-reduce in "
+                "lockstep us | penalty per sync us |", "|---|---|---|---|---|"]  # fmt: skip
+        for k, f in probe.items():
+            out.append(f"| {k} | {f['alone_s'] * 1e6:.0f} | {f['free_s'] * 1e6:.0f} | "
+                       f"{f['lockstep_s'] * 1e6:.0f} | {pen.get(k, 0.0):.0f} |")  # fmt: skip
     return out
 
 

@@ -4,8 +4,11 @@
     tandem plan --model DIR --measure-local 2 --link 2.5gbit --node gpu:6ms
 
 `--measure-local K` times a short decode run of the model here and adds K nodes at that speed that
-share this machine; `--node NAME:TIME[@HOST]` adds a node that is not here (TIME per token alone,
-e.g. 6ms or 168tok/s). The model's figures come from `tandem.bench.plan_model`.
+share this machine; with K >= 2 it also runs the lockstep probe (`tandem.bench.lockstep`: what k
+TP ranks on this machine lose per sync waiting for each other, k = 2..K) unless `--no-probe`.
+`--node NAME:TIME[@HOST]` adds a node that is not here (TIME per token alone, e.g. 6ms or
+168tok/s; no lockstep penalty unless `--lockstep HOST:K=TIME,...` gives its host one, e.g. from
+that host's `tandem bench`). The model's figures come from `tandem.bench.plan_model`.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from tandem.bench.plan_model import (
     LinkSpec,
     NodeSpec,
     PlanModelError,
     Prediction,
+    allreduce_s,
     candidate_layouts,
     parse_duration,
+    parse_lockstep,
     parse_node,
     parse_rate,
     rank_layouts,
@@ -31,6 +36,7 @@ from tandem.bench.plan_model import (
 # 2-core build machine (BENCHMARKS.md: 132 us at load ~15; 271 us on the emulated link). Pass your
 # own `--overhead` from `tandem bench` on your nodes.
 DEFAULT_OVERHEAD = "130us"
+PROBE_MAX_K = 4  # the lockstep probe's largest group (a few seconds per k)
 DEFAULT_RTT = "100us"  # a direct 2.5 GbE cable between two PCs, kernel to kernel and back
 
 
@@ -48,6 +54,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         metavar="K",
         help="time the model here and add K nodes at that speed on this machine",
+    )
+    p.add_argument(
+        "--lockstep",
+        action="append",
+        default=[],
+        metavar="HOST:K=TIME,...",
+        help="a host's lockstep penalty per sync with K ranks on it, repeatable",
+    )
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="with --measure-local: skip the lockstep probe (penalty 0 here)",
     )
     p.add_argument("--link", default="2.5gbit", help="line rate (2.5gbit) or goodput (280MB/s)")
     p.add_argument("--rtt", default=DEFAULT_RTT, help="link round trip, e.g. 100us")
@@ -80,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
             goodput_bytes_per_s=parse_rate(args.link),
             overhead_s=parse_duration(args.overhead),
         )
+        penalties = dict(parse_lockstep(t) for t in args.lockstep)
+        if args.measure_local >= 2 and not args.no_probe and "local" not in penalties:
+            penalties["local"] = _probe_local(config, args.measure_local, nodes[0].slots, link)
+        nodes = [replace(n, lockstep_s=penalties.get(n.host, ())) if n.host else n for n in nodes]
         layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
         preds = rank_layouts(config, nodes, link, layouts)
     except PlanModelError as e:
@@ -98,6 +120,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe_local(config, k: int, slots: float, link: LinkSpec) -> tuple[tuple[int, float], ...]:
+    """This machine's lockstep penalty per sync at 2..k ranks (at most `PROBE_MAX_K`; more ranks
+    take its figure), against the plan's own terms for these nodes and this link."""
+    from tandem.bench.lockstep import LockstepProbeError, measure_lockstep, penalties
+
+    try:
+        probe = measure_lockstep(config, ks=tuple(range(2, min(k, PROBE_MAX_K) + 1)))
+    except LockstepProbeError as e:
+        raise PlanModelError(str(e)) from None
+    pen = penalties(probe, slots, lambda n: allreduce_s(link, n, 4 * config.hidden_size))
+    return tuple(sorted(pen.items()))
+
+
 def _row(p: Prediction) -> dict:
     return {
         "layout": p.layout.name,
@@ -105,6 +140,7 @@ def _row(p: Prediction) -> dict:
         "ms_per_token": p.s_per_token * 1e3,
         "compute_ms": p.compute_s * 1e3,
         "sync_ms": p.sync_s * 1e3,
+        "lockstep_ms": p.lockstep_s * 1e3,
         "wire_bytes_per_token": p.wire_bytes_per_token,
         "stage_layers": list(p.stage_layers),
         "tp_shares": [round(s, 4) for s in p.tp_shares],
@@ -112,17 +148,24 @@ def _row(p: Prediction) -> dict:
 
 
 def render_table(preds: list[Prediction], nodes: list[NodeSpec], link: LinkSpec) -> str:
+    hosts = {n.host: n.lockstep_s for n in nodes if n.host and n.lockstep_s}
+    lock = "".join(
+        f"lockstep per sync on {h}: "
+        + ", ".join(f"{k} ranks {s * 1e3:.3f} ms" for k, s in pen)
+        + "\n"
+        for h, pen in hosts.items()
+    )
     head = (
         f"nodes: {', '.join(f'{n.name} {n.s_per_token * 1e3:.2f} ms/token' for n in nodes)}\n"
         f"link: {link.goodput_bytes_per_s / 1e6:.0f} MB/s goodput, rtt {link.rtt_s * 1e6:.0f} us, "
-        f"{link.overhead_s * 1e6:.0f} us per message\n\n"
-        "| layout | tok/s | ms/token | compute ms | sync ms | wire KB/token | stage layers |\n"
-        "|---|---|---|---|---|---|---|"
+        f"{link.overhead_s * 1e6:.0f} us per message\n{lock}\n"
+        "| layout | tok/s | ms/token | compute ms | sync ms | lockstep ms | wire KB/token | "
+        "stage layers |\n|---|---|---|---|---|---|---|---|"
     )
     rows = [
         f"| {p.layout.name} | {p.tok_per_s:.1f} | {p.s_per_token * 1e3:.2f} | "
-        f"{p.compute_s * 1e3:.2f} | {p.sync_s * 1e3:.2f} | {p.wire_bytes_per_token / 1e3:.1f} | "
-        f"{'/'.join(map(str, p.stage_layers))} |"
+        f"{p.compute_s * 1e3:.2f} | {p.sync_s * 1e3:.2f} | {p.lockstep_s * 1e3:.2f} | "
+        f"{p.wire_bytes_per_token / 1e3:.1f} | {'/'.join(map(str, p.stage_layers))} |"
         for p in preds
     ]
     return "\n".join([head, *rows])

@@ -1,0 +1,188 @@
+"""The plan's lockstep term: a host's per-sync penalty, paid once per sync by TP groups only."""
+
+import argparse
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tandem.bench.lockstep import penalties, penalty_s, segment_cols, syncs_per_token
+from tandem.bench.plan_model import (
+    Layout,
+    LinkSpec,
+    NodeSpec,
+    PlanModelError,
+    allreduce_s,
+    parse_lockstep,
+    predict,
+)
+from tandem.bench.report import analyze, markdown
+from tandem.cli import plan
+from tandem.parallel.partition import model_cost
+
+CFG = SimpleNamespace(
+    hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8,
+    intermediate_size=256, vocab_size=256, num_hidden_layers=4, tie_word_embeddings=True,
+)  # fmt: skip
+LINK = LinkSpec(rtt_s=100e-6, goodput_bytes_per_s=1e6, overhead_s=10e-6)
+PEN = ((2, 1e-3), (3, 5e-3))
+
+
+def _box(n, pen=PEN, slots=2.0):
+    return [NodeSpec(f"r{i}", 0.01, host="box", slots=slots, lockstep_s=pen) for i in range(n)]
+
+
+def test_tp_pays_the_hosts_penalty_once_per_sync_on_top_of_the_old_prediction():
+    with_pen = predict(CFG, Layout(tp=2), _box(2), LINK)
+    without = predict(CFG, Layout(tp=2), _box(2, pen=()), LINK)
+    syncs = 2 * CFG.num_hidden_layers + 3  # both all-reduces per layer + embedding, control, argmax
+    assert with_pen.lockstep_s == pytest.approx(syncs * 1e-3)
+    assert with_pen.s_per_token == pytest.approx(without.s_per_token + syncs * 1e-3)
+    assert (with_pen.compute_s, with_pen.sync_s) == (without.compute_s, without.sync_s)
+
+
+def test_the_penalty_is_the_one_measured_at_the_ranks_on_that_host():
+    assert predict(CFG, Layout(tp=3), _box(3), LINK).lockstep_s == pytest.approx(11 * 5e-3)
+
+
+def test_the_penalty_scales_with_the_number_of_syncs():
+    deep = SimpleNamespace(**{**vars(CFG), "num_hidden_layers": 8})
+    a = predict(CFG, Layout(tp=2), _box(2), LINK).lockstep_s
+    b = predict(deep, Layout(tp=2), _box(2), LINK).lockstep_s
+    assert (a, b) == (pytest.approx(11e-3), pytest.approx(19e-3))
+
+
+def test_tp_times_pp_pays_per_stage_and_only_the_head_stage_adds_its_three_syncs():
+    p = predict(CFG, Layout(tp=2, pp=2), _box(4), LINK)
+    n0, n1 = p.stage_layers
+    assert p.lockstep_s == pytest.approx(((2 * n0 + 3) + 2 * n1) * 1e-3)
+
+
+def test_single_and_pp_only_layouts_pay_no_lockstep():
+    assert predict(CFG, Layout(), _box(1), LINK).lockstep_s == 0
+    for pp in (2, 3):
+        p = predict(CFG, Layout(pp=pp), _box(pp), LINK)
+        assert p.lockstep_s == 0
+        assert p.s_per_token == pytest.approx(p.compute_s + p.sync_s)
+
+
+def test_ranks_on_separate_machines_and_nodes_without_figures_pay_nothing():
+    apart = [NodeSpec(f"r{i}", 0.01, lockstep_s=PEN) for i in range(2)]  # no host: own machine
+    assert predict(CFG, Layout(tp=2), apart, LINK).lockstep_s == 0
+    remote = [NodeSpec("gpu", 0.01), NodeSpec("evo", 0.01)]
+    assert predict(CFG, Layout(tp=2), remote, LINK).lockstep_s == 0
+
+
+def test_a_group_waits_for_its_slowest_host():
+    mixed = [*_box(2), NodeSpec("gpu", 0.01)]  # 2 ranks on box, 1 alone on its own machine
+    assert predict(CFG, Layout(tp=3), mixed, LINK).lockstep_s == pytest.approx(11 * 1e-3)
+
+
+def test_lockstep_at_takes_the_largest_measured_k_not_above_the_ranks_here():
+    n = NodeSpec("a", 0.01, host="box", lockstep_s=PEN)
+    assert [n.lockstep_at(k) for k in (1, 2, 3, 5)] == [0.0, 1e-3, 5e-3, 5e-3]
+    with pytest.raises(PlanModelError):
+        NodeSpec("a", 0.01, lockstep_s=((1, 1e-3),))
+    with pytest.raises(PlanModelError):
+        NodeSpec("a", 0.01, lockstep_s=((2, -1e-3),))
+
+
+def test_parse_lockstep_reads_host_and_penalties_and_refuses_garbage():
+    host, pen = parse_lockstep("box:3=800us,2=0.3ms")
+    assert host == "box" and [k for k, _ in pen] == [2, 3]
+    assert [p for _, p in pen] == [pytest.approx(3e-4), pytest.approx(8e-4)]
+    assert parse_lockstep("box:2=0") == ("box", ((2, 0.0),))
+    for bad in ("box", "box:", ":2=1ms", "box:1=1ms", "box:2", "box:x=1ms", "box:2=fast"):
+        with pytest.raises(PlanModelError):
+            parse_lockstep(bad)
+
+
+def test_probe_penalty_is_the_iteration_beyond_the_plans_own_segment_and_allreduce():
+    # 2 segments of 1 ms on a host of 1.6 slots: the plan says 1.25 ms, + 0.2 ms all-reduce
+    assert penalty_s(0.0020, 0.0010, 2, 1.6, 0.0002) == pytest.approx(0.00055)
+    assert penalty_s(0.0011, 0.0010, 2, 2.0, 0.0002) == 0.0  # faster than the plan: no penalty
+    probe = {"by_k": {"2": {"alone_s": 1e-3, "lockstep_s": 2e-3},
+                      "3": {"alone_s": 1e-3, "lockstep_s": 4e-3}}}  # fmt: skip
+    got = penalties(probe, 2.0, lambda k: (k - 1) * 1e-4)
+    assert got == {2: pytest.approx(0.9e-3), 3: pytest.approx(4e-3 - 1.5e-3 - 2e-4)}
+
+
+def test_probe_segment_is_a_ranks_share_of_half_a_layer_and_a_block_is_a_tokens_syncs():
+    c = model_cost(CFG)
+    for k in (2, 3):
+        assert segment_cols(CFG, k) * CFG.hidden_size == pytest.approx(
+            c.layer_params / 2 / k, abs=CFG.hidden_size
+        )
+    assert syncs_per_token(CFG) == 11
+
+
+def _plan(argv, capsys):
+    parser = argparse.ArgumentParser()
+    plan.register(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    return args.func(args), capsys.readouterr()
+
+
+def test_cli_lockstep_option_reaches_the_nodes_of_that_host_only(capsys):
+    rc, out = _plan(["--preset", "qwen3-0.6b", "--node", "a:100ms@box", "--node", "b:100ms@box",
+                     "--lockstep", "box:2=1ms", "--json"], capsys)  # fmt: skip
+    assert rc == 0
+    preds = {p["layout"]: p for p in json.loads(out.out)["predictions"]}
+    assert preds["TP=2"]["lockstep_ms"] == pytest.approx(59.0)  # qwen3-0.6b: 2 x 28 + 3 syncs
+    assert preds["PP=2"]["lockstep_ms"] == 0
+    rc, out = _plan(["--preset", "qwen3-0.6b", "--node", "a:100ms@box", "--node", "b:100ms@elsewhere",
+                     "--lockstep", "box:2=1ms", "--json"], capsys)  # fmt: skip
+    preds = {p["layout"]: p for p in json.loads(out.out)["predictions"]}
+    assert preds["TP=2"]["lockstep_ms"] == 0  # one rank per machine
+
+
+def test_cli_refuses_a_malformed_lockstep_with_a_message(capsys):
+    rc, out = _plan(
+        ["--preset", "qwen3-0.6b", "--node", "a:100ms@box", "--lockstep", "box"], capsys
+    )
+    assert rc == 2 and "--lockstep" in out.err
+
+
+def test_cli_table_names_the_penalty(capsys):
+    rc, out = _plan(["--preset", "qwen3-0.6b", "--node", "a:100ms@box", "--node", "b:100ms@box",
+                     "--lockstep", "box:2=1ms"], capsys)  # fmt: skip
+    assert rc == 0 and "lockstep per sync on box: 2 ranks 1.000 ms" in out.out
+
+
+def _bench_doc(probe):
+    model = {"dir": "m", **vars(CFG)}
+    run = {"decode_s_per_token": 0.01, "decode_tok_per_s": 100.0, "prefill_tok_per_s": 1.0,
+           "ttft_s": 0.1, "token_ids": [1], "wire_bytes_per_token": None}  # fmt: skip
+    ring = {"backend": "ring", "world": 2, "link": "loopback",
+            "sizes": [{"bytes": 256, "median_s": 100e-6, "p90_s": 1e-4}]}  # fmt: skip
+    return {"machine": {"cpu": "c", "cores": 2, "memory_gib": 1, "kernel": "k", "torch": "t"},
+            "options": {"threads": 1}, "model": model, "allreduce": [ring], "peers": {},
+            "links": {"loopback": {"name": "loopback", "rtt_s": 20e-6, "goodput_bytes_per_s": 1e9}},
+            "concurrency": {"slots": 2.0},
+            "runs": [{**run, "layout": "single", "kind": "single", "n": 1, "link": "loopback"},
+                     {**run, "layout": "TP=2", "kind": "tp", "n": 2, "link": "loopback"},
+                     {**run, "layout": "PP=2", "kind": "pp", "n": 2, "link": "loopback"}],
+            "lockstep": probe}  # fmt: skip
+
+
+def test_bench_report_predicts_tp_with_the_probes_penalty_and_pp_without():
+    probe = {"by_k": {"2": {"alone_s": 1e-3, "free_s": 1e-3, "lockstep_s": 3e-3}}}
+    doc = analyze(_bench_doc(probe))
+    preds = {p["layout"]: p for p in doc["predictions"]}
+    ar = allreduce_s(LinkSpec(20e-6, 1e9, 100e-6 - 10e-6 - 256 / 1e9), 2, 256)
+    expected = penalty_s(3e-3, 1e-3, 2, 2.0, ar)
+    assert preds["TP=2"]["lockstep_penalty_us"]["2"] == pytest.approx(expected * 1e6)
+    assert preds["TP=2"]["predicted_lockstep_ms"] == pytest.approx(11 * expected * 1e3)
+    assert preds["PP=2"]["predicted_lockstep_ms"] == 0
+    assert 1 / preds["TP=2"]["predicted_tok_s"] == pytest.approx(
+        1 / preds["TP=2"]["predicted_tok_s_no_lockstep"] + 11 * expected
+    )
+    assert "Lockstep probe" in markdown(doc)
+
+
+def test_bench_report_without_a_probe_predicts_as_before():
+    doc = analyze(_bench_doc(None))
+    tp = next(p for p in doc["predictions"] if p["layout"] == "TP=2")
+    assert tp["predicted_lockstep_ms"] == 0
+    assert tp["predicted_tok_s"] == pytest.approx(tp["predicted_tok_s_no_lockstep"])
+    assert "Lockstep probe" not in markdown(doc)
