@@ -1,7 +1,9 @@
 """Where a benchmark's processes run: all on loopback, or one emulated host each (`netns.py`).
 
 A `Hosts` object starts a command "on host i" and tells its address; the harness does not care
-which. Every process it starts is killed (by its own pid) when the `Hosts` closes.
+which. Every process it starts is killed (by its own pid) when the `Hosts` closes. Ranks on
+emulated hosts are told (TANDEM_SHM=0) not to use same-host shared memory: the namespaces share
+one /dev/shm, but they stand for machines that do not.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 
 from tandem.bench.goodput import LinkFigures
 from tandem.bench.netns import EmulatedNetwork
+from tandem.transport.shm import SHM_ENV
 
 
 class HostProcessFailed(RuntimeError):
@@ -77,6 +80,8 @@ class Hosts:
         self, host: int, argv: Sequence[str], env: dict[str, str] | None = None, **kw
     ) -> subprocess.Popen:
         full_env = {**os.environ, **(env or {})}
+        if not self.loopback:  # emulated hosts are separate machines: their ranks talk by TCP
+            full_env[SHM_ENV] = "0"
         proc = subprocess.Popen(self.argv(host, argv), env=full_env, **kw)
         self._procs.append(proc)
         return proc

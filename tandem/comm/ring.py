@@ -49,6 +49,7 @@ from tandem.comm.staging import (
     stage_to_host,
     unstage,
 )
+from tandem.transport import shm as same_host
 from tandem.transport.channel import Channel
 from tandem.transport.endpoints import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -63,6 +64,11 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
+
+
+def same_host_cap(small_max_bytes: int) -> int:
+    """The same-host slot: the largest RANK_ORDER frame (header with 8 dims + payload)."""
+    return fr.FIXED_SIZE + 8 * fr.MAX_NDIM + small_max_bytes
 
 
 class _PairPlan:
@@ -98,6 +104,7 @@ class RingCommunicator:
         *,
         wire_dtype: str = "float32",
         small_max_bytes: int = alg.DEFAULT_SMALL_MAX_BYTES,
+        same_host_pair: same_host.SamePair | None = None,
     ) -> None:
         self._rank, self._size = rank, world_size
         self._left, self._right = left, right
@@ -117,6 +124,8 @@ class RingCommunicator:
             small_max_bytes // 4 if world_size == 2 and self._wire.code == wd.FLOAT32.code else 0
         )
         self._reader = FrameReader(self._io.recv_into, rank, left.peer_rank, left.max_frame_bytes)
+        # N = 2 on one host: RANK_ORDER frames (every small all-reduce) swap through shared memory
+        self._shm = same_host_pair if world_size == 2 else None
 
     @classmethod
     def create(
@@ -135,9 +144,12 @@ class RingCommunicator:
         op_timeout: float = DEFAULT_OP_TIMEOUT_S,
         small_max_bytes: int = alg.DEFAULT_SMALL_MAX_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        shared_memory: bool | None = None,
     ) -> RingCommunicator:
         """Form the ring: accept the left neighbour while dialing the right one (with retry until
-        `handshake_timeout`), then close the listening socket."""
+        `handshake_timeout`), then close the listening socket. At N = 2 the ranks then agree on
+        same-host shared memory for small all-reduces (`transport.shm`): on when both ranks
+        allow it (`shared_memory`, None: env TANDEM_SHM, default on) and share a host."""
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(
                 f"a ring needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
@@ -183,6 +195,17 @@ class RingCommunicator:
         if "error" in got:
             left.close()
             raise got["error"]
+        pair = None
+        if world_size == 2:
+            try:
+                pair = same_host.negotiate(
+                    rank, got["right"], left, same_host_cap(small_max_bytes),
+                    same_host.enabled_from_env() if shared_memory is None else shared_memory,
+                )  # fmt: skip
+            except BaseException:
+                left.close()
+                got["right"].close()
+                raise
         return cls(
             rank,
             world_size,
@@ -190,7 +213,13 @@ class RingCommunicator:
             got["right"],
             wire_dtype=wire_dtype,
             small_max_bytes=small_max_bytes,
+            same_host_pair=pair,
         )
+
+    @property
+    def same_host(self) -> bool:
+        """True when this N = 2 ring swaps its small all-reduces through shared memory."""
+        return self._shm is not None
 
     @property
     def rank(self) -> int:
@@ -278,7 +307,12 @@ class RingCommunicator:
         n, size, r, wire = x.size, self._size, self._rank, self._wire
         blocks: list[Any] = [None] * size
         blocks[r] = encode_f32(x, wire)
-        for s in range(size - 1):
+        hops = size - 1
+        if self._shm is not None and n * wire.itemsize <= self._small:  # N = 2 on one host
+            head = self._header(op, wire.code, seq, fp, (n,), 0)
+            got = self._swap_same_host(head, blocks[r], n * wire.itemsize)
+            blocks[1 - r], hops = np.frombuffer(got, self._wnp), 0
+        for s in range(hops):
             head = self._header(op, wire.code, seq, fp, (n,), s)
             self._io.send([head, blocks[(r - s) % size]])
             blocks[(r - s - 1) % size] = self._reader.known_small(
@@ -322,6 +356,9 @@ class RingCommunicator:
             )
             + plan.dims
         )
+        if self._shm is not None:
+            got = self._swap_same_host(head, x, plan.nbytes)
+            return unstage(np.add(x, np.frombuffer(got, np.float32)), tuple(t.shape), t)
         self._io.send_small(head, x)
         plan.expect, plan.checked = head, False
         self._io.recv_small(plan.view, plan.check)
@@ -330,6 +367,26 @@ class RingCommunicator:
         out = np.add(x, plan.payload)
         self._io.flush()  # a no-op unless the send was queued (it must not outlive x)
         return unstage(out, tuple(t.shape), t)
+
+    def _swap_same_host(self, head: bytes, payload: Any, nbytes: int) -> memoryview:
+        """One RANK_ORDER frame each way through shared memory; the peer's header must equal
+        ours byte for byte, as on TCP. Returns the peer's payload (a view into the segment,
+        read before the next op)."""
+        try:
+            got = self._shm.exchange(head, payload)
+        except same_host.PeerDivergedError as e:
+            # the peer is in another op, waiting on TCP: our header there fails it closed too
+            try:
+                self._io.send_small(head, memoryview(b""))
+                self._io.flush()
+            except OSError:
+                pass
+            if len(e.peeked) >= fr.FIXED_SIZE:
+                raise self._reader.desync(head, e.peeked) from None
+            raise base.OpDesyncError(f"rank {self._rank}: {e}") from None
+        if len(got) != len(head) + nbytes or got[: len(head)] != head:
+            raise self._reader.desync(head, got)
+        return got[len(head) :]
 
     def _pair_plan(self, shape: tuple[int, ...]) -> _PairPlan:
         if len(self._pairs) > 512:
@@ -581,5 +638,7 @@ class RingCommunicator:
         if self._broken is None:
             self._broken = "closed"
         self._io.close()
+        if self._shm is not None:
+            self._shm.close()
         self._left.close()
         self._right.close()

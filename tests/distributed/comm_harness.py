@@ -37,6 +37,8 @@ def make_comm(backend: str, rank: int, world: int, ports_q: Any, peer_q: Any, op
 
     opts = dict(options)
     delay = opts.pop("delays", {}).get(rank, 0.0)
+    if "shared_memory_by_rank" in opts:  # a per-rank opt-in for the ring's same-host pair
+        opts["shared_memory"] = opts.pop("shared_memory_by_rank")[rank]
     secret = opts.pop("secret", SECRET)
     if backend == "ring":
         from tandem.comm.ring import RingCommunicator

@@ -157,24 +157,33 @@ def test_64_mb_all_reduce_at_n3_completes_bit_identical() -> None:
     assert len({d for _, d, _ in results}) == 1
 
 
-def test_op_desync_between_processes_fails_closed_on_both_ranks() -> None:
-    results = run_world("ring", 2, desync, options=dict(op_timeout=10), allow_errors=True)
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_op_desync_between_processes_fails_closed_on_both_ranks(shared_memory: bool) -> None:
+    # with shared memory, rank 0's all-reduce waits there while rank 1's all-gather goes by TCP
+    options = dict(op_timeout=10, shared_memory=shared_memory)
+    results = run_world("ring", 2, desync, options=options, allow_errors=True)
     assert [r[1] for r in results] == ["OpDesyncError", "OpDesyncError"], results
 
 
+@pytest.mark.parametrize("world", [3, 2])
 @pytest.mark.parametrize("mode", ["die", "stall"])
-def test_dead_or_stalled_peer_raises_typed_error_within_the_op_timeout(mode: str) -> None:
+def test_dead_or_stalled_peer_raises_typed_error_within_the_op_timeout(
+    mode: str, world: int
+) -> None:
+    # at N = 2 the survivor waits in same-host shared memory and watches the TCP socket
     timeout = 2.0
     results = run_world(
         "ring",
-        3,
+        world,
         stall_or_die,
         (mode, 1, 3 * timeout),
-        options=dict(op_timeout=timeout),
+        options=dict(op_timeout=timeout, shared_memory=True),
         allow_errors=True,
         timeout=120,
     )
-    survivors = [results[0], results[2]]
+    survivors = [results[0], results[2]] if world == 3 else [results[0]]
+    if world == 2 and mode == "die":  # the closed socket is seen at once, not at the timeout
+        assert survivors[0]["error"] == "PeerClosedError" and survivors[0]["elapsed"] < 1.0
     for res in survivors:
         assert res["error"] in ("PeerClosedError", "PeerTimeoutError"), res
         assert "TransportError" in res["mro"]

@@ -35,12 +35,12 @@ def _check(results: list, world: int) -> None:
     assert digests[0] and all(d == digests[0] for d in digests), "ranks disagree"
 
 
-@pytest.mark.parametrize("world", [2, 3, 5])
-def test_ring_equals_reference_bit_for_bit_on_every_rank(world: int) -> None:
+@pytest.mark.parametrize("world,shared_memory", [(2, True), (2, False), (3, None), (5, None)])
+def test_ring_equals_reference_bit_for_bit_on_every_rank(world: int, shared_memory) -> None:
+    # N = 2 twice: small all-reduces through same-host shared memory, and all over TCP
     mirror = dict(algorithm=None, small_max_bytes=alg.DEFAULT_SMALL_MAX_BYTES)
-    _check(
-        run_world("ring", world, conformance, (CASES, mirror), options=dict(op_timeout=60)), world
-    )
+    options = dict(op_timeout=60, shared_memory=shared_memory)
+    _check(run_world("ring", world, conformance, (CASES, mirror), options=options), world)
 
 
 def test_ring_algorithm_on_tiny_and_empty_chunks_equals_reference() -> None:
@@ -111,21 +111,29 @@ def test_from_env_ring_config_files_form_a_ring_and_torchrun_vars_a_star(tmp_pat
     assert run_world("env", 2, simple_sum, options=dict(env=env)) == [[3.0] * 4] * 2
 
 
-def test_two_rank_fast_path_meets_the_general_path_and_equals_reference() -> None:
+# (rank 0's opt-in, rank 1's): shared memory only when both allow it, and then on both ranks
+SHM_CASES = [(True, True), (False, False), (True, False), (False, True)]
+
+
+@pytest.mark.parametrize("opt_in", SHM_CASES)
+def test_two_rank_fast_path_meets_the_general_path_and_equals_reference(opt_in) -> None:
     from comm_scenarios import fast_path_meets_general_path
 
-    r0, r1 = run_world("ring", 2, fast_path_meets_general_path)
+    options = dict(shared_memory_by_rank=list(opt_in))
+    r0, r1 = run_world("ring", 2, fast_path_meets_general_path, options=options)
     base = [1.5, -2.25, 0.75, 96.0, 3.0, 0.5]
     assert r0["mixed"] == r1["mixed"] == [3 * v for v in base]
     assert r0["equal"] and r1["equal"] and r0["digest"] == r1["digest"]
     assert r0["shape"] == [1, 1, 1024]
+    assert r0["same_host"] == r1["same_host"] == all(opt_in)  # agreed, both or neither
 
 
-def test_two_rank_fast_path_refuses_a_shape_desync_on_both_ranks() -> None:
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_two_rank_fast_path_refuses_a_shape_desync_on_both_ranks(shared_memory: bool) -> None:
     from comm_scenarios import fast_path_shape_desync
 
-    results = run_world("ring", 2, fast_path_shape_desync, options=dict(op_timeout=10),
-                        allow_errors=True)  # fmt: skip
+    options = dict(op_timeout=10, shared_memory=shared_memory)
+    results = run_world("ring", 2, fast_path_shape_desync, options=options, allow_errors=True)
     assert [r[1] for r in results] == ["OpDesyncError", "OpDesyncError"], results
 
 
