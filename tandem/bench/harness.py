@@ -5,8 +5,8 @@ PP=M) the harness starts the ranks (`decode_run.py`) on their hosts, reads every
 counters around the head's decode phase, and records TTFT, prefill and decode speed and wire bytes
 per token. Then the peers in the same run: our ring against torch gloo all-reduce
 (`collective_run.py`) on each link, and Hugging Face transformers decoding the same directory
-(`hf_peer.py`), then how much concurrent decodes speed up and the lockstep probe (`lockstep.py`).
-Finally `plan_model` predicts every measured layout from the measured single-node
+(`hf_peer.py`), and how much concurrent decodes speed up. Before each link's layouts, the lockstep
+probe (`lockstep.py`: k ranks on this machine, close in time to the TP runs it predicts). Finally `plan_model` predicts every measured layout from the measured single-node
 speed and link figures (the ring's per-message cost calibrated by the all-reduce run, never by the
 layout runs), and `report.py` writes JSON, markdown and a PNG chart.
 """
@@ -250,7 +250,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     max_ranks = max(lay.n for lay in opts.layouts)
     doc: dict = {"machine": machine_info(), "options": _options_dict(opts),
                  "model": {"dir": opts.model_dir, **asdict(config)},
-                 "links": {}, "runs": [], "allreduce": [], "peers": {}}  # fmt: skip
+                 "links": {}, "runs": [], "allreduce": [], "peers": {},
+                 "lockstep": {}}  # fmt: skip
     try:
         check_available()
         net = EmulatedNetwork.new(max(max_ranks, 3), Shaping(rate_mbit=opts.rate_mbit))
@@ -286,6 +287,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                             s0 = r["sizes"][0]
                             log(f"  {backend:>4} all-reduce x{world}, {s0['bytes']} B: "
                                 f"{s0['median_s'] * 1e6:.0f} us median")  # fmt: skip
+                if any(lay.kind == "tp" for lay in opts.layouts):  # close in time to TP runs
+                    doc["lockstep"][link] = _lockstep(config, opts, log)
                 for lay in opts.layouts:  # single again on each link: a control close in time
                     try:
                         doc["runs"].append(run_layout(hosts, lay, opts, log))
@@ -299,7 +302,6 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
             log(f"2 decodes at once: {doc['concurrency']['slots']:.2f}x the throughput of one")
         except (HostProcessFailed, subprocess.TimeoutExpired) as e:
             log(f"concurrency measurement failed: {e}")
-        doc["lockstep"] = _lockstep(config, opts, log)
     if opts.hf_peer:
         doc["peers"]["hf"] = _hf_peer(opts, log)
     doc["machine"]["loadavg_end"] = machine_info()["loadavg"]
@@ -308,7 +310,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
 
 def _lockstep(config, opts: BenchOptions, log: Callable[[str], None]) -> dict:
     """The lockstep probe at every TP degree measured (all of a layout's ranks share this
-    machine); the report turns it into the plan's per-sync penalty."""
+    machine, whichever link joins them); the report turns it into the plan's per-sync penalty."""
     from tandem.bench.lockstep import LockstepProbeError, measure_lockstep
 
     ks = tuple(sorted({lay.n for lay in opts.layouts if lay.kind == "tp"}))

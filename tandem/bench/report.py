@@ -5,10 +5,10 @@
     and the link's measured RTT and goodput; the ring's software cost per message is calibrated on
     the all-reduce microbenchmark (2 ranks, one hidden state; its "cold" figure when measured:
     each op after streaming 64 MB, as decode's ops follow weight reads), never on the layout runs.
-    TP runs also pay the host's lockstep penalty per sync (`lockstep.py`'s probe, measured in the
-    same bench apart from the layout runs), turned into seconds with this same slots and
-    loopback link spec (`lockstep_penalties`); `predicted_tok_s_no_lockstep` is the prediction
-    without it.
+    TP runs also pay the host's lockstep penalty per sync (`lockstep.py`'s probe, run by the bench
+    just before each link's layouts, apart from them), turned into seconds with this same slots
+    and the loopback link spec (`lockstep_penalties`); `predicted_tok_s_no_lockstep` is the
+    prediction without it.
   - `sync`: per link and layout, synchronization per decode token (`_sync_entry`): for TP measured
     in place from every rank's collective trace, split into host staging, reduction and the rest.
   - `projection`: the paper's node pair (168 tok/s alone) with our measured per-token sync added:
@@ -63,14 +63,26 @@ def link_spec(doc: dict, link: str, hidden_bytes: int, cold: bool = True) -> Lin
     return LinkSpec(rtt_s=rtt, goodput_bytes_per_s=goodput, overhead_s=overhead)
 
 
-def lockstep_penalties(doc: dict, slots: float, hidden_bytes: int) -> tuple[tuple[int, float], ...]:
+def _probe(doc: dict, link: str) -> dict | None:
+    """The lockstep probe run next to `link`'s layouts (else any): `doc["lockstep"]` maps a link
+    to `measure_lockstep`'s figures, or is one probe for the whole run."""
+    probes = doc.get("lockstep") or {}
+    if "by_k" in probes:
+        return probes
+    ok = {k: v for k, v in probes.items() if isinstance(v, dict) and v.get("by_k")}
+    return ok.get(link) or next(iter(ok.values()), None)
+
+
+def lockstep_penalties(
+    doc: dict, slots: float, hidden_bytes: int, link: str = "loopback"
+) -> tuple[tuple[int, float], ...]:
     """The bench's lockstep probe as (k, seconds per sync) beyond the plan's own terms for one
     segment + all-reduce on this host: the same `slots` as the prediction and the loopback link
     spec (the probe's ranks talk over loopback); () when the bench did not run the probe."""
     from tandem.bench.lockstep import penalties
 
-    probe = doc.get("lockstep")
-    if not probe or not probe.get("by_k") or not doc.get("links"):
+    probe = _probe(doc, link)
+    if probe is None or not doc.get("links"):
         return ()
     link = "loopback" if "loopback" in doc["links"] else next(iter(doc["links"]))
     spec = link_spec(doc, link, hidden_bytes)
@@ -100,7 +112,7 @@ def analyze(doc: dict) -> dict:
         slots = float(max(1, cores // per_rank))
         if "concurrency" in doc:
             slots = min(slots, doc["concurrency"]["slots"])
-        pen = lockstep_penalties(doc, slots, hidden_bytes)
+        pen = lockstep_penalties(doc, slots, hidden_bytes, link)
         nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots, pen) for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)
         lay = Layout(tp=run["n"]) if run["kind"] == "tp" else Layout(pp=run["n"])
@@ -289,17 +301,23 @@ def _prediction_table(doc: dict) -> list[str]:
         out.append(f"| {p['link']} | {p['layout']} | {p['measured_tok_s']:.2f} | "
                    f"{p['predicted_tok_s']:.2f} | {p['error'] * 100:+.0f}% | {'yes' if ok else 'NO'} | "
                    f"{p.get('predicted_lockstep_ms', 0.0):.1f} | {no_lock:.2f} |")  # fmt: skip
-    probe = (doc.get("lockstep") or {}).get("by_k")
-    if probe:  # the penalties as the TP predictions took them (their slots)
-        pen = next((p["lockstep_penalty_us"] for p in doc["predictions"]
-                    if p["layout"].startswith("TP") and p.get("lockstep_penalty_us")), {})  # fmt: skip
+    rows = []
+    for link in dict.fromkeys(p["link"] for p in doc["predictions"]):
+        probe = _probe(doc, link)
+        if probe is None:
+            continue
+        pen = next((p["lockstep_penalty_us"] for p in doc["predictions"] if p["link"] == link
+                    and p["layout"].startswith("TP") and p.get("lockstep_penalty_us")), {})  # fmt: skip
+        for k, f in probe["by_k"].items():  # the penalties as the TP predictions took them
+            rows.append(f"| {link} | {k} | {f['alone_s'] * 1e6:.0f} | {f['free_s'] * 1e6:.0f} | "
+                        f"{f['lockstep_s'] * 1e6:.0f} | {pen.get(k, 0.0):.0f} |")  # fmt: skip
+    if rows:
         out += ["", "Lockstep probe (k ranks on this machine over loopback, one segment of 1/k of "
-                "half a layer + one hidden-state all-reduce per iteration; `lockstep.py`):", "",
-                "| k | segment alone us | k segments at once us | segment + all-reduce in "
-                "lockstep us | penalty per sync us |", "|---|---|---|---|---|"]  # fmt: skip
-        for k, f in probe.items():
-            out.append(f"| {k} | {f['alone_s'] * 1e6:.0f} | {f['free_s'] * 1e6:.0f} | "
-                       f"{f['lockstep_s'] * 1e6:.0f} | {pen.get(k, 0.0):.0f} |")  # fmt: skip
+                "half a layer + one hidden-state all-reduce per iteration; `lockstep.py`; run "
+                "just before that link's layouts):", "",
+                "| next to link | k | segment alone us | k segments at once us | segment + "
+                "all-reduce in lockstep us | penalty per sync us |",
+                "|---|---|---|---|---|---|", *rows]  # fmt: skip
     return out
 
 

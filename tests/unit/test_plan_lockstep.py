@@ -186,3 +186,13 @@ def test_bench_report_without_a_probe_predicts_as_before():
     assert tp["predicted_lockstep_ms"] == 0
     assert tp["predicted_tok_s"] == pytest.approx(tp["predicted_tok_s_no_lockstep"])
     assert "Lockstep probe" not in markdown(doc)
+
+
+def test_bench_report_takes_the_probe_run_next_to_each_links_layouts():
+    near = {"by_k": {"2": {"alone_s": 1e-3, "free_s": 1e-3, "lockstep_s": 3e-3}}}
+    far = {"by_k": {"2": {"alone_s": 1e-3, "free_s": 1e-3, "lockstep_s": 9e-3}}}
+    by_link = analyze(_bench_doc({"emulated": far, "loopback": near}))
+    alone = analyze(_bench_doc(near))
+    tp = [next(p for p in d["predictions"] if p["layout"] == "TP=2") for d in (by_link, alone)]
+    assert tp[0]["lockstep_penalty_us"] == tp[1]["lockstep_penalty_us"]
+    assert "| loopback | 2 |" in markdown(by_link)
