@@ -21,10 +21,17 @@ Lockstep waiting. TP ranks meet at every collective, so each sync also costs wha
 waiting for each other beyond that: a rank woken by its peer's data waits for a core when a host
 runs more ranks than it has cores, the segments do not start together, the slowest sets the pace.
 A host carries it per sync as a function of how many of the group's ranks it runs
-(`NodeSpec.lockstep_s`, k -> seconds, measured by `lockstep.py`'s probe as what k ranks' segment +
-all-reduce loop costs beyond this model's own terms; 0 for a node that is not here), and the group
-pays its slowest host's: a TP stage adds  n_syncs * max_host p_host(k_host), n_syncs = 2 n_i (+3 on
-the head stage), nothing for a single rank or a PP-only layout (stages take turns).
+(`NodeSpec.lockstep_s`, k -> seconds; for k unmeasured, the largest measured k' <= k; 0 for a
+node given without figures, e.g. one that is not here). `lockstep.py`'s probe measures it as what
+k ranks, each looping over its real shard of decoder layers with an all-reduce of S after the
+attention and after the MLP, take per sync beyond this model's own terms for that work:
+
+    p(k) = t_sync(k) - [ t_group(half a layer on k ranks of this host) + a(k) ]    (>= 0)
+
+so p also holds the work every TP rank repeats whatever k is (norms, RoPE, attention over the
+cache, op dispatch), which `t_layer` divides by k. The group pays its slowest host's: a TP stage
+adds  n_syncs * max_host p_host(k_host), n_syncs = 2 n_i (+3 on the head stage), nothing for a
+single rank or a PP-only layout (stages take turns).
 
 Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b bytes:
   - TP over N ranks, per stage layer: 2 all-reduces of the f32 hidden state S = 4 D bytes (after

@@ -74,19 +74,19 @@ def _probe(doc: dict, link: str) -> dict | None:
 
 
 def lockstep_penalties(
-    doc: dict, slots: float, hidden_bytes: int, link: str = "loopback"
+    doc: dict, config: Any, s_node: float, slots: float, link: str = "loopback"
 ) -> tuple[tuple[int, float], ...]:
     """The bench's lockstep probe as (k, seconds per sync) beyond the plan's own terms for one
-    segment + all-reduce on this host: the same `slots` as the prediction and the loopback link
-    spec (the probe's ranks talk over loopback); () when the bench did not run the probe."""
+    segment + all-reduce on this host: the prediction's node speed and `slots`, and the loopback
+    link spec (the probe's ranks talk over loopback); () when the bench did not run the probe."""
     from tandem.bench.lockstep import penalties
 
     probe = _probe(doc, link)
     if probe is None or not doc.get("links"):
         return ()
-    link = "loopback" if "loopback" in doc["links"] else next(iter(doc["links"]))
-    spec = link_spec(doc, link, hidden_bytes)
-    pen = penalties(probe, slots, lambda k: allreduce_s(spec, k, hidden_bytes))
+    hidden_bytes = 4 * config.hidden_size
+    spec = link_spec(doc, "loopback" if "loopback" in doc["links"] else link, hidden_bytes)
+    pen = penalties(probe, config, s_node, slots, lambda k: allreduce_s(spec, k, hidden_bytes))
     return tuple(sorted(pen.items()))
 
 
@@ -112,7 +112,7 @@ def analyze(doc: dict) -> dict:
         slots = float(max(1, cores // per_rank))
         if "concurrency" in doc:
             slots = min(slots, doc["concurrency"]["slots"])
-        pen = lockstep_penalties(doc, slots, hidden_bytes, link)
+        pen = lockstep_penalties(doc, config, s_single, slots, link)
         nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots, pen) for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)
         lay = Layout(tp=run["n"]) if run["kind"] == "tp" else Layout(pp=run["n"])
@@ -312,10 +312,10 @@ def _prediction_table(doc: dict) -> list[str]:
             rows.append(f"| {link} | {k} | {f['alone_s'] * 1e6:.0f} | {f['free_s'] * 1e6:.0f} | "
                         f"{f['lockstep_s'] * 1e6:.0f} | {pen.get(k, 0.0):.0f} |")  # fmt: skip
     if rows:
-        out += ["", "Lockstep probe (k ranks on this machine over loopback, one segment of 1/k of "
-                "half a layer + one hidden-state all-reduce per iteration; `lockstep.py`; run "
-                "just before that link's layouts):", "",
-                "| next to link | k | segment alone us | k segments at once us | segment + "
+        out += ["", "Lockstep probe (k ranks on this machine over loopback, each its TP shard of a "
+                "decoder layer, all-reducing after attention and after the MLP; `lockstep.py`; "
+                "run just before that link's layouts), per sync:", "",
+                "| next to link | k | rank 0's shard alone us | k shards at once us | shards + "
                 "all-reduce in lockstep us | penalty per sync us |",
                 "|---|---|---|---|---|---|", *rows]  # fmt: skip
     return out

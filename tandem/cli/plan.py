@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         )
         penalties = dict(parse_lockstep(t) for t in args.lockstep)
         if args.measure_local >= 2 and not args.no_probe and "local" not in penalties:
-            penalties["local"] = _probe_local(config, args.measure_local, nodes[0].slots, link)
+            penalties["local"] = _probe_local(config, args.measure_local, nodes[0], link)
         nodes = [replace(n, lockstep_s=penalties.get(n.host, ())) if n.host else n for n in nodes]
         layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
         preds = rank_layouts(config, nodes, link, layouts)
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_local(config, k: int, slots: float, link: LinkSpec) -> tuple[tuple[int, float], ...]:
+def _probe_local(config, k: int, node: NodeSpec, link: LinkSpec) -> tuple[tuple[int, float], ...]:
     """This machine's lockstep penalty per sync at 2..k ranks (at most `PROBE_MAX_K`; more ranks
     take its figure), against the plan's own terms for these nodes and this link."""
     from tandem.bench.lockstep import LockstepProbeError, measure_lockstep, penalties
@@ -129,7 +129,8 @@ def _probe_local(config, k: int, slots: float, link: LinkSpec) -> tuple[tuple[in
         probe = measure_lockstep(config, ks=tuple(range(2, min(k, PROBE_MAX_K) + 1)))
     except LockstepProbeError as e:
         raise PlanModelError(str(e)) from None
-    pen = penalties(probe, slots, lambda n: allreduce_s(link, n, 4 * config.hidden_size))
+    pen = penalties(probe, config, node.s_per_token, node.slots,
+                    lambda n: allreduce_s(link, n, 4 * config.hidden_size))  # fmt: skip
     return tuple(sorted(pen.items()))
 
 

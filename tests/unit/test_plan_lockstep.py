@@ -6,7 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tandem.bench.lockstep import penalties, penalty_s, segment_cols, syncs_per_token
+from tandem.bench.lockstep import (
+    model_sync_s,
+    penalties,
+    penalty_s,
+    shard_config,
+    syncs_per_token,
+)
 from tandem.bench.plan_model import (
     Layout,
     LinkSpec,
@@ -18,6 +24,7 @@ from tandem.bench.plan_model import (
 )
 from tandem.bench.report import analyze, markdown
 from tandem.cli import plan
+from tandem.config import ModelConfig
 from tandem.parallel.partition import model_cost
 
 CFG = SimpleNamespace(
@@ -97,22 +104,38 @@ def test_parse_lockstep_reads_host_and_penalties_and_refuses_garbage():
             parse_lockstep(bad)
 
 
-def test_probe_penalty_is_the_iteration_beyond_the_plans_own_segment_and_allreduce():
-    # 2 segments of 1 ms on a host of 1.6 slots: the plan says 1.25 ms, + 0.2 ms all-reduce
-    assert penalty_s(0.0020, 0.0010, 2, 1.6, 0.0002) == pytest.approx(0.00055)
-    assert penalty_s(0.0011, 0.0010, 2, 2.0, 0.0002) == 0.0  # faster than the plan: no penalty
-    probe = {"by_k": {"2": {"alone_s": 1e-3, "lockstep_s": 2e-3},
-                      "3": {"alone_s": 1e-3, "lockstep_s": 4e-3}}}  # fmt: skip
-    got = penalties(probe, 2.0, lambda k: (k - 1) * 1e-4)
-    assert got == {2: pytest.approx(0.9e-3), 3: pytest.approx(4e-3 - 1.5e-3 - 2e-4)}
-
-
-def test_probe_segment_is_a_ranks_share_of_half_a_layer_and_a_block_is_a_tokens_syncs():
+def _t_half(s_node):
     c = model_cost(CFG)
+    return s_node * c.layer_params / (c.num_layers * c.layer_params + c.head_compute_params) / 2
+
+
+def test_the_plans_time_per_sync_is_its_group_time_for_half_a_layer_plus_the_allreduce():
+    t = _t_half(0.01)
+    # 2 equal shards on a host of 2 slots: each at full speed; of 1.6 slots: they share it
+    assert model_sync_s(CFG, 2, 0.01, 2.0, 2e-4) == pytest.approx(t / 2 + 2e-4)
+    assert model_sync_s(CFG, 2, 0.01, 1.6, 2e-4) == pytest.approx(t / 1.6 + 2e-4)
+
+
+def test_probe_penalty_is_the_measured_sync_beyond_the_plans_and_never_negative():
+    assert penalty_s(2e-3, 1.5e-3) == pytest.approx(0.5e-3)
+    assert penalty_s(1e-3, 1.5e-3) == 0.0
+    probe = {"by_k": {"2": {"lockstep_s": 2e-3}, "3": {"lockstep_s": 4e-3}}}
+    got = penalties(probe, CFG, 0.01, 2.0, lambda k: (k - 1) * 1e-4)
+    assert got == {2: pytest.approx(2e-3 - model_sync_s(CFG, 2, 0.01, 2.0, 1e-4)),
+                   3: pytest.approx(4e-3 - model_sync_s(CFG, 3, 0.01, 2.0, 2e-4))}  # fmt: skip
+
+
+def test_probe_shards_follow_the_tp_plan_and_stream_at_least_the_pool():
+    cfg = ModelConfig.from_hf_dict(
+        {"architectures": ["Qwen3ForCausalLM"], **vars(CFG), "max_position_embeddings": 64}
+    )
     for k in (2, 3):
-        assert segment_cols(CFG, k) * CFG.hidden_size == pytest.approx(
-            c.layer_params / 2 / k, abs=CFG.hidden_size
-        )
+        shards = [shard_config(cfg, k, r, pool_mb=1) for r in range(k)]
+        assert sum(s.num_key_value_heads for s in shards) == CFG.num_key_value_heads
+        assert sum(s.num_attention_heads for s in shards) == CFG.num_attention_heads
+        assert sum(s.intermediate_size for s in shards) == CFG.intermediate_size
+        layer_bytes = 4 * model_cost(CFG).layer_params / k
+        assert shards[0].num_hidden_layers >= max(2, 2**20 / layer_bytes)
     assert syncs_per_token(CFG) == 11
 
 
@@ -170,7 +193,8 @@ def test_bench_report_predicts_tp_with_the_probes_penalty_and_pp_without():
     doc = analyze(_bench_doc(probe))
     preds = {p["layout"]: p for p in doc["predictions"]}
     ar = allreduce_s(LinkSpec(20e-6, 1e9, 100e-6 - 10e-6 - 256 / 1e9), 2, 256)
-    expected = penalty_s(3e-3, 1e-3, 2, 2.0, ar)
+    expected = penalty_s(3e-3, model_sync_s(CFG, 2, 0.01, 2.0, ar))
+    assert expected > 0
     assert preds["TP=2"]["lockstep_penalty_us"]["2"] == pytest.approx(expected * 1e6)
     assert preds["TP=2"]["predicted_lockstep_ms"] == pytest.approx(11 * expected * 1e3)
     assert preds["PP=2"]["predicted_lockstep_ms"] == 0
