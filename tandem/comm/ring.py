@@ -64,6 +64,9 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
+_SEQ_AT = (
+    fr.FIXED.size - 24
+)  # a frame header's seq field: FIXED ends with seq, fingerprint, length (Q each)
 
 
 def same_host_cap(small_max_bytes: int) -> int:
@@ -90,6 +93,31 @@ class _PairPlan:
             self.checked = True
             if self.view[: fr.FIXED_SIZE] != self.expect[: fr.FIXED_SIZE]:
                 raise self._reader.desync(self.expect, self.buf)
+
+
+class _ShmLane:
+    """Per tensor shape, the same-host fast path's views into the pair segment: for each slot
+    parity, this rank's and the peer's frame (header bytes at `mine_at` / `peer_at`, payload as a
+    float32 tensor of the shape), the header with seq 0, and the word holding this rank's seq."""
+
+    __slots__ = ("head", "hlen", "length", "mine_at", "peer_at", "seq_word", "mine", "peer")
+
+    def __init__(self, pair: same_host.SamePair, head: bytes, shape: tuple[int, ...]) -> None:
+        n = 1
+        for d in shape:
+            n *= d
+        self.head, self.hlen, self.length = head, len(head), len(head) + 4 * n
+        self.mine_at = tuple(pair.frame_offset(True, p) for p in (0, 1))
+        self.peer_at = tuple(pair.frame_offset(False, p) for p in (0, 1))
+        self.seq_word = tuple((at + _SEQ_AT) // 8 for at in self.mine_at)
+
+        def payload(at: int) -> torch.Tensor:
+            return torch.frombuffer(
+                pair.buffer, dtype=torch.float32, count=n, offset=at + self.hlen
+            ).view(shape)
+
+        self.mine = tuple(payload(at) for at in self.mine_at)
+        self.peer = tuple(payload(at) for at in self.peer_at)
 
 
 class RingCommunicator:
@@ -126,6 +154,7 @@ class RingCommunicator:
         self._reader = FrameReader(self._io.recv_into, rank, left.peer_rank, left.max_frame_bytes)
         # N = 2 on one host: RANK_ORDER frames (every small all-reduce) swap through shared memory
         self._shm = same_host_pair if world_size == 2 else None
+        self._lanes: dict = {}
 
     @classmethod
     def create(
@@ -356,9 +385,6 @@ class RingCommunicator:
             )
             + plan.dims
         )
-        if self._shm is not None:
-            got = self._swap_same_host(head, x, plan.nbytes)
-            return unstage(np.add(x, np.frombuffer(got, np.float32)), tuple(t.shape), t)
         self._io.send_small(head, x)
         plan.expect, plan.checked = head, False
         self._io.recv_small(plan.view, plan.check)
@@ -368,6 +394,59 @@ class RingCommunicator:
         self._io.flush()  # a no-op unless the send was queued (it must not outlive x)
         return unstage(out, tuple(t.shape), t)
 
+    def _shm_pair_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`_pair_sum` through same-host shared memory, the decode hot path on one host: the
+        frame `_sum_rank_order` would send (so a general-path peer meets it), written in place
+        (payload by one tensor copy, the header with its seq stored as one word), published; the
+        peer's header must equal ours byte for byte; the sum is `t + peer` (= the rank-order sum,
+        float addition being commutative), read from the peer's frame by one tensor add."""
+        if self._broken is not None:
+            raise base.CommClosedError(f"rank {self._rank}: ring is unusable: {self._broken}")
+        self._seq += 1
+        lane = self._lanes.get(t.shape)
+        if lane is None:
+            lane = self._shm_lane(tuple(t.shape))
+        pair = self._shm
+        c = pair.begin()
+        p = c & 1
+        lane.mine[p].copy_(t)
+        mm, mine = pair.buffer, lane.mine_at[p]
+        mm[mine : mine + lane.hlen] = lane.head
+        pair.words[lane.seq_word[p]] = self._seq
+        pair.publish(c, lane.length)
+        head = mm[mine : mine + lane.hlen]
+        try:
+            length = pair.await_peer(c)
+        except same_host.PeerDivergedError as e:
+            raise self._diverged(head, e) from None
+        peer = lane.peer_at[p]
+        if length != lane.length or mm[peer : peer + lane.hlen] != head:
+            raise self._reader.desync(head, mm[peer : peer + lane.hlen])
+        return torch.add(t, lane.peer[p])
+
+    def _shm_lane(self, shape: tuple[int, ...]) -> _ShmLane:
+        if len(self._lanes) > 512:
+            self._lanes.clear()
+        n = 1
+        for d in shape:
+            n *= d
+        head = data_header(fr.ALL_REDUCE, wd.FLOAT32.code, 0, self._fingerprint(
+            fr.ALL_REDUCE, wd.FLOAT32.code, shape), (n,), 0)  # fmt: skip
+        lane = self._lanes[torch.Size(shape)] = _ShmLane(self._shm, head, shape)
+        return lane
+
+    def _diverged(self, head: bytes, e: same_host.PeerDivergedError) -> base.OpDesyncError:
+        """The peer sent TCP bytes while we waited in shared memory: it is in another op,
+        waiting on TCP, so our header goes there too (it fails closed as well)."""
+        try:
+            self._io.send_small(head, memoryview(b""))
+            self._io.flush()
+        except OSError:
+            pass
+        if len(e.peeked) >= fr.FIXED_SIZE:
+            return self._reader.desync(head, e.peeked)
+        return base.OpDesyncError(f"rank {self._rank}: {e}")
+
     def _swap_same_host(self, head: bytes, payload: Any, nbytes: int) -> memoryview:
         """One RANK_ORDER frame each way through shared memory; the peer's header must equal
         ours byte for byte, as on TCP. Returns the peer's payload (a view into the segment,
@@ -375,15 +454,7 @@ class RingCommunicator:
         try:
             got = self._shm.exchange(head, payload)
         except same_host.PeerDivergedError as e:
-            # the peer is in another op, waiting on TCP: our header there fails it closed too
-            try:
-                self._io.send_small(head, memoryview(b""))
-                self._io.flush()
-            except OSError:
-                pass
-            if len(e.peeked) >= fr.FIXED_SIZE:
-                raise self._reader.desync(head, e.peeked) from None
-            raise base.OpDesyncError(f"rank {self._rank}: {e}") from None
+            raise self._diverged(head, e) from None
         if len(got) != len(head) + nbytes or got[: len(head)] != head:
             raise self._reader.desync(head, got)
         return got[len(head) :]
@@ -484,6 +555,8 @@ class RingCommunicator:
             and t.is_contiguous()
             and not t.requires_grad
         ):
+            if self._shm is not None:
+                return self._guard(self._shm_pair_sum, t)
             return self._guard(self._pair_sum, t)
         base.check_tensor(t, "all_reduce_sum", reduce=True)
         x = stage_to_host(t, torch.float32)

@@ -26,7 +26,10 @@ issue, so `supported()` is False there and such ranks stay on TCP.
 Same host is proven, not guessed: rank 1 maps the segment by the name rank 0 sent and must read
 back the token rank 0 wrote into it (a name that also exists on another machine holds another
 token). The file is 0600 and unlinked as soon as rank 1 has answered, so a crash leaks nothing.
-A wait spins (yielding the core) for `spin` seconds, then naps in growing steps; the TCP socket
+A wait spins (yielding the core each turn) for TANDEM_SHM_SPIN_US (default 20 ms: longer than
+TCP's spin, because a shared-memory waiter has no wake-up to block on and a nap overshoots the
+peer's frame by its own length; lockstep waits in decode are mostly well under 20 ms), then naps
+in growing steps up to 1 ms; the TCP socket
 is polled throughout so a peer that dies (its socket closes) raises PeerClosedError at once,
 and `timeout` seconds without the peer's frame raise PeerTimeoutError.
 """
@@ -50,6 +53,8 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 SHM_ENV = "TANDEM_SHM"  # "0" keeps same-host pairs on TCP
+SPIN_ENV = "TANDEM_SHM_SPIN_US"
+DEFAULT_SPIN_US = 20_000
 MAGIC = b"TNDMSHM1"
 _SLOT_HEAD = 64
 _BASE = 64
@@ -82,6 +87,18 @@ def enabled_from_env() -> bool:
     raise ValueError(f"{SHM_ENV}={raw!r}: expected 1 (same-host shared memory) or 0 (TCP only)")
 
 
+def spin_from_env() -> float:
+    """Seconds a same-host wait spins before it naps: TANDEM_SHM_SPIN_US, default 20000."""
+    raw = os.environ.get(SPIN_ENV, "").strip()
+    try:
+        us = int(raw) if raw else DEFAULT_SPIN_US
+    except ValueError:
+        raise ValueError(f"{SPIN_ENV}={raw!r}: expected whole microseconds") from None
+    if us < 0:
+        raise ValueError(f"{SPIN_ENV}={raw!r}: must be >= 0")
+    return us / 1e6
+
+
 def supported() -> bool:
     """Linux on x86-64 with /dev/shm (see the module docstring for why x86-64 only)."""
     return (
@@ -100,6 +117,7 @@ class SamePair:
 
     def __init__(self, mm: mmap.mmap, me: int, cap: int, inp: TimedSocket) -> None:
         self._mm, self._me, self._cap, self._inp = mm, me, cap, inp
+        self.spin = spin_from_env()
         self._slot = _slot_size(cap)
         self._view = memoryview(mm)
         self._words = np.frombuffer(mm, dtype=np.int64)
@@ -157,37 +175,64 @@ class SamePair:
             return None
         return cls(mm, 1, cap, inp)
 
+    # A swap is begin() -> write this rank's frame at frame_offset(mine) -> publish() ->
+    # await_peer() -> read the peer's frame; `exchange` does all of it for a (head, payload).
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The segment (for callers that keep typed views of their frames)."""
+        return self._mm
+
+    @property
+    def words(self) -> np.ndarray:
+        """The segment as int64 words (a frame's 8-aligned fields can be stored one word each)."""
+        return self._words
+
+    def frame_offset(self, mine: bool, parity: int) -> int:
+        """Byte offset of this rank's (or the peer's) frame for swaps of `parity`; 64-aligned."""
+        return self._off(self._me if mine else 1 - self._me, parity) + _SLOT_HEAD
+
+    def begin(self) -> int:
+        """The next swap's number c (its frames live in the slots of parity c & 1)."""
+        self._count += 1
+        return self._count
+
+    def publish(self, c: int, length: int) -> None:
+        """This rank's frame of swap c (already written) is `length` bytes: make it visible."""
+        w = self._word(self._me, c & 1)
+        self._words[w + 1] = length
+        self._words[w] = c  # stored after the frame: see the module docstring
+
+    def await_peer(self, c: int) -> int:
+        """Wait for the peer's frame of swap c; returns its length (checked against the slot)."""
+        words, pw = self._words, self._word(1 - self._me, c & 1)
+        if words[pw] != c:
+            self._wait(pw, c)
+        length = int(words[pw + 1])
+        if not 0 <= length <= self._cap:
+            raise ShmError(f"{self._inp.peer}: same-host frame length {length} out of range")
+        return length
+
     def exchange(self, head: bytes, payload: Any) -> memoryview:
         """Swap one frame (`head` + `payload`, a buffer) with the peer; returns a view of the
         peer's frame, valid until this rank's next-but-one exchange (copy out before then)."""
         n = payload.nbytes
         if len(head) + n > self._cap:
             raise ShmError(f"a {len(head) + n}-byte frame exceeds the {self._cap}-byte slot")
-        self._count += 1
-        c, p, me = self._count, self._count & 1, self._me
-        off = self._off(me, p)
-        view = self._view
-        view[off + _SLOT_HEAD : off + _SLOT_HEAD + len(head)] = head
+        c = self.begin()
+        off, view = self.frame_offset(True, c & 1), self._view
+        view[off : off + len(head)] = head
         if n:
-            start = off + _SLOT_HEAD + len(head)
-            view[start : start + n] = memoryview(payload).cast("B")
-        words, w = self._words, self._word(me, p)
-        words[w + 1] = len(head) + n
-        words[w] = c  # publishes the frame (stored after it: see the module docstring)
-        peer = 1 - me
-        pw = self._word(peer, p)
-        if words[pw] != c:
-            self._wait(pw, c)
-        length = int(words[pw + 1])
-        if not 0 <= length <= self._cap:
-            raise ShmError(f"{self._inp.peer}: same-host frame length {length} out of range")
-        start = self._off(peer, p) + _SLOT_HEAD
+            view[off + len(head) : off + len(head) + n] = memoryview(payload).cast("B")
+        self.publish(c, len(head) + n)
+        length = self.await_peer(c)
+        start = self.frame_offset(False, c & 1)
         return view[start : start + length]
 
     def _wait(self, word: int, c: int) -> None:
         inp, words = self._inp, self._words
         start = time.monotonic()
-        end_spin = start + min(inp.spin, inp.timeout)
+        end_spin = start + min(self.spin, inp.timeout)
         while time.monotonic() < end_spin:
             _sched_yield()
             if words[word] == c:
