@@ -13,10 +13,11 @@ TINY = ModelConfig.from_hf_dict({
 
 
 def test_probe_times_k_ring_ranks_over_their_layer_shards_and_the_shard_alone():
-    probe = measure_lockstep(TINY, ks=(2,), blocks=2, pool_mb=1, timeout_s=120)
+    probe = measure_lockstep(TINY, ks=(2,), blocks=2, rounds=2, pool_mb=1, timeout_s=120)
     assert probe["position"] == POSITION and set(probe["by_k"]) == {"2"}
     f = probe["by_k"]["2"]
     assert f["alone_s"] > 0 and f["free_s"] > 0 and f["lockstep_s"] > 0
+    assert len(f["rounds_lockstep_s"]) == 2 and f["lockstep_s"] == min(f["rounds_lockstep_s"])
 
 
 def test_probe_refuses_degrees_below_two():
