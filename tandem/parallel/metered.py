@@ -55,6 +55,8 @@ class MeteredCommunicator:
     def __init__(self, inner: Communicator) -> None:
         self.inner = inner
         self.stats = CommStats()
+        n = inner.world_size  # fixed for a communicator's life; kept off the per-op path
+        self._small_factor, self._ring_factor = n * (n - 1), 2 * (n - 1)
 
     @property
     def rank(self) -> int:
@@ -67,13 +69,13 @@ class MeteredCommunicator:
     def _count(self, t0: float, moved: int) -> None:
         self.stats.collectives += 1
         self.stats.seconds += time.perf_counter() - t0
-        self.stats.bytes_moved += moved if self.world_size > 1 else 0
+        self.stats.bytes_moved += moved if self._ring_factor else 0
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        n, s = self.world_size, _wire_bytes(t)
         t0 = time.perf_counter()
         out = self.inner.all_reduce_sum(t)
-        self._count(t0, n * (n - 1) * s if s <= SMALL_MAX_BYTES else 2 * (n - 1) * s)
+        s = _wire_bytes(t)
+        self._count(t0, (self._small_factor if s <= SMALL_MAX_BYTES else self._ring_factor) * s)
         return out
 
     def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
