@@ -411,7 +411,9 @@ class RingCommunicator:
         p = c & 1
         lane.mine[p].copy_(t)
         mm, mine = pair.buffer, lane.mine_at[p]
-        mm[mine : mine + lane.hlen] = lane.head
+        if pair.header_of[p] is not lane:  # else the header there is ours but for its seq
+            mm[mine : mine + lane.hlen] = lane.head
+            pair.header_of[p] = lane
         pair.words[lane.seq_word[p]] = self._seq
         pair.publish(c, lane.length)
         head = mm[mine : mine + lane.hlen]
@@ -427,6 +429,7 @@ class RingCommunicator:
     def _shm_lane(self, shape: tuple[int, ...]) -> _ShmLane:
         if len(self._lanes) > 512:
             self._lanes.clear()
+            self._shm.header_of[:] = [None, None]
         n = 1
         for d in shape:
             n *= d
@@ -555,9 +558,11 @@ class RingCommunicator:
             and t.is_contiguous()
             and not t.requires_grad
         ):
-            if self._shm is not None:
-                return self._guard(self._shm_pair_sum, t)
-            return self._guard(self._pair_sum, t)
+            try:  # _guard, inlined on the decode hot path
+                return self._shm_pair_sum(t) if self._shm is not None else self._pair_sum(t)
+            except BaseException as e:
+                self._broken = f"{type(e).__name__}: {e}"
+                raise
         base.check_tensor(t, "all_reduce_sum", reduce=True)
         x = stage_to_host(t, torch.float32)
         return unstage(self._all_reduce(x, tuple(t.shape)), tuple(t.shape), t)

@@ -45,8 +45,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 from tandem.transport.channel import Channel
 from tandem.transport.socketio import PeerClosedError, TimedSocket, TransportError
 from tandem.wire import dtypes as wd
@@ -120,7 +118,8 @@ class SamePair:
         self.spin = spin_from_env()
         self._slot = _slot_size(cap)
         self._view = memoryview(mm)
-        self._words = np.frombuffer(mm, dtype=np.int64)
+        self._words = self._view.cast("q")  # int64 words: one plain 8-byte store or load each
+        self.header_of: list[object] = [None, None]  # per parity: who last wrote a frame header
         self._count = 0
 
     def _off(self, w: int, p: int) -> int:
@@ -184,8 +183,10 @@ class SamePair:
         return self._mm
 
     @property
-    def words(self) -> np.ndarray:
-        """The segment as int64 words (a frame's 8-aligned fields can be stored one word each)."""
+    def words(self) -> memoryview:
+        """The segment as int64 words (a frame's 8-aligned fields can be stored one word each).
+        `header_of[parity]` lets a caller that rewrites only a header's seq know the rest of the
+        header there is still its own (`exchange` sets it to None)."""
         return self._words
 
     def frame_offset(self, mine: bool, parity: int) -> int:
@@ -220,6 +221,7 @@ class SamePair:
         if len(head) + n > self._cap:
             raise ShmError(f"a {len(head) + n}-byte frame exceeds the {self._cap}-byte slot")
         c = self.begin()
+        self.header_of[c & 1] = None
         off, view = self.frame_offset(True, c & 1), self._view
         view[off : off + len(head)] = head
         if n:
@@ -268,8 +270,8 @@ class SamePair:
         return got
 
     def close(self) -> None:
-        del self._words
         try:
+            self._words.release()
             self._view.release()
             self._mm.close()
         except BufferError:  # a caller still holds a view of a frame: the mapping goes with it
