@@ -34,16 +34,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-collectives", action="store_true", help="skip ring/gloo all-reduce")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers peer")
     p.add_argument("--out", default="bench-out", help="directory for bench.{json,md,png} and logs")
+    src.add_argument("--reanalyze", default=None, metavar="BENCH_JSON",
+                     help="measure nothing: re-derive the report (sync split, plan check, "
+                          "projection) of a saved bench.json into --out")  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.harness import BenchOptions, parse_layouts, run_bench
     from tandem.bench.netns import NetnsUnavailable
-    from tandem.bench.report import analyze, chart, markdown
+    from tandem.bench.report import analyze
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.reanalyze:
+        try:
+            doc = json.loads(Path(args.reanalyze).read_text())
+        except (OSError, ValueError) as e:
+            print(f"tandem bench: --reanalyze {args.reanalyze}: {e}", file=sys.stderr)
+            return 2
+        return _write(analyze(doc), out)
     try:
         layouts = parse_layouts(args.layouts)
         links = tuple(x.strip() for x in args.links.split(",") if x.strip())
@@ -65,7 +75,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"tandem bench: {e}; or run with --links loopback", file=sys.stderr)
         return 2
     doc["command"] = " ".join(["tandem", *sys.argv[1:]])
-    doc = analyze(doc)
+    return _write(analyze(doc), out)
+
+
+def _write(doc: dict, out: Path) -> int:
+    from tandem.bench.report import chart, markdown
+
     (out / "bench.json").write_text(json.dumps(doc, indent=2))
     md = markdown(doc)
     (out / "bench.md").write_text(md)
