@@ -288,7 +288,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                             log(f"  {backend:>4} all-reduce x{world}, {s0['bytes']} B: "
                                 f"{s0['median_s'] * 1e6:.0f} us median")  # fmt: skip
                 if any(lay.kind == "tp" for lay in opts.layouts):  # close in time to TP runs
-                    doc["lockstep"][link] = _lockstep(config, opts, log)
+                    doc["lockstep"][link] = _lockstep(config, opts, log, hosts, link)
                 for lay in opts.layouts:  # single again on each link: a control close in time
                     try:
                         doc["runs"].append(run_layout(hosts, lay, opts, log))
@@ -308,14 +308,17 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     return doc
 
 
-def _lockstep(config, opts: BenchOptions, log: Callable[[str], None]) -> dict:
-    """The lockstep probe at every TP degree measured (all of a layout's ranks share this
-    machine, whichever link joins them); the report turns it into the plan's per-sync penalty."""
+def _lockstep(
+    config, opts: BenchOptions, log: Callable[[str], None], hosts: Hosts, link: str
+) -> dict:
+    """The lockstep probe at every TP degree measured, its ranks on the link's hosts as the TP
+    layouts' are (all on this machine, joined by that link); the report turns it into the plan's
+    per-sync penalty against the same link's all-reduce."""
     from tandem.bench.lockstep import LockstepProbeError, measure_lockstep
 
     ks = tuple(sorted({lay.n for lay in opts.layouts if lay.kind == "tp"}))
     try:
-        probe = measure_lockstep(config, ks=ks)
+        probe = measure_lockstep(config, ks=ks, hosts=hosts, link=link)
     except (LockstepProbeError, subprocess.TimeoutExpired) as e:
         log(f"lockstep probe failed: {e}")
         return {"error": str(e)}

@@ -199,9 +199,11 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _run_ranks(argvs: list[list[str]], timeout_s: float) -> dict:
-    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for a in argvs]  # fmt: skip
+def _run_ranks(argvs: list[list[str]], timeout_s: float, hosts: Any = None) -> dict:
+    """Rank i's argv on host i of `hosts` (a `bench.hosts.Hosts`), or here without it."""
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [hosts.popen(i, a, **pipes) if hosts is not None else subprocess.Popen(a, **pipes)
+             for i, a in enumerate(argvs)]  # fmt: skip
     try:
         out, err = procs[0].communicate(timeout=timeout_s)
         for p in procs[1:]:
@@ -223,10 +225,14 @@ def measure_lockstep(
     rounds: int = DEFAULT_ROUNDS,
     pool_mb: int = POOL_MB,
     timeout_s: float = 300.0,
+    hosts: Any = None,
+    link: str = "loopback",
 ) -> dict:
     """Per k, seconds per sync: `lockstep_s` (k ranks in lockstep), `free_s` (the same k ranks
     without the all-reduces, the slowest rank), `alone_s` (rank 0's shard alone). `config` is a
-    `ModelConfig`; turn the figures into penalties with `penalties`."""
+    `ModelConfig`; turn the figures into penalties with `penalties`. With `hosts` (a
+    `bench.hosts.Hosts`, `link` its name in the bench) rank i runs on host i and the ranks talk
+    over that link, as the layouts they stand for do; without it, over loopback here."""
     ks = tuple(sorted({k for k in ks if k >= 2}))
     if not ks:
         raise LockstepProbeError("the lockstep probe needs some k >= 2")
@@ -236,12 +242,14 @@ def measure_lockstep(
         base = [sys.executable, "-m", "tandem.bench.lockstep", "--config", str(cfg),
                 "--blocks", str(blocks), "--rounds", str(rounds),
                 "--pool-mb", str(pool_mb)]  # fmt: skip
-        alone = _run_ranks([[*base, "--alone-k", ",".join(map(str, ks))]], timeout_s)["alone_s"]
-        out: dict = {"position": POSITION, "pool_mb": pool_mb, "by_k": {}}
+        alone = _run_ranks([[*base, "--alone-k", ",".join(map(str, ks))]], timeout_s, hosts)
+        alone = alone["alone_s"]
+        out: dict = {"position": POSITION, "pool_mb": pool_mb, "link": link, "by_k": {}}
         for k in ks:
-            peers = ",".join(f"127.0.0.1:{p}" for p in _free_ports(k))
+            address = hosts.address if hosts is not None else (lambda i: "127.0.0.1")
+            peers = ",".join(f"{address(i)}:{p}" for i, p in enumerate(_free_ports(k)))
             argv = [*base, "--world", str(k), "--peers", peers, "--secret", secrets.token_hex(16)]
-            r = _run_ranks([[*argv, "--rank", str(i)] for i in range(k)], timeout_s)
+            r = _run_ranks([[*argv, "--rank", str(i)] for i in range(k)], timeout_s, hosts)
             out["by_k"][str(k)] = {"alone_s": alone[str(k)], "free_s": r["free_s"],
                                    "lockstep_s": r["lockstep_s"],
                                    "rounds_lockstep_s": r["rounds_lockstep_s"]}  # fmt: skip

@@ -85,15 +85,17 @@ def lockstep_penalties(
     doc: dict, config: Any, s_node: float, slots: float, link: str = "loopback"
 ) -> tuple[tuple[int, float], ...]:
     """The bench's lockstep probe as (k, seconds per sync) beyond the plan's own terms for one
-    segment + all-reduce on this host: the prediction's node speed and `slots`, and the loopback
-    link spec (the probe's ranks talk over loopback); () when the bench did not run the probe."""
+    segment + all-reduce on this host: the prediction's node speed and `slots`, and the spec of
+    the link the probe's ranks talked over (its `link`; loopback for probes that predate it);
+    () when the bench did not run the probe."""
     from tandem.bench.lockstep import penalties
 
     probe = _probe(doc, link)
     if probe is None or not doc.get("links"):
         return ()
     hidden_bytes = 4 * config.hidden_size
-    spec = link_spec(doc, "loopback" if "loopback" in doc["links"] else link, hidden_bytes)
+    over = probe.get("link", "loopback")
+    spec = link_spec(doc, over if over in doc["links"] else link, hidden_bytes)
     pen = penalties(probe, config, s_node, slots, lambda k: allreduce_s(spec, k, hidden_bytes))
     return tuple(sorted(pen.items()))
 

@@ -220,3 +220,20 @@ def test_bench_report_takes_the_probe_run_next_to_each_links_layouts():
     tp = [next(p for p in d["predictions"] if p["layout"] == "TP=2") for d in (by_link, alone)]
     assert tp[0]["lockstep_penalty_us"] == tp[1]["lockstep_penalty_us"]
     assert "| loopback | 2 |" in markdown(by_link)
+
+
+def test_a_probe_run_over_a_link_is_judged_against_that_links_all_reduce():
+    # the bench runs the probe's ranks on the link's own hosts; its penalty subtracts the
+    # all-reduce of that link (a slow link's sync is not lockstep waiting)
+    from tandem.bench.report import lockstep_penalties
+
+    by_k = {"2": {"alone_s": 1e-3, "free_s": 1e-3, "lockstep_s": 3e-3}}
+    doc = _bench_doc(None)
+    doc["links"]["emulated"] = {"name": "emulated", "rtt_s": 1e-3, "goodput_bytes_per_s": 1e8}
+    doc["lockstep"] = {"emulated": {"by_k": by_k, "link": "emulated"}, "loopback": {"by_k": by_k}}
+    ((k_emu, p_emu),) = lockstep_penalties(doc, CFG, 0.01, 2.0, "emulated")
+    ((k_lo, p_lo),) = lockstep_penalties(doc, CFG, 0.01, 2.0, "loopback")
+    assert k_emu == k_lo == 2
+    ar = allreduce_s(LinkSpec(1e-3, 1e8), 2, 4 * CFG.hidden_size)
+    assert p_emu == pytest.approx(penalty_s(3e-3, model_sync_s(CFG, 2, 0.01, 2.0, ar)))
+    assert p_emu < p_lo  # the emulated link's 0.5 ms latency is the link's, not lockstep's
