@@ -101,6 +101,7 @@ class _ShmLane:
     float32 tensor of the shape), the header with seq 0, and the word holding this rank's seq."""
 
     __slots__ = ("head", "hlen", "length", "mine_at", "peer_at", "seq_word", "mine", "peer")
+    # mine: this rank's payloads as flat float32 arrays; peer: the peer's as tensors of the shape
 
     def __init__(self, pair: same_host.SamePair, head: bytes, shape: tuple[int, ...]) -> None:
         n = 1
@@ -116,7 +117,9 @@ class _ShmLane:
                 pair.buffer, dtype=torch.float32, count=n, offset=at + self.hlen
             ).view(shape)
 
-        self.mine = tuple(payload(at) for at in self.mine_at)
+        self.mine = tuple(
+            np.frombuffer(pair.buffer, np.float32, n, at + self.hlen) for at in self.mine_at
+        )
         self.peer = tuple(payload(at) for at in self.peer_at)
 
 
@@ -397,9 +400,10 @@ class RingCommunicator:
     def _shm_pair_sum(self, t: torch.Tensor) -> torch.Tensor:
         """`_pair_sum` through same-host shared memory, the decode hot path on one host: the
         frame `_sum_rank_order` would send (so a general-path peer meets it), written in place
-        (payload by one tensor copy, the header with its seq stored as one word), published; the
-        peer's header must equal ours byte for byte; the sum is `t + peer` (= the rank-order sum,
-        float addition being commutative), read from the peer's frame by one tensor add."""
+        (the payload by one copy of `stage_to_host`'s view, the header only when the slot last
+        held another shape, its seq as one word), then published; the peer's header must equal
+        ours byte for byte; the sum is `t + peer` (= the rank-order sum, float addition being
+        commutative), read from the peer's frame by one tensor add."""
         if self._broken is not None:
             raise base.CommClosedError(f"rank {self._rank}: ring is unusable: {self._broken}")
         self._seq += 1
@@ -409,7 +413,7 @@ class RingCommunicator:
         pair = self._shm
         c = pair.begin()
         p = c & 1
-        lane.mine[p].copy_(t)
+        np.copyto(lane.mine[p], stage_to_host(t, torch.float32))  # the one host crossing
         mm, mine = pair.buffer, lane.mine_at[p]
         if pair.header_of[p] is not lane:  # else the header there is ours but for its seq
             mm[mine : mine + lane.hlen] = lane.head

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tandem.comm import base
-from tandem.comm.ring import RingCommunicator
+from tandem.comm.ring import RingCommunicator, same_host_cap
+from tandem.transport import shm as same_host
 from tandem.transport.channel import Channel
 from tandem.transport.endpoints import ConnectTimeoutError, InsecurePeerError, Listener, connect
 from tandem.transport.handshake import AuthError, ClaimMismatchError, Identity
@@ -197,6 +198,8 @@ def _fake_ring_pair(small: int = 1 << 16) -> tuple[RingCommunicator, Channel, Ch
         "127.0.0.1", lis0.port, Identity("c", 1, 2), SECRET, expect_rank=0, handshake_timeout=10
     )
     th.join(20)
+    # rank 1's part of ring formation at N = 2: answer rank 0's same-host offer with "no"
+    same_host.negotiate(1, to_rank0, got["channel"], same_host_cap(small), enabled=False)
     former.join(20)
     lis1.close()
     return got["ring"], to_rank0, got["channel"]
