@@ -322,9 +322,10 @@ def _prediction_table(doc: dict) -> list[str]:
             rows.append(f"| {link} | {k} | {f['alone_s'] * 1e6:.0f} | {f['free_s'] * 1e6:.0f} | "
                         f"{f['lockstep_s'] * 1e6:.0f} | {pen.get(k, 0.0):.0f} |")  # fmt: skip
     if rows:
-        out += ["", "Lockstep probe (k ranks on this machine over loopback, each its TP shard of a "
-                "decoder layer, all-reducing after attention and after the MLP; `lockstep.py`; "
-                "run just before that link's layouts), per sync:", "",
+        out += ["", "Lockstep probe (k ranks on this machine, on the hosts of the link it is listed "
+                "with (loopback for probes saved before that), each its TP shard of a decoder "
+                "layer, all-reducing after attention and after the MLP; `lockstep.py`; run just "
+                "before that link's layouts), per sync:", "",
                 "| next to link | k | rank 0's shard alone us | k shards at once us | shards + "
                 "all-reduce in lockstep us | penalty per sync us |",
                 "|---|---|---|---|---|---|", *rows]  # fmt: skip
