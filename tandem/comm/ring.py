@@ -45,6 +45,7 @@ from tandem.comm.staging import (
     decode_tensor,
     encode_f32,
     encode_tensor,
+    host_tensor,
     np_dtype,
     stage_to_host,
     unstage,
@@ -101,7 +102,6 @@ class _ShmLane:
     float32 tensor of the shape), the header with seq 0, and the word holding this rank's seq."""
 
     __slots__ = ("head", "hlen", "length", "mine_at", "peer_at", "seq_word", "mine", "peer")
-    # mine: this rank's payloads as flat float32 arrays; peer: the peer's as tensors of the shape
 
     def __init__(self, pair: same_host.SamePair, head: bytes, shape: tuple[int, ...]) -> None:
         n = 1
@@ -117,9 +117,7 @@ class _ShmLane:
                 pair.buffer, dtype=torch.float32, count=n, offset=at + self.hlen
             ).view(shape)
 
-        self.mine = tuple(
-            np.frombuffer(pair.buffer, np.float32, n, at + self.hlen) for at in self.mine_at
-        )
+        self.mine = tuple(payload(at) for at in self.mine_at)
         self.peer = tuple(payload(at) for at in self.peer_at)
 
 
@@ -400,10 +398,10 @@ class RingCommunicator:
     def _shm_pair_sum(self, t: torch.Tensor) -> torch.Tensor:
         """`_pair_sum` through same-host shared memory, the decode hot path on one host: the
         frame `_sum_rank_order` would send (so a general-path peer meets it), written in place
-        (the payload by one copy of `stage_to_host`'s view, the header only when the slot last
+        (the payload by one tensor copy from `host_tensor`, the header only when the slot last
         held another shape, its seq as one word), then published; the peer's header must equal
-        ours byte for byte; the sum is `t + peer` (= the rank-order sum, float addition being
-        commutative), read from the peer's frame by one tensor add."""
+        ours byte for byte; the sum is `x + peer` (x: t on the host, contiguous, detached; = the
+        rank-order sum, float addition being commutative), one tensor add from the peer's frame."""
         if self._broken is not None:
             raise base.CommClosedError(f"rank {self._rank}: ring is unusable: {self._broken}")
         self._seq += 1
@@ -413,7 +411,8 @@ class RingCommunicator:
         pair = self._shm
         c = pair.begin()
         p = c & 1
-        np.copyto(lane.mine[p], stage_to_host(t, torch.float32))  # the one host crossing
+        x = host_tensor(t, torch.float32)  # the one host crossing (t itself: CPU float32)
+        lane.mine[p].copy_(x)
         mm, mine = pair.buffer, lane.mine_at[p]
         if pair.header_of[p] is not lane:  # else the header there is ours but for its seq
             mm[mine : mine + lane.hlen] = lane.head
@@ -428,7 +427,7 @@ class RingCommunicator:
         peer = lane.peer_at[p]
         if length != lane.length or mm[peer : peer + lane.hlen] != head:
             raise self._reader.desync(head, mm[peer : peer + lane.hlen])
-        return torch.add(t, lane.peer[p])
+        return torch.add(x, lane.peer[p])
 
     def _shm_lane(self, shape: tuple[int, ...]) -> _ShmLane:
         if len(self._lanes) > 512:
@@ -559,11 +558,12 @@ class RingCommunicator:
             and t.dtype is torch.float32
             and t.is_cpu
             and t.numel() <= self._pair_max
-            and t.is_contiguous()
-            and not t.requires_grad
         ):
             try:  # _guard, inlined on the decode hot path
-                return self._shm_pair_sum(t) if self._shm is not None else self._pair_sum(t)
+                if self._shm is not None:  # host_tensor sees to contiguity and grad
+                    return self._shm_pair_sum(t)
+                if t.is_contiguous() and not t.requires_grad:
+                    return self._pair_sum(t)
             except BaseException as e:
                 self._broken = f"{type(e).__name__}: {e}"
                 raise

@@ -41,16 +41,22 @@ _TORCH_TO_WIRE = {
 _WIRE_TO_TORCH = {v.code: k for k, v in _TORCH_TO_WIRE.items()}
 
 
-def stage_to_host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """Any device's tensor -> a flat, contiguous host array in `dtype` (aliases `t` when it already is one).
+def host_tensor(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Any device's tensor -> a contiguous host tensor in `dtype` (`t` itself when it already is
+    one: no copy, no dispatch).
 
-    The single device->host crossing every backend shares.
+    The single device->host crossing every backend shares (`stage_to_host` is built on it; the
+    ring's same-host path copies from it straight into shared memory).
     """
-    if t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous():
-        host = t.detach() if t.requires_grad else t  # already on the host: no copy, no dispatch
-    else:
-        host = t.detach().to(device="cpu", dtype=dtype).contiguous()
-    return host.numpy().reshape(-1)
+    if t.dtype == dtype and t.is_cpu and t.is_contiguous():
+        return t.detach() if t.requires_grad else t
+    return t.detach().to(device="cpu", dtype=dtype).contiguous()
+
+
+def stage_to_host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """Any device's tensor -> a flat, contiguous host array in `dtype` (aliases `t` when it
+    already is one), through `host_tensor`."""
+    return host_tensor(t, dtype).numpy().reshape(-1)
 
 
 def unstage(host: np.ndarray, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:

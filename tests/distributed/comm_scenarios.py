@@ -142,6 +142,12 @@ def fast_path_meets_general_path(comm: Any) -> dict:
     out["shape"] = list(got.shape)
     out["digest"] = digest(got)
     out["same_host"] = comm.same_host
+    # a transposed view and a tensor that requires grad take the same path's host crossing
+    ys = [rank_input(12, j, (8, 16)).t() for j in range(comm.world_size)]
+    want = reference.all_reduce_sum([y.contiguous() for y in ys])[comm.rank]
+    out["noncontiguous_equal"] = bool(torch.equal(comm.all_reduce_sum(ys[comm.rank]), want))
+    g = comm.all_reduce_sum(ys[comm.rank].contiguous().requires_grad_(True))
+    out["grad_input_equal"] = bool(torch.equal(g, want)) and not g.requires_grad
     return out
 
 

@@ -126,6 +126,8 @@ def test_two_rank_fast_path_meets_the_general_path_and_equals_reference(opt_in) 
     assert r0["equal"] and r1["equal"] and r0["digest"] == r1["digest"]
     assert r0["shape"] == [1, 1, 1024]
     assert r0["same_host"] == r1["same_host"] == all(opt_in)  # agreed, both or neither
+    assert r0["noncontiguous_equal"] and r1["noncontiguous_equal"]
+    assert r0["grad_input_equal"] and r1["grad_input_equal"]
 
 
 @pytest.mark.parametrize("shared_memory", [True, False])
