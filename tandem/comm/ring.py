@@ -1,9 +1,11 @@
 """The host-staged TCP ring: a Communicator any device can join (cuda, rocm, mps, xpu, cpu).
 
 Rank r listens for its left neighbour (r-1) and dials its right neighbour (r+1), both through the
-HMAC handshake; for N = 2 the two ranks hold two connections, one per direction. Every tensor
-crosses to the host through `staging.stage_to_host`, travels in the negotiated wire dtype (float32
-by default), is reduced in float32, and returns on the caller's device in the caller's dtype.
+HMAC handshake; for N = 2 the two ranks hold two connections, one per direction, and when they
+share a host they swap their RANK_ORDER frames through shared memory instead (`transport.shm`:
+the same frames, the same checks). Every tensor crosses to the host through `staging` (its
+`host_tensor`), travels in the negotiated wire dtype (float32 by default), is reduced in float32,
+and returns on the caller's device in the caller's dtype.
 
 All-reduce (and reduce-scatter) pick their algorithm from (wire bytes, N) alone, so every rank
 agrees (`algorithms.choose_all_reduce`):
@@ -65,9 +67,8 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
-_SEQ_AT = (
-    fr.FIXED.size - 24
-)  # a frame header's seq field: FIXED ends with seq, fingerprint, length (Q each)
+# a frame header's seq field: FIXED ends with seq, fingerprint and length, 8 bytes each
+_SEQ_AT = fr.FIXED.size - 24
 
 
 def same_host_cap(small_max_bytes: int) -> int:

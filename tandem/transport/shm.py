@@ -160,7 +160,7 @@ class SamePair:
         if not _NAME.match(name):
             raise ShmError(f"{inp.peer}: malformed same-host segment name {name[:64]!r}")
         try:
-            fd = os.open(os.path.join(_DIR, name), os.O_RDWR)
+            fd = os.open(os.path.join(_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
         except OSError:
             return None  # another host (or another user's rank)
         try:
