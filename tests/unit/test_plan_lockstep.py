@@ -5,6 +5,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from test_plan_model import CFG  # the plan model's tiny config (a sibling test module)
 
 from tandem.bench.lockstep import (
     model_sync_s,
@@ -27,10 +28,6 @@ from tandem.cli import plan
 from tandem.config import ModelConfig
 from tandem.parallel.partition import model_cost
 
-CFG = SimpleNamespace(
-    hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8,
-    intermediate_size=256, vocab_size=256, num_hidden_layers=4, tie_word_embeddings=True,
-)  # fmt: skip
 LINK = LinkSpec(rtt_s=100e-6, goodput_bytes_per_s=1e6, overhead_s=10e-6)
 PEN = ((2, 1e-3), (3, 5e-3))
 
