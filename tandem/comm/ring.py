@@ -32,6 +32,7 @@ the communicator is broken and refuses further ops with CommClosedError.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import Any
@@ -67,8 +68,6 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
-# a frame header's seq field: FIXED ends with seq, fingerprint and length, 8 bytes each
-_SEQ_AT = fr.FIXED.size - 24
 
 
 def same_host_cap(small_max_bytes: int) -> int:
@@ -104,14 +103,14 @@ class _ShmLane:
 
     __slots__ = ("head", "hlen", "length", "mine_at", "peer_at", "seq_word", "mine", "peer")
 
-    def __init__(self, pair: same_host.SamePair, head: bytes, shape: tuple[int, ...]) -> None:
-        n = 1
-        for d in shape:
-            n *= d
+    def __init__(self, pair: same_host.SamePair, fp: int, shape: tuple[int, ...]) -> None:
+        n = math.prod(shape)
+        # the frame of the general path (_sum_rank_order: flat payload, step 0), seq left 0
+        head = data_header(fr.ALL_REDUCE, wd.FLOAT32.code, 0, fp, (n,), 0)
         self.head, self.hlen, self.length = head, len(head), len(head) + 4 * n
         self.mine_at = tuple(pair.frame_offset(True, p) for p in (0, 1))
         self.peer_at = tuple(pair.frame_offset(False, p) for p in (0, 1))
-        self.seq_word = tuple((at + _SEQ_AT) // 8 for at in self.mine_at)
+        self.seq_word = tuple((at + fr.SEQ_OFFSET) // 8 for at in self.mine_at)
 
         def payload(at: int) -> torch.Tensor:
             return torch.frombuffer(
@@ -434,12 +433,8 @@ class RingCommunicator:
         if len(self._lanes) > 512:
             self._lanes.clear()
             self._shm.header_of[:] = [None, None]
-        n = 1
-        for d in shape:
-            n *= d
-        head = data_header(fr.ALL_REDUCE, wd.FLOAT32.code, 0, self._fingerprint(
-            fr.ALL_REDUCE, wd.FLOAT32.code, shape), (n,), 0)  # fmt: skip
-        lane = self._lanes[torch.Size(shape)] = _ShmLane(self._shm, head, shape)
+        fp = self._fingerprint(fr.ALL_REDUCE, wd.FLOAT32.code, shape)
+        lane = self._lanes[torch.Size(shape)] = _ShmLane(self._shm, fp, shape)
         return lane
 
     def _diverged(self, head: bytes, e: same_host.PeerDivergedError) -> base.OpDesyncError:

@@ -46,7 +46,13 @@ import time
 from typing import Any
 
 from tandem.transport.channel import Channel
-from tandem.transport.socketio import PeerClosedError, TimedSocket, TransportError
+from tandem.transport.socketio import (
+    PeerClosedError,
+    TimedSocket,
+    TransportError,
+    _sched_yield,
+    spin_from_env,
+)
 from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
@@ -59,7 +65,6 @@ _BASE = 64
 _NAME = re.compile(r"^tandem-[0-9]+-[0-9a-f]{12}$")
 _DIR = "/dev/shm"
 _MAX_OFFER = 24 + 64
-_sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
 class ShmError(TransportError):
@@ -85,18 +90,6 @@ def enabled_from_env() -> bool:
     raise ValueError(f"{SHM_ENV}={raw!r}: expected 1 (same-host shared memory) or 0 (TCP only)")
 
 
-def spin_from_env() -> float:
-    """Seconds a same-host wait spins before it naps: TANDEM_SHM_SPIN_US, default 20000."""
-    raw = os.environ.get(SPIN_ENV, "").strip()
-    try:
-        us = int(raw) if raw else DEFAULT_SPIN_US
-    except ValueError:
-        raise ValueError(f"{SPIN_ENV}={raw!r}: expected whole microseconds") from None
-    if us < 0:
-        raise ValueError(f"{SPIN_ENV}={raw!r}: must be >= 0")
-    return us / 1e6
-
-
 def supported() -> bool:
     """Linux on x86-64 with /dev/shm (see the module docstring for why x86-64 only)."""
     return (
@@ -115,7 +108,7 @@ class SamePair:
 
     def __init__(self, mm: mmap.mmap, me: int, cap: int, inp: TimedSocket) -> None:
         self._mm, self._me, self._cap, self._inp = mm, me, cap, inp
-        self.spin = spin_from_env()
+        self.spin = spin_from_env(SPIN_ENV, DEFAULT_SPIN_US)
         self._slot = _slot_size(cap)
         self._view = memoryview(mm)
         self._words = self._view.cast("q")  # int64 words: one plain 8-byte store or load each

@@ -32,17 +32,18 @@ _sched_yield = getattr(os, "sched_yield", lambda: None)  # not on every platform
 DEFAULT_SPIN_US = 500
 
 
-def spin_from_env() -> float:
-    """Seconds a receive spins before it blocks: TANDEM_SPIN_US (microseconds), default 500."""
-    raw = os.environ.get(SPIN_ENV, "").strip()
+def spin_from_env(name: str = SPIN_ENV, default_us: int = DEFAULT_SPIN_US) -> float:
+    """Seconds a receive spins before it blocks: env `name` (microseconds; TANDEM_SPIN_US,
+    default 500, for TCP receives; `transport.shm` reads its own)."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_SPIN_US / 1e6
+        return default_us / 1e6
     try:
         us = int(raw)
     except ValueError:
-        raise ValueError(f"{SPIN_ENV}={raw!r}: expected whole microseconds (0 disables)") from None
+        raise ValueError(f"{name}={raw!r}: expected whole microseconds (0 disables)") from None
     if us < 0:
-        raise ValueError(f"{SPIN_ENV}={raw!r}: must be >= 0")
+        raise ValueError(f"{name}={raw!r}: must be >= 0")
     return us / 1e6
 
 

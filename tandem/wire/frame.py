@@ -34,6 +34,8 @@ MAX_NDIM = 8
 
 FIXED = struct.Struct("<4sHBBBBHIQQQ")
 FIXED_SIZE = FIXED.size  # 40
+# the seq field's byte offset (FIXED ends with seq, fingerprint and length, 8 bytes each)
+SEQ_OFFSET = FIXED_SIZE - 24
 _DIM = struct.Struct("<Q")
 
 # kinds

@@ -20,6 +20,13 @@ def test_frame_header_golden_bytes() -> None:
     assert fr.FIXED_SIZE == 40 and len(head) == 56
 
 
+def test_seq_offset_is_where_the_header_keeps_its_seq() -> None:
+    # the same-host path rewrites only this word of a header it wrote before
+    head = fr.encode_header(fr.DATA, fr.ALL_REDUCE, 1, 0x0123456789ABCDEF, 77, (5,))
+    assert struct.unpack_from("<Q", head, fr.SEQ_OFFSET)[0] == 0x0123456789ABCDEF
+    assert fr.SEQ_OFFSET % 8 == 0
+
+
 def test_frame_header_round_trips() -> None:
     head = fr.encode_header(fr.DATA, fr.P2P, dtypes.BFLOAT16.code, 2**40, 5, (4, 1, 9), step=3)
     h, ndim = fr.decode_fixed(head[: fr.FIXED_SIZE])
