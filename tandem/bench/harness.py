@@ -6,8 +6,9 @@ counters around the head's decode phase, and records TTFT, prefill and decode sp
 per token. Then the peers in the same run: our ring against torch gloo all-reduce
 (`collective_run.py`) on each link, and Hugging Face transformers decoding the same directory
 (`hf_peer.py`), and how much concurrent decodes speed up. Before each link's layouts, the lockstep
-probe (`lockstep.py`: k ranks on this machine, close in time to the TP runs it predicts). Finally `plan_model` predicts every measured layout from the measured single-node
-speed and link figures (the ring's per-message cost calibrated by the all-reduce run, never by the
+probe (`lockstep.py`: k ranks on that link's hosts, close in time to the TP runs it predicts).
+Finally `plan_model` predicts every measured layout from the measured single-node speed and link
+figures (the ring's per-message cost calibrated by the all-reduce run, never by the
 layout runs), and `report.py` writes JSON, markdown and a PNG chart.
 """
 

@@ -35,7 +35,6 @@ import dataclasses
 import json
 import math
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tandem.cluster.launcher import free_ports
 
 POOL_MB = 128  # per rank: > this machine's 32 MB L3, so every layer streams from memory
 POSITION = 40  # the decode position (a 32-token prompt, mid-generation)
@@ -188,17 +189,6 @@ def run_rank(args: argparse.Namespace) -> dict:
 # ---- the probe --------------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _run_ranks(argvs: list[list[str]], timeout_s: float, hosts: Any = None) -> dict:
     """Rank i's argv on host i of `hosts` (a `bench.hosts.Hosts`), or here without it."""
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -245,9 +235,9 @@ def measure_lockstep(
         alone = _run_ranks([[*base, "--alone-k", ",".join(map(str, ks))]], timeout_s, hosts)
         alone = alone["alone_s"]
         out: dict = {"position": POSITION, "pool_mb": pool_mb, "link": link, "by_k": {}}
+        address = hosts.address if hosts is not None else (lambda i: "127.0.0.1")
         for k in ks:
-            address = hosts.address if hosts is not None else (lambda i: "127.0.0.1")
-            peers = ",".join(f"{address(i)}:{p}" for i, p in enumerate(_free_ports(k)))
+            peers = ",".join(f"{address(i)}:{p}" for i, p in enumerate(free_ports(k)))
             argv = [*base, "--world", str(k), "--peers", peers, "--secret", secrets.token_hex(16)]
             r = _run_ranks([[*argv, "--rank", str(i)] for i in range(k)], timeout_s, hosts)
             out["by_k"][str(k)] = {"alone_s": alone[str(k)], "free_s": r["free_s"],

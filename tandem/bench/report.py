@@ -6,9 +6,9 @@
     the all-reduce microbenchmark (2 ranks, one hidden state; its "cold" figure when measured:
     each op after streaming 64 MB, as decode's ops follow weight reads), never on the layout runs.
     TP runs also pay the host's lockstep penalty per sync (`lockstep.py`'s probe, run by the bench
-    just before each link's layouts, apart from them), turned into seconds with this same slots
-    and the loopback link spec (`lockstep_penalties`); `predicted_tok_s_no_lockstep` is the
-    prediction without it.
+    just before each link's layouts on that link's hosts, apart from them), net of this same
+    slots and of the all-reduce of the link the probe ran over (`lockstep_penalties`);
+    `predicted_tok_s_no_lockstep` is the prediction without it.
   - `sync`: per link and layout, synchronization per decode token (`_sync_entry`): for TP measured
     in place from every rank's collective trace, split into host staging, reduction and the rest.
   - `projection`: the paper's node pair (168 tok/s alone) with our measured per-token sync added:
