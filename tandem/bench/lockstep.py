@@ -89,6 +89,18 @@ def penalties(probe: dict, config: Any, s_node: float, slots: float, sync_s) -> 
             for k, f in probe["by_k"].items()}  # fmt: skip
 
 
+def link_penalties(
+    probe: dict, config: Any, s_node: float, slots: float, link: Any
+) -> tuple[tuple[int, float], ...]:
+    """`penalties` against `link`'s (a `plan_model.LinkSpec`) all-reduce of one hidden state, as
+    `NodeSpec.lockstep_s` holds them: (k, seconds per sync), by k."""
+    from tandem.bench.plan_model import allreduce_s
+
+    hidden = 4 * config.hidden_size
+    pen = penalties(probe, config, s_node, slots, lambda k: allreduce_s(link, k, hidden))
+    return tuple(sorted(pen.items()))
+
+
 # ---- one rank ---------------------------------------------------------------------------------
 
 

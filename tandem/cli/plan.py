@@ -23,7 +23,6 @@ from tandem.bench.plan_model import (
     NodeSpec,
     PlanModelError,
     Prediction,
-    allreduce_s,
     candidate_layouts,
     parse_duration,
     parse_lockstep,
@@ -123,15 +122,13 @@ def run(args: argparse.Namespace) -> int:
 def _probe_local(config, k: int, node: NodeSpec, link: LinkSpec) -> tuple[tuple[int, float], ...]:
     """This machine's lockstep penalty per sync at 2..k ranks (at most `PROBE_MAX_K`; more ranks
     take its figure), against the plan's own terms for these nodes and this link."""
-    from tandem.bench.lockstep import LockstepProbeError, measure_lockstep, penalties
+    from tandem.bench.lockstep import LockstepProbeError, link_penalties, measure_lockstep
 
     try:
         probe = measure_lockstep(config, ks=tuple(range(2, min(k, PROBE_MAX_K) + 1)))
     except LockstepProbeError as e:
         raise PlanModelError(str(e)) from None
-    pen = penalties(probe, config, node.s_per_token, node.slots,
-                    lambda n: allreduce_s(link, n, 4 * config.hidden_size))  # fmt: skip
-    return tuple(sorted(pen.items()))
+    return link_penalties(probe, config, node.s_per_token, node.slots, link)
 
 
 def _row(p: Prediction) -> dict:
