@@ -2,8 +2,8 @@
 
 Rank r listens for its left neighbour (r-1) and dials its right neighbour (r+1), both through the
 HMAC handshake; for N = 2 the two ranks hold two connections, one per direction, and when they
-share a host they swap their RANK_ORDER frames through shared memory instead (`transport.shm`:
-the same frames, the same checks). Every tensor crosses to the host through `staging` (its
+share a host they swap their small frames (RANK_ORDER all-reduces, small broadcasts) through
+shared memory instead (`transport.shm`: the same frames, the same checks). Every tensor crosses to the host through `staging` (its
 `host_tensor`), travels in the negotiated wire dtype (float32 by default), is reduced in float32,
 and returns on the caller's device in the caller's dtype.
 
@@ -51,6 +51,7 @@ from tandem.comm.staging import (
     host_tensor,
     np_dtype,
     stage_to_host,
+    to_caller,
     unstage,
 )
 from tandem.transport import shm as same_host
@@ -68,10 +69,11 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
+_F32 = torch.float32
 
 
 def same_host_cap(small_max_bytes: int) -> int:
-    """The same-host slot: the largest RANK_ORDER frame (header with 8 dims + payload)."""
+    """The same-host slot: the largest small frame (header with 8 dims + payload)."""
     return fr.FIXED_SIZE + 8 * fr.MAX_NDIM + small_max_bytes
 
 
@@ -99,18 +101,25 @@ class _PairPlan:
 class _ShmLane:
     """Per tensor shape, the same-host fast path's views into the pair segment: for each slot
     parity, this rank's and the peer's frame (header bytes at `mine_at` / `peer_at`, payload as a
-    float32 tensor of the shape), the header with seq 0, and the word holding this rank's seq."""
+    float32 tensor of the shape), the header with seq 0, the word holding this rank's seq, and the
+    slot words (`SamePair.slot_word`: swap number, then length) of this rank and of the peer."""
 
-    __slots__ = ("head", "hlen", "length", "mine_at", "peer_at", "seq_word", "mine", "peer")
+    __slots__ = (
+        "head", "hlen", "length", "mine_at", "peer_at", "seq_word", "mine", "peer", "mm", "words",
+        "my_slot", "peer_slot",
+    )  # fmt: skip
 
     def __init__(self, pair: same_host.SamePair, fp: int, shape: tuple[int, ...]) -> None:
         n = math.prod(shape)
         # the frame of the general path (_sum_rank_order: flat payload, step 0), seq left 0
         head = data_header(fr.ALL_REDUCE, wd.FLOAT32.code, 0, fp, (n,), 0)
         self.head, self.hlen, self.length = head, len(head), len(head) + 4 * n
+        self.mm, self.words = pair.buffer, pair.words
         self.mine_at = tuple(pair.frame_offset(True, p) for p in (0, 1))
         self.peer_at = tuple(pair.frame_offset(False, p) for p in (0, 1))
         self.seq_word = tuple((at + fr.SEQ_OFFSET) // 8 for at in self.mine_at)
+        self.my_slot = tuple(pair.slot_word(True, p) for p in (0, 1))
+        self.peer_slot = tuple(pair.slot_word(False, p) for p in (0, 1))
 
         def payload(at: int) -> torch.Tensor:
             return torch.frombuffer(
@@ -153,7 +162,7 @@ class RingCommunicator:
             small_max_bytes // 4 if world_size == 2 and self._wire.code == wd.FLOAT32.code else 0
         )
         self._reader = FrameReader(self._io.recv_into, rank, left.peer_rank, left.max_frame_bytes)
-        # N = 2 on one host: RANK_ORDER frames (every small all-reduce) swap through shared memory
+        # N = 2 on one host: small all-reduces and broadcasts swap through shared memory
         self._shm = same_host_pair if world_size == 2 else None
         self._lanes: dict = {}
 
@@ -327,8 +336,14 @@ class RingCommunicator:
         try:
             return fn(*args)
         except BaseException as e:
-            self._broken = f"{type(e).__name__}: {e}"
+            self._break(f"{type(e).__name__}: {e}")
             raise
+
+    def _break(self, why: str) -> None:
+        """After a failure mid-op (or close) every later op refuses: the general paths check
+        `_broken`, and the same-host fast path loses its lanes."""
+        self._broken = why
+        self._lanes.clear()
 
     # ----------------------------------------------------------------------------- all-reduce
 
@@ -395,40 +410,6 @@ class RingCommunicator:
         self._io.flush()  # a no-op unless the send was queued (it must not outlive x)
         return unstage(out, tuple(t.shape), t)
 
-    def _shm_pair_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """`_pair_sum` through same-host shared memory, the decode hot path on one host: the
-        frame `_sum_rank_order` would send (so a general-path peer meets it), written in place
-        (the payload by one tensor copy from `host_tensor`, the header only when the slot last
-        held another shape, its seq as one word), then published; the peer's header must equal
-        ours byte for byte; the sum is `x + peer` (x: t on the host, contiguous, detached; = the
-        rank-order sum, float addition being commutative), one tensor add from the peer's frame."""
-        if self._broken is not None:
-            raise base.CommClosedError(f"rank {self._rank}: ring is unusable: {self._broken}")
-        self._seq += 1
-        lane = self._lanes.get(t.shape)
-        if lane is None:
-            lane = self._shm_lane(tuple(t.shape))
-        pair = self._shm
-        c = pair.begin()
-        p = c & 1
-        x = host_tensor(t, torch.float32)  # the one host crossing (t itself: CPU float32)
-        lane.mine[p].copy_(x)
-        mm, mine = pair.buffer, lane.mine_at[p]
-        if pair.header_of[p] is not lane:  # else the header there is ours but for its seq
-            mm[mine : mine + lane.hlen] = lane.head
-            pair.header_of[p] = lane
-        pair.words[lane.seq_word[p]] = self._seq
-        pair.publish(c, lane.length)
-        head = mm[mine : mine + lane.hlen]
-        try:
-            length = pair.await_peer(c)
-        except same_host.PeerDivergedError as e:
-            raise self._diverged(head, e) from None
-        peer = lane.peer_at[p]
-        if length != lane.length or mm[peer : peer + lane.hlen] != head:
-            raise self._reader.desync(head, mm[peer : peer + lane.hlen])
-        return torch.add(x, lane.peer[p])
-
     def _shm_lane(self, shape: tuple[int, ...]) -> _ShmLane:
         if len(self._lanes) > 512:
             self._lanes.clear()
@@ -450,8 +431,8 @@ class RingCommunicator:
         return base.OpDesyncError(f"rank {self._rank}: {e}")
 
     def _swap_same_host(self, head: bytes, payload: Any, nbytes: int) -> memoryview:
-        """One RANK_ORDER frame each way through shared memory; the peer's header must equal
-        ours byte for byte, as on TCP. Returns the peer's payload (a view into the segment,
+        """One frame each way (a RANK_ORDER all-reduce's, a small broadcast's) through shared
+        memory; the peer's header must equal ours byte for byte, as on TCP. Returns the peer's payload (a view into the segment,
         read before the next op)."""
         try:
             got = self._shm.exchange(head, payload)
@@ -548,6 +529,48 @@ class RingCommunicator:
         return acc
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        lane = self._lanes.get(getattr(t, "shape", None))  # t may be anything: checked below
+        if lane is not None and t.dtype is _F32:
+            # The same-host decode hot path, inline (each call and torch op costs here: the
+            # weight stream before every all-reduce has evicted this code from the caches). A
+            # lane exists only for a float32 shape under the small cut-over on a same-host pair,
+            # and none once the ring is broken. It swaps the frame `_sum_rank_order` would send
+            # (so a general-path peer meets it), written in place: the payload by one tensor copy
+            # from `host_tensor` (the one host crossing), the header only when the slot last
+            # held another shape, its seq as one word; then published (length, then the swap
+            # number: the order `transport.shm` relies on). The peer's header must equal ours
+            # byte for byte; the sum is x + peer (= the rank-order sum: float addition is
+            # commutative), one tensor add from the peer's frame.
+            try:
+                self._seq += 1
+                pair = self._shm
+                c = pair.count = pair.count + 1
+                p = c & 1
+                x = host_tensor(t, _F32)  # t itself when t is CPU, contiguous, detached
+                lane.mine[p].copy_(x)
+                mm, words, mine = lane.mm, lane.words, lane.mine_at[p]
+                if pair.header_of[p] is not lane:  # else the header there is ours but its seq
+                    mm[mine : mine + lane.hlen] = lane.head
+                    pair.header_of[p] = lane
+                words[lane.seq_word[p]] = self._seq
+                w = lane.my_slot[p]
+                words[w + 1] = lane.length
+                words[w] = c
+                w = lane.peer_slot[p]
+                if words[w] != c:
+                    pair.wait(w, c)
+                peer = lane.peer_at[p]
+                head, got = mm[mine : mine + lane.hlen], mm[peer : peer + lane.hlen]
+                if words[w + 1] != lane.length or got != head:
+                    raise self._reader.desync(head, got)
+                out = torch.add(x, lane.peer[p])
+            except same_host.PeerDivergedError as e:
+                self._break(f"{type(e).__name__}: {e}")
+                raise self._diverged(bytes(lane.mm[mine : mine + lane.hlen]), e) from None
+            except BaseException as e:
+                self._break(f"{type(e).__name__}: {e}")
+                raise
+            return out if x is t else to_caller(out, t)
         if (
             self._pair_max
             and isinstance(t, torch.Tensor)
@@ -555,13 +578,16 @@ class RingCommunicator:
             and t.is_cpu
             and t.numel() <= self._pair_max
         ):
-            try:  # _guard, inlined on the decode hot path
-                if self._shm is not None:  # host_tensor sees to contiguity and grad
-                    return self._shm_pair_sum(t)
+            if self._broken is not None:
+                raise base.CommClosedError(f"rank {self._rank}: ring is unusable: {self._broken}")
+            try:  # _guard, inlined
+                if self._shm is not None:
+                    self._shm_lane(tuple(t.shape))
+                    return self.all_reduce_sum(t)  # now through its lane
                 if t.is_contiguous() and not t.requires_grad:
                     return self._pair_sum(t)
             except BaseException as e:
-                self._broken = f"{type(e).__name__}: {e}"
+                self._break(f"{type(e).__name__}: {e}")
                 raise
         base.check_tensor(t, "all_reduce_sum", reduce=True)
         x = stage_to_host(t, torch.float32)
@@ -653,6 +679,11 @@ class RingCommunicator:
         fp: int,
     ) -> np.ndarray:
         hop = (self._rank - src) % self._size  # 0 at the root
+        if self._shm is not None and payload.nbytes <= self._small:  # N = 2 on one host
+            # one swap: both post the frame of step 0 (the receiver its own, unused payload)
+            head = self._header(fr.BROADCAST, wire.code, seq, fp, shape, 0)
+            got = self._swap_same_host(head, payload, payload.nbytes)
+            return payload if hop == 0 else np.frombuffer(got, payload.dtype).copy()
         if hop > 0:
             head = self._header(fr.BROADCAST, wire.code, seq, fp, shape, hop - 1)
             if payload.nbytes <= self._small:  # header and payload in one receive
@@ -714,7 +745,7 @@ class RingCommunicator:
 
     def close(self) -> None:
         if self._broken is None:
-            self._broken = "closed"
+            self._break("closed")
         self._io.close()
         if self._shm is not None:
             self._shm.close()

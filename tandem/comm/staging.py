@@ -59,12 +59,17 @@ def stage_to_host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return host_tensor(t, dtype).numpy().reshape(-1)
 
 
-def unstage(host: np.ndarray, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """A host array -> a tensor of `shape` on `like`'s device in `like`'s dtype (host -> device)."""
-    out = torch.from_numpy(host.reshape(shape))
+def to_caller(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A host tensor -> `like`'s device and dtype (host -> device; `out` itself when it already
+    is there)."""
     if like.dtype == out.dtype and like.device.type == "cpu":
         return out
     return out.to(device=like.device, dtype=like.dtype)
+
+
+def unstage(host: np.ndarray, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A host array -> a tensor of `shape` on `like`'s device in `like`'s dtype (host -> device)."""
+    return to_caller(torch.from_numpy(host.reshape(shape)), like)
 
 
 def wire_dtype_for(t: torch.Tensor, float_wire: wd.WireDtype) -> wd.WireDtype:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from time import perf_counter
 
 import torch
 
@@ -72,10 +73,14 @@ class MeteredCommunicator:
         self.stats.bytes_moved += moved if self._ring_factor else 0
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
+        # the decode path's op (58 a token): `_count` and `_wire_bytes` inline, one frame less
+        t0 = perf_counter()
         out = self.inner.all_reduce_sum(t)
-        s = _wire_bytes(t)
-        self._count(t0, (self._small_factor if s <= SMALL_MAX_BYTES else self._ring_factor) * s)
+        st = self.stats
+        st.seconds += perf_counter() - t0
+        st.collectives += 1
+        s = t.numel() * (4 if t.is_floating_point() else t.element_size())
+        st.bytes_moved += (self._small_factor if s <= SMALL_MAX_BYTES else self._ring_factor) * s
         return out
 
     def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:

@@ -29,8 +29,8 @@ token). The file is 0600 and unlinked as soon as rank 1 has answered, so a crash
 A wait spins (yielding the core each turn) for TANDEM_SHM_SPIN_US (default 20 ms: longer than
 TCP's spin, because a shared-memory waiter has no wake-up to block on and a nap overshoots the
 peer's frame by its own length; lockstep waits in decode are mostly well under 20 ms), then naps
-in growing steps up to 1 ms; the TCP socket
-is polled throughout so a peer that dies (its socket closes) raises PeerClosedError at once,
+in growing steps up to 1 ms (5 ms after a second: an idle worker waiting for the next step's
+broadcast); the TCP socket is polled throughout so a peer that dies (its socket closes) raises PeerClosedError at once,
 and `timeout` seconds without the peer's frame raise PeerTimeoutError.
 """
 
@@ -113,7 +113,7 @@ class SamePair:
         self._view = memoryview(mm)
         self._words = self._view.cast("q")  # int64 words: one plain 8-byte store or load each
         self.header_of: list[object] = [None, None]  # per parity: who last wrote a frame header
-        self._count = 0
+        self.count = 0  # swaps begun; swap c uses the slots of parity c & 1
 
     def _off(self, w: int, p: int) -> int:
         return _BASE + (2 * w + p) * self._slot
@@ -188,8 +188,15 @@ class SamePair:
 
     def begin(self) -> int:
         """The next swap's number c (its frames live in the slots of parity c & 1)."""
-        self._count += 1
-        return self._count
+        self.count += 1
+        return self.count
+
+    def slot_word(self, mine: bool, parity: int) -> int:
+        """Index in `words` of this rank's (or the peer's) slot of `parity`: word w holds the
+        number c of the last swap published there, word w + 1 that frame's length. A caller
+        that inlines a swap (the ring's decode path) stores length then c at its own slot
+        (as `publish`), and waits for c at the peer's (`wait` when it is not there yet)."""
+        return self._word(self._me if mine else 1 - self._me, parity)
 
     def publish(self, c: int, length: int) -> None:
         """This rank's frame of swap c (already written) is `length` bytes: make it visible."""
@@ -201,7 +208,7 @@ class SamePair:
         """Wait for the peer's frame of swap c; returns its length (checked against the slot)."""
         words, pw = self._words, self._word(1 - self._me, c & 1)
         if words[pw] != c:
-            self._wait(pw, c)
+            self.wait(pw, c)
         length = int(words[pw + 1])
         if not 0 <= length <= self._cap:
             raise ShmError(f"{self._inp.peer}: same-host frame length {length} out of range")
@@ -224,7 +231,9 @@ class SamePair:
         start = self.frame_offset(False, c & 1)
         return view[start : start + length]
 
-    def _wait(self, word: int, c: int) -> None:
+    def wait(self, word: int, c: int) -> None:
+        """Until `words[word] == c`: spin (yielding the core), then nap; fails on a dead peer
+        (PeerClosedError), a peer gone into another op (PeerDivergedError) or the op timeout."""
         inp, words = self._inp, self._words
         start = time.monotonic()
         end_spin = start + min(self.spin, inp.timeout)
@@ -242,7 +251,9 @@ class SamePair:
             if time.monotonic() - start > inp.timeout:
                 raise inp._stalled("receiving (same-host)")
             time.sleep(nap)
-            nap = min(2 * nap, 1e-3)
+            # naps grow to 1 ms; past a second (an idle worker waiting for the next step) to
+            # 5 ms, so an idle group does not wake a thousand times a second
+            nap = min(2 * nap, 1e-3 if time.monotonic() - start < 1.0 else 5e-3)
 
     def _peer_sent_tcp(self) -> bool:
         """The TCP socket turned readable during a swap: raise if the peer closed it (it died);

@@ -157,6 +157,40 @@ def fast_path_shape_desync(comm: Any) -> str:
     return "no error"
 
 
+def metered_counts(comm: Any) -> dict:
+    """The decode path's accounting: MeteredCommunicator over the real ring, three all-reduces
+    (a decode-sized float32 and a bfloat16 one on the rank-order path, a large float32 one on the
+    ring path) and an int64 broadcast; results unchanged by the wrapper."""
+    from tandem.parallel.metered import MeteredCommunicator
+
+    m = MeteredCommunicator(comm)
+    x = rank_input(13, comm.rank, (1, 1, 1024))
+    got = m.all_reduce_sum(x)
+    m.all_reduce_sum(torch.ones(4, dtype=torch.bfloat16))
+    m.all_reduce_sum(torch.ones(70_000))
+    ints = m.broadcast(torch.arange(5) + comm.rank, 0)
+    st = m.stats
+    return {
+        "collectives": st.collectives,
+        "bytes": st.bytes_moved,
+        "timed": st.seconds > 0,
+        "ints": ints.tolist(),
+        "digest": digest(got),
+    }
+
+
+def broadcast_desync(comm: Any, kind: str) -> str:
+    """A small broadcast (same-host shared memory at N = 2) that the ranks call differently:
+    another shape, another root, or another op on rank 1. Both must fail closed."""
+    if comm.rank == 0 or kind == "root":
+        comm.broadcast(torch.ones(8), 0 if comm.rank == 0 else 1)
+    elif kind == "shape":
+        comm.broadcast(torch.ones(2, 4), 0)
+    else:
+        comm.all_reduce_sum(torch.ones(8))
+    return "no error"
+
+
 def big_prime_all_reduce(comm: Any, n: int, algorithm: str | None) -> tuple[bool, str]:
     """An all-reduce of n (a prime near 16M) elements, equal to `reference` on every rank."""
     xs = [rank_input(13, j, (n,)) for j in range(comm.world_size)]

@@ -139,6 +139,28 @@ def test_two_rank_fast_path_refuses_a_shape_desync_on_both_ranks(shared_memory: 
     assert [r[1] for r in results] == ["OpDesyncError", "OpDesyncError"], results
 
 
+@pytest.mark.parametrize("kind", ["shape", "root", "op"])
+def test_two_rank_same_host_broadcast_refuses_a_desync_on_both_ranks(kind: str) -> None:
+    from comm_scenarios import broadcast_desync
+
+    options = dict(op_timeout=10, shared_memory=True)
+    results = run_world("ring", 2, broadcast_desync, (kind,), options=options, allow_errors=True)
+    assert [r[1] for r in results] == ["OpDesyncError", "OpDesyncError"], results
+
+
+def test_metered_ring_counts_each_collective_and_its_wire_bytes_by_the_ring_algorithm() -> None:
+    from comm_scenarios import metered_counts
+
+    r0, r1 = run_world("ring", 2, metered_counts, options=dict(op_timeout=30))
+    # N = 2: rank order moves N (N - 1) s = 2 s, the ring 2 (N - 1) s = 2 s, a broadcast (N - 1) s;
+    # floats travel at 4 bytes, integers at their own width
+    want = 2 * 4 * 1024 + 2 * 4 * 4 + 2 * 4 * 70_000 + 8 * 5
+    for r in (r0, r1):
+        assert r["collectives"] == 4 and r["bytes"] == want and r["timed"]
+        assert r["ints"] == [0, 1, 2, 3, 4]
+    assert r0["digest"] == r1["digest"]
+
+
 BIG_PRIME = 16_777_213  # 2^24 - 3, the largest size the issue names, and prime
 
 
