@@ -98,6 +98,23 @@ def lockstep_penalties(
     return link_penalties(probe, config, s_node, slots, spec)
 
 
+def concurrent_slots(conc: dict, s_single: float, threads: int) -> float:
+    """How many of the concurrency probe's k decodes this host runs at full speed at once:
+    k t_alone / t_together, in [1, k].
+
+    t_alone is the single layout's own measured time (`s_single`, the node speed the prediction
+    divides) when the probe's processes ran with the same threads, else the probe's own alone
+    run. Both were measured minutes apart on a shared machine, but taking the prediction's own
+    node speed leaves one noisy figure (t_together) instead of two: with slots from the probe's
+    own ratio, a probe run in a quieter minute than the single layout (152 vs 190 ms per token,
+    one run here) put TP=2 on loopback 22% below its measured speed."""
+    if "together_s_per_token" not in conc:  # a report saved with the slots alone
+        return float(conc["slots"])
+    k = int(conc["k"])
+    alone = s_single if max(1, threads // k) == threads else conc["alone_s_per_token"]
+    return min(float(k), max(1.0, k * alone / conc["together_s_per_token"]))
+
+
 def analyze(doc: dict) -> dict:
     config = SimpleNamespace(**doc["model"])  # HF field names, as plan_model reads them
     single = _single(doc)
@@ -119,7 +136,7 @@ def analyze(doc: dict) -> dict:
         per_rank = max(1, threads // run["n"]) if run["kind"] == "tp" else threads
         slots = float(max(1, cores // per_rank))
         if "concurrency" in doc:
-            slots = min(slots, doc["concurrency"]["slots"])
+            slots = min(slots, concurrent_slots(doc["concurrency"], s_single, threads))
         pen = lockstep_penalties(doc, config, s_single, slots, link)
         nodes = [NodeSpec(f"rank{i}", s_single, "this machine", slots, pen) for i in range(8)]
         spec = link_spec(doc, link, hidden_bytes)

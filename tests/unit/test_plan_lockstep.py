@@ -23,7 +23,7 @@ from tandem.bench.plan_model import (
     parse_lockstep,
     predict,
 )
-from tandem.bench.report import analyze, markdown
+from tandem.bench.report import analyze, concurrent_slots, markdown
 from tandem.cli import plan
 from tandem.config import ModelConfig
 from tandem.parallel.partition import model_cost
@@ -199,6 +199,17 @@ def test_bench_report_predicts_tp_with_the_probes_penalty_and_pp_without():
         1 / preds["TP=2"]["predicted_tok_s_no_lockstep"] + 11 * expected
     )
     assert "Lockstep probe" in markdown(doc)
+
+
+def test_host_slots_divide_the_predictions_own_node_speed_by_the_concurrent_decodes_time():
+    conc = {"k": 2, "alone_s_per_token": 0.152, "together_s_per_token": 0.205, "slots": 1.48}
+    # the single layout measured 0.190 s alone: 2 x 0.190 / 0.205, not the probe's own 1.48
+    assert concurrent_slots(conc, 0.190, threads=1) == pytest.approx(2 * 0.190 / 0.205)
+    # the probe ran with fewer threads than the single layout: its own alone run is the baseline
+    assert concurrent_slots(conc, 0.100, threads=2) == pytest.approx(2 * 0.152 / 0.205)
+    assert concurrent_slots(conc, 0.5, threads=1) == 2.0  # never more than k
+    assert concurrent_slots(conc, 0.05, threads=1) == 1.0  # nor less than one
+    assert concurrent_slots({"slots": 1.3}, 0.190, threads=1) == 1.3  # an older report
 
 
 def test_bench_report_without_a_probe_predicts_as_before():
