@@ -58,6 +58,7 @@ def _tp(args: argparse.Namespace):
         return None
     ex = start_head(args.model, comm, max_batch=2, max_seq_len=args.max_seq_len, dtype=args.dtype)
     ex.trace = comm
+    ex.same_host = comm.inner.same_host  # its all-reduces bypass the wire (shared memory)
     return ex
 
 
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
            "ttft_s": min(t.ttft_s for t in rounds), "decode_tok_per_s": best.decode_tok_per_s,
            "rounds_decode_s_per_token": [t.decode_s_per_token for t in rounds],
            "rounds_ttft_s": [t.ttft_s for t in rounds], "layout": args.layout,
-           "world": args.world, "threads": args.threads, "dtype": args.dtype}  # fmt: skip
+           "world": args.world, "threads": args.threads, "dtype": args.dtype,
+           "same_host_memory": bool(getattr(executor, "same_host", False))}  # fmt: skip
     print(json.dumps(out), flush=True)
     return 0
 

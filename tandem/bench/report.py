@@ -260,11 +260,13 @@ def markdown(doc: dict) -> str:
         link = "emulated" if r["link"].startswith("emulated") else "loopback"
         s = doc.get("sync", {}).get(link, {}).get(r["layout"], {})
         wire = r.get("wire_bytes_per_token")
+        wire_kb = "-" if wire is None else f"{wire / 1e3:.1f}"
+        if r.get("same_host_memory"):
+            wire_kb += " (shm)"  # same-host shared memory: the all-reduces cross no socket
         lines.append(
             f"| {r['link']} | {r['layout']} | {r['decode_tok_per_s']:.2f} | {rel:.2f}x | "
             f"{r['prefill_tok_per_s']:.1f} | {r['ttft_s']:.3f} | "
-            f"{s.get('ms_per_token', 0.0):.2f} | {'-' if wire is None else f'{wire / 1e3:.1f}'} | "
-            f"{same} |"
+            f"{s.get('ms_per_token', 0.0):.2f} | {wire_kb} | {same} |"
         )
     hf = doc.get("peers", {}).get("hf")
     single = _single(doc)
@@ -273,6 +275,10 @@ def markdown(doc: dict) -> str:
                      f"{hf['decode_tok_per_s'] / single['decode_tok_per_s'] if single else 0:.2f}x | "
                      f"{hf['prefill_tok_per_s']:.1f} | {hf['ttft_s']:.3f} | - | - | "
                      f"{'yes' if single and hf['token_ids'] == single['token_ids'] else 'NO'} |")  # fmt: skip
+    if any(r.get("same_host_memory") for r in doc["runs"]):
+        lines += ["", "wire KB/token: bytes through the hosts' network interfaces; (shm): the two "
+                  "ranks share a host and swap their small all-reduces and broadcasts through "
+                  "shared memory, so those cross no socket."]  # fmt: skip
     lines += _sync_table(doc) + _allreduce_table(doc) + _prediction_table(doc)
     lines += _projection_lines(doc)
     return "\n".join(lines) + "\n"

@@ -75,6 +75,15 @@ def test_markdown_flags_a_layout_whose_greedy_ids_differ():
     assert "within 20%" in md
 
 
+def test_markdown_marks_a_group_whose_all_reduces_went_through_shared_memory():
+    doc = _doc()
+    doc["runs"][1]["same_host_memory"] = True
+    md = markdown(analyze(doc))
+    tp_row = next(line for line in md.splitlines() if "| TP=2 |" in line)
+    assert "1.0 (shm)" in tp_row and "cross no socket" in md
+    assert "(shm)" not in markdown(analyze(_doc()))
+
+
 def test_each_link_is_compared_with_the_single_control_run_next_to_it():
     doc = _doc()
     doc["runs"].append(_run("single", "single", 1, EMU, 0.011))
