@@ -248,6 +248,11 @@ def markdown(doc: dict) -> str:
     for fig in doc["links"].values():
         lines.append(f"- {fig['name']}: RTT {fig['rtt_s'] * 1e6:.0f} us, TCP goodput "
                      f"{fig['goodput_bytes_per_s'] / 1e6:.0f} MB/s")  # fmt: skip
+    o = doc.get("options", {})
+    if o.get("rounds"):
+        lines.append(f"- each figure: the best of {o.get('passes', 1)} pass(es) per layout and "
+                     f"link, interleaved over the layouts, each the best of {o['rounds']} timed "
+                     "generations")  # fmt: skip
     lines += ["", "| link | layout | decode tok/s | vs single | prefill tok/s | TTFT s | "
               "sync ms/token | wire KB/token | same ids |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in doc["runs"]:

@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--decode", type=int, default=32, help="decode tokens timed per run")
     p.add_argument("--rounds", type=int, default=2, help="timed generations per run; best kept")
+    p.add_argument("--passes", type=int, default=1,
+                   help="runs of every layout per link, interleaved over the layouts; best kept "
+                        "(a burst of load then spoils one pass, not one layout)")  # fmt: skip
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2, help="threads for the whole machine")
     p.add_argument("--no-collectives", action="store_true", help="skip ring/gloo all-reduce")
@@ -59,13 +62,17 @@ def run(args: argparse.Namespace) -> int:
         links = tuple(x.strip() for x in args.links.split(",") if x.strip())
         if not links or set(links) - {"loopback", "emulated"}:
             raise ValueError(f"--links {args.links!r}: choose from loopback, emulated")
+        if args.passes < 1 or args.rounds < 1:
+            raise ValueError(
+                f"--passes and --rounds must be >= 1, got {args.passes}, {args.rounds}"
+            )
         model_dir = args.model or _make_preset(args.preset, args.seed, out)
     except ValueError as e:
         print(f"tandem bench: {e}", file=sys.stderr)
         return 2
     opts = BenchOptions(model_dir=str(model_dir), layouts=layouts, links=links,
                         rate_mbit=args.rate_mbit, prompt_len=args.prompt_len, decode=args.decode,
-                        rounds=args.rounds,
+                        rounds=args.rounds, passes=args.passes,
                         dtype=args.dtype, threads=args.threads,
                         collectives=not args.no_collectives, hf_peer=not args.no_hf,
                         log_dir=str(out / "logs"))  # fmt: skip

@@ -34,3 +34,22 @@ def test_bench_cli_refuses_an_unknown_link_before_starting_anything(tmp_path, ca
 
     rc = main(["bench", "--model", str(tmp_path), "--links", "wifi", "--out", str(tmp_path / "o")])
     assert rc == 2 and "--links" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--passes", "--rounds"])
+def test_bench_cli_refuses_zero_passes_or_rounds_before_starting_anything(tmp_path, capsys, flag):
+    from tandem.cli.main import main
+
+    rc = main(["bench", "--model", str(tmp_path), flag, "0", "--out", str(tmp_path / "o")])
+    assert rc == 2 and ">= 1" in capsys.readouterr().err
+
+
+def test_the_best_pass_of_a_layout_is_its_fastest_and_keeps_every_pass():
+    from tandem.bench.harness import best_pass
+
+    runs = [{"layout": "TP=2", "decode_s_per_token": 0.2, "id": "a"},
+            {"layout": "TP=2", "link": "loopback", "error": "worker died"},
+            {"layout": "TP=2", "decode_s_per_token": 0.1, "id": "c"}]  # fmt: skip
+    best = best_pass(runs)
+    assert best["id"] == "c" and best["passes_decode_s_per_token"] == [0.2, None, 0.1]
+    assert best_pass(runs[1:2]) == runs[1]  # every pass failed: the failure is the result
