@@ -3,9 +3,9 @@
 Rank r listens for its left neighbour (r-1) and dials its right neighbour (r+1), both through the
 HMAC handshake; for N = 2 the two ranks hold two connections, one per direction, and when they
 share a host they swap their small frames (RANK_ORDER all-reduces, small broadcasts) through
-shared memory instead (`transport.shm`: the same frames, the same checks). Every tensor crosses to the host through `staging` (its
-`host_tensor`), travels in the negotiated wire dtype (float32 by default), is reduced in float32,
-and returns on the caller's device in the caller's dtype.
+shared memory instead (`transport.shm`: the same frames, the same checks). Every tensor crosses
+to the host through `staging` (its `host_tensor`), travels in the negotiated wire dtype (float32
+by default), is reduced in float32, and returns on the caller's device in the caller's dtype.
 
 All-reduce (and reduce-scatter) pick their algorithm from (wire bytes, N) alone, so every rank
 agrees (`algorithms.choose_all_reduce`):
@@ -432,8 +432,8 @@ class RingCommunicator:
 
     def _swap_same_host(self, head: bytes, payload: Any, nbytes: int) -> memoryview:
         """One frame each way (a RANK_ORDER all-reduce's, a small broadcast's) through shared
-        memory; the peer's header must equal ours byte for byte, as on TCP. Returns the peer's payload (a view into the segment,
-        read before the next op)."""
+        memory; the peer's header must equal ours byte for byte, as on TCP. Returns the peer's
+        payload (a view into the segment, read before the next op)."""
         try:
             got = self._shm.exchange(head, payload)
         except same_host.PeerDivergedError as e:

@@ -30,8 +30,9 @@ A wait spins (yielding the core each turn) for TANDEM_SHM_SPIN_US (default 20 ms
 TCP's spin, because a shared-memory waiter has no wake-up to block on and a nap overshoots the
 peer's frame by its own length; lockstep waits in decode are mostly well under 20 ms), then naps
 in growing steps up to 1 ms (5 ms after a second: an idle worker waiting for the next step's
-broadcast); the TCP socket is polled throughout so a peer that dies (its socket closes) raises PeerClosedError at once,
-and `timeout` seconds without the peer's frame raise PeerTimeoutError.
+broadcast); the TCP socket is polled throughout so a peer that dies (its socket closes)
+raises PeerClosedError at once, and `timeout` seconds without the peer's frame raise
+PeerTimeoutError.
 """
 
 from __future__ import annotations
