@@ -17,6 +17,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from tandem.cli.threads import local_threads
 from tandem.config import ModelConfig
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
@@ -149,14 +150,6 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
         )
     ex.comm_stats = metered.stats
     return ex
-
-
-def local_threads(n_ranks: int) -> int:
-    """CPU threads per rank when `n_ranks` share this machine (OMP_NUM_THREADS caps the total)."""
-    import os
-
-    total = int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
-    return max(1, total // n_ranks)
 
 
 def executor_health(executor) -> Callable[[], tuple[bool, str]]:

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
+from tandem.cli.threads import local_threads
 from tandem.engine.pipeline_launch import launch_pipeline
 from tandem.engine.pipeline_layout import parse_layout, plan_stages
 
@@ -59,7 +59,7 @@ def build_pipeline_executor(
         wire_dtype=args.wire_dtype,
         microbatches=args.microbatches,
         # one OpenMP pool per process, sized so the ranks do not oversubscribe this machine's cores
-        threads=args.threads or max(1, (os.cpu_count() or 1) // sum(layout)),
+        threads=args.threads or local_threads(sum(layout)),
     )
     ex.stages = describe_stages(stages)
     return ex

@@ -13,6 +13,9 @@ import argparse
 import os
 from pathlib import Path
 
+import torch
+
+from tandem.cli.threads import local_threads
 from tandem.devices import resolve_device, resolve_dtype
 from tandem.engine.remote import TPExecutor
 from tandem.engine.tp_local import launch_local_tp, per_rank
@@ -67,6 +70,10 @@ def tp_executor(args: argparse.Namespace, max_seq_len: int, max_batch: int = 1) 
         )
         ex.comm_stats = comm.stats
         return ex
+    # the head and its workers share this machine's cores (cli.threads: full pools per rank
+    # oversubscribe them)
+    threads = threads or local_threads(args.tp)
+    torch.set_num_threads(threads)
     return launch_local_tp(
         args.model,
         args.tp,
@@ -107,7 +114,10 @@ def comm_report(
     out: dict = {
         "tp": ex.comm.world_size,
         "tp_weights": list(ex.layout.weights),
-        "ranks": [{"rank": r.rank, "dtype": r.dtype, "device": r.device} for r in ex.ranks],
+        "ranks": [
+            {"rank": r.rank, "dtype": r.dtype, "device": r.device, "threads": r.threads}
+            for r in ex.ranks
+        ],
     }
     if at_first is not None:
         pre = at_first.minus(at_start)

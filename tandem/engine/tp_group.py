@@ -54,6 +54,7 @@ class RankInfo:
     rank: int
     dtype: str
     device: str
+    threads: int = 0  # the rank's torch CPU threads (its OpenMP pool)
 
 
 def _fp_words(fingerprint: str) -> list[int]:
@@ -100,16 +101,21 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
 
 
 def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[RankInfo]:
-    """Every rank's compute dtype and device kind, gathered on every rank (for reports)."""
+    """Every rank's compute dtype, device kind and CPU threads, gathered on every rank (for
+    reports)."""
     kind = torch.device(device).type
     mine = torch.tensor(
-        [DTYPES.index(dtype), DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1],
+        [
+            DTYPES.index(dtype),
+            DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
+            torch.get_num_threads(),
+        ],
         dtype=torch.int64,
     )
     rows = comm.all_gather(mine[None], 0).tolist()
     return [
-        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other")
-        for r, (d, k) in enumerate(rows)
+        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other", t)
+        for r, (d, k, t) in enumerate(rows)
     ]
 
 

@@ -1,17 +1,18 @@
 """`tandem generate --tp 2` as a user runs it: same ids as single-node, plus the communication figures."""
 
 import json
+import os
 import subprocess
 import sys
 
 from tandem.loaders.make import make_model_dir
 
 
-def _generate(model_dir, *extra):
+def _generate(model_dir, *extra, threads="1", env=None):
     cmd = [sys.executable, "-m", "tandem", "generate", "--model", str(model_dir)]
     cmd += ["--prompt-ids", "5,6,7,8,9", "--max-tokens", "12", "--ignore-eos", "--json"]
-    cmd += ["--threads", "1", *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    cmd += (["--threads", threads] if threads else []) + list(extra)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -31,6 +32,18 @@ def test_generate_tp2_prints_single_node_ids_and_comm_figures(tmp_path):
     assert per_token["bytes_on_wire"] > 0 and per_token["ms_in_collectives"] > 0
     for key in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
         assert key in tp
+
+
+def test_generate_tp_splits_the_machines_threads_among_its_ranks(tmp_path):
+    # full OpenMP pools per co-located rank oversubscribe the cores (cli/threads.py): without
+    # --threads the ranks share OMP_NUM_THREADS (else the cores), as each rank reports
+    d = tmp_path / "m"
+    make_model_dir(d, "tiny-qwen3", seed=0)
+    env = {**os.environ, "OMP_NUM_THREADS": "4"}
+    split = _generate(d, "--tp", "2", threads=None, env=env)["tensor_parallel"]["ranks"]
+    assert [r["threads"] for r in split] == [2, 2]
+    given = _generate(d, "--tp", "2", threads="1", env=env)["tensor_parallel"]["ranks"]
+    assert [r["threads"] for r in given] == [1, 1]
 
 
 def test_generate_rejects_a_per_rank_list_of_the_wrong_length(tmp_path):
