@@ -59,7 +59,10 @@ def test_projection_adds_measured_sync_to_the_papers_168_tok_s_node():
     assert pr["tp2"]["in_place"]["met"] is True
     iso = next(p for p in doc["predictions"] if p["layout"] == "TP=2")["predicted_sync_ms"]
     assert pr["tp2"]["isolated"]["sync_ms"] == pytest.approx(iso)
-    assert pr["pp2"]["in_place"]["slowdown"] == pytest.approx(0.0003 * 168)
+    # PP in place is the measured side-by-side ratio, never the CPU wall difference projected
+    side = pr["pp2"]["side_by_side"]
+    assert side["vs_single"] == pytest.approx(0.010 / 0.0103) and "in_place" not in pr["pp2"]
+    assert side["slowdown"] == pytest.approx(0.03) and side["met"] is True
 
 
 def test_plan_overhead_is_calibrated_on_the_allreduce_run_not_on_layouts():
