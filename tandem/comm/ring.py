@@ -529,7 +529,7 @@ class RingCommunicator:
         return acc
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        lane = self._lanes.get(getattr(t, "shape", None))  # t may be anything: checked below
+        lane = self._lanes.get(t.shape) if isinstance(t, torch.Tensor) else None
         if lane is not None and t.dtype is _F32:
             # The same-host decode hot path, inline (each call and torch op costs here: the
             # weight stream before every all-reduce has evicted this code from the caches). A

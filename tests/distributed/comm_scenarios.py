@@ -148,6 +148,17 @@ def fast_path_meets_general_path(comm: Any) -> dict:
     out["noncontiguous_equal"] = bool(torch.equal(comm.all_reduce_sum(ys[comm.rank]), want))
     g = comm.all_reduce_sum(ys[comm.rank].contiguous().requires_grad_(True))
     out["grad_input_equal"] = bool(torch.equal(g, want)) and not g.requires_grad
+    # an array of a shape the fast path knows is refused, typed, before anything is sent; the
+    # ring stays usable
+    from tandem.comm.base import UnsupportedDtypeError
+
+    try:
+        comm.all_reduce_sum(xs[comm.rank].numpy())
+        out["array_refused"] = False
+    except UnsupportedDtypeError:
+        out["array_refused"] = True
+    again = comm.all_reduce_sum(xs[comm.rank])
+    out["usable_after_refusal"] = bool(torch.equal(again, reference.all_reduce_sum(xs)[comm.rank]))
     return out
 
 

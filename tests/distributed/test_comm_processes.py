@@ -128,6 +128,8 @@ def test_two_rank_fast_path_meets_the_general_path_and_equals_reference(opt_in) 
     assert r0["same_host"] == r1["same_host"] == all(opt_in)  # agreed, both or neither
     assert r0["noncontiguous_equal"] and r1["noncontiguous_equal"]
     assert r0["grad_input_equal"] and r1["grad_input_equal"]
+    assert r0["array_refused"] and r1["array_refused"]
+    assert r0["usable_after_refusal"] and r1["usable_after_refusal"]
 
 
 @pytest.mark.parametrize("shared_memory", [True, False])
