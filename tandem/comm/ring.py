@@ -566,7 +566,7 @@ class RingCommunicator:
                 out = torch.add(x, lane.peer[p])
             except same_host.PeerDivergedError as e:
                 self._break(f"{type(e).__name__}: {e}")
-                raise self._diverged(bytes(lane.mm[mine : mine + lane.hlen]), e) from None
+                raise self._diverged(lane.mm[mine : mine + lane.hlen], e) from None  # bytes
             except BaseException as e:
                 self._break(f"{type(e).__name__}: {e}")
                 raise

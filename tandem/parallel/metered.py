@@ -17,7 +17,6 @@ on the float32 wire (integers at their own width) and N ranks:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -69,7 +68,7 @@ class MeteredCommunicator:
 
     def _count(self, t0: float, moved: int) -> None:
         self.stats.collectives += 1
-        self.stats.seconds += time.perf_counter() - t0
+        self.stats.seconds += perf_counter() - t0
         self.stats.bytes_moved += moved if self._ring_factor else 0
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -84,20 +83,20 @@ class MeteredCommunicator:
         return out
 
     def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         out = self.inner.all_gather(t, dim)
         self._count(t0, (self.world_size - 1) * _wire_bytes(out))
         return out
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         out = self.inner.reduce_scatter(t, dim)
         self._count(t0, (self.world_size - 1) * _wire_bytes(t))
         return out
 
     def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
         n, r = self.world_size, self.rank
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         out = self.inner.all_to_all(parts)
         sent = sum(_wire_bytes(p) * ((j - r) % n) for j, p in enumerate(parts))
         got = sum(_wire_bytes(p) * ((r - j) % n) for j, p in enumerate(out))
@@ -105,7 +104,7 @@ class MeteredCommunicator:
         return out
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         out = self.inner.broadcast(t, src)
         self._count(t0, (self.world_size - 1) * _wire_bytes(t))
         return out

@@ -249,12 +249,13 @@ class SamePair:
                     f"{inp.peer} sent a TCP frame while this rank waited for its same-host frame",
                     self._peek(fr.FIXED_SIZE),
                 )
-            if time.monotonic() - start > inp.timeout:
+            waited = time.monotonic() - start
+            if waited > inp.timeout:
                 raise inp._stalled("receiving (same-host)")
             time.sleep(nap)
             # naps grow to 1 ms; past a second (an idle worker waiting for the next step) to
             # 5 ms, so an idle group does not wake a thousand times a second
-            nap = min(2 * nap, 1e-3 if time.monotonic() - start < 1.0 else 5e-3)
+            nap = min(2 * nap, 1e-3 if waited < 1.0 else 5e-3)
 
     def _peer_sent_tcp(self) -> bool:
         """The TCP socket turned readable during a swap: raise if the peer closed it (it died);
