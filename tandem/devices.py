@@ -67,7 +67,8 @@ def _sm(arch: str) -> int:
 
 
 @cache
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (/proc/cpuinfo), empty where unknown."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -104,7 +105,7 @@ def describe(device: torch.device) -> DeviceInfo:
         return DeviceInfo("cuda", f"sm{props.major}{props.minor}")
     if device.type == "mps":
         return DeviceInfo("mps", "apple")
-    flags = _cpu_flags()
+    flags = cpu_flags()
     arch = next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), "generic")
     return DeviceInfo("cpu", arch)
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.config import ModelConfig
+from tandem.models import native
 from tandem.models.context import ForwardContext
 from tandem.models.layers import RMSNorm
 from tandem.models.rope import apply_rope
@@ -50,13 +51,20 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x).split((H * hd, Hkv * hd, Hkv * hd), -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, H, hd)
-        k = k.view(B, T, Hkv, hd)
-        v = v.view(B, T, Hkv, hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, ctx.cos, ctx.sin)
-        k = apply_rope(k, ctx.cos, ctx.sin)
+        if native.handles(q) and ctx.cos.dtype == q.dtype:
+            # one call per tensor, in place on the projection's output: q/k norm, then RoPE
+            for t, n, norm in ((q, H, self.q_norm), (k, Hkv, self.k_norm)):
+                w, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
+                native.norm_rope_(t.view(-1, n * hd), n, w, eps, ctx.cos, ctx.sin)  # a view
+            q, k, v = q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
+        else:
+            q = q.view(B, T, H, hd)
+            k = k.view(B, T, Hkv, hd)
+            v = v.view(B, T, Hkv, hd)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = apply_rope(q, ctx.cos, ctx.sin)
+            k = apply_rope(k, ctx.cos, ctx.sin)
 
         if ctx.cache is not None:
             keys, values = ctx.cache.update(self.layer_idx, k, v, ctx)  # (B, Hkv, S, hd)
@@ -67,7 +75,10 @@ class Attention(nn.Module):
             # decode: fold the n_rep query heads sharing a kv head into the query axis, so the
             # kernel reads each cached key once and no repeated copy of the cache is made
             qg = q.view(B, Hkv, n_rep, hd)  # (B, Hkv, n_rep, hd)
-            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.attn_mask)
+            if ctx.attn_mask is None and native.handles(qg) and keys.stride(-1) == 1:
+                out = native.decode_attention(qg, keys, values)  # every cached key visible
+            else:
+                out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.attn_mask)
         else:
             if n_rep > 1:
                 keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)

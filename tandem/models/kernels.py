@@ -1,32 +1,37 @@
 """Which kernel computes `Y = X W^T + b` for the linear layers, chosen once per (device, dtype).
 
-Decode at batch 1 is a chain of GEMVs bound by reading the weights, and torch's default CPU path
-(`F.linear` -> MKL sgemv / oneDNN on a plain bf16 layout) streams only about half the memory
-bandwidth on the x86 CPUs measured here. oneDNN's inner-product primitive, reached through
-`torch.ops.mkldnn._linear_pointwise`, streams ~1.5-2x faster. The choice, per weight:
+Decode at batch 1 is a chain of GEMVs bound by reading the weights. torch's default CPU path
+(`F.linear` -> MKL sgemv / oneDNN on a plain bf16 layout) streams only about 40-45% of a plain
+read on the x86 CPUs measured here, oneDNN's inner product reached directly 65-75%, and tandem's
+own GEMV (`native.py`, `gemv.c`) 80-90%. The choice, per weight:
 
-    kernel     when (CPU only, x86 with oneDNN)             weight storage
-    "onednn"   float32                                      the dense weight itself (no copy)
-    "packed"   bfloat16 on CPUs with avx512_bf16 or AMX     reordered once into oneDNN's blocked
-                                                            layout (`_reorder_linear_weight`); the
-                                                            dense tensor is dropped (same bytes)
-    "torch"    anything else (GPUs, float16, other CPUs)    unchanged, `F.linear`
+    kernel     when (CPU only)                               weight storage
+    "native"   x86-64 Linux with AVX2+FMA and a C compiler:  the dense weight itself (no copy)
+               float32, bfloat16, float16
+    "onednn"   float32, x86 with oneDNN (no native build)    the dense weight itself (no copy)
+    "packed"   bfloat16 on CPUs with avx512_bf16 or AMX      reordered once into oneDNN's blocked
+               (no native build)                             layout (`_reorder_linear_weight`); the
+                                                             dense tensor is dropped (same bytes)
+    "torch"    anything else (GPUs, other CPUs)              unchanged, `F.linear`
 
-Measured (AMD EPYC, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B matrices, best of 9, GB/s of
-weights streamed): float32 F.linear 11-15, "onednn" 20-30; bfloat16 F.linear 11-16, "packed"
-17-25; a dense bf16 weight through oneDNN is no faster than F.linear, hence the reorder. float16
-has no oneDNN CPU path here (it needs avx512_fp16), so it stays on F.linear.
+"native" multiplies inputs of up to `native.MAX_ROWS` rows (decode, batch <= 4); a wider input
+(prefill, a larger decode batch) goes to the library kernel for the weight as stored: oneDNN for
+float32, `F.linear` for 16-bit weights (a compute-bound GEMM, where the libraries are good).
+
+Measured (AMD EPYC, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B's per-token matrices, median of
+7, GB/s of weights streamed; `sum` of the same matrices 29-31): float32 F.linear 13, "onednn" 22,
+"native" 25; bfloat16 F.linear 13, "packed" 19, "native" 24 (bench/gemv.py).
 
 A packed weight is an opaque oneDNN tensor: it can be multiplied, not indexed or sliced. A tied LM
-head shares its matrix with the embedding, which must stay dense for row look-ups. `tied_head`:
-"share" keeps the head on the embedding's dense tensor ("torch" kernel in bfloat16; "onednn" reads
-a float32 one in place anyway); "copy" packs the head a copy of its own (one more vocab x hidden
-matrix in memory); "auto" (the default) copies only when the embedding is a lazily mapped
-checkpoint (compute dtype = stored dtype), and then releases its resident pages: the embedding
-reads a few rows per step from the file, the packed head replaces the pages the dense head would
-keep resident, so the resident set does not grow.
+head shares its matrix with the embedding, which must stay dense for row look-ups ("native" and
+"onednn" read the dense matrix in place, so the head simply shares it). For "packed", `tied_head`:
+"share" keeps the head on the embedding's dense tensor ("torch" kernel); "copy" packs the head a
+copy of its own (one more vocab x hidden matrix in memory); "auto" (the default) copies only when
+the embedding is a lazily mapped checkpoint (compute dtype = stored dtype), and then releases its
+resident pages: the embedding reads a few rows per step from the file, the packed head replaces
+the pages the dense head would keep resident, so the resident set does not grow.
 
-The kernel produces the same mathematical result as F.linear; the summation order differs, so
+Every kernel produces the same mathematical result as F.linear; the summation order differs, so
 float32 outputs differ from F.linear's in the last bits (~1e-7 relative).
 """
 
@@ -44,8 +49,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-TORCH, ONEDNN, PACKED = "torch", "onednn", "packed"
-KERNELS = (TORCH, ONEDNN, PACKED)
+from tandem.models import native
+
+TORCH, ONEDNN, PACKED, NATIVE = "torch", "onednn", "packed", "native"
+KERNELS = (TORCH, ONEDNN, PACKED, NATIVE)
 
 
 class KernelError(ValueError):
@@ -76,7 +83,11 @@ def _native_bf16_cpu() -> bool:
 
 def choose_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
     """The measured-best kernel for a weight on `device` in `dtype` (see the module table)."""
-    if torch.device(device).type != "cpu" or not _onednn_cpu():
+    if torch.device(device).type != "cpu":
+        return TORCH
+    if dtype in native.DTYPE_CODES and native.available():
+        return NATIVE
+    if not _onednn_cpu():
         return TORCH
     if dtype == torch.float32:
         return ONEDNN
@@ -86,12 +97,21 @@ def choose_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
 
 
 def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
-    """The weight (out, in) as `kernel` wants it stored: reordered for PACKED, unchanged otherwise.
-    A PACKED result is a new tensor of the same byte size; the caller drops the dense one."""
+    """The weight (out, in) as `kernel` wants it stored: reordered for PACKED, made contiguous for
+    NATIVE (a copy only for a strided view), unchanged otherwise. A PACKED result is a new tensor
+    of the same byte size; the caller drops the dense one."""
     if kernel not in KERNELS:
         raise KernelError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     if kernel == TORCH:
         return weight
+    if kernel == NATIVE:
+        w = weight if weight.is_contiguous() else weight.contiguous()
+        if not native.supports(w):
+            raise KernelError(
+                f"kernel 'native' cannot run a {w.dtype} weight on {w.device}"
+                f"{'' if native.available() else ': ' + native.why()}"
+            )
+        return w
     if weight.device.type != "cpu" or not _onednn_cpu():
         raise KernelError(f"kernel {kernel!r} needs a CPU weight and oneDNN, got {weight.device}")
     if weight.is_mkldnn or kernel == ONEDNN:
@@ -105,9 +125,16 @@ def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias` for a dense or packed weight: x (..., in) -> (..., out).
 
-    Dispatches per call on the weight: packed -> oneDNN; dense float32 on an x86 CPU with oneDNN
-    -> oneDNN on the dense weight; anything else -> F.linear. For a hot loop prefer `KernelLinear`,
+    Dispatches per call on the weight: packed -> oneDNN; a decode-sized x (<= native.MAX_ROWS rows)
+    with a weight the native GEMV takes -> native; dense float32 on an x86 CPU with oneDNN ->
+    oneDNN on the dense weight; anything else -> F.linear. For a hot loop prefer `KernelLinear`,
     which decides once."""
+    if (
+        weight.device.type == "cpu"
+        and x.numel() <= native.MAX_ROWS * x.shape[-1]
+        and native.supports(weight)
+    ):
+        return native.gemv(x, weight, None if bias is None else bias.float())
     if weight.is_mkldnn or (
         weight.dtype == torch.float32 and weight.device.type == "cpu" and _onednn_cpu()
     ):
@@ -163,6 +190,12 @@ def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> 
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
+def _wide_kernel(weight: torch.Tensor) -> Callable:
+    """The library kernel for inputs too wide for the native GEMV (prefill): oneDNN for a dense
+    float32 weight on an x86 CPU, F.linear otherwise."""
+    return _onednn_linear if weight.dtype == torch.float32 and _onednn_cpu() else F.linear
+
+
 class KernelLinear(nn.Module):
     """A drop-in for an inference-only `nn.Linear` whose kernel was chosen once: the same
     parameter names (`weight`, `bias`), so state-dict keys and tied weights stay as they were.
@@ -177,9 +210,19 @@ class KernelLinear(nn.Module):
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, False)
         self.bias = bias
         self._fn: Callable = F.linear if kernel == TORCH else _onednn_linear
+        if kernel == NATIVE:
+            self._fn = self._native
+            self._wide = _wide_kernel(weight)
+            self._bias32 = None if bias is None else bias.detach().float().contiguous()
+            self._rows = native.MAX_ROWS * in_features  # x.numel() at most: the native GEMV
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._fn(x, self.weight, self.bias)
+
+    def _native(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if x.numel() <= self._rows:
+            return native.gemv_unchecked(x, w, self._bias32)  # decode: (..., in) -> (..., out)
+        return self._wide(x, w, b)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
@@ -233,7 +276,7 @@ def prepare_linear_kernels(
             else:
                 report.packed_bytes += nbytes
         else:
-            pack_weight(w, k)  # validates the kernel against the weight
+            w = pack_weight(w, k)  # validates the kernel against the weight (NATIVE: contiguous)
         for t in (w, b):
             if t is not None:
                 t.requires_grad_(False)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tandem.config import ModelConfig
+from tandem.models import native
 from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext, build_context
 from tandem.models.kv_cache import KVCache
@@ -127,7 +128,8 @@ class Transformer(nn.Module):
         pick = getattr(self.lm_head, "argmax", None)
         if pick is not None:
             return pick(x)
-        return self.lm_head(x).argmax(-1)
+        logits = self.lm_head(x)  # (B, T, vocab)
+        return native.argmax(logits) if native.handles(logits) else logits.argmax(-1)
 
     def last_hidden(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """h (B, T, D) -> (B, 1, D) at each row's last real token."""

@@ -12,12 +12,16 @@ from tandem.engine.executor import Step, StepSequence
 from tandem.engine.local import LocalExecutor
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
+from tandem.models import native
 from tandem.models.kernels import (
+    NATIVE,
     ONEDNN,
     PACKED,
     TORCH,
     KernelError,
     KernelLinear,
+    _native_bf16_cpu,
+    _onednn_cpu,
     choose_kernel,
     linear,
     prepare_linear_kernels,
@@ -25,8 +29,9 @@ from tandem.models.kernels import (
 )
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
-HAS_ONEDNN = choose_kernel("cpu", torch.float32) == ONEDNN
-HAS_PACKED = choose_kernel("cpu", torch.bfloat16) == PACKED
+HAS_ONEDNN = _onednn_cpu()
+HAS_PACKED = HAS_ONEDNN and _native_bf16_cpu()
+HAS_NATIVE = native.available()
 needs_onednn = pytest.mark.skipif(not HAS_ONEDNN, reason="no oneDNN x86 CPU path here")
 needs_packed = pytest.mark.skipif(not HAS_PACKED, reason="CPU without native bf16")
 
@@ -37,10 +42,13 @@ def _tokens(config, seed=1):
     )
 
 
-def test_kernel_table_keeps_float16_and_non_cpu_devices_on_torch():
+def test_kernel_table_keeps_non_cpu_devices_on_torch_and_prefers_the_native_gemv():
     assert choose_kernel("meta", torch.float32) == TORCH
-    assert choose_kernel("cpu", torch.float16) == TORCH
-    assert choose_kernel("cpu", torch.float32) in (ONEDNN, TORCH)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert (choose_kernel("cpu", dtype) == NATIVE) == HAS_NATIVE
+    if not HAS_NATIVE:
+        assert choose_kernel("cpu", torch.float16) == TORCH
+        assert choose_kernel("cpu", torch.float32) in (ONEDNN, TORCH)
 
 
 def test_unknown_kernel_or_tied_head_mode_is_a_typed_error():
@@ -58,7 +66,7 @@ def test_prepared_float32_model_matches_f_linear_within_1e_5(arch, fuse):
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     ref = random_reference(config)
     ours = copy.deepcopy(ref)
-    report = prepare_linear_kernels(ours, fuse=fuse)
+    report = prepare_linear_kernels(ours, kernel=ONEDNN, fuse=fuse)
     assert report.layers == ({ONEDNN: 9} if fuse else {ONEDNN: 15})
     assert report.fused == (4 if fuse else 0) and report.packed_bytes == 0
     tokens = _tokens(config)
@@ -98,7 +106,7 @@ def test_packed_bf16_replaces_dense_weights_and_follows_the_torch_kernel(tied_he
     config = tiny_config("Qwen3ForCausalLM")
     ref = random_reference(config).to(torch.bfloat16)
     ours = copy.deepcopy(ref)
-    report = prepare_linear_kernels(ours, tied_head=tied_head)
+    report = prepare_linear_kernels(ours, kernel=PACKED, tied_head=tied_head)
     layer_bytes = sum(p.numel() * 2 for n, p in ref.named_parameters() if n.endswith("proj.weight"))
     assert report.packed_bytes == layer_bytes
     head = ours.lm_head.weight
@@ -112,14 +120,16 @@ def test_packed_bf16_replaces_dense_weights_and_follows_the_torch_kernel(tied_he
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
 
 
-@needs_onednn
+@pytest.mark.skipif(not (HAS_ONEDNN or HAS_NATIVE), reason="no CPU decode kernel here")
 def test_local_executor_greedy_ids_equal_on_either_kernel(tmp_path):
     config = tiny_config("Qwen2ForCausalLM")
     d = write_random_model(tmp_path / "m", config)
     fast = LocalExecutor(load_model(ModelDir(d)), max_batch=1, max_seq_len=32)
     slow = LocalExecutor(load_model(ModelDir(d)), max_batch=1, max_seq_len=32, kernels=TORCH)
     assert isinstance(fast.model.model.layers["0"].mlp.gate_up_proj, KernelLinear)
-    assert fast.model.model.layers["0"].mlp.gate_up_proj.kernel == ONEDNN
+    assert fast.model.model.layers["0"].mlp.gate_up_proj.kernel == choose_kernel(
+        "cpu", torch.float32
+    )
     assert slow.model.model.layers["0"].mlp.gate_up_proj.kernel == TORCH
     ids = {}
     for name, ex in (("fast", fast), ("slow", slow)):
@@ -178,7 +188,7 @@ def test_auto_tied_head_packs_a_copy_only_over_a_mapped_checkpoint_and_rows_stil
     state = {k: v.contiguous() for k, v in ref.state_dict().items() if k != "lm_head.weight"}
     write_model_dir(tmp_path / "m", config, state)
     model = load_model(ModelDir(tmp_path / "m"), dtype=torch.bfloat16)  # mapped, not copied
-    report = prepare_linear_kernels(model)
+    report = prepare_linear_kernels(model, kernel=PACKED)
     assert model.lm_head.weight.is_mkldnn and report.copied_bytes == 4096 * 256 * 2
     table = model.model.embed_tokens.weight
     assert not table.is_mkldnn and torch.equal(table, ref.model.embed_tokens.weight)
@@ -186,3 +196,86 @@ def test_auto_tied_head_packs_a_copy_only_over_a_mapped_checkpoint_and_rows_stil
     with torch.no_grad():
         a, b = model(tokens).float(), ref(tokens).float()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() > 0.9
+
+
+needs_native = pytest.mark.skipif(not HAS_NATIVE, reason=f"no native GEMV: {native.why()}")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_native_gemv_equals_a_float64_product_rounded_once(dtype, rows):
+    """Odd sizes on purpose: a K tail shorter than the vector loop, N not a multiple of anything,
+    one row per thread and many; float32 sums, one rounding to the weight's dtype."""
+    g = torch.Generator().manual_seed(rows)
+    for n, k in ((1, 16), (7, 64), (33, 1030), (4096, 1024), (300, 3000)):
+        w = torch.randn(n, k, generator=g).to(dtype)
+        x = torch.randn(rows, k, generator=g).to(dtype)
+        b = torch.randn(n, generator=g)
+        exact = x.double() @ w.double().T + b.double()  # (rows, n)
+        y = native.gemv(x, w, b)
+        assert y.dtype == dtype and y.shape == (rows, n)
+        tol = 2e-6 * k**0.5 if dtype == torch.float32 else 0.0
+        ulp = {torch.float32: 0.0, torch.bfloat16: 2**-8, torch.float16: 2**-11}[dtype]
+        err = (y.double() - exact).abs() / exact.abs().clamp_min(1.0)
+        assert err.max().item() <= tol + ulp, (n, k, err.max().item())
+
+
+@needs_native
+def test_native_gemv_result_does_not_depend_on_the_thread_count():
+    w, x = torch.randn(5000, 512), torch.randn(2, 512)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.gemv(x, w)
+        torch.set_num_threads(2)
+        two = native.gemv(x, w)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@needs_native
+def test_native_gemv_refuses_what_it_cannot_run_with_a_typed_error():
+    w = torch.randn(8, 16)
+    with pytest.raises(native.NativeError, match="features"):
+        native.gemv(torch.randn(1, 15), w)
+    with pytest.raises(native.NativeError, match="rows"):
+        native.gemv(torch.randn(native.MAX_ROWS + 1, 16), w)
+    with pytest.raises(native.NativeError, match="contiguous"):
+        native.gemv(torch.randn(1, 8), w.T)
+    with pytest.raises(native.NativeError, match="contiguous"):
+        native.gemv(torch.randn(1, 16, dtype=torch.float64), w.double())
+    with pytest.raises(KernelError, match="native"):
+        prepare_linear_kernels(random_reference(tiny_config()).double(), kernel=NATIVE)
+
+
+@needs_native
+@pytest.mark.parametrize("arch", ARCHS)
+def test_native_kernel_model_matches_f_linear_at_decode_and_prefill(arch):
+    """Decode-sized inputs (<= MAX_ROWS rows) take the native GEMV, wider ones the library
+    kernel; either way the logits are F.linear's within float32 rounding, biases included."""
+    config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
+    ref = random_reference(config)
+    ours = copy.deepcopy(ref)
+    report = prepare_linear_kernels(ours)
+    assert report.layers == {NATIVE: 9}
+    with torch.no_grad():
+        for shape in ((1, 1), (4, 1), (3, 9)):
+            tokens = torch.randint(0, config.vocab_size, shape, generator=torch.Generator())
+            torch.testing.assert_close(ours(tokens), ref(tokens), atol=1e-5, rtol=0)
+
+
+@needs_native
+def test_native_bf16_head_shares_the_embedding_without_a_copy_and_follows_the_torch_kernel():
+    config = tiny_config("Qwen3ForCausalLM")
+    ref = random_reference(config).to(torch.bfloat16)
+    ours = copy.deepcopy(ref)
+    report = prepare_linear_kernels(ours)
+    assert ours.lm_head.kernel == NATIVE and ours.lm_head.weight is ours.model.embed_tokens.weight
+    assert report.packed_bytes == 0 and report.copied_bytes == 0
+    tokens = torch.randint(0, config.vocab_size, (1, 1), generator=torch.Generator())
+    with torch.no_grad():
+        a, b = ours(tokens).float(), ref(tokens).float()
+    assert (a - b).abs().max().item() < 0.1  # bf16 rounding of a different summation order
+    assert torch.equal(a.argmax(-1), b.argmax(-1))

@@ -1,0 +1,289 @@
+/* The small per-layer operations of a decode step, each one call instead of the 4-12 tensor ops
+ * PyTorch dispatches for it (at batch 1 each op costs microseconds of dispatch for nanoseconds of
+ * math): RMSNorm, per-head RMSNorm + rotary embedding in place, and SwiGLU's silu(gate) * up.
+ *
+ * Every function reproduces the op-by-op PyTorch form of tandem/models (layers.py, rope.py) in the
+ * tensor's dtype, rounding wherever that form rounds: arithmetic in float32, each intermediate
+ * tensor rounded to the dtype (bf16 / f16; float32 rounds nowhere extra). Products of two 16-bit
+ * values are exact in float32, so those steps match PyTorch bit for bit; a sum of squares is
+ * accumulated in another order than PyTorch's reduction, and expf is libm's, so a result may
+ * differ in the last bit of float32 (and then, rarely, by one 16-bit ulp).
+ *
+ * Built with -ffp-contract=off (native.py): `a * b + c` must round twice, as PyTorch's does.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "dtypes.h"
+
+enum { MAX_HEAD_DIM = 1024 };
+
+/* Rows are split over `nthreads` threads (the caller passes torch's count: OpenMP's own default
+ * is per calling thread) only when there are enough elements to pay for waking them. */
+#define PARALLEL_MIN (1 << 16)
+
+/* r = 1 / sqrt(mean(v^2) + eps) over n elements of v at p (dtype dt). */
+static inline float inv_rms(const void *p, int64_t n, float eps, int dt) {
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m256 u = load8(p, i, dt), v = load8(p, i + 8, dt);
+        a = _mm256_add_ps(a, _mm256_mul_ps(u, u));
+        b = _mm256_add_ps(b, _mm256_mul_ps(v, v));
+    }
+    s0 = hsum8(_mm256_add_ps(a, b));
+#endif
+    for (; i + 4 <= n; i += 4) {
+        float a = load1(p, i, dt), b = load1(p, i + 1, dt), c = load1(p, i + 2, dt),
+              d = load1(p, i + 3, dt);
+        s0 += a * a, s1 += b * b, s2 += c * c, s3 += d * d;
+    }
+    for (; i < n; i++) {
+        float a = load1(p, i, dt);
+        s0 += a * a;
+    }
+    return 1.0f / sqrtf((s0 + s1 + s2 + s3) / (float)n + eps);
+}
+
+/* y = round((x * r) * w), one rounding (F.rms_norm's form): layers.RMSNorm over the last dimension `dim`, `rows` rows of x at
+ * stride `x_stride` elements, y contiguous (rows, dim). x, w, y of dtype dt. */
+int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
+                   int64_t dim, float eps, int dt, int nthreads) {
+    if (rows < 0 || dim < 1 || dt < DT_F32 || dt > DT_F16 || (dt == DT_F16 && !HAVE_F16)) return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for if (rows * dim >= PARALLEL_MIN) num_threads(nthreads)
+    for (int64_t r = 0; r < rows; r++) {
+        const char *xr = (const char *)x + r * x_stride * es;
+        const float inv = inv_rms(xr, dim, eps, dt);
+        int64_t i = 0;
+#if defined(__AVX2__)
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (; i + 8 <= dim; i += 8)
+            store8(y, r * dim + i, _mm256_mul_ps(_mm256_mul_ps(load8(xr, i, dt), vinv), load8(w, i, dt)), dt);
+#endif
+        for (; i < dim; i++) store1(y, r * dim + i, load1(xr, i, dt) * inv * load1(w, i, dt), dt);
+    }
+    return 0;
+}
+
+/* In place on `rows` rows of `heads` heads of `hd` elements (row stride `row_stride` elements,
+ * heads contiguous within a row): optionally the per-head RMSNorm with weight w (hd) (Qwen3's
+ * q_norm / k_norm; w NULL skips it), then the rotary embedding of rope.apply_rope with this row's
+ * cos and signed sin (rows, hd, contiguous):
+ *     out_i = round(round(v_i * cos_i) + round(v_{(i + hd/2) mod hd} * sin_i))
+ */
+int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t row_stride,
+                     const void *w, float eps, const void *cos, const void *sin, int dt,
+                     int nthreads) {
+    if (rows < 0 || heads < 1 || hd < 2 || hd % 2 || hd > MAX_HEAD_DIM || dt < DT_F32 ||
+        dt > DT_F16 || (dt == DT_F16 && !HAVE_F16))
+        return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    const int64_t half = hd / 2;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for if (rows * heads * hd >= PARALLEL_MIN) num_threads(nthreads)
+    for (int64_t r = 0; r < rows; r++) {
+        float v[MAX_HEAD_DIM];
+        const char *c = (const char *)cos + r * hd * es, *s = (const char *)sin + r * hd * es;
+        for (int64_t h = 0; h < heads; h++) {
+            char *p = (char *)x + (r * row_stride + h * hd) * es;
+            const float inv = w ? inv_rms(p, hd, eps, dt) : 1.0f;
+            int64_t i = 0;
+#if defined(__AVX2__)
+            if (half % 8 == 0) {
+                const __m256 vinv = _mm256_set1_ps(inv);
+                for (; i < hd; i += 8) {
+                    __m256 e = load8(p, i, dt);
+                    _mm256_storeu_ps(v + i, w ? round8(_mm256_mul_ps(_mm256_mul_ps(e, vinv), load8(w, i, dt)), dt) : e);
+                }
+                for (i = 0; i < hd; i += 8) {
+                    __m256 a = round8(_mm256_mul_ps(_mm256_loadu_ps(v + i), load8(c, i, dt)), dt);
+                    __m256 b = round8(_mm256_mul_ps(_mm256_loadu_ps(v + (i + half) % hd), load8(s, i, dt)), dt);
+                    store8(p, i, _mm256_add_ps(a, b), dt);
+                }
+                continue;
+            }
+#endif
+            for (i = 0; i < hd; i++)
+                v[i] = w ? round_to(load1(p, i, dt) * inv * load1(w, i, dt), dt) : load1(p, i, dt);
+            for (i = 0; i < hd; i++) {
+                float a = round_to(v[i] * load1(c, i, dt), dt);
+                float b = round_to(v[(i + half) % hd] * load1(s, i, dt), dt);
+                store1(p, i, a + b, dt);
+            }
+        }
+    }
+    return 0;
+}
+
+#if defined(__AVX2__)
+/* e^x in eight lanes, x clamped to [-87.3, 88.7] (no overflow): Cephes' expf, 2^n by the
+ * exponent bits; within 2 ulp of libm's expf. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* y (rows, inter) = round(silu(g)) * u for gu (rows, 2 * inter) = [g, u] per row (the fused
+ * gate/up GEMV's output), contiguous: layers.MLP's F.silu(gate) * up. */
+int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt, int nthreads) {
+    if (rows < 0 || inter < 1 || dt < DT_F32 || dt > DT_F16 || (dt == DT_F16 && !HAVE_F16)) return -1;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for if (rows * inter >= PARALLEL_MIN) num_threads(nthreads)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t g0 = r * 2 * inter, u0 = g0 + inter;
+        int64_t i = 0;
+#if defined(__AVX2__)
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (; i + 8 <= inter; i += 8) {
+            __m256 g = load8(gu, g0 + i, dt);
+            __m256 act = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            /* exp(-g) overflows for g < -88.7: g / inf is -0, as PyTorch's */
+            act = _mm256_blendv_ps(act, _mm256_mul_ps(g, zero), _mm256_cmp_ps(g, _mm256_set1_ps(-88.7f), _CMP_LT_OQ));
+            store8(y, r * inter + i, _mm256_mul_ps(round8(act, dt), load8(gu, u0 + i, dt)), dt);
+        }
+#endif
+        for (; i < inter; i++) {
+            float g = load1(gu, g0 + i, dt);
+            float act = round_to(g / (1.0f + expf(-g)), dt);
+            store1(y, r * inter + i, act * load1(gu, u0 + i, dt), dt);
+        }
+    }
+    return 0;
+}
+
+/* out[r] = the index of the first maximum of row r of x (rows, n), contiguous; a NaN counts as
+ * the maximum (torch.argmax's rule). The greedy pick over a vocabulary-sized row of logits: one
+ * vector pass for the maximum (and whether any NaN), one for its first position. */
+static inline __attribute__((always_inline)) void argmax_rows(const void *x, int64_t rows,
+                                                                int64_t n, int64_t *out,
+                                                                const int dt) {
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t base = r * n;
+        int64_t i = 0;
+        float m = load1(x, base, dt);
+        int nan = m != m;
+#if defined(__AVX2__)
+        __m256 vm = _mm256_set1_ps(m), vnan = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = load8(x, base + i, dt);
+            vm = _mm256_max_ps(vm, v);
+            vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vm);
+        for (int l = 0; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+        nan |= _mm256_movemask_ps(vnan) != 0;
+#endif
+        for (; i < n; i++) {
+            float v = load1(x, base + i, dt);
+            nan |= v != v;
+            m = v > m ? v : m;
+        }
+        int64_t best = 0;
+        for (int64_t j = 0; j < n; j++) {
+            float v = load1(x, base + j, dt);
+            if (nan ? v != v : v == m) {
+                best = j;
+                break;
+            }
+        }
+        out[r] = best;
+    }
+}
+
+int tandem_argmax(const void *x, int64_t rows, int64_t n, int64_t *out, int dt) {
+    if (rows < 0 || n < 1 || dt < DT_F32 || dt > DT_F16 || (dt == DT_F16 && !HAVE_F16)) return -1;
+    if (dt == DT_F32) argmax_rows(x, rows, n, out, DT_F32); /* a literal dtype per loop */
+    else if (dt == DT_BF16) argmax_rows(x, rows, n, out, DT_BF16);
+    else argmax_rows(x, rows, n, out, DT_F16);
+    return 0;
+}
+
+enum { STACK_KEYS = 8192 };
+
+/* One decode step of grouped-query attention, every cached key visible (no mask):
+ *     out[b, g*R + j] = softmax_s(scale * q[b, g*R + j] . k[b, g, s]) . v[b, g, :]
+ * for B rows, G key/value heads, R = n_rep query heads per kv head, S keys, head_dim hd.
+ * q: row b at q + b*q_stride, heads contiguous (the fused projection's output, roped in place);
+ * k, v: element (b, g, s, d) at b*ks[0] + g*ks[1] + s*ks[2] + d (the cache's strided view);
+ * out contiguous (B, G*R*hd). Float32 scores, softmax and sums, one rounding of the output, as
+ * F.scaled_dot_product_attention does on the CPU; (b, g) pairs split over threads. */
+int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, const int64_t *ks,
+                            const void *v, const int64_t *vs, void *out, int64_t B, int64_t G,
+                            int64_t R, int64_t S, int64_t hd, float scale, int dt,
+                            int nthreads) {
+    if (B < 1 || G < 1 || R < 1 || S < 1 || hd < 1 || hd > MAX_HEAD_DIM || dt < DT_F32 ||
+        dt > DT_F16 || (dt == DT_F16 && !HAVE_F16))
+        return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    int fail = 0;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for if (B * G * S * hd >= 2 * PARALLEL_MIN) num_threads(nthreads) \
+    reduction(| : fail)
+    for (int64_t bg = 0; bg < B * G; bg++) {
+        const int64_t b = bg / G, g = bg % G;
+        float stack[STACK_KEYS], acc[MAX_HEAD_DIM], qf[MAX_HEAD_DIM];
+        float *p = S <= STACK_KEYS ? stack : (float *)malloc((size_t)S * sizeof(float));
+        if (!p) {
+            fail = 1;
+            continue;
+        }
+        const char *kb = (const char *)k + (b * ks[0] + g * ks[1]) * es;
+        const char *vb = (const char *)v + (b * vs[0] + g * vs[1]) * es;
+        for (int64_t j = 0; j < R; j++) {
+            const int64_t h = g * R + j;
+            const char *qh = (const char *)q + (b * q_stride + h * hd) * es;
+            for (int64_t d = 0; d < hd; d++) qf[d] = load1(qh, d, dt);
+            float m = -INFINITY;
+            for (int64_t s = 0; s < S; s++) {
+                const char *kr = kb + s * ks[2] * es;
+                float dot = 0.f;
+                int64_t d = 0;
+#if defined(__AVX2__)
+                __m256 a = _mm256_setzero_ps();
+                for (; d + 8 <= hd; d += 8)
+                    a = _mm256_fmadd_ps(_mm256_loadu_ps(qf + d), load8(kr, d, dt), a);
+                dot = hsum8(a);
+#endif
+                for (; d < hd; d++) dot += qf[d] * load1(kr, d, dt);
+                p[s] = dot * scale;
+                m = p[s] > m ? p[s] : m;
+            }
+            float sum = 0.f;
+            for (int64_t s = 0; s < S; s++) sum += (p[s] = expf(p[s] - m));
+            for (int64_t d = 0; d < hd; d++) acc[d] = 0.f;
+            for (int64_t s = 0; s < S; s++) {
+                const char *vr = vb + s * vs[2] * es;
+                int64_t d = 0;
+#if defined(__AVX2__)
+                const __m256 ps = _mm256_set1_ps(p[s]);
+                for (; d + 8 <= hd; d += 8)
+                    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ps, load8(vr, d, dt), _mm256_loadu_ps(acc + d)));
+#endif
+                for (; d < hd; d++) acc[d] += p[s] * load1(vr, d, dt);
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t d = 0; d < hd; d++) store1(out, (b * G * R + h) * hd + d, acc[d] * inv, dt);
+        }
+        if (p != stack) free(p);
+    }
+    return fail ? -1 : 0;
+}

@@ -1,0 +1,134 @@
+"""tandem's native per-layer decode operations (`tandem.models.native`, csrc/decode_ops.c) against
+the PyTorch forms they replace: bit for bit in bf16 / f16 where the form's roundings are
+reproduced (RMSNorm, q/k norm + RoPE, SwiGLU), within float32 rounding otherwise, and a whole
+model's decode equal with and without them."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tp_support import random_reference, tiny_config
+
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.local import LocalExecutor
+from tandem.models import native
+from tandem.models.rope import apply_rope
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native ops: {native.why()}")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1024, 100, 7])
+def test_rmsnorm_is_f_rms_norm(dtype, dim):
+    x = (torch.randn(5, 2 * dim, generator=_gen()) * 3).to(dtype)[:, :dim]  # strided rows
+    w = (1 + 0.1 * torch.randn(dim, generator=_gen(1))).to(dtype)
+    got, ref = native.rmsnorm(x, w, 1e-6), F.rms_norm(x, (dim,), w, 1e-6)
+    assert got.shape == ref.shape and got.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+    else:
+        assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,hd", [(16, 128), (3, 6)])  # vector path, scalar path
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_norm_rope_in_place_is_rms_norm_then_apply_rope(dtype, heads, hd, with_norm):
+    rows, width = 3, heads * hd
+    qkv = torch.randn(rows, 2 * width, generator=_gen()).to(dtype)  # q is a strided view of it
+    cos = torch.randn(rows, hd, generator=_gen(1)).to(dtype)
+    sin = torch.randn(rows, hd, generator=_gen(2)).to(dtype)
+    w = (1 + 0.1 * torch.randn(hd, generator=_gen(3))).to(dtype) if with_norm else None
+    q = qkv[:, :width].view(rows, 1, heads, hd)  # (B, T, H, hd)
+    normed = F.rms_norm(q, (hd,), w, 1e-6) if with_norm else q
+    ref = apply_rope(normed, cos.view(rows, 1, 1, hd), sin.view(rows, 1, 1, hd))
+    untouched = qkv[:, width:].clone()
+    native.norm_rope_(qkv[:, :width], heads, w, 1e-6, cos, sin)
+    assert torch.equal(qkv[:, width:], untouched)
+    if dtype == torch.float32:
+        torch.testing.assert_close(q, ref, atol=2e-6, rtol=1e-6)
+    else:
+        assert torch.equal(q, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_is_silu_gate_times_up(dtype):
+    gu = (torch.randn(3, 2 * 1000, generator=_gen()) * 4).to(dtype)
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -89.0]).to(dtype)  # exp over/underflow edges
+    gate, up = gu.chunk(2, -1)
+    got, ref = native.silu_mul(gu), F.silu(gate) * up
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+    else:  # a polynomial exp instead of Sleef's: at most one ulp, rarely
+        ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
+        diff = (got.float() - ref.float()).abs() / ref.float().abs().clamp_min(1e-3)
+        assert diff.max().item() <= ulp and (got != ref).float().mean().item() < 0.01
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_is_torch_argmax_ties_and_nan_included(dtype):
+    x = torch.randn(4, 151936, generator=_gen()).to(dtype)
+    x[1, 5] = x[1, 90000] = float("nan")  # the first NaN wins
+    x[2, 7] = x[2, 9] = x[2].max() + 1  # a tie: the lower index
+    x[3, -1] = 100.0  # the last element
+    assert torch.equal(native.argmax(x), x.argmax(-1))
+    assert torch.equal(native.argmax(x[:1, :13]), x[:1, :13].argmax(-1))  # scalar tail only
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,G,R,S,hd", [(1, 8, 2, 37, 128), (3, 2, 4, 5, 64), (2, 2, 1, 1, 12)])
+def test_decode_attention_is_sdpa_over_a_strided_cache_view(dtype, B, G, R, S, hd):
+    qkv = torch.randn(B, G * R * hd + 2 * G * hd, generator=_gen()).to(dtype)
+    q = qkv[:, : G * R * hd].view(B, G, R, hd)  # strided rows, as the attention passes it
+    cache_k = torch.randn(B + 1, G, S + 9, hd, generator=_gen(1)).to(dtype)
+    cache_v = torch.randn(B + 1, G, S + 9, hd, generator=_gen(2)).to(dtype)
+    k, v = cache_k[1:, :, :S], cache_v[1:, :, :S]  # slots 1..B, first S positions
+    got, ref = native.decode_attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    else:  # float32 throughout, one rounding; PyTorch's kernel rounds in between: <= 2 ulp
+        ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
+        scale = ref.float().abs().clamp_min(0.25)
+        assert ((got.float() - ref.float()).abs() / scale).max().item() <= 2 * ulp
+
+
+def test_ops_refuse_what_they_cannot_run_with_a_typed_error():
+    with pytest.raises(native.NativeError, match="rmsnorm"):
+        native.rmsnorm(torch.randn(2, 8), torch.randn(7), 1e-6)
+    with pytest.raises(native.NativeError, match="norm_rope"):
+        native.norm_rope_(torch.randn(2, 12), 2, None, 1e-6, torch.randn(2, 5), torch.randn(2, 5))
+    with pytest.raises(native.NativeError, match="decode attention"):
+        native.decode_attention(
+            torch.randn(1, 2, 1, 8), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+        )
+
+
+def _greedy(ex, prompt, n):
+    seq, out, pos = list(prompt), [], 0
+    for _ in range(n):
+        logits = ex.run(Step((StepSequence(0, tuple(seq[pos:]), pos),)))[0]
+        pos = len(seq)
+        seq.append(int(logits.argmax()))
+        out.append((seq[-1], logits.float()))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
+def test_a_model_decodes_the_same_with_and_without_the_native_ops(arch, monkeypatch):
+    """Prefill and 10 decode steps through LocalExecutor: the native kernels and ops against
+    F.linear and the PyTorch forms (native switched off), float32: same ids, logits within 1e-4."""
+    ref_model = random_reference(tiny_config(arch)).eval()
+    ours = LocalExecutor(copy.deepcopy(ref_model), max_batch=1, max_seq_len=64)
+    got = _greedy(ours, [3, 1, 4, 1, 5], 10)
+    monkeypatch.setattr(native, "handles", lambda t: False)
+    ref = LocalExecutor(ref_model, max_batch=1, max_seq_len=64, kernels="torch")
+    want = _greedy(ref, [3, 1, 4, 1, 5], 10)
+    assert [i for i, _ in got] == [i for i, _ in want]
+    for (_, a), (_, b) in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
