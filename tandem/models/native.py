@@ -2,19 +2,22 @@
 called through ctypes: no Python headers, no torch headers, a build of about a second.
 
 - `gemv` (csrc/gemv.c): Y = X W^T for the decode-sized X (<= MAX_ROWS rows) of every linear layer;
-- `rmsnorm`, `norm_rope_`, `silu_mul` (csrc/decode_ops.c): the small per-layer operations, one
-  call each instead of 4-12 tensor ops, in the reference form's rounding; `argmax`, the greedy
-  pick over a row of logits (torch's is single-threaded and converts 16-bit rows element by
-  element: 0.6 ms for Qwen3's 151936 bf16 logits, against ~0.1 ms).
+- `rmsnorm`, `norm_rope_`, `silu_mul`, `decode_attention` (csrc/decode_ops.c): the small
+  per-layer operations, one call each instead of 4-12 tensor ops, in the reference form's
+  rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
+  converts 16-bit rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
+- csrc/decode_block.c chains them into a decoder layer's two halves for one decode token
+  (decode_block.py), so no Python runs between the weight streams.
 
 Why a kernel of our own: decode at batch 1 reads every weight once per token, so its speed is
 the rate at which the GEMVs stream the weights. On the x86 CPUs measured here the libraries in the
 pinned torch stream 55-75% of a plain read (`sum`): oneDNN's f32 inner product 20-24 GB/s, its
 packed bf16 one 13-25, MKL / OpenBLAS sgemv 12-23, against `sum` at 30-43 GB/s with 2 threads.
 `gemv.c` streams each thread's rows front to back and reaches 80-90% of `sum` (bench/gemv.py).
-Once the GEMVs stream that fast, the rest of a decode step (RMSNorms, RoPE, SwiGLU, each a chain
-of microsecond dispatches) was 13-14 ms of a 60-70 ms bf16 token on Qwen3-0.6B; `decode_ops.c`
-does each in one call.
+Once the GEMVs stream that fast, the rest of a decode step (RMSNorms, RoPE, SwiGLU, attention,
+each a chain of microsecond dispatches) was 13-14 ms of a 60-70 ms bf16 token on Qwen3-0.6B;
+one call per op brought it to ~9 ms measured warm, but with the caches each weight stream had just
+evicted the Python in between still cost 10-15 ms; two calls per layer leave ~3 ms.
 
 The build: `$CC` (else `cc`, else `gcc`) with `-O3 -march=native -fopenmp -ffp-contract=off
 -shared` (no fused multiply-add where the reference form rounds twice), into
@@ -49,7 +52,7 @@ import torch
 from tandem.devices import cpu_flags
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "gemv.c", CSRC / "decode_ops.c")
+SOURCES = (CSRC / "gemv.c", CSRC / "decode_ops.c", CSRC / "decode_block.c")
 HEADERS = (CSRC / "dtypes.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
 MAX_ROWS = 4  # X rows per call (the C kernel's MAX_ROWS): decode batches up to 4 sequences
@@ -157,7 +160,35 @@ def _library() -> ctypes.CDLL | None:
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, args
+    lib.tandem_attention_block.restype = ctypes.c_int
+    lib.tandem_attention_block.argtypes = (
+        *(ptr, ptr, c_float, ptr, ptr, ptr, ptr, c_float, ptr, ptr, ptr, ptr, ptr, i64),
+        *(ptr, ptr, ptr, i64, i64, i64, i64, c_float, c_int, c_int),
+    )
+    lib.tandem_mlp_block.restype = ctypes.c_int
+    lib.tandem_mlp_block.argtypes = (
+        ptr,
+        ptr,
+        c_float,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        c_int,
+        c_int,
+    )
     _why[0] = ""
+    return lib
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernels, for callers that chain several calls (decode_block.py)."""
+    lib = _library()
+    if lib is None:
+        raise NativeError(f"the native kernels are unavailable: {_why[0]}")
     return lib
 
 

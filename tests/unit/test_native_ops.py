@@ -132,3 +132,27 @@ def test_a_model_decodes_the_same_with_and_without_the_native_ops(arch, monkeypa
     assert [i for i, _ in got] == [i for i, _ in want]
     for (_, a), (_, b) in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"])
+def test_the_two_call_decode_layer_equals_the_per_op_native_path_bit_for_bit(
+    arch, dtype, monkeypatch
+):
+    """decode_block chains in C exactly the calls the per-op path makes from Python (qkv bias,
+    q/k norm, cache write at the step's slot and position included): identical logits."""
+    from tandem.models import decode_block
+
+    config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
+    model = random_reference(config).to(dtype).eval()
+    calls = []
+    real = decode_block.run
+    monkeypatch.setattr(decode_block, "run", lambda *a: calls.append(1) or real(*a))
+    blocks = LocalExecutor(copy.deepcopy(model), max_batch=2, max_seq_len=64)
+    got = _greedy(blocks, [3, 1, 4, 1, 5], 8)
+    assert len(calls) == 7 * config.num_hidden_layers  # every decode step of every layer
+    monkeypatch.setattr(decode_block, "eligible", lambda *a: False)
+    per_op = LocalExecutor(model, max_batch=2, max_seq_len=64)
+    want = _greedy(per_op, [3, 1, 4, 1, 5], 8)
+    for (i, a), (j, b) in zip(got, want):
+        assert i == j and torch.equal(a, b)
