@@ -10,10 +10,11 @@ time of a generate call for 1 new token, decode tok/s = K / (time for K+1 new to
 the round; each figure is the median over --repeats rounds.
 Roofline: weight bytes read per decode token (every layer matrix + the LM head, the embedding counted
 once when tied; one embedding row is negligible) divided by a read bandwidth measured in every round,
-same thread count, two ways: `sum` over the model's own weight tensors in place (the roofline the
-fraction is quoted against: the very bytes decode reads, where they lie in memory) and `sum` over a
-fresh 512 MiB float32 buffer (printed beside it: on this VM a fresh buffer reads anywhere from 28 to
-48 GB/s from one allocation to the next, so it is a noisy ceiling).
+same thread count, two ways: a read of the model's own weight tensors in place, the faster of
+`sum` and the native 256-bit stream read (the roofline the fraction is quoted against: the very
+bytes decode reads, where they lie in memory), and the same over a fresh 512 MiB float32 buffer
+(printed beside it: on this VM a fresh buffer reads anywhere from 26 to 48 GB/s from one
+allocation to the next, so it is a noisy ceiling).
 """
 
 from __future__ import annotations
@@ -35,37 +36,50 @@ from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.load import load_model
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.safetensors_dir import ModelDir
+from tandem.models import native
 
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 
 
 def read_bandwidth(threads: int, mib: int = 512, repeats: int = 7) -> float:
-    """Bytes/s of a streaming read (`sum` over `mib` MiB of float32), median of `repeats`."""
+    """Bytes/s of a streaming read of a fresh `mib` MiB float32 buffer, the faster of `sum` and
+    the native stream read, each the median of `repeats`."""
     torch.set_num_threads(threads)
     buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    buf.sum()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        buf.sum()
-        times.append(time.perf_counter() - t0)
-    return buf.numel() * 4 / statistics.median(times)
+    readers = [lambda t: t.sum()] + ([native.stream_read] if native.available() else [])
+    best = 0.0
+    for read in readers:
+        read(buf)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            read(buf)
+            times.append(time.perf_counter() - t0)
+        best = max(best, buf.numel() * 4 / statistics.median(times))
+    return best
 
 
 def weights_bandwidth(model: torch.nn.Module, threads: int, repeats: int = 3) -> float:
-    """Bytes/s of `sum` over every dense weight the decode reads (`decode_weights`), in place,
-    median of `repeats` passes."""
+    """Bytes/s of reading every dense weight the decode reads (`decode_weights`) in place, the
+    faster of `sum` and the native 256-bit stream read (where built: on Zen 4 torch's 512-bit
+    `sum` can read slower than 256-bit loads), each the median of `repeats` passes."""
     torch.set_num_threads(threads)
-    ws = [p for p in decode_weights(model) if not p.is_mkldnn]
+    ws = [p.detach() for p in decode_weights(model) if not p.is_mkldnn]
     nbytes = sum(p.numel() * p.element_size() for p in ws)
-    times = []
+    readers = [lambda p: p.sum()]
+    if native.available():
+        readers.append(native.stream_read)
+    best = 0.0
     with torch.inference_mode():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for p in ws:
-                p.sum()
-            times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times)
+        for read in readers:
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for p in ws:
+                    read(p)
+                times.append(time.perf_counter() - t0)
+            best = max(best, nbytes / statistics.median(times))
+    return best
 
 
 def decode_weights(model: torch.nn.Module) -> list[torch.Tensor]:

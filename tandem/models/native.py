@@ -160,6 +160,8 @@ def _library() -> ctypes.CDLL | None:
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, args
+    lib.tandem_stream_read.restype = ctypes.c_uint64
+    lib.tandem_stream_read.argtypes = (ptr, i64, c_int)
     lib.tandem_attention_block.restype = ctypes.c_int
     lib.tandem_attention_block.argtypes = (
         *(ptr, ptr, c_float, ptr, ptr, ptr, ptr, c_float, ptr, ptr, ptr, ptr, ptr, i64),
@@ -377,3 +379,13 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
     )  # fmt: skip
     _check(rc, "decode attention")
     return out
+
+
+def stream_read(t: torch.Tensor) -> int:
+    """Reads every byte of the contiguous CPU tensor `t` with 256-bit loads on torch's thread
+    count (a read-bandwidth probe for benchmarks); returns a checksum of what it read."""
+    if t.device.type != "cpu" or not t.is_contiguous() or t.is_mkldnn:
+        raise NativeError("stream_read takes a contiguous dense CPU tensor")
+    return library().tandem_stream_read(
+        t.data_ptr(), t.numel() * t.element_size(), torch.get_num_threads()
+    )
