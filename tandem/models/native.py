@@ -54,7 +54,9 @@ from tandem.devices import cpu_flags
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "gemv.c", CSRC / "decode_ops.c", CSRC / "decode_block.c")
 HEADERS = (CSRC / "dtypes.h",)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
+# TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
+MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")
+FLAGS = ("-O3", f"-march={MARCH}", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
 MAX_ROWS = 4  # X rows per call (the C kernel's MAX_ROWS): decode batches up to 4 sequences
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 BUILD_TIMEOUT_S = 120

@@ -279,3 +279,36 @@ def test_native_bf16_head_shares_the_embedding_without_a_copy_and_follows_the_to
         a, b = ours(tokens).float(), ref(tokens).float()
     assert (a - b).abs().max().item() < 0.1  # bf16 rounding of a different summation order
     assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+PORTABLE_CHECK = """
+import torch
+from tandem.models import native
+assert native.available(), native.why()
+g = torch.Generator().manual_seed(0)
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for rows in (1, 3):
+        for n, k in ((33, 1030), (512, 1024)):
+            w = torch.randn(n, k, generator=g).to(dtype)
+            x = torch.randn(rows, k, generator=g).to(dtype)
+            exact = x.double() @ w.double().T
+            err = (native.gemv(x, w).double() - exact).abs() / exact.abs().clamp_min(1.0)
+            limit = 2e-6 * k**0.5 if dtype == torch.float32 else 2**-7
+            assert err.max().item() <= limit, (dtype, rows, n, k, err.max().item())
+print("ok")
+"""
+
+
+@needs_native
+def test_the_portable_avx2_build_is_correct_too(tmp_path):
+    """This CPU may build the AVX512-BF16 bf16 path; -march=haswell builds the AVX2 one (bf16
+    widened by an in-lane unpack, X permuted to match) that CPUs without it run."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TANDEM_NATIVE_MARCH="haswell", TANDEM_CACHE=str(tmp_path))
+    r = subprocess.run(
+        [sys.executable, "-c", PORTABLE_CHECK], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
