@@ -98,7 +98,7 @@ def _build(cc: str) -> Path:
     for f in (*SOURCES, *HEADERS):
         digest.update(f.read_bytes())
     key = digest.hexdigest()[:16]
-    out = cache_dir() / key / "libtandem_gemv.so"
+    out = cache_dir() / key / "libtandem_native.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +114,35 @@ def _build(cc: str) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+_P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for the meaning
+    "tandem_gemv_isa": (_INT, ()),
+    # x, w, bias32, y, M, N, K, dtype, threads
+    "tandem_gemv": (_INT, (_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT)),
+    "tandem_stream_read": (ctypes.c_uint64, (_P, _I64, _INT)),
+    # x, x_stride, w, y, rows, dim, eps, dtype, threads
+    "tandem_rmsnorm": (_INT, (_P, _I64, _P, _P, _I64, _I64, _F32, _INT, _INT)),
+    # x, rows, heads, hd, row_stride, w, eps, cos, sin, dtype, threads
+    "tandem_norm_rope": (_INT, (_P, _I64, _I64, _I64, _I64, _P, _F32, _P, _P, _INT, _INT)),
+    "tandem_silu_mul": (_INT, (_P, _P, _I64, _I64, _INT, _INT)),  # gu, y, rows, inter, dt, thr
+    "tandem_argmax": (_INT, (_P, _I64, _I64, _P, _INT)),  # x, rows, n, out, dtype
+    # q, q_stride, k, k_strides, v, v_strides, out, B, G, R, S, hd, scale, dtype, threads
+    "tandem_decode_attention": (
+        _INT,
+        (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
+    ),
+    # h, norm_w, eps, w_qkv, b_qkv, q_norm, k_norm, qk_eps, cos, sin, k_cache, v_cache,
+    # kv_strides, pos, w_o, b_o, out, D, H, G, hd, scale, dtype, threads
+    "tandem_attention_block": (
+        _INT,
+        (_P, _P, _F32, _P, _P, _P, _P, _F32, _P, _P, _P, _P, _P, _I64)
+        + (_P, _P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
+    ),
+    # h, norm_w, eps, w_gu, b_gu, w_down, b_down, out, D, I, dtype, threads
+    "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _P, _P, _I64, _I64, _INT, _INT)),
+}
 
 
 @cache
@@ -133,57 +162,12 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as e:
         _why[0] = f"build failed: {e}"
         return None
-    lib.tandem_gemv_isa.restype = ctypes.c_int
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
     if lib.tandem_gemv_isa() == 0:
         _why[0] = "this CPU lacks AVX2 + FMA"
         return None
-    lib.tandem_gemv.restype = ctypes.c_int
-    lib.tandem_gemv.argtypes = (
-        ctypes.c_void_p,  # x (M, K)
-        ctypes.c_void_p,  # w (N, K)
-        ctypes.c_void_p,  # bias (N) float32, or None
-        ctypes.c_void_p,  # y (M, N)
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int,  # dtype code
-        ctypes.c_int,  # threads
-    )
-    i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    for name, args in (
-        ("tandem_rmsnorm", (ptr, i64, ptr, ptr, i64, i64, c_float, c_int, c_int)),
-        ("tandem_norm_rope", (ptr, i64, i64, i64, i64, ptr, c_float, ptr, ptr, c_int, c_int)),
-        ("tandem_silu_mul", (ptr, ptr, i64, i64, c_int, c_int)),
-        ("tandem_argmax", (ptr, i64, i64, ptr, c_int)),
-        (
-            "tandem_decode_attention",
-            (ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, c_float, c_int, c_int),
-        ),
-    ):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = ctypes.c_int, args
-    lib.tandem_stream_read.restype = ctypes.c_uint64
-    lib.tandem_stream_read.argtypes = (ptr, i64, c_int)
-    lib.tandem_attention_block.restype = ctypes.c_int
-    lib.tandem_attention_block.argtypes = (
-        *(ptr, ptr, c_float, ptr, ptr, ptr, ptr, c_float, ptr, ptr, ptr, ptr, ptr, i64),
-        *(ptr, ptr, ptr, i64, i64, i64, i64, c_float, c_int, c_int),
-    )
-    lib.tandem_mlp_block.restype = ctypes.c_int
-    lib.tandem_mlp_block.argtypes = (
-        ptr,
-        ptr,
-        c_float,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        i64,
-        i64,
-        c_int,
-        c_int,
-    )
     _why[0] = ""
     return lib
 
