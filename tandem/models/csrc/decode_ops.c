@@ -1,13 +1,15 @@
 /* The small per-layer operations of a decode step, each one call instead of the 4-12 tensor ops
  * PyTorch dispatches for it (at batch 1 each op costs microseconds of dispatch for nanoseconds of
- * math): RMSNorm, per-head RMSNorm + rotary embedding in place, and SwiGLU's silu(gate) * up.
+ * math): RMSNorm, per-head RMSNorm + rotary embedding in place, SwiGLU's silu(gate) * up, the
+ * attention of one new token over an unmasked cache, and the greedy argmax.
  *
  * Every function reproduces the op-by-op PyTorch form of tandem/models (layers.py, rope.py) in the
  * tensor's dtype, rounding wherever that form rounds: arithmetic in float32, each intermediate
  * tensor rounded to the dtype (bf16 / f16; float32 rounds nowhere extra). Products of two 16-bit
  * values are exact in float32, so those steps match PyTorch bit for bit; a sum of squares is
- * accumulated in another order than PyTorch's reduction, and expf is libm's, so a result may
- * differ in the last bit of float32 (and then, rarely, by one 16-bit ulp).
+ * accumulated in another order than PyTorch's reduction, exp is a polynomial (exp8) or libm's
+ * expf, and attention rounds only its output, so a result may differ in the last bits of float32
+ * (and then, rarely, by one 16-bit ulp; attention by up to two).
  *
  * Built with -ffp-contract=off (native.py): `a * b + c` must round twice, as PyTorch's does.
  */
@@ -48,8 +50,9 @@ static inline float inv_rms(const void *p, int64_t n, float eps, int dt) {
     return 1.0f / sqrtf((s0 + s1 + s2 + s3) / (float)n + eps);
 }
 
-/* y = round((x * r) * w), one rounding (F.rms_norm's form): layers.RMSNorm over the last dimension `dim`, `rows` rows of x at
- * stride `x_stride` elements, y contiguous (rows, dim). x, w, y of dtype dt. */
+/* y = round((x * r) * w), one rounding (F.rms_norm's form): layers.RMSNorm over the last
+ * dimension `dim`, `rows` rows of x at stride `x_stride` elements, y contiguous (rows, dim).
+ * x, w, y of dtype dt. */
 int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
                    int64_t dim, float eps, int dt, int nthreads) {
     if (rows < 0 || dim < 1 || dt < DT_F32 || dt > DT_F16 || (dt == DT_F16 && !HAVE_F16)) return -1;
