@@ -2,8 +2,8 @@
 
 Decode at batch 1 is a chain of GEMVs bound by reading the weights. torch's default CPU path
 (`F.linear` -> MKL sgemv / oneDNN on a plain bf16 layout) streams only about 40-45% of a plain
-read on the x86 CPUs measured here, oneDNN's inner product reached directly 65-75%, and tandem's
-own GEMV (`native.py`, `gemv.c`) 80-90%. The choice, per weight:
+read on the x86 CPUs measured here, oneDNN's inner product reached directly 55-75%, and tandem's
+own GEMV (`native.py`, `gemv.c`) 75-99%. The choice, per weight:
 
     kernel     when (CPU only)                               weight storage
     "native"   x86-64 Linux with AVX2+FMA and a C compiler:  the dense weight itself (no copy)
@@ -18,9 +18,10 @@ own GEMV (`native.py`, `gemv.c`) 80-90%. The choice, per weight:
 (prefill, a larger decode batch) goes to the library kernel for the weight as stored: oneDNN for
 float32, `F.linear` for 16-bit weights (a compute-bound GEMM, where the libraries are good).
 
-Measured (AMD EPYC, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B's per-token matrices, median of
-7, GB/s of weights streamed; `sum` of the same matrices 29-31): float32 F.linear 13, "onednn" 22,
-"native" 25; bfloat16 F.linear 13, "packed" 19, "native" 24 (bench/gemv.py).
+Measured (AMD EPYC Zen 4, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B's per-token matrices,
+GB/s of weights streamed, bench/gemv.py over six runs while a plain read of the same matrices gave
+27-44): float32 F.linear 11-13, "onednn" 21-22, "native" 25-36; bfloat16 F.linear 11-13,
+"packed" 17-25, "native" 22-33.
 
 A packed weight is an opaque oneDNN tensor: it can be multiplied, not indexed or sliced. A tied LM
 head shares its matrix with the embedding, which must stay dense for row look-ups ("native" and
@@ -131,7 +132,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     which decides once."""
     if (
         weight.device.type == "cpu"
-        and x.numel() <= native.MAX_ROWS * x.shape[-1]
+        and 0 < x.numel() <= native.MAX_ROWS * x.shape[-1]
         and native.supports(weight)
     ):
         return native.gemv(x, weight, None if bias is None else bias.float())
@@ -220,7 +221,7 @@ class KernelLinear(nn.Module):
         return self._fn(x, self.weight, self.bias)
 
     def _native(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if x.numel() <= self._rows:
+        if 0 < x.numel() <= self._rows:
             return native.gemv_unchecked(x, w, self._bias32)  # decode: (..., in) -> (..., out)
         return self._wide(x, w, b)
 
