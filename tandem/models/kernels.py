@@ -135,7 +135,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and 0 < x.numel() <= native.MAX_ROWS * x.shape[-1]
         and native.supports(weight)
     ):
-        return native.gemv(x, weight, None if bias is None else bias.float())
+        return native.gemv_unchecked(x, weight, None if bias is None else bias.float())
     if weight.is_mkldnn or (
         weight.dtype == torch.float32 and weight.device.type == "cpu" and _onednn_cpu()
     ):

@@ -209,15 +209,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias32: torch.Tensor | None = No
     `gemv_unchecked` is the same call for a weight and bias checked once (KernelLinear)."""
     if _library() is None:
         raise NativeError(f"the native GEMV is unavailable: {_why[0]}")
-    n, k = weight.shape if weight.dim() == 2 else (0, -1)
-    if x.shape[-1] != k:
-        raise NativeError(f"x has {x.shape[-1]} features, the weight {tuple(weight.shape)}")
-    if not 1 <= x.numel() // k <= MAX_ROWS:
-        raise NativeError(f"the native GEMV takes 1..{MAX_ROWS} rows, got {x.numel() // k}")
     if not supports(weight):
         raise NativeError(
             f"the native GEMV needs a contiguous 2-d CPU weight of {', '.join(map(str, DTYPE_CODES))}"
         )
+    n, k = weight.shape
+    if x.shape[-1] == k and not 1 <= x.numel() // k <= MAX_ROWS:  # other widths: gemv_unchecked
+        raise NativeError(f"the native GEMV takes 1..{MAX_ROWS} rows, got {x.numel() // k}")
     if bias32 is not None and (
         bias32.shape != (n,) or bias32.dtype != torch.float32 or not bias32.is_contiguous()
     ):
@@ -228,13 +226,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias32: torch.Tensor | None = No
 def gemv_unchecked(
     x: torch.Tensor, weight: torch.Tensor, bias32: torch.Tensor | None
 ) -> torch.Tensor:
-    """`gemv` without the argument checks, for the decode loop: the caller guarantees a weight
-    `supports` accepts, x (..., in) of 1..MAX_ROWS rows, bias32 float32 (out) or None."""
+    """`gemv` without the weight, bias and row-count checks, for the decode loop: the caller
+    guarantees a weight `supports` accepts, x of 1..MAX_ROWS rows, bias32 float32 (out) or None.
+    x's width is still checked: a wider x of few enough elements would read as more rows and
+    overrun y."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise NativeError(f"x has {x.shape[-1]} features, the weight {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
         x = x.to(weight.dtype)
     if not x.is_contiguous():
         x = x.contiguous()
-    n, k = weight.shape
     y = torch.empty((*x.shape[:-1], n), dtype=weight.dtype)  # (..., in) -> (..., out)
     rc = _library().tandem_gemv(
         x.data_ptr(), weight.data_ptr(), None if bias32 is None else bias32.data_ptr(),

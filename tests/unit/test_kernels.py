@@ -312,3 +312,16 @@ def test_the_portable_avx2_build_is_correct_too(tmp_path):
         [sys.executable, "-c", PORTABLE_CHECK], env=env, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@needs_native
+def test_a_native_layer_refuses_an_input_of_the_wrong_width_instead_of_reading_past_it():
+    """1 row of 2*in elements fits the decode bound (<= 4*in elements): it must not be taken as
+    2 rows (the output holds 1)."""
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    prepare_linear_kernels(layer)
+    assert layer[0].kernel == NATIVE
+    with pytest.raises(native.NativeError, match="features"):
+        layer(torch.randn(1, 128))
+    with pytest.raises(native.NativeError, match="features"):
+        linear(torch.randn(1, 128), torch.randn(32, 64))
