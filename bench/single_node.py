@@ -41,45 +41,38 @@ from tandem.models import native
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 
 
-def read_bandwidth(threads: int, mib: int = 512, repeats: int = 7) -> float:
-    """Bytes/s of a streaming read of a fresh `mib` MiB float32 buffer, the faster of `sum` and
-    the native stream read, each the median of `repeats`."""
+def best_read(tensors: list[torch.Tensor], threads: int, repeats: int, warm: bool) -> float:
+    """Bytes/s of reading `tensors` in place: the faster of `sum` and the native 256-bit stream
+    read (where built: on Zen 4 torch's 512-bit `sum` can read slower than 256-bit loads), each
+    the median of `repeats` passes (after one untimed pass when `warm`)."""
     torch.set_num_threads(threads)
-    buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
     readers = [lambda t: t.sum()] + ([native.stream_read] if native.available() else [])
-    best = 0.0
-    for read in readers:
-        read(buf)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            read(buf)
-            times.append(time.perf_counter() - t0)
-        best = max(best, buf.numel() * 4 / statistics.median(times))
-    return best
-
-
-def weights_bandwidth(model: torch.nn.Module, threads: int, repeats: int = 3) -> float:
-    """Bytes/s of reading every dense weight the decode reads (`decode_weights`) in place, the
-    faster of `sum` and the native 256-bit stream read (where built: on Zen 4 torch's 512-bit
-    `sum` can read slower than 256-bit loads), each the median of `repeats` passes."""
-    torch.set_num_threads(threads)
-    ws = [p.detach() for p in decode_weights(model) if not p.is_mkldnn]
-    nbytes = sum(p.numel() * p.element_size() for p in ws)
-    readers = [lambda p: p.sum()]
-    if native.available():
-        readers.append(native.stream_read)
     best = 0.0
     with torch.inference_mode():
         for read in readers:
             times = []
-            for _ in range(repeats):
+            for i in range(repeats + warm):
                 t0 = time.perf_counter()
-                for p in ws:
-                    read(p)
-                times.append(time.perf_counter() - t0)
+                for t in tensors:
+                    read(t)
+                if i or not warm:
+                    times.append(time.perf_counter() - t0)
             best = max(best, nbytes / statistics.median(times))
     return best
+
+
+def read_bandwidth(threads: int, mib: int = 512, repeats: int = 7) -> float:
+    """Bytes/s of reading a fresh `mib` MiB float32 buffer (`best_read`)."""
+    buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    return best_read([buf], threads, repeats, warm=True)
+
+
+def weights_bandwidth(model: torch.nn.Module, threads: int, repeats: int = 3) -> float:
+    """Bytes/s of reading every dense weight the decode reads (`decode_weights`) in place
+    (`best_read`)."""
+    ws = [p.detach() for p in decode_weights(model) if not p.is_mkldnn]
+    return best_read(ws, threads, repeats, warm=False)
 
 
 def decode_weights(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandem.config import ModelConfig
+from tandem.engine.executor import Step, StepSequence
 from tandem.models.llama import Transformer
 
 
@@ -173,4 +174,16 @@ def launch_concurrently(specs: dict, **common) -> dict:
         for w in started.values():
             w.shutdown()
         raise errors[0]
+    return out
+
+
+def greedy_steps(ex, prompt: list[int], n: int) -> list[tuple[int, torch.Tensor]]:
+    """n greedy steps of one sequence through an Executor, prefill first: (id, float32 logits)
+    per step."""
+    seq, out, pos = list(prompt), [], 0
+    for _ in range(n):
+        logits = ex.run(Step((StepSequence(0, tuple(seq[pos:]), pos),)))[0]
+        pos = len(seq)
+        seq.append(int(logits.argmax()))
+        out.append((seq[-1], logits.float()))
     return out

@@ -6,9 +6,8 @@ import copy
 
 import pytest
 import torch
-from tp_support import random_reference, tiny_config, write_random_model
+from tp_support import greedy_steps, random_reference, tiny_config, write_random_model
 
-from tandem.engine.executor import Step, StepSequence
 from tandem.engine.local import LocalExecutor
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
@@ -131,15 +130,10 @@ def test_local_executor_greedy_ids_equal_on_either_kernel(tmp_path):
         "cpu", torch.float32
     )
     assert slow.model.model.layers["0"].mlp.gate_up_proj.kernel == TORCH
-    ids = {}
-    for name, ex in (("fast", fast), ("slow", slow)):
-        seq, out, pos = [5, 6, 7], [], 0
-        for _ in range(8):
-            step = Step((StepSequence(0, tuple(seq[pos:]), pos),))
-            pos = len(seq)
-            seq.append(int(ex.run(step)[0].argmax()))
-            out.append(seq[-1])
-        ids[name] = out
+    ids = {
+        name: [i for i, _ in greedy_steps(ex, [5, 6, 7], 8)]
+        for name, ex in (("fast", fast), ("slow", slow))
+    }
     assert ids["fast"] == ids["slow"]
 
 

@@ -8,9 +8,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from tp_support import random_reference, tiny_config
+from tp_support import greedy_steps, random_reference, tiny_config
 
-from tandem.engine.executor import Step, StepSequence
 from tandem.engine.local import LocalExecutor
 from tandem.models import native
 from tandem.models.rope import apply_rope
@@ -109,26 +108,16 @@ def test_ops_refuse_what_they_cannot_run_with_a_typed_error():
         )
 
 
-def _greedy(ex, prompt, n):
-    seq, out, pos = list(prompt), [], 0
-    for _ in range(n):
-        logits = ex.run(Step((StepSequence(0, tuple(seq[pos:]), pos),)))[0]
-        pos = len(seq)
-        seq.append(int(logits.argmax()))
-        out.append((seq[-1], logits.float()))
-    return out
-
-
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
 def test_a_model_decodes_the_same_with_and_without_the_native_ops(arch, monkeypatch):
     """Prefill and 10 decode steps through LocalExecutor: the native kernels and ops against
     F.linear and the PyTorch forms (native switched off), float32: same ids, logits within 1e-4."""
     ref_model = random_reference(tiny_config(arch)).eval()
     ours = LocalExecutor(copy.deepcopy(ref_model), max_batch=1, max_seq_len=64)
-    got = _greedy(ours, [3, 1, 4, 1, 5], 10)
+    got = greedy_steps(ours, [3, 1, 4, 1, 5], 10)
     monkeypatch.setattr(native, "handles", lambda t: False)
     ref = LocalExecutor(ref_model, max_batch=1, max_seq_len=64, kernels="torch")
-    want = _greedy(ref, [3, 1, 4, 1, 5], 10)
+    want = greedy_steps(ref, [3, 1, 4, 1, 5], 10)
     assert [i for i, _ in got] == [i for i, _ in want]
     for (_, a), (_, b) in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -149,10 +138,10 @@ def test_the_two_call_decode_layer_equals_the_per_op_native_path_bit_for_bit(
     real = decode_block.run
     monkeypatch.setattr(decode_block, "run", lambda *a: calls.append(1) or real(*a))
     blocks = LocalExecutor(copy.deepcopy(model), max_batch=2, max_seq_len=64)
-    got = _greedy(blocks, [3, 1, 4, 1, 5], 8)
+    got = greedy_steps(blocks, [3, 1, 4, 1, 5], 8)
     assert len(calls) == 7 * config.num_hidden_layers  # every decode step of every layer
     monkeypatch.setattr(decode_block, "eligible", lambda *a: False)
     per_op = LocalExecutor(model, max_batch=2, max_seq_len=64)
-    want = _greedy(per_op, [3, 1, 4, 1, 5], 8)
+    want = greedy_steps(per_op, [3, 1, 4, 1, 5], 8)
     for (i, a), (j, b) in zip(got, want):
         assert i == j and torch.equal(a, b)
