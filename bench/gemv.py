@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from tandem.devices import DTYPE_NAMES
-from tandem.models import native
-from tandem.models.kernels import PACKED, pack_weight
+from tandem.kernels import native
+from tandem.kernels.linear import PACKED, pack_weight
 from tandem.models.presets import get_preset
 
 

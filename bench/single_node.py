@@ -33,10 +33,10 @@ from tandem.devices import DTYPE_NAMES
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
 from tandem.engine.sampling_params import SamplingParams
+from tandem.kernels import native
 from tandem.loaders.load import load_model
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models import native
 
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 

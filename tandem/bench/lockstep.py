@@ -124,7 +124,7 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
 
 def _layers(shard: Any):
     """The shard's decoder layers on the decode kernels, and a one-token decode step's context."""
-    from tandem.models.kernels import prepare_linear_kernels
+    from tandem.kernels.linear import prepare_linear_kernels
     from tandem.models.kv_cache import KVCache
     from tandem.models.llama import Transformer
 

@@ -5,7 +5,7 @@ continues each sequence where its cache ends, runs one batched forward, and retu
 each sequence's last new token.
 
 On construction the model's linear layers are put on the measured-best kernel for their device and
-dtype (`tandem.models.kernels`: oneDNN on CPU for float32 and, on CPUs with native bf16, for
+dtype (`tandem.kernels.linear`: oneDNN on CPU for float32 and, on CPUs with native bf16, for
 bfloat16); `kernels="torch"` keeps F.linear everywhere.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from tandem.engine.executor import Step
+from tandem.kernels.linear import prepare_linear_kernels
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models.kernels import prepare_linear_kernels
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
 

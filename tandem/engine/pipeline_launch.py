@@ -32,9 +32,9 @@ from tandem.engine.pipeline_executor import PipelineExecutor
 from tandem.engine.pipeline_layout import StageSpec
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
 from tandem.engine.stage_worker import DTYPES, READY
+from tandem.kernels.linear import prepare_linear_kernels
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models.kernels import prepare_linear_kernels
 from tandem.parallel.partition import validate_ranges
 from tandem.parallel.stage import StageRunner
 from tandem.parallel.stage_link import (

@@ -22,9 +22,9 @@ import threading
 import torch
 
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
+from tandem.kernels.linear import prepare_linear_kernels
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models.kernels import prepare_linear_kernels
 from tandem.parallel.stage import StageLinks, StageRunner, serve_stage
 from tandem.parallel.stage_link import LinkTerms, StageListener, dial_all, max_frame_bytes
 

@@ -4,7 +4,7 @@ The head counts are this module's own attributes `n_heads` and `n_kv_heads`: one
 all; a tensor-parallel transform replaces the projections with column/row-parallel ones and sets the
 local counts, and nothing here changes. Query head h reads key/value head h // (n_heads/n_kv_heads).
 
-`tandem.models.kernels.prepare_linear_kernels` may fuse q/k/v into one `qkv_proj` whose weight is
+`tandem.kernels.linear.prepare_linear_kernels` may fuse q/k/v into one `qkv_proj` whose weight is
 [W_q; W_k; W_v] (rows stacked, biases likewise): one GEMV instead of three; its output splits back
 into q, k, v along the last dimension (`FUSED`).
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.config import ModelConfig
-from tandem.models import native
+from tandem.kernels import native
 from tandem.models.context import ForwardContext
 from tandem.models.layers import RMSNorm
 from tandem.models.rope import apply_rope

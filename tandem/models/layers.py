@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.models import native
+from tandem.kernels import native
 
 
 class RMSNorm(nn.Module):

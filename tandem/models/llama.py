@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from tandem.config import ModelConfig
-from tandem.models import decode_block, native
+from tandem.kernels import decode_layer, native
 from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext, build_context
 from tandem.models.kv_cache import KVCache
@@ -31,8 +31,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if decode_block.eligible(self, h, ctx):
-            return decode_block.run(self, h, ctx)  # one decode token: two native calls
+        if decode_layer.eligible(self, h, ctx):
+            return decode_layer.run(self, h, ctx)  # one decode token: two native calls
         h = h + self.self_attn(self.input_layernorm(h), ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -1,4 +1,4 @@
-"""The decode-kernel choice for linear layers (`tandem.models.kernels`): same results as F.linear,
+"""The decode-kernel choice for linear layers (`tandem.kernels.linear`): same results as F.linear,
 fused groups equal their parts, tied weights stay shared, packed weights replace (not duplicate)
 the dense ones, and a lazily mapped checkpoint's pages are released after packing."""
 
@@ -9,10 +9,8 @@ import torch
 from tp_support import greedy_steps, random_reference, tiny_config, write_random_model
 
 from tandem.engine.local import LocalExecutor
-from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models import native
-from tandem.models.kernels import (
+from tandem.kernels import native
+from tandem.kernels.linear import (
     NATIVE,
     ONEDNN,
     PACKED,
@@ -26,6 +24,8 @@ from tandem.models.kernels import (
     prepare_linear_kernels,
     release_file_pages,
 )
+from tandem.loaders.load import load_model
+from tandem.loaders.safetensors_dir import ModelDir
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 HAS_ONEDNN = _onednn_cpu()
@@ -277,7 +277,7 @@ def test_native_bf16_head_shares_the_embedding_without_a_copy_and_follows_the_to
 
 PORTABLE_CHECK = """
 import torch
-from tandem.models import native
+from tandem.kernels import native
 assert native.available(), native.why()
 g = torch.Generator().manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16, torch.float16):

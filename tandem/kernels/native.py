@@ -7,7 +7,7 @@ called through ctypes: no Python headers, no torch headers, a build of about a s
   rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
   converts 16-bit rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
 - csrc/decode_block.c chains them into a decoder layer's two halves for one decode token
-  (decode_block.py), so no Python runs between the weight streams.
+  (decode_layer.py), so no Python runs between the weight streams.
 
 Why a kernel of our own: decode at batch 1 reads every weight once per token, so its speed is
 the rate at which the GEMVs stream the weights. On the x86 CPUs measured here the libraries in the
@@ -173,7 +173,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded kernels, for callers that chain several calls (decode_block.py)."""
+    """The loaded kernels, for callers that chain several calls (decode_layer.py)."""
     lib = _library()
     if lib is None:
         raise NativeError(f"the native kernels are unavailable: {_why[0]}")

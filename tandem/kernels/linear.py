@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.models import native
+from tandem.kernels import native
 
 TORCH, ONEDNN, PACKED, NATIVE = "torch", "onednn", "packed", "native"
 KERNELS = (TORCH, ONEDNN, PACKED, NATIVE)
