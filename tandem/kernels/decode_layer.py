@@ -5,8 +5,10 @@ evicted and cost 10-15 ms of a ~55 ms bf16 Qwen3-0.6B token; here it is two call
 
 Taken only where it computes exactly what the per-op path computes: one sequence and one new
 token (B*T == 1) with a cache and no mask (`ctx.write_block` gives its slot and position), on a
-layer whose q/k/v and gate/up are fused and whose four projections run the native kernel, all in
-the compute dtype, on the CPU. Anything else returns None and the caller takes the per-op path.
+layer whose q/k/v and gate/up are fused and whose four projections run a native kernel (the dense
+GEMV on weights of the compute dtype, or the quantized GEMV on GGUF blocks: each projection is
+passed as a csrc/quant.h `tq_linear`), on the CPU. Anything else returns None and the caller takes
+the per-op path.
 """
 
 from __future__ import annotations
@@ -17,11 +19,37 @@ import torch
 
 from tandem.kernels import native
 from tandem.kernels.linear import NATIVE, KernelLinear
+from tandem.kernels.quant_linear import QuantKernelLinear
 from tandem.models.context import ForwardContext
 
 
+class _Linear(ctypes.Structure):  # csrc/quant.h tq_linear
+    _fields_ = (
+        ("w", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("parts", ctypes.c_void_p),
+        ("nparts", ctypes.c_int64),
+    )
+
+
 def _native_linear(m, dtype: torch.dtype) -> bool:
+    if isinstance(m, QuantKernelLinear):
+        return True
     return isinstance(m, KernelLinear) and m.kernel == NATIVE and m.weight.dtype == dtype
+
+
+def _desc(m) -> _Linear:
+    """The tq_linear of a native projection, made once per module (its tensors are fixed)."""
+    d = m.__dict__.get("_decode_desc")
+    if d is None:
+        b = _ptr(m._bias32)
+        if isinstance(m, QuantKernelLinear):
+            arr = m.parts.array
+            d = _Linear(None, b, ctypes.addressof(arr), len(arr))
+        else:
+            d = _Linear(m.weight.data_ptr(), b, None, 0)
+        m.__dict__["_decode_desc"] = d
+    return d
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -68,11 +96,10 @@ def run(layer, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
     a = torch.empty_like(h)
     rc = lib.tandem_attention_block(
         h.data_ptr(), layer.input_layernorm.weight.data_ptr(), layer.input_layernorm.eps,
-        attn.qkv_proj.weight.data_ptr(), _ptr(attn.qkv_proj._bias32),
+        ctypes.byref(_desc(attn.qkv_proj)),
         _ptr(None if qn is None else qn.weight), _ptr(None if kn is None else kn.weight),
         0.0 if qn is None else qn.eps, ctx.cos.data_ptr(), ctx.sin.data_ptr(),
-        k.data_ptr(), v.data_ptr(), strides, pos,
-        attn.o_proj.weight.data_ptr(), _ptr(attn.o_proj._bias32), a.data_ptr(),
+        k.data_ptr(), v.data_ptr(), strides, pos, ctypes.byref(_desc(attn.o_proj)), a.data_ptr(),
         D, attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.head_dim**-0.5, code, threads,
     )  # fmt: skip
     if rc != 0:
@@ -81,9 +108,9 @@ def run(layer, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
     norm = layer.post_attention_layernorm
     m = torch.empty_like(h)
     rc = lib.tandem_mlp_block(
-        h.data_ptr(), norm.weight.data_ptr(), norm.eps, mlp.gate_up_proj.weight.data_ptr(),
-        _ptr(mlp.gate_up_proj._bias32), mlp.down_proj.weight.data_ptr(),
-        _ptr(mlp.down_proj._bias32), m.data_ptr(), D, mlp.down_proj.in_features, code, threads,
+        h.data_ptr(), norm.weight.data_ptr(), norm.eps, ctypes.byref(_desc(mlp.gate_up_proj)),
+        ctypes.byref(_desc(mlp.down_proj)), m.data_ptr(), D, mlp.down_proj.in_features, code,
+        threads,
     )  # fmt: skip
     if rc != 0:
         raise native.NativeError("the native MLP block refused its arguments")

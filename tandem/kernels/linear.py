@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.kernels import native
+from tandem.kernels.quant_linear import QUANT, install_quant_kernels
 
 TORCH, ONEDNN, PACKED, NATIVE = "torch", "onednn", "packed", "native"
 KERNELS = (TORCH, ONEDNN, PACKED, NATIVE)
@@ -254,7 +255,11 @@ def prepare_linear_kernels(
     execution form, not a checkpoint.
 
     A linear layer whose weight is shared with another module (a tied LM head) is handled per
-    `tied_head` (module docstring: "auto", "share" or "copy"). Calling this again is a no-op."""
+    `tied_head` (module docstring: "auto", "share" or "copy"). Calling this again is a no-op.
+
+    Layers holding GGUF blocks (the QuantLinear contract) go to the native quantized kernel
+    (`quant_linear.install_quant_kernels`, fused likewise) for kernel "auto" or "native"; any other
+    kernel, or no native build, keeps the reference modules."""
     if tied_head not in ("auto", "share", "copy"):
         raise KernelError(f"tied_head is 'auto', 'share' or 'copy', got {tied_head!r}")
     if kernel != "auto" and kernel not in KERNELS:
@@ -315,6 +320,11 @@ def prepare_linear_kernels(
         if k == PACKED and (mapped or not shared):
             release_file_pages(w)
         del lin, w
+    if kernel in ("auto", NATIVE):  # GGUF-quantized layers: the native kernel over their blocks
+        q = install_quant_kernels(model, fuse=fuse)
+        if q[QUANT]:
+            report.layers[QUANT] = report.layers.get(QUANT, 0) + q[QUANT]
+            report.fused += q["quant_fused"]
     return report
 
 

@@ -2,6 +2,8 @@
 called through ctypes: no Python headers, no torch headers, a build of about a second.
 
 - `gemv` (csrc/gemv.c): Y = X W^T for the decode-sized X (<= MAX_ROWS rows) of every linear layer;
+- `tandem_qgemv` (csrc/qgemv.c, called by quant.py): the same over GGUF block-quantized weights,
+  for decode and prefill;
 - `rmsnorm`, `norm_rope_`, `silu_mul`, `decode_attention` (csrc/decode_ops.c): the small
   per-layer operations, one call each instead of 4-12 tensor ops, in the reference form's
   rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
@@ -52,8 +54,8 @@ import torch
 from tandem.devices import cpu_flags
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "gemv.c", CSRC / "decode_ops.c", CSRC / "decode_block.c")
-HEADERS = (CSRC / "dtypes.h",)
+SOURCES = (CSRC / "gemv.c", CSRC / "decode_ops.c", CSRC / "decode_block.c", CSRC / "qgemv.c")
+HEADERS = tuple(CSRC / h for h in ("dtypes.h", "quant.h", "qx.h", "qdot256.h", "qdot512.h"))
 # TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
 MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")
 FLAGS = ("-O3", f"-march={MARCH}", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
@@ -122,6 +124,8 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     # x, w, bias32, y, M, N, K, dtype, threads
     "tandem_gemv": (_INT, (_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT)),
     "tandem_stream_read": (ctypes.c_uint64, (_P, _I64, _INT)),
+    # x, parts, nparts, bias32, y, M, K, dtype, threads (csrc/quant.h; tandem/kernels/quant.py)
+    "tandem_qgemv": (_INT, (_P, _P, _I64, _P, _P, _I64, _I64, _INT, _INT)),
     # x, x_stride, w, y, rows, dim, eps, dtype, threads
     "tandem_rmsnorm": (_INT, (_P, _I64, _P, _P, _I64, _I64, _F32, _INT, _INT)),
     # x, rows, heads, hd, row_stride, w, eps, cos, sin, dtype, threads
@@ -133,15 +137,15 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         _INT,
         (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
-    # h, norm_w, eps, w_qkv, b_qkv, q_norm, k_norm, qk_eps, cos, sin, k_cache, v_cache,
-    # kv_strides, pos, w_o, b_o, out, D, H, G, hd, scale, dtype, threads
+    # h, norm_w, eps, qkv (tq_linear*), q_norm, k_norm, qk_eps, cos, sin, k_cache, v_cache,
+    # kv_strides, pos, o (tq_linear*), out, D, H, G, hd, scale, dtype, threads
     "tandem_attention_block": (
         _INT,
-        (_P, _P, _F32, _P, _P, _P, _P, _F32, _P, _P, _P, _P, _P, _I64)
-        + (_P, _P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
+        (_P, _P, _F32, _P, _P, _P, _F32, _P, _P, _P, _P, _P, _I64)
+        + (_P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
-    # h, norm_w, eps, w_gu, b_gu, w_down, b_down, out, D, I, dtype, threads
-    "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _P, _P, _I64, _I64, _INT, _INT)),
+    # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads
+    "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _I64, _I64, _INT, _INT)),
 }
 
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "dtypes.h"
+#include "quant.h"
 
 int tandem_gemv(const void *x, const void *w, const float *bias, void *y, int64_t M, int64_t N,
                 int64_t K, int dt, int nthreads);
@@ -28,17 +29,27 @@ int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, cons
                             const void *v, const int64_t *vs, void *out, int64_t B, int64_t G,
                             int64_t R, int64_t S, int64_t hd, float scale, int dt, int nthreads);
 
-/* h (D) -> out (D), all of dtype dt. w_qkv (H*hd + 2*G*hd, D) = [W_q; W_k; W_v] with float32
- * bias b_qkv or NULL; q_norm / k_norm (hd) or NULL; cos, sin (hd) for this position; the layer's
+/* y (N) = L x (K) for one row, dense or quantized; -1 if L's parts do not make N rows. */
+static int linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_t K, int dt,
+                   int nthreads) {
+    if (!L->parts) return tandem_gemv(x, L->w, L->bias, y, 1, N, K, dt, nthreads);
+    int64_t rows = 0;
+    for (int64_t p = 0; p < L->nparts; p++) rows += L->parts[p].rows;
+    if (rows != N) return -1;
+    return tandem_qgemv(x, L->parts, L->nparts, L->bias, y, 1, K, dt, nthreads);
+}
+
+/* h (D) -> out (D), all of dtype dt. qkv: (H*hd + 2*G*hd, D) = [W_q; W_k; W_v] (quant.h's
+ * tq_linear: dense of dtype dt or GGUF parts, bias float32 or NULL); o: (D, H*hd); q_norm / k_norm (hd) or NULL; cos, sin (hd) for this position; the layer's
  * cache for this sequence's slot: element (g, s, d) of k at k_cache + g*kv_strides[0] +
  * s*kv_strides[1] + d (v likewise); keys 0..pos are attended, pos being written here, with
  * scores scaled by `scale`. */
-int tandem_attention_block(const void *h, const void *norm_w, float eps, const void *w_qkv,
-                           const float *b_qkv, const void *q_norm, const void *k_norm,
-                           float qk_eps, const void *cos, const void *sin, void *k_cache,
-                           void *v_cache, const int64_t *kv_strides, int64_t pos,
-                           const void *w_o, const float *b_o, void *out, int64_t D, int64_t H,
-                           int64_t G, int64_t hd, float scale, int dt, int nthreads) {
+int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
+                           const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
+                           const void *sin, void *k_cache, void *v_cache,
+                           const int64_t *kv_strides, int64_t pos, const tq_linear *o_l,
+                           void *out, int64_t D, int64_t H, int64_t G, int64_t hd, float scale,
+                           int dt, int nthreads) {
     if (D < 1 || H < 1 || G < 1 || H % G || hd < 2 || pos < 0) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
     const int64_t width = (H + 2 * G) * hd;
@@ -47,7 +58,7 @@ int tandem_attention_block(const void *h, const void *norm_w, float eps, const v
     char *xn = buf, *qkv = xn + D * es, *att = qkv + width * es;
     char *q = qkv, *k = q + H * hd * es, *v = k + G * hd * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, 1, D, eps, dt, nthreads);
-    if (!rc) rc = tandem_gemv(xn, w_qkv, b_qkv, qkv, 1, width, D, dt, nthreads);
+    if (!rc) rc = linear1(qkv_l, xn, qkv, width, D, dt, nthreads);
     if (!rc) rc = tandem_norm_rope(q, 1, H, hd, width, q_norm, qk_eps, cos, sin, dt, nthreads);
     if (!rc) rc = tandem_norm_rope(k, 1, G, hd, width, k_norm, qk_eps, cos, sin, dt, nthreads);
     if (!rc) {
@@ -60,25 +71,24 @@ int tandem_attention_block(const void *h, const void *norm_w, float eps, const v
         rc = tandem_decode_attention(q, width, k_cache, ks, v_cache, ks, att, 1, G, H / G, pos + 1,
                                      hd, scale, dt, nthreads);
     }
-    if (!rc) rc = tandem_gemv(att, w_o, b_o, out, 1, D, H * hd, dt, nthreads);
+    if (!rc) rc = linear1(o_l, att, out, D, H * hd, dt, nthreads);
     free(buf);
     return rc;
 }
 
-/* h (D) -> out (D), all of dtype dt: w_gu (2*I, D) = [W_gate; W_up] with float32 bias or NULL,
- * w_down (D, I) with float32 bias or NULL. */
-int tandem_mlp_block(const void *h, const void *norm_w, float eps, const void *w_gu,
-                     const float *b_gu, const void *w_down, const float *b_down, void *out,
-                     int64_t D, int64_t I, int dt, int nthreads) {
+/* h (D) -> out (D), all of dtype dt: gu (2*I, D) = [W_gate; W_up], down (D, I) (tq_linear). */
+int tandem_mlp_block(const void *h, const void *norm_w, float eps, const tq_linear *gu_l,
+                     const tq_linear *down_l, void *out, int64_t D, int64_t I, int dt,
+                     int nthreads) {
     if (D < 1 || I < 1) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
     char *buf = (char *)malloc((size_t)(D + 3 * I) * es);
     if (!buf) return -1;
     char *xn = buf, *gu = xn + D * es, *act = gu + 2 * I * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, 1, D, eps, dt, nthreads);
-    if (!rc) rc = tandem_gemv(xn, w_gu, b_gu, gu, 1, 2 * I, D, dt, nthreads);
+    if (!rc) rc = linear1(gu_l, xn, gu, 2 * I, D, dt, nthreads);
     if (!rc) rc = tandem_silu_mul(gu, act, 1, I, dt, nthreads);
-    if (!rc) rc = tandem_gemv(act, w_down, b_down, out, 1, D, I, dt, nthreads);
+    if (!rc) rc = linear1(down_l, act, out, D, I, dt, nthreads);
     free(buf);
     return rc;
 }

@@ -1,0 +1,251 @@
+/* The 256-bit kernels of the quantized GEMV (AVX2 + FMA + F16C; VPDPBUSD where the CPU has
+ * AVX-VNNI or AVX512-VNNI): one row of W against the M quantized rows of X (natural layout,
+ * qx.h), per block of 32 one integer dot and one multiply-add per row. Included by qgemv.c. */
+#ifndef TANDEM_QDOT256_H
+#define TANDEM_QDOT256_H
+#include "qx.h"
+#include "quant.h"
+
+enum { QMAX_ROWS = 4 };
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else
+/* u8 x s8 pairs to int16 (no saturation: |u| <= 128, |s| <= 127, 2 * 128 * 127 < 2^15), then
+ * pairs of int16 to int32. */
+static inline __m256i dpbusd_avx2(__m256i acc, __m256i u, __m256i s) {
+    __m256i p = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+#define DPBUSD(acc, u, s) dpbusd_avx2(acc, u, s)
+#endif
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Eight float16 scales `stride` bytes apart from p as float32 lanes; lanes >= n are 0. */
+static inline __m256 load_f16x8(const uint8_t *p, int64_t stride, int n) {
+    if (n == 8) {
+        uint16_t h0, h1, h2, h3, h4, h5, h6, h7;
+        memcpy(&h0, p, 2); memcpy(&h1, p + stride, 2); memcpy(&h2, p + 2 * stride, 2);
+        memcpy(&h3, p + 3 * stride, 2); memcpy(&h4, p + 4 * stride, 2);
+        memcpy(&h5, p + 5 * stride, 2); memcpy(&h6, p + 6 * stride, 2);
+        memcpy(&h7, p + 7 * stride, 2);
+        return _mm256_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3,
+                                              (short)h4, (short)h5, (short)h6, (short)h7));
+    }
+    uint16_t h[8] = {0};
+    for (int i = 0; i < n; i++) memcpy(&h[i], p + i * stride, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* 32 bits to 32 bytes: byte j is 0x10 where bit j is set, else 0 (Q5's fifth bit). */
+static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)u, _mm256_set1_epi8(0x10));
+#else
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u), shuf);
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+#endif
+}
+
+/* The 32-element block types, 8 blocks at a time: the 8 scales d (and Q4_1/Q5_1's offsets m)
+ * gathered into one vector, s * dx per block formed once per row of X, then per block one
+ * integer dot and one multiply-add. Offsets: Q4_0 o = -8 d, Q5_0 o = -16 d, Q4_1 / Q5_1 o = m. */
+static inline __attribute__((always_inline)) void dot_b32(const int t, const uint8_t *wr,
+                                                          const xq_t *X, float *out, const int M) {
+    const int64_t bytes = t == GT_Q4_0 ? 18 : t == GT_Q4_1 ? 20 : t == GT_Q5_0 ? 22 : t == GT_Q5_1 ? 24 : 34;
+    const int64_t nb = X->K / 32;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+    __m256 acc[QMAX_ROWS], acc1[QMAX_ROWS]; /* two chains per row: the FMA latency */
+    for (int m = 0; m < M; m++) acc[m] = acc1[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < nb; g += 8) {
+        const int n = nb - g < 8 ? (int)(nb - g) : 8;
+        const uint8_t *blk = wr + g * bytes;
+        const __m256 d8 = load_f16x8(blk, bytes, n);
+        __m256 o8 = _mm256_setzero_ps();
+        if (t == GT_Q4_1 || t == GT_Q5_1) o8 = load_f16x8(blk + 2, bytes, n);
+        if (t == GT_Q4_0) o8 = _mm256_mul_ps(d8, _mm256_set1_ps(-8.0f));
+        if (t == GT_Q5_0) o8 = _mm256_mul_ps(d8, _mm256_set1_ps(-16.0f));
+        float sc[QMAX_ROWS][8] __attribute__((aligned(32)));
+        for (int m = 0; m < M; m++) {
+            _mm256_store_ps(sc[m], _mm256_mul_ps(d8, _mm256_loadu_ps(X->d + m * X->nbp + g)));
+            if (t != GT_Q8_0) acc[m] = _mm256_fmadd_ps(o8, _mm256_loadu_ps(X->s + m * X->nbp + g), acc[m]);
+        }
+        const int8_t *xg = X->nat + 32 * g;
+        for (int i = 0; i < n; i++) {
+            const uint8_t *b = blk + i * bytes;
+            __m256i u, w = z;
+            if (t == GT_Q8_0) {
+                w = _mm256_loadu_si256((const __m256i *)(b + 2));
+                u = _mm256_sign_epi8(w, w); /* |w| as u8; the sign goes onto x */
+            } else {
+                const int64_t qs = t == GT_Q4_0 ? 2 : t == GT_Q4_1 ? 4 : t == GT_Q5_0 ? 6 : 8;
+                __m128i raw = _mm_loadu_si128((const __m128i *)(b + qs));
+                u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo4);
+                if (t == GT_Q5_0) u = _mm256_or_si256(u, fifth_bits(b + 2));
+                if (t == GT_Q5_1) u = _mm256_or_si256(u, fifth_bits(b + 4));
+            }
+            for (int m = 0; m < M; m++) {
+                __m256i xm = _mm256_loadu_si256((const __m256i *)(xg + m * X->K + 32 * i));
+                if (t == GT_Q8_0) xm = _mm256_sign_epi8(xm, w);
+                __m256 p = _mm256_cvtepi32_ps(DPBUSD(z, u, xm));
+                if (i & 1)
+                    acc1[m] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[m][i]), acc1[m]);
+                else
+                    acc[m] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[m][i]), acc[m]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) out[m] = hsum8(_mm256_add_ps(acc[m], acc1[m]));
+}
+
+/* Q4_K / Q5_K's 12 bytes of packed 6-bit scales and mins (llama.cpp's get_scale_min_k4): the 8
+ * scales as bytes 0-7 of u, the 8 mins as bytes 8-15. */
+static inline void kquant_scales(const uint8_t *p, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, p, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t mins_lo = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = mins_lo;
+    u[0] &= k1;
+}
+
+static inline __m256 u8x8_to_ps(const void *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Q4_K (t == GT_Q4_K) and Q5_K: superblocks of 256 = 8 sub-blocks of 32, w = (d sc_j) u - (dmin
+ * m_j). Byte 32 j + i of qs holds element 64 j + i (low nibble) and 64 j + 32 + i (high); Q5_K's
+ * qh byte i holds the fifth bit of element 32 k + i in bit k. */
+static inline __attribute__((always_inline)) void dot_k45(const int t, const uint8_t *wr,
+                                                          const xq_t *X, float *out, const int M) {
+    const int64_t bytes = t == GT_Q4_K ? 144 : 176, qs_at = t == GT_Q4_K ? 16 : 48;
+    const int64_t nsb = X->K / 256;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    const __m256i z = _mm256_setzero_si256();
+    __m256 acc[QMAX_ROWS], acc1[QMAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = acc1[m] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *b = wr + sb * bytes;
+        uint32_t u[4];
+        kquant_scales(b + 4, u);
+        const __m256 dsc = _mm256_mul_ps(u8x8_to_ps(u), _mm256_set1_ps(f16(b)));
+        const __m256 dmn = _mm256_mul_ps(u8x8_to_ps(u + 2), _mm256_set1_ps(-f16(b + 2)));
+        float sc[QMAX_ROWS][8] __attribute__((aligned(32)));
+        for (int m = 0; m < M; m++) {
+            _mm256_store_ps(sc[m], _mm256_mul_ps(dsc, _mm256_loadu_ps(X->d + m * X->nbp + 8 * sb)));
+            acc[m] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(X->s + m * X->nbp + 8 * sb), acc[m]);
+        }
+        __m256i hb = z;
+        if (t == GT_Q5_K) hb = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const int8_t *xs = X->nat + 256 * sb;
+        for (int j = 0; j < 4; j++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(b + qs_at + 32 * j));
+            __m256i lo = _mm256_and_si256(raw, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+            if (t == GT_Q5_K) { /* bit 2j of each qh byte, then bit 2j + 1, to bit 4 */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), b4));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
+            for (int m = 0; m < M; m++) {
+                const int8_t *xm = xs + m * X->K + 64 * j;
+                __m256i p0 = DPBUSD(z, lo, _mm256_loadu_si256((const __m256i *)xm));
+                __m256i p1 = DPBUSD(z, hi, _mm256_loadu_si256((const __m256i *)(xm + 32)));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(sc[m][2 * j]), acc[m]);
+                acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(sc[m][2 * j + 1]), acc1[m]);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++) out[m] = hsum8(_mm256_add_ps(acc[m], acc1[m]));
+}
+
+/* Q6_K: superblocks of 256 = 16 sub-blocks of 16, w = (d sc_j)(u - 32), u 6 bits: the low 4 of
+ * element 128 h + 32 t + i in ql[64 h + 32 (t % 2) + i] (low nibble for t < 2, high else), the
+ * high 2 in bits 2t, 2t + 1 of qh[32 h + i]. One group of 32 is two sub-blocks: its integer dot
+ * lanes 0-3 hold the first 16 elements, lanes 4-7 the second. */
+static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, const xq_t *X,
+                                                           float *out, const int M) {
+    const int64_t nsb = X->K / 256;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i idx[4] = {
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+    __m256 acc[QMAX_ROWS], acc1[QMAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = acc1[m] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *b = wr + sb * 210;
+        const __m256 d = _mm256_set1_ps(f16(b + 208));
+        const __m256 dsc[2] = {
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192))))),
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 200)))))};
+        __m256 sc[QMAX_ROWS][2];
+        for (int m = 0; m < M; m++) {
+            const float *d16 = X->d16 + m * 2 * X->nbp + 16 * sb, *s16 = X->s16 + m * 2 * X->nbp + 16 * sb;
+            for (int h = 0; h < 2; h++) {
+                sc[m][h] = _mm256_mul_ps(dsc[h], _mm256_loadu_ps(d16 + 8 * h));
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(dsc[h], _mm256_set1_ps(-32.0f)),
+                                         _mm256_loadu_ps(s16 + 8 * h), acc[m]);
+            }
+        }
+        const int8_t *xs = X->nat + 256 * sb;
+        for (int h = 0; h < 2; h++) {
+            __m256i A = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+            __m256i B = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+            __m256i C = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(C, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4),
+                                   _mm256_and_si256(_mm256_srli_epi16(C, 2), m30));
+            for (int tg = 0; tg < 4; tg++)
+                for (int m = 0; m < M; m++) {
+                    const int8_t *xm = xs + m * X->K + 128 * h + 32 * tg;
+                    __m256i p = DPBUSD(z, q[tg], _mm256_loadu_si256((const __m256i *)xm));
+                    __m256 s = _mm256_permutevar8x32_ps(sc[m][h], idx[tg]);
+                    if (tg & 1)
+                        acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc1[m]);
+                    else
+                        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[m]);
+                }
+        }
+    }
+    for (int m = 0; m < M; m++) out[m] = hsum8(_mm256_add_ps(acc[m], acc1[m]));
+}
+
+/* Dense rows (F32, F16, BF16) against the float32 X: widened in registers, exact products. */
+static inline __attribute__((always_inline)) void dot_dense(const int t, const uint8_t *wr,
+                                                            const xq_t *X, float *out, const int M) {
+    const int64_t K = X->K, kv = K / 16 * 16;
+    const int dt = t == GT_F32 ? DT_F32 : t == GT_F16 ? DT_F16 : DT_BF16;
+    __m256 a0[QMAX_ROWS], a1[QMAX_ROWS];
+    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < kv; j += 16) {
+        __m256 w0 = load8(wr, j, dt), w1 = load8(wr, j + 8, dt);
+        for (int m = 0; m < M; m++) {
+            a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X->xf + m * K + j), a0[m]);
+            a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(X->xf + m * K + j + 8), a1[m]);
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        float s = hsum8(_mm256_add_ps(a0[m], a1[m]));
+        for (int64_t j = kv; j < K; j++) s += load1(wr, j, dt) * X->xf[m * K + j];
+        out[m] = s;
+    }
+}
+
+#endif

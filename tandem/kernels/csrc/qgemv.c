@@ -1,0 +1,223 @@
+/* Batch-1..4 decode GEMV over GGUF block-quantized weights: Y (M, N) = X (M, K) . W (N, K)^T,
+ * W as stored in the file (row-major whole blocks, see quant.h), each block read once and
+ * decoded in registers.
+ *
+ * The activations are quantized first, as llama.cpp does: each row of X, per block of 32, to
+ * int8 q_i = round(x_i / dx) with dx = max|x_i| / 127 (and the block sums of q, per 32 and per
+ * 16). A weight block of 32 (or a K-quant sub-block) is then unsigned integers u_i with a scale
+ * and an offset, w_i = s * u_i + o (Q8_0: signed, o = 0), so
+ *
+ *     sum_i w_i x'_i = (s * dx) * sum_i u_i q_i + o * (dx * sum_i q_i),   x'_i = dx * q_i,
+ *
+ * where sum_i u_i q_i is exact in int32, 8 lanes at a time (VPDPBUSD where the CPU has AVX512-
+ * VNNI or AVX-VNNI, else VPMADDUBSW + VPMADDWD), and the two scale products and the sum over
+ * blocks are float32. The result differs from X . W^T only by the activation rounding,
+ * |x_i - x'_i| <= dx / 2 per element, and float32 rounding (tests/unit/test_quant_gemv.py
+ * states and checks the bound). The dense types (F32, F16, BF16) are widened to float32 in
+ * registers and multiplied by X as given (exact up to float32 rounding).
+ *
+ * Partition as gemv.c: each part's rows split into blocks of QCHUNK_ROWS contiguous rows handed
+ * to torch's OpenMP threads on demand; every output is one row's dot product, so the result does
+ * not depend on the thread count.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "dtypes.h"
+#include "quant.h"
+
+#ifndef QCHUNK_ROWS
+#define QCHUNK_ROWS 32
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QISA 1
+#include "qdot512.h"
+
+/* The row loop of one type at a literal M: rows [r0, r1) of W, outputs at y (+ bias). */
+#define DEFINE_ROWS(NAME, DOTCALL)                                                              \
+    static inline __attribute__((always_inline)) void NAME##_m(                                 \
+        const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X, const float *bias, \
+        void *y, int64_t ystride, int dt, const int M) {                                        \
+        float out[QMAX_ROWS];                                                                   \
+        for (int64_t r = r0; r < r1; r++) {                                                     \
+            DOTCALL(w + r * rb, X, out, M);                                                     \
+            const float bv = bias ? bias[r] : 0.0f;                                             \
+            for (int m = 0; m < M; m++) store1(y, m * ystride + r, out[m] + bv, dt);            \
+        }                                                                                       \
+    }                                                                                           \
+    static void NAME(const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X,       \
+                     const float *bias, void *y, int64_t ystride, int dt, int M) {              \
+        switch (M) {                                                                            \
+        case 1: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 1); break;                     \
+        case 2: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 2); break;                     \
+        case 3: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 3); break;                     \
+        default: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 4); break;                    \
+        }                                                                                       \
+    }
+
+#if HAVE_Q512
+#define DOT_Q4_0(w, X, o, M) dot_b32_512(GT_Q4_0, w, X, o, M)
+#define DOT_Q4_1(w, X, o, M) dot_b32_512(GT_Q4_1, w, X, o, M)
+#define DOT_Q5_0(w, X, o, M) dot_b32_512(GT_Q5_0, w, X, o, M)
+#define DOT_Q5_1(w, X, o, M) dot_b32_512(GT_Q5_1, w, X, o, M)
+#define DOT_Q8_0(w, X, o, M) dot_q8_0_512(w, X, o, M)
+#define DOT_Q4_K(w, X, o, M) dot_k45_512(GT_Q4_K, w, X, o, M)
+#define DOT_Q5_K(w, X, o, M) dot_k45_512(GT_Q5_K, w, X, o, M)
+#define DOT_Q6_K(w, X, o, M) dot_q6_k_512(w, X, o, M)
+#else
+#define DOT_Q4_0(w, X, o, M) dot_b32(GT_Q4_0, w, X, o, M)
+#define DOT_Q4_1(w, X, o, M) dot_b32(GT_Q4_1, w, X, o, M)
+#define DOT_Q5_0(w, X, o, M) dot_b32(GT_Q5_0, w, X, o, M)
+#define DOT_Q5_1(w, X, o, M) dot_b32(GT_Q5_1, w, X, o, M)
+#define DOT_Q8_0(w, X, o, M) dot_b32(GT_Q8_0, w, X, o, M)
+#define DOT_Q4_K(w, X, o, M) dot_k45(GT_Q4_K, w, X, o, M)
+#define DOT_Q5_K(w, X, o, M) dot_k45(GT_Q5_K, w, X, o, M)
+#define DOT_Q6_K(w, X, o, M) dot_q6_k(w, X, o, M)
+#endif
+#define DOT_F32(w, X, o, M) dot_dense(GT_F32, w, X, o, M)
+#define DOT_F16(w, X, o, M) dot_dense(GT_F16, w, X, o, M)
+#define DOT_BF16(w, X, o, M) dot_dense(GT_BF16, w, X, o, M)
+DEFINE_ROWS(rows_q4_0, DOT_Q4_0)
+DEFINE_ROWS(rows_q4_1, DOT_Q4_1)
+DEFINE_ROWS(rows_q5_0, DOT_Q5_0)
+DEFINE_ROWS(rows_q5_1, DOT_Q5_1)
+DEFINE_ROWS(rows_q8_0, DOT_Q8_0)
+DEFINE_ROWS(rows_q4_k, DOT_Q4_K)
+DEFINE_ROWS(rows_q5_k, DOT_Q5_K)
+DEFINE_ROWS(rows_q6_k, DOT_Q6_K)
+DEFINE_ROWS(rows_f32, DOT_F32)
+DEFINE_ROWS(rows_f16, DOT_F16)
+DEFINE_ROWS(rows_bf16, DOT_BF16)
+
+typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, const xq_t *, const float *,
+                        void *, int64_t, int, int);
+
+static rows_fn rows_for(int64_t t) {
+    switch (t) {
+    case GT_Q4_0: return rows_q4_0;
+    case GT_Q4_1: return rows_q4_1;
+    case GT_Q5_0: return rows_q5_0;
+    case GT_Q5_1: return rows_q5_1;
+    case GT_Q8_0: return rows_q8_0;
+    case GT_Q4_K: return rows_q4_k;
+    case GT_Q5_K: return rows_q5_k;
+    case GT_Q6_K: return rows_q6_k;
+    case GT_F32: return rows_f32;
+    case GT_F16: return rows_f16;
+    case GT_BF16: return rows_bf16;
+    default: return NULL;
+    }
+}
+
+/* The activations for these parts: float32 (when X is not), and quantized in the layouts the
+ * parts' kernels read, rows quantized in parallel when there are many. One allocation, freed by
+ * the caller; NULL on failure. */
+static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, int il32, int ilk,
+                       int nthreads, xq_t *X) {
+    const int64_t nbp = ((K / 32 + 7) / 8 + 1) * 8; /* >= nb + 8: room for a full 8-block load */
+    const size_t xf = dt == DT_F32 ? 0 : (size_t)(M * K) * 4;
+    const size_t fl = quant ? (size_t)(M * nbp) * 4 * 14 : 0; /* d s d16 s16 d4 s4: 1 1 2 2 4 4 */
+    const size_t q = quant ? (size_t)(M * K) * (1 + (il32 != 0) + (ilk != 0)) : 0;
+    char *buf = (char *)aligned_alloc(64, (xf + fl + q + 64) / 64 * 64);
+    if (!buf) return NULL;
+    *X = (xq_t){.xf = (const float *)x, .K = K, .nbp = nbp};
+    float *xfb = xf ? (float *)buf : NULL;
+    float *f = (float *)(buf + xf);
+    int8_t *qb = (int8_t *)(buf + xf + fl);
+    if (quant) {
+        X->d = f, X->s = f + M * nbp, X->d16 = f + 2 * M * nbp, X->s16 = f + 4 * M * nbp;
+        X->d4 = f + 6 * M * nbp, X->s4 = f + 10 * M * nbp;
+        X->nat = qb;
+        X->i32 = il32 ? qb + M * K : NULL;
+        X->ik = ilk ? qb + M * K * (1 + (il32 != 0)) : NULL;
+    }
+    if (xfb) X->xf = xfb;
+    const int T = M >= 16 && nthreads > 1 ? nthreads : 1;
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+    for (int64_t m = 0; m < M; m++) {
+        if (xfb)
+            for (int64_t i = m * K; i < (m + 1) * K; i++) xfb[i] = load1(x, i, dt);
+        if (!quant) continue;
+        memset(X->d + m * nbp, 0, nbp * 4), memset(X->s + m * nbp, 0, nbp * 4);
+        memset(X->d16 + 2 * m * nbp, 0, nbp * 8), memset(X->s16 + 2 * m * nbp, 0, nbp * 8);
+        memset(X->d4 + 4 * m * nbp, 0, nbp * 16), memset(X->s4 + 4 * m * nbp, 0, nbp * 16);
+        qx_quantize_row(X->xf + m * K, K, X->nat + m * K, X->d + m * nbp, X->s + m * nbp,
+                        X->d16 + 2 * m * nbp, X->s16 + 2 * m * nbp, X->d4 + 4 * m * nbp,
+                        X->s4 + 4 * m * nbp);
+        qx_interleave_row(X->nat + m * K, K, il32 ? X->i32 + m * K : NULL,
+                          ilk ? X->ik + m * K : NULL);
+    }
+    return buf;
+}
+
+/* X's rows [g, g + 4) as a view (the kernels step rows by K and nbp). */
+static xq_t x_rows(const xq_t *X, int64_t g) {
+    xq_t v = *X;
+    const int64_t K = X->K, nbp = X->nbp;
+    v.xf = X->xf + g * K;
+    if (X->nat) {
+        v.nat = X->nat + g * K;
+        v.i32 = X->i32 ? X->i32 + g * K : NULL;
+        v.ik = X->ik ? X->ik + g * K : NULL;
+        v.d = X->d + g * nbp, v.s = X->s + g * nbp;
+        v.d16 = X->d16 + 2 * g * nbp, v.s16 = X->s16 + 2 * g * nbp;
+        v.d4 = X->d4 + 4 * g * nbp, v.s4 = X->s4 + 4 * g * nbp;
+    }
+    return v;
+}
+#endif /* QISA */
+
+int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
+                 int64_t M, int64_t K, int dt, int nthreads) {
+#if QISA
+    if (M < 1 || K < 1 || nparts < 1 || nparts > 16 || dt < DT_F32 || dt > DT_F16) return -1;
+    if (dt == DT_F16 && !HAVE_F16) return -1;
+    int64_t N = 0, first_chunk[17], off[16];
+    int quant = 0, il32 = 0, ilk = 0;
+    first_chunk[0] = 0;
+    for (int64_t p = 0; p < nparts; p++) {
+        const int64_t t = parts[p].type, bs = tq_block_size(t);
+        if (bs == 0 || K % bs || parts[p].rows < 1 || !parts[p].w) return -1;
+        quant |= bs > 1;
+        il32 |= HAVE_Q512 && (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1);
+        ilk |= HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K);
+        off[p] = N;
+        N += parts[p].rows;
+        first_chunk[p + 1] = first_chunk[p] + (parts[p].rows + QCHUNK_ROWS - 1) / QCHUNK_ROWS;
+    }
+    if (quant && K % 32) return -1;
+    xq_t X;
+    char *buf = prepare_x(x, M, K, dt, quant, il32, ilk, nthreads, &X);
+    if (!buf) return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    const int64_t chunks = first_chunk[nparts];
+    int T = nthreads < 1 ? 1 : nthreads;
+    if (N * K * M < (1 << 15) || chunks < 2) T = 1;
+    /* each thread takes a block of W rows (cache-resident) and runs it against every group of
+     * 4 rows of X: W is read from memory once however many rows X has */
+#pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t p = 0;
+        while (c >= first_chunk[p + 1]) p++;
+        const tq_part *pt = &parts[p];
+        const int64_t r0 = (c - first_chunk[p]) * QCHUNK_ROWS;
+        const int64_t r1 = r0 + QCHUNK_ROWS < pt->rows ? r0 + QCHUNK_ROWS : pt->rows;
+        const rows_fn fn = rows_for(pt->type);
+        for (int64_t g = 0; g < M; g += QMAX_ROWS) {
+            const xq_t Xg = x_rows(&X, g);
+            fn((const uint8_t *)pt->w, tq_row_bytes(pt->type, K), r0, r1, &Xg,
+               bias ? bias + off[p] : NULL, (char *)y + (g * N + off[p]) * es, N, dt,
+               (int)(M - g < QMAX_ROWS ? M - g : QMAX_ROWS));
+        }
+    }
+    free(buf);
+    return 0;
+#else
+    (void)x; (void)parts; (void)nparts; (void)bias; (void)y; (void)M; (void)K; (void)dt;
+    (void)nthreads;
+    return -1;
+#endif
+}

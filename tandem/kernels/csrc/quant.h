@@ -1,0 +1,70 @@
+/* GGUF (ggml) block-quantized weights as tandem's kernels read them: the type ids, the block
+ * sizes, and a linear layer as a list of row-stacked parts, each of its own type.
+ *
+ * The layouts are tandem/models/quant/blocks.py's table (the Python side checks every weight
+ * against it before a pointer reaches C); here they are the byte offsets the kernels load. */
+#ifndef TANDEM_QUANT_H
+#define TANDEM_QUANT_H
+#include <stdint.h>
+
+enum {
+    GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8,
+    GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30,
+};
+
+/* One weight of a (possibly fused) linear layer: `rows` rows of ggml type `type`, row-major,
+ * each row K / block_size whole blocks. A layer's parts stack their rows: part p's outputs are
+ * the columns after those of parts 0..p-1. */
+typedef struct {
+    const void *w;
+    int64_t rows;
+    int64_t type;
+} tq_part;
+
+/* A linear layer as the decode blocks (decode_block.c) take it: a dense weight `w` of the
+ * activations' dtype (parts == NULL: gemv.c), or `nparts` GGUF parts (qgemv.c); `bias` float32
+ * (out) or NULL. */
+typedef struct {
+    const void *w;
+    const float *bias;
+    const tq_part *parts;
+    int64_t nparts;
+} tq_linear;
+
+/* Elements per block of type t (1 for the dense types), or 0 for a type the kernels lack. */
+static inline int64_t tq_block_size(int64_t t) {
+    switch (t) {
+    case GT_F32: case GT_F16: case GT_BF16: return 1;
+    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: return 32;
+    case GT_Q4_K: case GT_Q5_K: case GT_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+/* Bytes per block of type t (see blocks.py), 0 for a type the kernels lack. */
+static inline int64_t tq_block_bytes(int64_t t) {
+    switch (t) {
+    case GT_F32: return 4;
+    case GT_F16: case GT_BF16: return 2;
+    case GT_Q4_0: return 18;
+    case GT_Q4_1: return 20;
+    case GT_Q5_0: return 22;
+    case GT_Q5_1: return 24;
+    case GT_Q8_0: return 34;
+    case GT_Q4_K: return 144;
+    case GT_Q5_K: return 176;
+    case GT_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static inline int64_t tq_row_bytes(int64_t t, int64_t K) {
+    return K / tq_block_size(t) * tq_block_bytes(t);
+}
+
+/* Y (M, sum of rows) = X (M, K) . [W_0; W_1; ...]^T (+ bias, float32), X and Y of dtype dt
+ * (DT_F32 / DT_BF16 / DT_F16), any M >= 1 (decode: 1-4; prefill: all rows of a prompt, W read
+ * once). Returns 0, or -1 for arguments it cannot run. */
+int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
+                 int64_t M, int64_t K, int dt, int nthreads);
+#endif

@@ -1,0 +1,106 @@
+/* The activations of a quantized GEMV, quantized once per call (included by qgemv.c only).
+ *
+ * Each row of X, per block of 32: dx = max|x_i| / 127, q_i = nearest-even(x_i / dx) in int8
+ * (|q_i| <= 127), so |x_i - dx q_i| <= dx / 2 (plus the float32 rounding of x_i / dx, under
+ * 2^-17 dx). Alongside: the block sums of q scaled by dx (per 32 and per 16, for the weight
+ * types' offsets), dx per 16 (Q6_K's 16-element scales) and dx repeated 4 times per block (the
+ * lane pattern of the interleaved 32-block kernels).
+ *
+ * Layouts of q, per row of K (the AVX-512 kernels read the interleaved ones):
+ *   nat  natural order;
+ *   i32  per group of 4 blocks of 32 (128 elements), the four low halves (elements 0-15 of each
+ *        block) then the four high halves: the order of the nibbles of 4 blocks' 16-byte `qs`
+ *        laid side by side. A row's last K/32 % 4 blocks stay in natural order;
+ *   ik   per 128 elements (half a K-quant superblock), the sub-blocks of 32 in order 0, 2, 1, 3:
+ *        a 64-byte load of Q4_K / Q5_K `qs` holds sub-blocks 0 and 2 in its low nibbles and 1, 3
+ *        in its high ones.
+ * A block with a NaN or an infinity gets dx = NaN (every output it touches is NaN, as the
+ * float product's would be); an all-zero block dx = 0.
+ */
+#ifndef TANDEM_QX_H
+#define TANDEM_QX_H
+#include <math.h>
+#include <string.h>
+
+#include "dtypes.h"
+
+typedef struct {
+    const float *xf; /* (M, K) float32 activations (the dense kernels read these) */
+    int8_t *nat, *i32, *ik;
+    float *d, *s;     /* (M, nbp): dx and dx * sum(q) per block of 32 */
+    float *d16, *s16; /* (M, 2 nbp): the same per 16 */
+    float *d4, *s4;   /* (M, 4 nbp): dx of each block repeated 4 times, s / 4 likewise */
+    int64_t K, nbp;   /* nbp: blocks of 32 per row, padded to a multiple of 8 (with zeros) */
+} xq_t;
+
+static inline int32_t qx_hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* One row of K float32 (K a multiple of 32) into the natural layout and the scale arrays. */
+static void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s, float *d16,
+                            float *s16, float *d4, float *s4) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 a = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+            _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+        __m256 bad = _mm256_or_ps(
+            _mm256_or_ps(_mm256_cmp_ps(v0, v0, _CMP_UNORD_Q), _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q)),
+            _mm256_or_ps(_mm256_cmp_ps(v2, v2, _CMP_UNORD_Q), _mm256_cmp_ps(v3, v3, _CMP_UNORD_Q)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const float dd = amax / 127.0f;
+        float dv = dd;
+        int32_t ia = 0, ib = 0;
+        if (_mm256_movemask_ps(bad) || !(amax <= 3.4028234663852886e38f) || dd == 0.0f) {
+            dv = dd == 0.0f ? 0.0f : NAN;
+            memset(q + 32 * b, 0, 32);
+        } else {
+            const __m256 dvec = _mm256_set1_ps(dd);
+            __m256i k0 = _mm256_cvtps_epi32(_mm256_div_ps(v0, dvec));
+            __m256i k1 = _mm256_cvtps_epi32(_mm256_div_ps(v1, dvec));
+            __m256i k2 = _mm256_cvtps_epi32(_mm256_div_ps(v2, dvec));
+            __m256i k3 = _mm256_cvtps_epi32(_mm256_div_ps(v3, dvec));
+            ia = qx_hsum_i32(_mm256_add_epi32(k0, k1));
+            ib = qx_hsum_i32(_mm256_add_epi32(k2, k3));
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(k0, k1), _mm256_packs_epi32(k2, k3));
+            _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+        }
+        d[b] = d16[2 * b] = d16[2 * b + 1] = dv;
+        d4[4 * b] = d4[4 * b + 1] = d4[4 * b + 2] = d4[4 * b + 3] = dv;
+        s16[2 * b] = dv * (float)ia; /* NaN for a NaN block, 0 for a zero one */
+        s16[2 * b + 1] = dv * (float)ib;
+        s[b] = dv * (float)(ia + ib);
+        s4[4 * b] = s4[4 * b + 1] = s4[4 * b + 2] = s4[4 * b + 3] = 0.25f * s[b];
+    }
+}
+
+/* The interleaved layouts from the natural one (module comment). */
+static void qx_interleave_row(const int8_t *nat, int64_t K, int8_t *i32, int8_t *ik) {
+    const int64_t nb = K / 32;
+    if (i32) {
+        int64_t b = 0;
+        for (; b + 4 <= nb; b += 4)
+            for (int j = 0; j < 4; j++) {
+                memcpy(i32 + 32 * b + 16 * j, nat + 32 * (b + j), 16);
+                memcpy(i32 + 32 * b + 64 + 16 * j, nat + 32 * (b + j) + 16, 16);
+            }
+        memcpy(i32 + 32 * b, nat + 32 * b, (size_t)(32 * (nb - b)));
+    }
+    if (ik) {
+        static const int order[4] = {0, 2, 1, 3};
+        for (int64_t h = 0; h + 4 <= nb; h += 4)
+            for (int j = 0; j < 4; j++) memcpy(ik + 32 * (h + j), nat + 32 * (h + order[j]), 32);
+    }
+}
+#endif
