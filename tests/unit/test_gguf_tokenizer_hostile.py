@@ -5,9 +5,12 @@ from __future__ import annotations
 import gguf
 import pytest
 from _gguf_vocab import write_gguf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tandem.loaders.gguf.tokenizer as gt
 from tandem.loaders.gguf.tokenizer_fields import (
+    GGUFTokenizerError,
     MissingTokenizerFieldError,
     TokenizerFieldError,
     TokenizerLengthError,
@@ -127,3 +130,32 @@ def test_without_pre_or_eos_ids_the_llama_cpp_defaults_apply(tmp_path):
     assert tok.encode("ab") == [2] and tok.eos_token_ids == (4,) and tok.eos_token_id is None
     tok = load(tmp_path, {**SPM, K.LIST: ["<unk>", "<s>", "</s>", "▁", "a", "<|im_end|>"]})
     assert tok.eos_token_ids == (2, 5) and tok.bos_token_id == 1 and tok.add_bos_token
+
+
+PIECES = ["a", "b", "ab", "", " ", "▁", "▁a", "Ġ", "Ġa", "<0x41>", "<s>", "<|im_end|>", "é", "\n"]
+MERGES = ["a b", "Ġ a", "▁ a", "a  b", " a", "a ", "ab", "a b c", "b a"]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kind=st.sampled_from(["gpt2", "llama"]),
+    pre=st.sampled_from(["smollm", "llama-bpe", "qwen2", "default"]),
+    tokens=st.lists(st.sampled_from(PIECES), min_size=1, max_size=10),
+    merges=st.lists(st.sampled_from(MERGES), min_size=1, max_size=4),
+    types=st.lists(st.integers(0, 9), min_size=1, max_size=10),
+    eos=st.integers(0, 12),
+)
+def test_random_metadata_loads_or_gets_a_typed_error(
+    tmp_path, kind, pre, tokens, merges, types, eos
+):
+    """Never a `tokenizers` panic or a stray exception: a typed error, or a tokenizer that works."""
+    fields = {K.MODEL: kind, K.PRE: pre, K.LIST: tokens, K.TOKEN_TYPE: types, K.MERGES: merges}
+    fields |= {K.EOS_ID: eos, K.SCORES: [-float(i) for i in range(len(tokens))]}
+    try:
+        tok = load(tmp_path, fields)
+    except GGUFTokenizerError:
+        return
+    for text in ("a b", "ab<s>é", " a\n", "", "<|im_end|> a"):
+        tok.decode(tok.encode_prompt(text))

@@ -125,12 +125,13 @@ def load_gguf_tokenizer(reader: gguf.GGUFReader, path: Path) -> Tokenizer:
 
 
 def _vocabulary(meta: Metadata) -> tuple[list[str], list[int], dict[str, int]]:
-    """(tokens, token types, token -> id), checked: non-empty, types as long, no token twice."""
+    """(tokens, token types, token -> id), checked: a vocabulary, types as long, no token twice."""
     tokens = meta.strings(K.LIST, required=True, limit=MAX_VOCAB, max_bytes=MAX_TOKEN_BYTES)
     assert tokens is not None
     if not tokens:
         raise TokenizerLengthError(f"{meta.path}: {K.LIST} is empty")
     types = meta.ints(K.TOKEN_TYPE, length=len(tokens)) or [int(T.NORMAL)] * len(tokens)
+    tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # llama.cpp's name for them
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         dup = next(t for i, t in enumerate(tokens) if vocab[t] != i)
