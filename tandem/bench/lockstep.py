@@ -124,12 +124,12 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
 
 def _layers(shard: Any):
     """The shard's decoder layers on the decode kernels, and a one-token decode step's context."""
-    from tandem.kernels.linear import prepare_linear_kernels
+    from tandem.kernels.prepare import prepare
     from tandem.models.kv_cache import KVCache
     from tandem.models.llama import Transformer
 
     model = Transformer(shard, with_embed=False, with_head=False).eval().requires_grad_(False)
-    prepare_linear_kernels(model, fuse=False)  # the TP layers' kernel, unfused as they are
+    prepare(model, fuse=False)  # the TP layers' kernel, unfused as they are
     cache = KVCache.for_model(model, n_slots=1, max_seq_len=POSITION + 8)
     ctx = model.context([POSITION], [1], cache=cache, slots=[0])
     return list(model.model.layers.values()), ctx

@@ -32,7 +32,7 @@ from tandem.engine.pipeline_executor import PipelineExecutor
 from tandem.engine.pipeline_layout import StageSpec
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
 from tandem.engine.stage_worker import DTYPES, READY
-from tandem.kernels.linear import prepare_linear_kernels
+from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.parallel.partition import validate_ranges
@@ -271,7 +271,7 @@ def _build_head(
     # at TP > 1 stage 0's layers are sharded (below); the head keeps only embedding and LM head
     head_layers = r0 if s0.tp == 1 else (r0[0], r0[0])
     embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=head_layers)
-    prepare_linear_kernels(embed_head)  # the single-node decode kernels (models/kernels.py)
+    prepare(embed_head)  # the single-node fast path (tandem.kernels)
     if s0.tp == 1:
         stage0 = StageRunner(embed_head, max_batch, max_seq_len)
     else:

@@ -22,7 +22,7 @@ import threading
 import torch
 
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
-from tandem.kernels.linear import prepare_linear_kernels
+from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.parallel.stage import StageLinks, StageRunner, serve_stage
@@ -74,7 +74,7 @@ def load_stage(args: argparse.Namespace, md: ModelDir, layer_range: tuple[int, i
             with_embed=False,
             with_head=False,
         )
-        prepare_linear_kernels(model)  # the single-node decode kernels (models/kernels.py)
+        prepare(model)  # the single-node fast path (tandem.kernels)
         return model, None
     right = args.tp_right if args.tp_right != "-" else sys.stdin.readline().strip()
     comm = form_stage_ring(

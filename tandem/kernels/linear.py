@@ -225,6 +225,11 @@ class KernelLinear(nn.Module):
             return native.gemv_unchecked(x, w, self._bias32)  # decode: (..., in) -> (..., out)
         return self._wide(x, w, b)
 
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> the argmax id (...) int64 of this layer's output, ties to the lowest id."""
+        y = self(x)
+        return native.argmax(y) if native.handles(y) else y.argmax(-1)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
 
