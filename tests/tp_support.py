@@ -84,7 +84,7 @@ def greedy(
 
 
 class SingleNode:
-    """The single-device reference as an `Executor`: the whole model loaded by A's loader."""
+    """The single-device reference as an `Executor`: the whole model loaded by the safetensors loader."""
 
     def __init__(self, model_dir, dtype=torch.float32, max_batch: int = 4, max_seq_len: int = 128):
         from tandem.engine.runner import ShardRunner
