@@ -62,8 +62,9 @@ static void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *d, floa
         const float dd = amax / 127.0f;
         float dv = dd;
         int32_t ia = 0, ib = 0;
-        if (_mm256_movemask_ps(bad) || !(amax <= 3.4028234663852886e38f) || dd == 0.0f) {
-            dv = dd == 0.0f ? 0.0f : NAN;
+        const int nonfinite = _mm256_movemask_ps(bad) || !(amax <= 3.4028234663852886e38f);
+        if (nonfinite || dd == 0.0f) {
+            dv = nonfinite ? NAN : 0.0f;
             memset(q + 32 * b, 0, 32);
         } else {
             const __m256 dvec = _mm256_set1_ps(dd);

@@ -1,0 +1,173 @@
+"""The native GEMV over GGUF blocks (tandem/kernels/quant.py, csrc/qgemv.c) against a float64
+product of gguf-py's dequantization, within the bound derived in quant_support.py, for every
+type, 1-4 rows (decode) and many (prefill), odd row counts and widths with partial block groups;
+the AVX2 build (TANDEM_NATIVE_MARCH=haswell) as well as this CPU's; and typed refusals."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from quant_support import (
+    DENSE_NAMES,
+    QUANT_NAMES,
+    bound,
+    dequant,
+    grid_x,
+    magnitudes,
+    random_blocks,
+)
+
+from tandem.kernels import native, quant
+from tandem.models.quant.blocks import BY_NAME
+
+needs_native = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
+ALL = QUANT_NAMES + DENSE_NAMES
+
+
+def _widths(name: str) -> tuple[int, ...]:
+    # 32-blocks: 7 and 25 blocks leave a partial group of 4 (and of 8); K-quants whole superblocks
+    return (256, 768) if BY_NAME[name].block_size == 256 else (224, 800)
+
+
+def _x(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x[:, rng.integers(0, cols, 3)] *= 50.0  # outliers: blocks whose scale one element sets
+    return x
+
+
+def check_type(name: str, rows: int, cols: int, m: int, seed: int, dtype=torch.float32) -> None:
+    """One random case: the kernel's y within the bound of the float64 reference."""
+    rng = np.random.default_rng(seed)
+    blocks = random_blocks(name, rows, cols, rng)
+    w, mags = dequant(blocks, name), magnitudes(blocks, name)
+    for on_grid in (False, True):
+        x = grid_x(m, cols, rng) if on_grid else _x(m, cols, rng)
+        xt = torch.from_numpy(x).to(dtype)
+        x64 = xt.double().numpy()  # the input as the kernel sees it (bf16 rounded)
+        parts = quant.Parts([(torch.from_numpy(blocks), BY_NAME[name].type_id)], cols)
+        y = quant.matmul(xt, parts)
+        assert y.shape == (m, rows) and y.dtype == dtype
+        ref = x64 @ w.T
+        lim = bound(x64, w, mags, name in QUANT_NAMES, on_grid)
+        if dtype != torch.float32:
+            lim = lim + 2.0**-8 * np.abs(ref)
+        err = np.abs(y.double().numpy() - ref)
+        assert np.isfinite(y.double().numpy()).all()
+        worst = (err - lim).max()
+        assert worst <= 1e-30, (name, rows, cols, m, on_grid, float(worst))
+        if on_grid and dtype == torch.float32:  # only float32 rounding left: a slip shows at O(1)
+            assert (lim <= 1e-4 * (np.abs(x64) @ mags.T) + 1e-30).all()
+
+
+def check_all() -> None:
+    """Every type at 1-4 rows and a prefill of 9 rows (a partial group of 4), odd row counts."""
+    for i, name in enumerate(ALL):
+        for cols in _widths(name):
+            for m in (1, 2, 3, 4, 9):
+                check_type(name, rows=37 if m % 2 else 1, cols=cols, m=m, seed=100 * i + m)
+
+
+@needs_native
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_decode_gemv_is_the_float64_product_within_the_activation_rounding_bound(name, m):
+    for cols in _widths(name):
+        check_type(name, rows=37, cols=cols, m=m, seed=m)
+        check_type(name, rows=1, cols=cols, m=m, seed=10 + m)
+
+
+@needs_native
+@pytest.mark.parametrize("name", ALL)
+def test_prefill_product_of_many_rows_is_within_the_same_bound(name):
+    check_type(name, rows=65, cols=_widths(name)[1], m=23, seed=7)
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K", "BF16"])
+def test_bf16_activations_are_widened_and_the_output_rounded_once(name):
+    check_type(name, rows=37, cols=_widths(name)[0], m=2, seed=3, dtype=torch.bfloat16)
+
+
+@needs_native
+def test_fused_parts_of_mixed_types_equal_each_part_alone_bit_for_bit():
+    rng = np.random.default_rng(0)
+    names = ("Q4_K", "Q6_K", "Q8_0", "F32")
+    ws = [(torch.from_numpy(random_blocks(n, r, 256, rng)), BY_NAME[n].type_id) for n, r in
+          zip(names, (33, 8, 5, 3))]  # fmt: skip
+    bias = torch.randn(49)
+    x = torch.randn(3, 256)
+    y = quant.matmul(x, quant.Parts(ws, 256), bias)
+    alone = torch.cat([quant.matmul(x, quant.Parts([p], 256)) for p in ws], -1)
+    assert torch.equal(y, alone + bias)
+
+
+@needs_native
+def test_result_does_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(1)
+    parts = quant.Parts([(torch.from_numpy(random_blocks("Q4_0", 999, 800, rng)), 2)], 800)
+    x = torch.randn(2, 800)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = quant.matmul(x, parts)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(quant.matmul(x, parts), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
+def test_a_nan_activation_makes_the_outputs_nan_and_zeros_stay_exact():
+    rng = np.random.default_rng(2)
+    blocks = torch.from_numpy(random_blocks("Q4_K", 5, 256, rng))
+    x = torch.zeros(2, 256)
+    x[1, 7] = float("nan")
+    y = quant.gemv(x, blocks, BY_NAME["Q4_K"].type_id)
+    assert torch.equal(y[0], torch.zeros(5)) and y[1].isnan().all()
+
+
+@needs_native
+def test_wrong_width_type_shape_dtype_or_row_count_is_refused_typed():
+    rng = np.random.default_rng(3)
+    q4 = torch.from_numpy(random_blocks("Q4_0", 8, 256, rng))
+    t = BY_NAME["Q4_0"].type_id
+    cases = [
+        (lambda: quant.gemv(torch.randn(1, 288), q4, t), "columns|uint8"),  # x wider than W
+        (lambda: quant.gemv(torch.randn(1, 256), q4, 10), "not one tandem reads"),  # Q2_K
+        (lambda: quant.gemv(torch.randn(1, 256), q4, 999), "not one tandem reads"),
+        (lambda: quant.gemv(torch.randn(1, 256), q4[:, :100], t), "uint8"),
+        (lambda: quant.gemv(torch.randn(1, 256), q4.view(torch.int8), t), "uint8"),
+        (lambda: quant.gemv(torch.randn(1, 256), q4[::2], t), "contiguous"),
+        (lambda: quant.gemv(torch.randn(5, 256), q4, t), "rows"),
+        (lambda: quant.gemv(torch.randn(1, 256).double(), q4, t), "float32"),
+        (lambda: quant.matmul(torch.randn(1, 224), quant.Parts([(q4, t)], 256)), "features"),
+        (
+            lambda: quant.matmul(torch.randn(1, 256), quant.Parts([(q4, t)], 256), torch.ones(3)),
+            "bias",
+        ),  # fmt: skip
+    ]
+    for call, match in cases:
+        with pytest.raises(quant.QuantKernelError, match=match):
+            call()
+    assert issubclass(quant.QuantKernelError, native.NativeError)
+
+
+@needs_native
+def test_the_portable_avx2_build_is_correct_too(tmp_path):
+    """This CPU builds the AVX-512 VNNI kernels; -march=haswell builds the AVX2 ones (VPMADDUBSW,
+    the natural activation layout) that CPUs without them run: the same checks in a subprocess."""
+    here = Path(__file__).parent
+    code = (
+        f"import sys; sys.path.insert(0, {str(here)!r}); import quant_support, test_quant_gemv as t\n"
+        "from tandem.kernels import native\n"
+        "assert native.available(), native.why()\n"
+        "t.check_all(); print('ok')\n"
+    )
+    env = dict(os.environ, TANDEM_NATIVE_MARCH="haswell", TANDEM_CACHE=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
