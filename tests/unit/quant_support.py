@@ -61,7 +61,7 @@ def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> 
         return np.ascontiguousarray(quants.quantize(w, quants.GGMLQuantizationType.BF16))
     nblk = rows * (cols // t.block_size)
     blk = rng.integers(0, 256, size=(nblk, t.block_bytes), dtype=np.uint8)
-    for field, (off, n, kind) in _field_slices(name).items():
+    for off, n, kind in _field_slices(name).values():
         if kind != "f16":
             continue
         v = (rng.standard_normal(nblk) * 10.0 ** rng.uniform(-3, 1, nblk)).astype(np.float16)
