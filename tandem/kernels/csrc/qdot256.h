@@ -22,6 +22,18 @@ static inline __m256i dpbusd_avx2(__m256i acc, __m256i u, __m256i s) {
 #define DPBUSD(acc, u, s) dpbusd_avx2(acc, u, s)
 #endif
 
+/* Software prefetch of the weight bytes [p + QPREFETCH, + n) into L1. Measured on a Xeon (one
+ * thread, a 151 MB Q4_0 matrix streamed from DRAM against a plain read of it): without, 53-57% of
+ * the read; 1 KB ahead 72-78%; 2 KB 81-89%; 4 KB 87-94%; 8 KB 86-87%. The hardware prefetcher
+ * alone does not run far enough ahead of a loop that spends this long per cache line. */
+#ifndef QPREFETCH
+#define QPREFETCH 4096
+#endif
+static inline void prefetch_span(const uint8_t *p, int64_t n) {
+    /* inline asm: GCC's vectorizer drops __builtin_prefetch from the loops it vectorizes */
+    for (int64_t i = 0; i < n; i += 64) __asm__ volatile("prefetcht0 %0" ::"m"(p[QPREFETCH + i]));
+}
+
 static inline float f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -72,6 +84,7 @@ static inline __attribute__((always_inline)) void dot_b32(const int t, const uin
     for (int64_t g = 0; g < nb; g += 8) {
         const int n = nb - g < 8 ? (int)(nb - g) : 8;
         const uint8_t *blk = wr + g * bytes;
+        prefetch_span(blk, n * bytes);
         const __m256 d8 = load_f16x8(blk, bytes, n);
         __m256 o8 = _mm256_setzero_ps();
         if (t == GT_Q4_1 || t == GT_Q5_1) o8 = load_f16x8(blk + 2, bytes, n);
@@ -139,6 +152,7 @@ static inline __attribute__((always_inline)) void dot_k45(const int t, const uin
     for (int m = 0; m < M; m++) acc[m] = acc1[m] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *b = wr + sb * bytes;
+        prefetch_span(b, bytes);
         uint32_t u[4];
         kquant_scales(b + 4, u);
         const __m256 dsc = _mm256_mul_ps(u8x8_to_ps(u), _mm256_set1_ps(f16(b)));
@@ -188,6 +202,7 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, co
     for (int m = 0; m < M; m++) acc[m] = acc1[m] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *b = wr + sb * 210;
+        prefetch_span(b, 210);
         const __m256 d = _mm256_set1_ps(f16(b + 208));
         const __m256 dsc[2] = {
             _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192))))),

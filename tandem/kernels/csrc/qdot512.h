@@ -95,6 +95,7 @@ static inline __attribute__((always_inline)) void dot_b32_512(const int t, const
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *blk = wr + b * BYTES;
+        prefetch_span(blk, 4 * BYTES);
 #if defined(__AVX512VBMI__)
         const __m512i A = _mm512_loadu_si512(blk), B = _mm512_loadu_si512(blk + 4 * BYTES - 64);
         const __m512i v = _mm512_permutex2var_epi8(A, qs_ix, B);
@@ -147,6 +148,7 @@ static inline __attribute__((always_inline)) void dot_q8_0_512(const uint8_t *wr
     for (int64_t g = 0; g < nb; g += 8) {
         const int n = nb - g < 8 ? (int)(nb - g) : 8;
         const uint8_t *blk = wr + g * 34;
+        prefetch_span(blk, n * 34);
         const __m256 d8 = load_f16x8(blk, 34, n);
         __m512 sc[QMAX_ROWS];
         for (int m = 0; m < M; m++)
@@ -213,6 +215,7 @@ static inline __attribute__((always_inline)) void dot_k45_512(const int t, const
         acc[m] = acc1[m] = _mm512_setzero_ps(), acco[m] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *b = wr + sb * bytes;
+        prefetch_span(b, bytes);
         uint32_t u[4];
         kquant_scales(b + 4, u);
         const __m256 dsc = _mm256_mul_ps(u8x8_to_ps(u), _mm256_set1_ps(f16(b)));
@@ -272,6 +275,7 @@ static inline __attribute__((always_inline)) void dot_q6_k_512(const uint8_t *wr
     for (int m = 0; m < M; m++) acc[m] = acc1[m] = acco[m] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *b = wr + sb * 210;
+        prefetch_span(b, 210);
         const __m512 dsc = _mm512_mul_ps(
             _mm512_set1_ps(f16(b + 208)),
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))));
