@@ -82,6 +82,12 @@ class QuantKernelLinear(nn.Module):
             return quant.matmul_unchecked(x, self.parts, self._bias32)
         return self._library(x)
 
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> the argmax id (...) int64 of this layer's output, ties to the lowest id
+        (the greedy LM head: the native argmax over a vocabulary of logits)."""
+        y = self(x)
+        return native.argmax(y) if native.handles(y) else y.argmax(-1)
+
     def _library(self, x: torch.Tensor) -> torch.Tensor:
         """Prefill with dense parts, or an input the kernel does not take: quantized parts through
         the kernel, dense ones through F.linear on the weight in x's dtype, then stacked."""

@@ -121,6 +121,12 @@ def test_without_the_native_build_the_reference_modules_stay(monkeypatch):
     assert sum(isinstance(m, RefQuantLinear) for m in model.modules()) == 7 * 2 + 1
 
 
+def test_the_greedy_head_argmax_is_the_argmax_of_the_layer_output():
+    fast = quant_linear._fast([_ref_layer("Q6_K", 999, 256, seed=2, bias=False)])
+    x = torch.randn(3, 256)
+    assert torch.equal(fast.argmax(x), fast(x).argmax(-1))
+
+
 def test_fast_layer_refuses_a_wrong_width_typed_and_takes_an_empty_input():
     fast = quant_linear._fast([_ref_layer("Q4_K", 8, 256, seed=1, bias=False)])
     with pytest.raises(quant.QuantKernelError, match="features"):
