@@ -68,7 +68,9 @@ def test_a_quantized_model_is_swapped_and_fused_with_each_part_keeping_its_type(
     for layer in layers.values():
         qkv, gu = layer.self_attn.qkv_proj, layer.mlp.gate_up_proj
         assert isinstance(qkv, QuantKernelLinear) and layer.self_attn.q_proj is None
-        assert qkv.qtypes == tuple(BY_NAME[TYPES[p]].type_id for p in ("q_proj", "k_proj", "v_proj"))
+        assert qkv.qtypes == tuple(
+            BY_NAME[TYPES[p]].type_id for p in ("q_proj", "k_proj", "v_proj")
+        )
         assert isinstance(gu, QuantKernelLinear) and gu.qtypes == (3, 3)
         assert isinstance(layer.self_attn.o_proj, QuantKernelLinear)
         assert isinstance(layer.mlp.down_proj, QuantKernelLinear)
@@ -78,9 +80,7 @@ def test_a_quantized_model_is_swapped_and_fused_with_each_part_keeping_its_type(
 
 
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"])
-def test_two_call_decode_layer_over_quantized_projections_equals_the_per_op_path(
-    arch, monkeypatch
-):
+def test_two_call_decode_layer_over_quantized_projections_equals_the_per_op_path(arch, monkeypatch):
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     model = quantize_model(random_reference(config), _pick(TYPES))
     calls = []

@@ -41,7 +41,7 @@ static inline int32_t qx_hsum_i32(__m256i v) {
 }
 
 /* One row of K float32 (K a multiple of 32) into the natural layout and the scale arrays. */
-static void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s, float *d16,
+static inline void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s, float *d16,
                             float *s16, float *d4, float *s4) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -87,7 +87,7 @@ static void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *d, floa
 }
 
 /* The interleaved layouts from the natural one (module comment). */
-static void qx_interleave_row(const int8_t *nat, int64_t K, int8_t *i32, int8_t *ik) {
+static inline void qx_interleave_row(const int8_t *nat, int64_t K, int8_t *i32, int8_t *ik) {
     const int64_t nb = K / 32;
     if (i32) {
         int64_t b = 0;

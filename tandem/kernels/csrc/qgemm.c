@@ -1,0 +1,325 @@
+/* Prefill over GGUF blocks (AVX-512 VNNI): Y (M, N) = X (M, K) . W (N, K)^T for many rows of X,
+ * W as stored. qgemv.c calls it for M > 4 when every part is block-quantized; it returns -2 where
+ * it does not apply (no AVX-512 VNNI, a dense part) and qgemv.c runs its own kernels instead.
+ *
+ * Why another kernel: with many rows of X the work per (weight block, row of X) decides, and the
+ * decode kernels pay one convert + two float ops per 4 blocks of 32 and row. Here each thread
+ * decodes a chunk of W's rows once into a transposed form, one int32 lane per block: per group
+ * of 16 blocks, 8 vectors of unsigned 8-bit quants (vector k, lane i: elements 4k..4k+3 of block
+ * i) and per lane the scale and offset of w = s * u + o (every type fits: Q8_0 as u = q + 128,
+ * o = -128 d; a K-quant sub-block of 32 is a block; Q6_K carries a second scale and offset for
+ * each block's second 16 elements). X is quantized as qx.h does and transposed alike, so 16
+ * blocks of one row of X cost 8 VPDPBUSD, 1 convert and 3 float ops (Q6_K: 2 converts, 6 ops).
+ * Rows past a group's last block are zero (scale 0, quants 0), so partial groups need no code.
+ *
+ * The math is the decode kernels': the same quantized activations, exact integer dots per block,
+ * then (s dx) dot + o (dx sum q) in float32, so the same bound holds (quant.py).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "dtypes.h"
+#include "quant.h"
+#include "qx.h"
+
+int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
+                 int64_t M, int64_t K, int dt, int nthreads);
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__) && defined(__F16C__)
+
+enum { GB = 16, MT = 8, WT = 16 }; /* blocks per group, rows of X per pass, rows of W per chunk */
+
+typedef struct { /* one group of 16 blocks of one row of W, decoded */
+    __m512i q[8];
+    __m512 s0, s1, o0, o1;
+} wgroup;
+
+typedef struct { /* X quantized (qx.h) and transposed to the wgroup lane order */
+    const __m512i *q;        /* (M, groups, 8) */
+    const float *d, *s;      /* (M, 16 groups): dx and dx * sum(q) per block */
+    const float *sa, *sb;    /* (M, 16 groups): dx * sum of each block's first / second 16 */
+    int64_t groups;
+} xt_t;
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* lane i's 16-bit value at byte `at` of its block (offsets `ix`), as float32 */
+static inline __m512 gather_f16(const uint8_t *base, __m512i ix, __mmask16 live, int at) {
+    __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, ix, base + at, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+static inline __m512i gather4(const uint8_t *base, __m512i ix, __mmask16 live, int64_t at) {
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, ix, base + at, 1);
+}
+
+/* Bit j (j < 4) of each lane's low nibble to bit 4 of byte j: the Q5 fifth bits of 4 elements. */
+static inline __m512i spread4(__m512i bits) {
+    const __m512i lut = _mm512_setr_epi32(
+        0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010, 0x00101000,
+        0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010, 0x10100000, 0x10100010,
+        0x10101000, 0x10101010);
+    return _mm512_permutexvar_epi32(bits, lut); /* uses the low 4 bits of each lane */
+}
+
+/* One row of W (nb blocks of 32, or K-quant sub-blocks) into `out` (ceil(nb / 16) groups). */
+static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
+    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), lane = _mm512_setr_epi32(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t g = 0; g * GB < nb; g++) {
+        const int64_t n = nb - g * GB < GB ? nb - g * GB : GB;
+        const __mmask16 live = (__mmask16)((1u << n) - 1);
+        wgroup *o = out + g;
+        if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 || t == GT_Q8_0) {
+            const int bytes = t == GT_Q4_0 ? 18 : t == GT_Q4_1 ? 20 : t == GT_Q5_0 ? 22
+                              : t == GT_Q5_1 ? 24 : 34;
+            const int qs = t == GT_Q4_0 ? 2 : t == GT_Q4_1 ? 4 : t == GT_Q5_0 ? 6 : t == GT_Q5_1 ? 8 : 2;
+            const uint8_t *base = w + g * GB * bytes;
+            const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32(bytes));
+            const __m512 d = gather_f16(base, ix, live, 0);
+            o->s0 = o->s1 = d;
+            if (t == GT_Q8_0) {
+                for (int k = 0; k < 8; k++)
+                    o->q[k] = _mm512_xor_si512(gather4(base, ix, live, qs + 4 * k),
+                                               _mm512_maskz_set1_epi32(live, (int)0x80808080));
+                o->o0 = _mm512_mul_ps(d, _mm512_set1_ps(-128.0f));
+            } else {
+                for (int k = 0; k < 4; k++) {
+                    __m512i v = gather4(base, ix, live, qs + 4 * k);
+                    o->q[k] = _mm512_and_si512(v, m4);
+                    o->q[4 + k] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
+                }
+                if (t == GT_Q5_0 || t == GT_Q5_1) { /* element 4k + j: bit 4k + j of qh */
+                    const __m512i qh = gather4(base, ix, live, qs - 4);
+                    for (int k = 0; k < 8; k++)
+                        o->q[k] = _mm512_or_si512(o->q[k], _mm512_maskz_mov_epi32(
+                            live, spread4(_mm512_srli_epi32(qh, 4 * k))));
+                }
+                if (t == GT_Q4_1 || t == GT_Q5_1) o->o0 = gather_f16(base, ix, live, 2);
+                else o->o0 = _mm512_mul_ps(d, _mm512_set1_ps(t == GT_Q4_0 ? -8.0f : -16.0f));
+            }
+            o->o1 = o->o0;
+            continue;
+        }
+        /* K-quants: lane i is sub-block j = i % 8 of superblock 2 g + i / 8 */
+        const __m512i sub = _mm512_and_si512(lane, _mm512_set1_epi32(7));
+        const __m512i sup = _mm512_srli_epi32(lane, 3);
+        float s0[GB] = {0}, s1[GB] = {0}, o0[GB] = {0}, o1[GB] = {0};
+        if (t == GT_Q4_K || t == GT_Q5_K) {
+            const int bytes = t == GT_Q4_K ? 144 : 176, qs = t == GT_Q4_K ? 16 : 48;
+            const uint8_t *base = w + g * 2 * bytes;
+            for (int64_t i = 0; i < n; i += 8) {
+                const uint8_t *b = base + (i / 8) * bytes;
+                uint8_t sm[16];
+                const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+                uint32_t u[4];
+                memcpy(u, b + 4, 12); /* llama.cpp's get_scale_min_k4, 4 at a time */
+                u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+                const uint32_t lo = u[1] & k1;
+                u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+                u[2] = lo;
+                u[0] &= k1;
+                memcpy(sm, u, 16);
+                const float dd = h2f(b), dm = h2f(b + 2);
+                for (int j = 0; j < 8; j++)
+                    s0[i + j] = s1[i + j] = dd * sm[j], o0[i + j] = o1[i + j] = -dm * sm[8 + j];
+            }
+            /* quants of sub-block j: the low (j even) or high nibbles of qs chunk j / 2 */
+            const __m512i ix = _mm512_add_epi32(
+                _mm512_mullo_epi32(sup, _mm512_set1_epi32(bytes)),
+                _mm512_add_epi32(_mm512_set1_epi32(qs), _mm512_slli_epi32(_mm512_srli_epi32(sub, 1), 5)));
+            const __m512i sh = _mm512_slli_epi32(_mm512_and_si512(sub, _mm512_set1_epi32(1)), 2);
+            const __m512i hx = _mm512_add_epi32(_mm512_mullo_epi32(sup, _mm512_set1_epi32(bytes)),
+                                                _mm512_set1_epi32(16));
+            for (int k = 0; k < 8; k++) {
+                o->q[k] = _mm512_and_si512(_mm512_srlv_epi32(gather4(base, ix, live, 4 * k), sh), m4);
+                if (t == GT_Q5_K) { /* bit j of qh byte i: the fifth bit of element i */
+                    __m512i h = _mm512_srlv_epi32(gather4(base, hx, live, 4 * k), sub);
+                    h = _mm512_slli_epi32(_mm512_and_si512(h, _mm512_set1_epi32(0x01010101)), 4);
+                    o->q[k] = _mm512_or_si512(o->q[k], h);
+                }
+            }
+        } else { /* Q6_K: lane i is group jj = 4 h + t of 32 (elements 128 h + 32 t ..) */
+            const uint8_t *base = w + g * 2 * 210;
+            for (int64_t i = 0; i < n; i += 8) {
+                const uint8_t *b = base + (i / 8) * 210;
+                const float dd = h2f(b + 208);
+                for (int jj = 0; jj < 8; jj++) {
+                    const int hh = jj / 4, tt = jj % 4;
+                    s0[i + jj] = dd * (float)(int8_t)b[192 + 8 * hh + 2 * tt];
+                    s1[i + jj] = dd * (float)(int8_t)b[192 + 8 * hh + 2 * tt + 1];
+                    o0[i + jj] = -32.0f * s0[i + jj], o1[i + jj] = -32.0f * s1[i + jj];
+                }
+            }
+            const __m512i hh = _mm512_srli_epi32(sub, 2), tt = _mm512_and_si512(sub, _mm512_set1_epi32(3));
+            const __m512i sb = _mm512_mullo_epi32(sup, _mm512_set1_epi32(210));
+            const __m512i ix = _mm512_add_epi32(sb, _mm512_add_epi32(
+                _mm512_slli_epi32(hh, 6), _mm512_slli_epi32(_mm512_and_si512(tt, _mm512_set1_epi32(1)), 5)));
+            const __m512i sh = _mm512_slli_epi32(_mm512_srli_epi32(tt, 1), 2);
+            const __m512i hx = _mm512_add_epi32(sb, _mm512_add_epi32(_mm512_set1_epi32(128),
+                                                                     _mm512_slli_epi32(hh, 5)));
+            const __m512i hs = _mm512_slli_epi32(tt, 1);
+            for (int k = 0; k < 8; k++) {
+                __m512i lo4 = _mm512_and_si512(_mm512_srlv_epi32(gather4(base, ix, live, 4 * k), sh), m4);
+                __m512i hi2 = _mm512_srlv_epi32(gather4(base, hx, live, 4 * k), hs);
+                hi2 = _mm512_slli_epi32(_mm512_and_si512(hi2, _mm512_set1_epi32(0x03030303)), 4);
+                o->q[k] = _mm512_or_si512(lo4, hi2);
+            }
+        }
+        o->s0 = _mm512_loadu_ps(s0), o->s1 = _mm512_loadu_ps(s1);
+        o->o0 = _mm512_loadu_ps(o0), o->o1 = _mm512_loadu_ps(o1);
+    }
+}
+
+/* One row of W (decoded) against rows m0 .. m0 + mt of X: out[m]. */
+static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, const xt_t *X,
+                                                           int64_t m0, float *out, const int mt,
+                                                           const int split) {
+    const int64_t G = X->groups;
+    __m512 acc[MT]; /* one accumulator per row: scaled dots and offsets alike (registers) */
+#pragma GCC unroll 8
+    for (int m = 0; m < mt; m++) acc[m] = _mm512_setzero_ps();
+    const __m512i z = _mm512_setzero_si512();
+    for (int64_t g = 0; g < G; g++) {
+        const wgroup *w = wg + g;
+#pragma GCC unroll 8 /* fully: the accumulators must live in registers */
+        for (int m = 0; m < mt; m++) {
+            const __m512i *xq = X->q + ((m0 + m) * G + g) * 8;
+            const int64_t at = (m0 + m) * G * GB + g * GB;
+            const __m512 dx = _mm512_loadu_ps(X->d + at);
+            if (!split) {
+                __m512i p = _mm512_dpbusd_epi32(z, w->q[0], xq[0]);
+                for (int k = 1; k < 8; k++) p = _mm512_dpbusd_epi32(p, w->q[k], xq[k]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(w->s0, dx), acc[m]);
+                acc[m] = _mm512_fmadd_ps(w->o0, _mm512_loadu_ps(X->s + at), acc[m]);
+            } else {
+                __m512i p0 = _mm512_dpbusd_epi32(z, w->q[0], xq[0]);
+                __m512i p1 = _mm512_dpbusd_epi32(z, w->q[4], xq[4]);
+                for (int k = 1; k < 4; k++) {
+                    p0 = _mm512_dpbusd_epi32(p0, w->q[k], xq[k]);
+                    p1 = _mm512_dpbusd_epi32(p1, w->q[4 + k], xq[4 + k]);
+                }
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(w->s0, dx), acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(w->s1, dx), acc[m]);
+                acc[m] = _mm512_fmadd_ps(w->o0, _mm512_loadu_ps(X->sa + at), acc[m]);
+                acc[m] = _mm512_fmadd_ps(w->o1, _mm512_loadu_ps(X->sb + at), acc[m]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < mt; m++) out[m] = _mm512_reduce_add_ps(acc[m]);
+}
+
+static void dot_rows(const wgroup *wg, const xt_t *X, int64_t m0, float *out, int mt, int split) {
+#define TILE(n)                                                        \
+    case n:                                                            \
+        if (split) dot_tile(wg, X, m0, out, n, 1);                     \
+        else dot_tile(wg, X, m0, out, n, 0);                           \
+        break;
+    switch (mt) { TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) default: TILE(8) }
+#undef TILE
+}
+
+/* X (M, K) -> the transposed quantized form (one allocation, freed by the caller). */
+static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, xt_t *X) {
+    const int64_t nb = K / 32, G = (nb + GB - 1) / GB, nbp = ((nb + 7) / 8 + 1) * 8;
+    const size_t qt = (size_t)(M * G) * 512, fl = (size_t)(M * G * GB) * 4 * 4;
+    const size_t row = (size_t)K * 4 + (size_t)K + (size_t)nbp * 4 * 14; /* per-thread scratch */
+    char *buf = (char *)aligned_alloc(64, (qt + fl + 64) / 64 * 64);
+    if (!buf) return NULL;
+    memset(buf + qt, 0, fl);
+    float *d = (float *)(buf + qt), *s = d + M * G * GB, *sa = s + M * G * GB, *sb = sa + M * G * GB;
+    *X = (xt_t){.q = (const __m512i *)buf, .d = d, .s = s, .sa = sa, .sb = sb, .groups = G};
+    int bad = 0;
+#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads) reduction(| : bad)
+    {
+        char *scratch = (char *)aligned_alloc(64, (row + 63) / 64 * 64);
+        if (!scratch) bad = 1;
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            if (!scratch) continue;
+            float *xf = (float *)scratch;
+            int8_t *q = (int8_t *)(xf + K);
+            float *f = (float *)(q + K); /* qx_quantize_row's d s d16 s16 d4 s4 */
+            for (int64_t i = 0; i < K; i++) xf[i] = load1(x, m * K + i, dt);
+            qx_quantize_row(xf, K, q, f, f + nbp, f + 2 * nbp, f + 4 * nbp, f + 6 * nbp, f + 10 * nbp);
+            int32_t *t = (int32_t *)(buf + (size_t)(m * G) * 512); /* (G, 8, 16) int32 */
+            memset(t, 0, (size_t)G * 512);
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t g = b / GB, i = b % GB, at = m * G * GB + b;
+                for (int k = 0; k < 8; k++) memcpy(t + (g * 8 + k) * GB + i, q + 32 * b + 4 * k, 4);
+                d[at] = f[b], s[at] = f[nbp + b];
+                sa[at] = f[4 * nbp + 2 * b], sb[at] = f[4 * nbp + 2 * b + 1];
+            }
+        }
+        free(scratch);
+    }
+    if (bad) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+#endif
+
+int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
+                 int64_t M, int64_t K, int dt, int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__) && defined(__F16C__)
+    if (M < 1 || K < 32 || K % 32 || nparts < 1 || nparts > 16) return -2;
+    int64_t N = 0, first[17], off[16];
+    first[0] = 0;
+    for (int64_t p = 0; p < nparts; p++) {
+        const int64_t bs = tq_block_size(parts[p].type);
+        if (bs <= 1 || K % bs || parts[p].rows < 1) return -2;
+        off[p] = N;
+        N += parts[p].rows;
+        first[p + 1] = first[p] + (parts[p].rows + WT - 1) / WT;
+    }
+    xt_t X;
+    char *buf = prepare(x, M, K, dt, nthreads, &X);
+    if (!buf) return -1;
+    const int64_t chunks = first[nparts], G = X.groups;
+    int bad = 0;
+#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads) reduction(| : bad)
+    {
+        wgroup *wg = (wgroup *)aligned_alloc(64, sizeof(wgroup) * (size_t)(WT * G));
+        if (!wg) bad = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; c++) {
+            if (!wg) continue;
+            int64_t p = 0;
+            while (c >= first[p + 1]) p++;
+            const tq_part *pt = &parts[p];
+            const int64_t r0 = (c - first[p]) * WT, r1 = r0 + WT < pt->rows ? r0 + WT : pt->rows;
+            const int64_t rb = tq_row_bytes(pt->type, K);
+            for (int64_t r = r0; r < r1; r++)
+                decode_row(pt->type, (const uint8_t *)pt->w + r * rb, K / 32, wg + (r - r0) * G);
+            const int split = pt->type == GT_Q6_K;
+            float out[MT];
+            for (int64_t m0 = 0; m0 < M; m0 += MT) {
+                const int mt = (int)(M - m0 < MT ? M - m0 : MT);
+                for (int64_t r = r0; r < r1; r++) {
+                    dot_rows(wg + (r - r0) * G, &X, m0, out, mt, split);
+                    const float bv = bias ? bias[off[p] + r] : 0.0f;
+                    for (int m = 0; m < mt; m++)
+                        store1(y, (m0 + m) * N + off[p] + r, out[m] + bv, dt);
+                }
+            }
+        }
+        free(wg);
+    }
+    free(buf);
+    return bad ? -1 : 0;
+#else
+    (void)x; (void)parts; (void)nparts; (void)bias; (void)y; (void)M; (void)K; (void)dt;
+    (void)nthreads;
+    return -2;
+#endif
+}
