@@ -119,8 +119,27 @@ def encode_header(
     if len(shape) > MAX_NDIM:
         raise FrameFormatError(f"a frame carries at most {MAX_NDIM} dims, got shape {shape}")
     nbytes = math.prod(shape) * dtypes.by_code(dtype_code).itemsize
-    head = FIXED.pack(MAGIC, version, kind, op, dtype_code, len(shape), step, 0, seq, fp, nbytes)
-    return head + b"".join(_DIM.pack(d) for d in shape)
+    dims = b"".join(_DIM.pack(d) for d in shape)
+    return pack_header(kind, op, dtype_code, len(shape), step, seq, fp, nbytes, dims, version)
+
+
+def pack_header(
+    kind: int,
+    op: int,
+    dtype_code: int,
+    ndim: int,
+    step: int,
+    seq: int,
+    fp: int,
+    payload_len: int,
+    dims: bytes = b"",
+    version: int = PROTOCOL_VERSION,
+) -> bytes:
+    """The one writer of the header layout above, from fields already checked: `encode_header`
+    derives and checks them from a shape; a sender of many frames of one shape (the ring's hops)
+    keeps a shape's checked `ndim`, `payload_len` and packed `dims` and calls this directly."""
+    head = FIXED.pack(MAGIC, version, kind, op, dtype_code, ndim, step, 0, seq, fp, payload_len)
+    return head + dims
 
 
 def decode_fixed(buf: bytes | bytearray | memoryview) -> tuple[FrameHeader, int]:
