@@ -90,7 +90,9 @@ def build_executor(
             task = bar.add_task("loading weights", total=md.total_bytes)
             md.on_read = lambda n: bar.advance(task, n)
             model = load_model(md, dtype=DTYPES[dtype], device=device)
-        return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
+        return LocalExecutor(
+            model, max_batch=max_batch, max_seq_len=max_seq_len, weight_format=md.weight_format()
+        )
     from tandem.engine.tp_local import per_rank
 
     dtypes = per_rank(dtype, tp * pp, "dtype")
