@@ -86,6 +86,7 @@ class TPExecutor:
         self.facts: list[ci.RankFacts] = []
         self.comm_stats: Any = None  # the metered communicator's CommStats, if metered
         self.local_workers: Any = None  # tp_local.LocalWorkers when the workers are ours
+        self.join_rtt_ms: dict[int, float] = {}  # rank -> its RTT to the head when it joined
         if keepalive_s is not None and comm.world_size > 1:
             threading.Thread(
                 target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
@@ -163,8 +164,12 @@ class TPExecutor:
         if stats is not None:
             counters = ci.Counters(stats.seconds, stats.bytes_moved, stats.collectives)
         n = self.comm.world_size
+        links = ci.ring_links(range(n))
+        for x in links:  # a link to the head: the other end measured its RTT when it joined
+            other = x["b"] if x["a"] == 0 else x["a"] if x["b"] == 0 else None
+            x["rtt_ms"] = self.join_rtt_ms.get(other) if other is not None else None
         return ci.Description(
-            "tp", n, 1, list(self.facts), state, detail, ci.ring_links(range(n)), counters
+            "tp", n, 1, list(self.facts), state, detail, links, counters
         ).as_dict()
 
     def release(self, seq_ids: list[int]) -> None:

@@ -23,7 +23,9 @@ from tandem.parallel.plan import plan_for_config
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return write_random_model(tmp_path_factory.mktemp("ci") / "m", tiny_config(intermediate_size=512))
+    return write_random_model(
+        tmp_path_factory.mktemp("ci") / "m", tiny_config(intermediate_size=512)
+    )
 
 
 def _tiles(ranges, total):
@@ -126,3 +128,12 @@ def test_a_description_refuses_a_state_outside_the_four():
     facts = ci.RankFacts(0, "head", "h", "cpu", "float32", None, ci.layer_shard((0, 1)))
     with pytest.raises(ValueError, match="not one of"):
         ci.Description("single", 1, 1, [facts], state="half").as_dict()
+
+
+def test_join_rtts_keep_only_measured_figures_of_real_ranks():
+    from tandem.cli.engine_factory import join_rtts
+
+    text = '{"1": 0.42, "2": 3, "0": 1.0, "5": 1.0, "x": 2.0, "3": "fast", "4": true}'
+    assert join_rtts(text, 5) == {1: 0.42, 2: 3.0}
+    for bad in ("", "[1, 2]", "{", '{"1": NaN}', '{"1": -1}'):
+        assert join_rtts(bad, 5) == {}, bad
