@@ -43,10 +43,9 @@ def _response(name: str, body: bytes) -> Response:
     return Response(body, media_type=media, headers=SECURITY_HEADERS)
 
 
-def add_page(app: FastAPI, engine: ServingEngine) -> ClusterMonitor:
-    """Adds the page's routes to `app`; returns the monitor `/metrics` renders from too."""
+def add_static_routes(app: FastAPI) -> None:
+    """`GET /` and `GET /static/{name}` for the shipped files only."""
     files = {name: _read(name) for name in ("index.html", *STATIC_FILES)}
-    monitor = ClusterMonitor(engine)
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
@@ -57,6 +56,12 @@ def add_page(app: FastAPI, engine: ServingEngine) -> ClusterMonitor:
         if name not in STATIC_FILES:  # a fixed list: no path ever reaches the file system
             raise APIError(404, f"no static file {name!r}", code="not_found")
         return _response(name, files[name])
+
+
+def add_page(app: FastAPI, engine: ServingEngine) -> ClusterMonitor:
+    """Adds the page's routes to `app`; returns the monitor `/metrics` renders from too."""
+    add_static_routes(app)
+    monitor = ClusterMonitor(engine)
 
     @app.get("/v1/cluster", response_model=ClusterView)
     def cluster() -> ClusterView:  # a thread: describe() reads /proc for each local rank

@@ -158,3 +158,31 @@ def test_metrics_carry_the_per_rank_series(engine):
     assert 'tandem_rank_info{rank="0",role="head",host="test-host"' in text
     assert 'tandem_rank_work_share{rank="0"} 1.0' in text
     assert re.search(r'tandem_rank_resident_memory_bytes\{rank="0"\} \d+', text)
+
+
+def test_while_forming_the_page_loads_and_the_api_says_forming_behind_the_key():
+    from tandem.server.forming import create_forming_app
+
+    with TestClient(create_forming_app(MODEL, tp=2, pp=1, api_key=KEY)) as c:
+        assert c.get("/").status_code == 200 and c.get("/static/app.js").status_code == 200
+        for method, path, body in PAGE_CALLS:
+            assert c.request(method, path, json=body).status_code == 401, path
+        doc = c.get("/v1/cluster", headers=AUTH).json()
+        assert doc["state"] == "forming" and doc["ranks"] == [] and doc["model"] == MODEL
+        assert doc["layout"] == {"kind": "tp", "tp": 2, "pp": 1, "world_size": 2}
+        for method, path, body in PAGE_CALLS[:1] + PAGE_CALLS[2:]:
+            r = c.request(method, path, json=body, headers=AUTH)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+        assert c.get("/health").status_code == 503
+        assert 'tandem_cluster_state{state="forming"} 1' in c.get("/metrics").text
+
+
+def test_the_app_switch_hands_requests_to_the_engine_once_it_is_up(engine):
+    from tandem.server.forming import AppSwitch, create_forming_app
+
+    switch = AppSwitch(create_forming_app(MODEL, tp=1, pp=1))
+    with TestClient(switch) as c:
+        assert c.get("/v1/cluster").json()["state"] == "forming"
+        switch.app = create_app(engine)
+        assert c.get("/v1/cluster").json()["state"] == "whole"
+        assert c.get("/health").status_code == 200

@@ -1,7 +1,7 @@
 // The page's entry point: asks for the API key when the server wants one, then starts the chat and
 // the cluster view.
 
-import { api, apiKey, AuthRequired, setApiKey } from "./api.js";
+import { api, ApiError, apiKey, AuthRequired, setApiKey } from "./api.js";
 import { Chat } from "./chat.js";
 import { ClusterPanel } from "./cluster.js";
 
@@ -36,21 +36,7 @@ function askForKey(message) {
   $("key-input").focus();
 }
 
-async function connect() {
-  try {
-    const resp = await api("/v1/models");
-    const body = await resp.json();
-    model = body.data[0].id;
-  } catch (err) {
-    if (err instanceof AuthRequired) {
-      askForKey(apiKey() ? "That key was refused." : "");
-      return;
-    }
-    cluster.setState("unreachable", `the server does not answer (${err.message})`);
-    setTimeout(connect, 2000);
-    return;
-  }
-  $("model-name").textContent = model;
+function showPage() {
   $("key-panel").hidden = true;
   $("main").hidden = false;
   if (chat === null) {
@@ -74,6 +60,27 @@ async function connect() {
     );
   }
   cluster.start();
+}
+
+async function connect() {
+  try {
+    const resp = await api("/v1/models");
+    const body = await resp.json();
+    model = body.data[0].id;
+  } catch (err) {
+    if (err instanceof AuthRequired) {
+      askForKey(apiKey() ? "That key was refused." : "");
+    } else if (err instanceof ApiError) {
+      showPage(); // it answers but serves no model yet: the cluster is forming
+      setTimeout(connect, 1000);
+    } else {
+      cluster.setState("unreachable", `the server does not answer (${err.message})`);
+      setTimeout(connect, 2000);
+    }
+    return;
+  }
+  $("model-name").textContent = model;
+  showPage();
 }
 
 $("key-form").addEventListener("submit", (e) => {

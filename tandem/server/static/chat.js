@@ -99,8 +99,12 @@ export class Chat {
     if (view && view.state !== "whole") {
       this.showError(
         `The cluster is not whole (${view.state}): ${view.detail}. ` +
-          "Requests cannot be served until every rank is back.",
+          "Requests cannot be served until every rank is up.",
       );
+      return;
+    }
+    if (!this.model()) {
+      this.showError("The server has named no model yet; try again in a moment.");
       return;
     }
     this.showError("");

@@ -84,11 +84,13 @@ export class ClusterPanel {
     this.els = els;
     this.onAuth = onAuth;
     this.latest = null;
-    this.timer = null;
+    this.polling = false;
   }
 
   start() {
-    if (this.timer === null) this.tick();
+    if (this.polling) return;
+    this.polling = true;
+    this.tick();
   }
 
   async tick() {
@@ -98,14 +100,14 @@ export class ClusterPanel {
       this.render(this.latest);
     } catch (err) {
       if (err instanceof AuthRequired) {
-        this.timer = null;
+        this.polling = false;
         this.onAuth();
         return;
       }
       this.latest = null;
       this.setState("unreachable", `the server does not answer (${err.message})`);
     }
-    this.timer = setTimeout(() => this.tick(), POLL_MS);
+    setTimeout(() => this.tick(), POLL_MS);
   }
 
   setState(state, detail) {
@@ -126,8 +128,10 @@ export class ClusterPanel {
     e.load.textContent = `${v.running} / ${v.waiting}`;
     e.generated.textContent = String(v.generated_tokens);
     e.wire.textContent = bytes(v.wire_bytes);
-    e.ranks.replaceChildren(...v.ranks.map(rankRow));
-    e.links.replaceChildren(...(v.links.length ? v.links.map(linkRow) : [emptyRow(4, "no links: one rank")]));
+    const waiting = emptyRow(8, "no rank is up yet");
+    e.ranks.replaceChildren(...(v.ranks.length ? v.ranks.map(rankRow) : [waiting]));
+    const none = l.world_size > 1 ? "not known yet" : "none: one rank";
+    e.links.replaceChildren(...(v.links.length ? v.links.map(linkRow) : [emptyRow(4, none)]));
     drawPlot(e.plot, v.history, v.time);
   }
 }
