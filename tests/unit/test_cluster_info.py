@@ -11,10 +11,10 @@ from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.comm.solo import SoloCommunicator
 from tandem.engine import cluster_info as ci
 from tandem.engine.local import LocalExecutor
-from tandem.engine.pipeline_layout import StageSpec
-from tandem.engine.remote import TPExecutor
-from tandem.engine.shard_runner import ShardRunner
-from tandem.engine.tp_group import RankInfo, _host_text, _host_words, exchange_rank_info, rank_facts
+from tandem.engine.pp.layout import StageSpec
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.setup import RankInfo, _host_text, _host_words, exchange_rank_info, rank_facts
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.parallel.partition import LayerRange

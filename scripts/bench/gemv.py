@@ -1,7 +1,7 @@
 """Decode GEMV kernels side by side: GB/s of weights streamed over one token's matrices, against a
 plain read (`sum`) of the same matrices, same thread count, in interleaved rounds.
 
-    .venv/bin/python bench/gemv.py [--preset qwen3-0.6b] [--dtypes float32,bfloat16] [--threads 2]
+    .venv/bin/python scripts/bench/gemv.py [--preset qwen3-0.6b] [--dtypes float32,bfloat16] [--threads 2]
                                    [--rounds 7] [--rows 1]
 
 The matrices are the preset's per-token set (fused q/k/v and gate/up as tandem runs them, o, down,

@@ -1,7 +1,7 @@
 """Single-node decode and prefill speed: tandem vs Hugging Face `transformers.generate`, same weights,
 same dtype, same thread count, measured side by side in one run, plus the memory-bandwidth roofline.
 
-    .venv/bin/python bench/single_node.py [--model DIR] [--dtypes float32,bfloat16] [--threads 2]
+    .venv/bin/python scripts/bench/single_node.py [--model DIR] [--dtypes float32,bfloat16] [--threads 2]
                                           [--prompt-len 128] [--decode 32] [--repeats 3]
 
 Without --model the `qwen3-0.6b` preset is written to /tmp/tandem-bench-qwen3-0.6b (once).

@@ -20,9 +20,9 @@ from typing import Any
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
 from tandem.comm.base import Communicator
-from tandem.engine.remote import TPExecutor
-from tandem.engine.tp_group import start_head
-from tandem.parallel.metered import MeteredCommunicator
+from tandem.comm.metered import MeteredCommunicator
+from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.setup import start_head
 
 
 class LocalGroupError(RuntimeError):

@@ -27,8 +27,8 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.engine import cluster_info as ci
-from tandem.engine.remote import TPExecutor
-from tandem.engine.shard_runner import ShardRunner
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.parallel.plan import TPPlan, plan_for_config
 from tandem.parallel.shard_load import load_shard
@@ -224,7 +224,7 @@ def start_head(
 
 def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
-    from tandem.engine.worker import BroadcastSource, serve
+    from tandem.engine.tp.worker import BroadcastSource, serve
 
     md = ModelDir(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
