@@ -93,17 +93,14 @@ class Description:
     detail: str = "every rank is up"
     links: list[dict[str, Any]] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
+    world_size: int | None = None  # default: one per rank entry
 
     def as_dict(self) -> dict[str, Any]:
         if self.state not in STATES:
             raise ValueError(f"cluster state {self.state!r} is not one of {STATES}")
+        world = len(self.ranks) if self.world_size is None else self.world_size
         return {
-            "layout": {
-                "kind": self.kind,
-                "tp": self.tp,
-                "pp": self.pp,
-                "world_size": len(self.ranks),
-            },
+            "layout": {"kind": self.kind, "tp": self.tp, "pp": self.pp, "world_size": world},
             "state": self.state,
             "detail": self.detail,
             "ranks": [r.entry() for r in self.ranks],

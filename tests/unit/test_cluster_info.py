@@ -137,3 +137,28 @@ def test_join_rtts_keep_only_measured_figures_of_real_ranks():
     assert join_rtts(text, 5) == {1: 0.42, 2: 3.0}
     for bad in ("", "[1, 2]", "{", '{"1": NaN}', '{"1": -1}'):
         assert join_rtts(bad, 5) == {}, bad
+
+
+class _Proc:
+    def __init__(self, code=None):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def test_pipeline_head_turns_failed_as_soon_as_a_stage_process_has_exited(model_dir):
+    from tandem.engine.pp.head import PipelineExecutor
+
+    model = load_model(ModelDir(model_dir))
+    ex = PipelineExecutor(
+        model, None, to_next=[], from_last=None, num_stages=2, max_batch=2, max_seq_len=32
+    )
+    ex.grid, ex.worker_procs = [[0], [1]], [_Proc()]
+    d = ex.describe()
+    assert d["state"] == "whole" and ex.health()[0]
+    assert d["layout"] == {"kind": "pp", "tp": 1, "pp": 2, "world_size": 2}
+    assert [(x["a"], x["b"]) for x in d["links"]] == [(0, 1), (1, 0)]
+    ex.worker_procs[0].code = -9
+    assert ex.describe()["state"] == "failed"
+    assert ex.health() == (False, "1 stage process(es) exited (exit code -9)")

@@ -175,21 +175,25 @@ class PipelineExecutor:
         except StageLinkError as e:
             raise self._fail(str(e)) from e
 
-    def describe(self) -> dict[str, Any]:
+    def _state(self) -> tuple[str, str]:
         if self._failed is not None:
-            state, detail = "failed", self._failed.splitlines()[0]
-        else:
-            codes = [p.poll() for p in self.worker_procs]
-            dead = [(i, c) for i, c in enumerate(codes) if c is not None]
-            state, detail = "whole", f"all {len(self.facts) or 1} ranks are up"
-            if dead:
-                state = "failed"
-                detail = f"{len(dead)} stage process(es) exited (exit code {dead[0][1]})"
+            return "failed", self._failed.splitlines()[0]
+        dead = [c for c in (p.poll() for p in self.worker_procs) if c is not None]
+        if dead:
+            return "failed", f"{len(dead)} stage process(es) exited (exit code {dead[0]})"
+        return "whole", f"all {len(self.facts) or 1} ranks are up"
+
+    def health(self) -> tuple[bool, str]:
+        state, detail = self._state()
+        return state == "whole", detail
+
+    def describe(self) -> dict[str, Any]:
+        state, detail = self._state()
         counters = ci.Counters(self.wait_seconds, self.bytes_sent + self.bytes_received, 0)
         tp = max(len(g) for g in self.grid)
         return ci.Description(
             "pp", tp, self.num_stages, list(self.facts), state, detail,
-            ci.pipeline_links(self.grid), counters,
+            ci.pipeline_links(self.grid), counters, sum(len(g) for g in self.grid),
         ).as_dict()  # fmt: skip
 
     def close(self) -> None:
