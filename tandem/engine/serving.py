@@ -30,6 +30,8 @@ __all__ = [
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_prompt(self, text: str) -> list[int]: ...
+
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -128,7 +130,8 @@ class ServingEngine:
         return "\n".join(lines) + "\nassistant:"
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+        """A prompt's ids, with the BOS / EOS the model asks for (`Tokenizer.encode_prompt`)."""
+        return list(self.tokenizer.encode_prompt(text))
 
     def generate(
         self,

@@ -73,6 +73,9 @@ class CharTokenizer:
     def encode(self, text):
         return [ord(c) % 128 for c in text]
 
+    def encode_prompt(self, text):
+        return self.encode(text)
+
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
 
