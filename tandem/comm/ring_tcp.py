@@ -22,12 +22,11 @@ import torch
 from tandem.comm import algorithms as alg
 from tandem.comm import base
 from tandem.comm.framing import check_gathered_shape
+from tandem.comm.moves import StagedMoves
 from tandem.comm.ring_link import RingLink
 from tandem.comm.staging import (
     decode_f32,
-    decode_tensor,
     encode_f32,
-    encode_tensor,
     np_dtype,
     stage_to_host,
     unstage,
@@ -38,13 +37,16 @@ from tandem.wire import frame as fr
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
 
 
-class TcpRing:
+class TcpRing(StagedMoves):
     """The general algorithms of one rank over `link`; `same_host` (or None) carries the small
-    whole-tensor exchanges of an N = 2 pair on one host."""
+    whole-tensor exchanges of an N = 2 pair on one host. The movement ops' envelope (check,
+    encode, number, fingerprint, decode) is `moves.StagedMoves`'."""
 
     def __init__(self, link: RingLink, same_host: Any = None) -> None:
         self.link = link
         self.same_host = same_host
+        self._wire, self._size = link.wire, link.size
+        self._begin, self._run, self._fingerprint = link.begin, link.guard, link.fingerprint
         self._buffers: dict[str, np.ndarray] = {}
         self._spare: np.ndarray | None = None
 
@@ -206,30 +208,16 @@ class TcpRing:
 
     # ----------------------------------------------------------------------------- movement
 
-    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        link = self.link
-        base.check_tensor(t, "all_gather", reduce=False)
-        d = base.check_dim(t, dim, "all_gather")
-        wire, payload = encode_tensor(t, link.wire)
-        seq = link.begin()
-        op = fr.ALL_GATHER
-        others = tuple(0 if i == d else s for i, s in enumerate(t.shape))
-        fp = fr.fingerprint(op, wire.code, (*others, d))
-        blocks = link.guard(self._gather_blocks, wire, payload, tuple(t.shape), d, op, seq, fp)
-        parts = [decode_tensor(p, wire, s, t.dtype, t.device) for s, p in blocks]
-        return torch.cat(parts, dim=d)
-
     def _gather_blocks(
         self,
         wire: wd.WireDtype,
         payload: np.ndarray,
         shape: tuple[int, ...],
         d: int,
-        op: int,
         seq: int,
         fp: int,
     ) -> list[tuple[tuple[int, ...], np.ndarray]]:
-        link = self.link
+        link, op = self.link, fr.ALL_GATHER
         size, r = link.size, link.rank
         blocks: list[Any] = [None] * size
         blocks[r] = (shape, payload)
@@ -242,17 +230,6 @@ class TcpRing:
             blocks[src] = (header.shape, got.view(np_dtype(wire)))
         link.io.flush()
         return blocks
-
-    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
-        link = self.link
-        base.check_tensor(t, "broadcast", reduce=False)
-        base.check_src(src, link.size)
-        wire, payload = encode_tensor(t, link.wire)
-        seq = link.begin()
-        shape = tuple(t.shape)
-        fp = link.fingerprint(fr.BROADCAST, wire.code, (*shape, src))
-        got = link.guard(self._broadcast, wire, payload, shape, src, seq, fp)
-        return decode_tensor(got, wire, shape, t.dtype, t.device)
 
     def _broadcast(
         self,
@@ -281,18 +258,6 @@ class TcpRing:
             link.io.send([link.header(fr.BROADCAST, wire.code, seq, fp, shape, hop), payload])
             link.io.flush()
         return payload
-
-    def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-        link = self.link
-        parts = base.check_parts(parts, link.size, "all_to_all")
-        encoded = [encode_tensor(p, link.wire) for p in parts]
-        wire = encoded[0][0]
-        seq = link.begin()
-        fp = fr.fingerprint(fr.ALL_TO_ALL, wire.code, (link.size,))
-        items = [(tuple(p.shape), e[1]) for p, e in zip(parts, encoded)]
-        got = link.guard(self._all_to_all, wire, items, seq, fp)
-        like = parts[0]
-        return [decode_tensor(p, wire, s, like.dtype, like.device) for s, p in got]
 
     def _all_to_all(
         self, wire: wd.WireDtype, items: list[tuple[tuple[int, ...], np.ndarray]], seq: int, fp: int
