@@ -39,13 +39,6 @@ def per_rank(value: str, n: int, what: str) -> list[str]:
     return items
 
 
-def _tail(path: Path, n: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return "(no log)"
-
-
 class LocalWorkers:
     """Ranks 1..N-1 as `tandem worker` processes, started at once (construction returns without
     waiting for them). Start them from a thread that outlives the group: the parent-death signal
@@ -86,20 +79,12 @@ class LocalWorkers:
         return self.group.poll()
 
     def diagnose(self) -> str | None:
-        """Which worker exited and the tail of its log, or None while all run."""
-        gone = self.group.poll()
-        if gone is None:
-            return None
-        name, code = gone
-        log = _tail(self.log_dir / f"{name}.log")
-        return f"worker {name} exited with code {code}; its log ends:\n{log}"
+        """Which workers exited and the tail of their logs, or None while all run."""
+        return self.group.diagnose()
 
     def shutdown(self, wait_s: float = 3.0) -> None:
         """Gives workers told to stop `wait_s` to exit on their own, then brings down the rest."""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.group.procs):
-            time.sleep(0.05)
-        self.group.shutdown()
+        self.group.shutdown(wait_s)
 
 
 def launch_local_tp(
