@@ -58,7 +58,7 @@ class SameHostRoad:
     def _add_lane(self, shape: tuple[int, ...]) -> same_host.Lane:
         if len(self._lanes) > _LANES_MAX:
             self._lanes.clear()
-            self.pair.header_of[:] = [None, None]
+            self.pair.forget_headers()
         n = math.prod(shape)
         fp = self.link.fingerprint(fr.ALL_REDUCE, wd.FLOAT32.code, shape)
         head = data_header(fr.ALL_REDUCE, wd.FLOAT32.code, 0, fp, (n,), 0)  # seq stored per swap

@@ -183,6 +183,10 @@ class SamePair:
         """The segment (for callers that keep typed views of their frames)."""
         return self._mm
 
+    def forget_headers(self) -> None:
+        """No slot holds a known header any more (its owner's lanes are being dropped)."""
+        self.header_of[:] = [None, None]
+
     def frame_offset(self, mine: bool, parity: int) -> int:
         """Byte offset of this rank's (or the peer's) frame for swaps of `parity`; 64-aligned."""
         return self._off(self._me if mine else 1 - self._me, parity) + _SLOT_HEAD
