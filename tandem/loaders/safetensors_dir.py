@@ -210,5 +210,11 @@ class ModelDir:
             h.update(f"{name}|{info.dtype}|{list(info.shape)}\n".encode())
         return h.hexdigest()
 
+    def tokenizer(self):
+        """The directory's `tokenizer.json` tokenizer, or None without one."""
+        from tandem.loaders.tokenizer import Tokenizer
+
+        return Tokenizer.from_dir(self.path)
+
     def close(self) -> None:
         self._handles.clear()
