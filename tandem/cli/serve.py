@@ -78,6 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tandem.cli.engine_factory import build_serving_engine
+    from tandem.loaders.source import is_gguf
     from tandem.server.app import create_app
 
     if args.model is None:
@@ -85,8 +86,8 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.model = str(default_model_dir())
     model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise ServeError(f"{model_dir}: not a model directory (no config.json)")
+    if not ((model_dir / "config.json").is_file() or is_gguf(model_dir)):
+        raise ServeError(f"{model_dir}: not a model directory (no config.json) or GGUF file")
     check_port_free(args.host, args.port)  # before minutes of weight loading, not after
     engine, close = build_serving_engine(
         model_dir,

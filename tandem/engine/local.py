@@ -17,7 +17,7 @@ import torch
 
 from tandem.engine.executor import Step
 from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import open_model
 from tandem.models.kernels import prepare_linear_kernels
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
@@ -58,7 +58,7 @@ class LocalExecutor:
         max_seq_len: int = 2048,
         kernels: str = "auto",
     ) -> LocalExecutor:
-        model = load_model(ModelDir(path), dtype=dtype, device=device)
+        model = load_model(open_model(path), dtype=dtype, device=device)
         return cls(model, max_batch, max_seq_len, kernels=kernels)
 
     def _check(self, step: Step) -> None:

@@ -33,7 +33,7 @@ from tandem.engine.pipeline_layout import StageSpec
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
 from tandem.engine.stage_worker import DTYPES, READY
 from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import open_model, require_shardable
 from tandem.models.kernels import prepare_linear_kernels
 from tandem.parallel.partition import validate_ranges
 from tandem.parallel.stage import StageRunner
@@ -146,7 +146,9 @@ def launch_pipeline(
     `addresses[g]` is the address global rank g binds and is reached at (default 127.0.0.1 for
     all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
     hosts of `tandem bench`)."""
-    md = ModelDir(model_dir)
+    md = open_model(model_dir)
+    if any(s.tp > 1 for s in stages):
+        require_shardable(md, "a tensor-parallel pipeline stage")
     cfg = md.config
     validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
     layout = [s.tp for s in stages]

@@ -23,7 +23,7 @@ import torch
 
 from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
 from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import ModelSource, open_model
 from tandem.models.kernels import prepare_linear_kernels
 from tandem.parallel.stage import StageLinks, StageRunner, serve_stage
 from tandem.parallel.stage_link import LinkTerms, StageListener, dial_all, max_frame_bytes
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_stage(args: argparse.Namespace, md: ModelDir, layer_range: tuple[int, int], ring):
+def load_stage(args: argparse.Namespace, md: ModelSource, layer_range: tuple[int, int], ring):
     """This rank's layers: the whole range at TP=1, else its TP shard (joined to the stage ring)."""
     dtype = DTYPES[args.dtype]
     if args.tp_size == 1:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"stage {args.stage}.{args.tp_rank} %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    md = ModelDir(args.model)
+    md = open_model(args.model)
     cfg = md.config
     a, b = (int(x) for x in args.layers.split(":"))
     terms = LinkTerms(

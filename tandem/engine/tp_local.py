@@ -21,6 +21,7 @@ from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
 from tandem.comm.base import Communicator
 from tandem.engine.remote import TPExecutor
 from tandem.engine.tp_group import start_head
+from tandem.loaders.source import require_shardable
 from tandem.parallel.metered import MeteredCommunicator
 
 
@@ -116,6 +117,7 @@ def launch_local_tp(
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default a quarter of the op timeout; None: never)
     so they outlive pauses between steps longer than the op timeout."""
+    require_shardable(model_dir)  # before any worker starts
     if keepalive_s is not None and keepalive_s < 0:
         keepalive_s = op_timeout / 4
     dtypes = dtypes or ["float32"] * tp
