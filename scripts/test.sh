@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check tandem tests bench scripts
-.venv/bin/ruff format --check tandem tests bench scripts
+.venv/bin/ruff check tandem tests scripts
+.venv/bin/ruff format --check tandem tests scripts
 .venv/bin/lint-imports
 .venv/bin/python -m pytest -q --durations=15 "$@"

@@ -97,7 +97,7 @@ def build_executor(
         else:  # GGUF: the weights stay mapped in their blocks; there is little to wait for
             model = load_model(source, dtype=DTYPES[dtype], device=device)
         return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
-    from tandem.engine.tp_local import per_rank
+    from tandem.engine.tp.local import per_rank
 
     dtypes = per_rank(dtype, tp * pp, "dtype")
     devices = per_rank(device, tp * pp, "device")
@@ -107,7 +107,7 @@ def build_executor(
     torch.set_num_threads(threads)
     with console.status(f"starting {tp * pp} ranks, loading their shards, forming the group..."):
         if pp == 1:
-            from tandem.engine.tp_local import launch_local_tp
+            from tandem.engine.tp.local import launch_local_tp
 
             return launch_local_tp(
                 model_dir,
@@ -119,8 +119,8 @@ def build_executor(
                 keepalive_s=KEEPALIVE_S,
                 threads=threads,
             )
-        from tandem.engine.pipeline_launch import launch_pipeline
-        from tandem.engine.pipeline_layout import plan_stages
+        from tandem.engine.pp.launch import launch_pipeline
+        from tandem.engine.pp.layout import plan_stages
 
         # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
         stages = plan_stages(config, [tp] * pp, dtype=",".join(dtypes), device=",".join(devices))
@@ -133,8 +133,8 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
     import os
 
     from tandem.comm import from_env
-    from tandem.engine.tp_group import start_head
-    from tandem.parallel.metered import MeteredCommunicator
+    from tandem.comm.metered import MeteredCommunicator
+    from tandem.engine.tp.setup import start_head
 
     with console.status(f"waiting for the ring of {ring_config} to form (workers joining)..."):
         comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})

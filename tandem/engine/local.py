@@ -4,9 +4,9 @@ Each live sequence owns one row ("slot") of the preallocated KV cache; `run` che
 continues each sequence where its cache ends, runs one batched forward, and returns the logits of
 each sequence's last new token.
 
-On construction the model's linear layers are put on the measured-best kernel for their device and
-dtype (`tandem.models.kernels`: oneDNN on CPU for float32 and, on CPUs with native bf16, for
-bfloat16); `kernels="torch"` keeps F.linear everywhere.
+On construction the model is put in its execution form (`tandem.kernels.prepare`): the fast
+modules swapped in and each linear layer on the measured-best kernel for its device and dtype;
+`kernels="torch"` keeps the reference modules and F.linear.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from tandem.engine.executor import Step
+from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
-from tandem.models.kernels import prepare_linear_kernels
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
 
@@ -38,7 +38,7 @@ class LocalExecutor:
         kernels: str = "auto",
     ) -> None:
         cfg = model.config
-        self.kernels = prepare_linear_kernels(model, kernel=kernels)  # in place, once
+        self.kernels = prepare(model, kernel=kernels)  # in place, once
         self.model = model
         self.vocab_size = cfg.vocab_size
         self.max_seq_len = min(max_seq_len, cfg.max_position_embeddings)

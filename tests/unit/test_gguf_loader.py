@@ -163,7 +163,7 @@ def test_linear_rope_scaling_and_llama3_frequency_factors_reach_the_rope(tmp_pat
 
 
 def test_tensor_parallelism_over_a_gguf_model_is_refused_before_any_rank_starts(tmp_path, llama_q8):
-    from tandem.engine.tp_local import launch_local_tp
+    from tandem.engine.tp.local import launch_local_tp
 
     _, f = llama_q8
     with pytest.raises(GGUFShardingUnsupportedError, match="not supported yet"):

@@ -2,7 +2,7 @@
 
 Each stage of a grid forms its own `RingCommunicator` among its TP ranks (its own cluster id, so a
 frame of one stage's ring can never be taken for another's), then builds this rank's shard of the
-stage's layers with D's transform (`shard_transformer`: q/k/v and gate/up column-parallel, o and
+stage's layers with the TP transform (`shard_transformer`: q/k/v and gate/up column-parallel, o and
 down row-parallel, kv-head groups and intermediate rows tiled by `plan_for_config`) and reads only
 its own slices (`load_shard`). The stage holds no embedding and no LM head: the head keeps both.
 """

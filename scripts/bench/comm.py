@@ -1,6 +1,6 @@
 """All-reduce latency and bandwidth: tandem ring vs tandem star vs torch gloo, real processes on loopback.
 
-    .venv/bin/python bench/comm.py [--worlds 2,3] [--sizes 4K,64K,1M,16M,64M] [--rounds 2]
+    .venv/bin/python scripts/bench/comm.py [--worlds 2,3] [--sizes 4K,64K,1M,16M,64M] [--rounds 2]
                                    [--backends ring,star,gloo] [--json]
 
 For each world size, one N-process group per backend is spawned and kept alive; then, size by size,
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -1,7 +1,7 @@
 """Decode GEMV kernels side by side: GB/s of weights streamed over one token's matrices, against a
 plain read (`sum`) of the same matrices, same thread count, in interleaved rounds.
 
-    .venv/bin/python bench/gemv.py [--preset qwen3-0.6b] [--dtypes float32,bfloat16] [--threads 2]
+    .venv/bin/python scripts/bench/gemv.py [--preset qwen3-0.6b] [--dtypes float32,bfloat16] [--threads 2]
                                    [--rounds 7] [--rows 1]
 
 The matrices are the preset's per-token set (fused q/k/v and gate/up as tandem runs them, o, down,
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from tandem.devices import DTYPE_NAMES
-from tandem.models import native
-from tandem.models.kernels import PACKED, pack_weight
+from tandem.kernels import native
+from tandem.kernels.linear import PACKED, pack_weight
 from tandem.models.presets import get_preset
 
 

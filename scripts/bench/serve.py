@@ -1,6 +1,6 @@
 """Aggregate serving throughput: 8 concurrent OpenAI clients vs one, against one live `tandem serve`.
 
-    .venv/bin/python bench/serve.py [--model DIR | --preset tiny-qwen3] [--tp 1] [--clients 8]
+    .venv/bin/python scripts/bench/serve.py [--model DIR | --preset tiny-qwen3] [--tp 1] [--clients 8]
                                     [--requests 2] [--max-tokens 32]
 
 Starts a real server process, warms it up, then in the same run: one client sends `clients x
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import openai
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports  # noqa: E402

@@ -25,7 +25,7 @@ Every figure is per sync, the median over blocks of one token's layers (as a dec
 the best of `rounds` rounds (the least disturbed on a shared machine, as the bench keeps the best
 round of each layout).
 
-    python -m tandem.bench.lockstep --config FILE --world K --rank R --peers A:P,...  (one rank)
+    python -m tandem.plan.lockstep --config FILE --world K --rank R --peers A:P,...  (one rank)
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def syncs_per_token(config: Any) -> int:
 def model_sync_s(config: Any, k: int, s_node: float, slots: float, sync_s: float) -> float:
     """The plan's time for one (half-layer segment, all-reduce) of k ranks on one host of
     `slots`, each node `s_node` alone on the whole model (`plan_model`'s terms)."""
-    from tandem.bench.plan_model import NodeSpec, group_time, layer_shares
     from tandem.parallel.partition import model_cost
+    from tandem.plan.model import NodeSpec, group_time, layer_shares
 
     cost = model_cost(config)
     t_half = s_node * cost.layer_params / (cost.num_layers * cost.layer_params
@@ -94,7 +94,7 @@ def link_penalties(
 ) -> tuple[tuple[int, float], ...]:
     """`penalties` against `link`'s (a `plan_model.LinkSpec`) all-reduce of one hidden state, as
     `NodeSpec.lockstep_s` holds them: (k, seconds per sync), by k."""
-    from tandem.bench.plan_model import allreduce_s
+    from tandem.plan.model import allreduce_s
 
     hidden = 4 * config.hidden_size
     pen = penalties(probe, config, s_node, slots, lambda k: allreduce_s(link, k, hidden))
@@ -124,12 +124,12 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
 
 def _layers(shard: Any):
     """The shard's decoder layers on the decode kernels, and a one-token decode step's context."""
-    from tandem.models.kernels import prepare_linear_kernels
+    from tandem.kernels.prepare import prepare
     from tandem.models.kv_cache import KVCache
     from tandem.models.llama import Transformer
 
     model = Transformer(shard, with_embed=False, with_head=False).eval().requires_grad_(False)
-    prepare_linear_kernels(model, fuse=False)  # the TP layers' kernel, unfused as they are
+    prepare(model, fuse=False)  # the TP layers' kernel, unfused as they are
     cache = KVCache.for_model(model, n_slots=1, max_seq_len=POSITION + 8)
     ctx = model.context([POSITION], [1], cache=cache, slots=[0])
     return list(model.model.layers.values()), ctx
@@ -177,7 +177,7 @@ def run_rank(args: argparse.Namespace) -> dict:
                 alone[str(k)] = min(_per_sync(step, args.blocks, block) for _ in range(args.rounds))
                 del layers, ctx, step
             return {"world": 1, "alone_s": alone}
-        from tandem.bench.ring_access import connect_ring
+        from tandem.comm.peers import connect_ring
 
         layers, ctx = _layers(shard_config(config, args.world, args.rank, args.pool_mb))
         comm = connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
@@ -241,7 +241,7 @@ def measure_lockstep(
     with tempfile.TemporaryDirectory(prefix="tandem-lockstep-") as tmp:
         cfg = Path(tmp) / "config.json"
         cfg.write_text(json.dumps(config.to_hf_dict()))
-        base = [sys.executable, "-m", "tandem.bench.lockstep", "--config", str(cfg),
+        base = [sys.executable, "-m", "tandem.plan.lockstep", "--config", str(cfg),
                 "--blocks", str(blocks), "--rounds", str(rounds),
                 "--pool-mb", str(pool_mb)]  # fmt: skip
         alone = _run_ranks([[*base, "--alone-k", ",".join(map(str, ks))]], timeout_s, hosts)
@@ -259,7 +259,7 @@ def measure_lockstep(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tandem.bench.lockstep")
+    p = argparse.ArgumentParser(prog="python -m tandem.plan.lockstep")
     p.add_argument("--config", required=True, help="an HF config.json of the model")
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)

@@ -1,7 +1,7 @@
 """Tensor parallelism vs single-node on the `qwen3-0.6b` preset, side by side in one run: peak
 resident memory per rank, TTFT, prefill and decode tok/s, and the synchronization per token.
 
-    .venv/bin/python bench/tp.py [--model DIR] [--dtype float32] [--prompt-len 64] [--decode 16]
+    .venv/bin/python scripts/bench/tp.py [--model DIR] [--dtype float32] [--prompt-len 64] [--decode 16]
                                  [--rounds 2] [--single-threads 2] [--tp-threads 1]
 
 Without --model the preset is written to /tmp/tandem-bench-qwen3-0.6b (once). Every measured
@@ -106,8 +106,8 @@ def role_single(args) -> dict:
 def role_tp(args) -> dict | None:
     from tandem.bench.optrace import TracedCommunicator
     from tandem.cli.worker import parse_peers, ring_from_args
-    from tandem.engine.tp_group import run_worker, start_head
-    from tandem.parallel.metered import MeteredCommunicator
+    from tandem.comm.metered import MeteredCommunicator
+    from tandem.engine.tp.setup import run_worker, start_head
 
     ring = ring_from_args(
         args.rank,

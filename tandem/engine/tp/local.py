@@ -19,10 +19,10 @@ from typing import Any
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
 from tandem.comm.base import Communicator
-from tandem.engine.remote import TPExecutor
-from tandem.engine.tp_group import start_head
+from tandem.comm.metered import MeteredCommunicator
+from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.setup import start_head
 from tandem.loaders.source import require_shardable
-from tandem.parallel.metered import MeteredCommunicator
 
 
 class LocalGroupError(RuntimeError):

@@ -9,7 +9,8 @@ tensor of exactly `payload_len` values. The payload is
 
     [seq_id, start_pos, n_tok] * n_seqs  ++  token ids (n_tokens, in sequence order)  ++  release ids
 
-so a decode step for a handful of sequences is one small fixed-size broadcast. `flags` bit 0 is
+so a decode step for a handful of sequences is one small fixed-size broadcast (`send_control` on
+the head, `recv_control` on every worker). `flags` bit 0 is
 the step's `greedy` (the ranks return argmax ids, not logits). Receivers check the magic, kind,
 flags and every count against the frame before using them (`ControlError` otherwise).
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.comm.base import Communicator
 from tandem.engine.executor import Step, StepSequence
 
 MAGIC = 0x54414E44454D  # "TANDEM"
@@ -116,3 +118,19 @@ def _check_header(frame: torch.Tensor) -> None:
         raise ControlError("negative count in control frame")
     if int(frame[6]) & ~FLAG_GREEDY or int(frame[7]) != 0:
         raise ControlError(f"unknown control flags {int(frame[6])} / {int(frame[7])}")
+
+
+def send_control(comm: Communicator, msg: Control, src: int = 0) -> None:
+    """Broadcasts `msg` from `src` (the frame, then the long payload if there is one)."""
+    frame, extra = encode(msg)
+    comm.broadcast(frame, src)
+    if extra is not None:
+        comm.broadcast(extra, src)
+
+
+def recv_control(comm: Communicator, src: int = 0) -> Control:
+    """The receiving side of `send_control` on every rank but `src`."""
+    frame = comm.broadcast(torch.zeros(FRAME, dtype=torch.int64), src)
+    n = payload_len(frame)
+    extra = comm.broadcast(torch.zeros(n, dtype=torch.int64), src) if n else None
+    return decode(frame, extra)

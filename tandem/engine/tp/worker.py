@@ -20,10 +20,9 @@ from typing import Protocol
 import torch
 
 from tandem.comm.base import Communicator
-from tandem.engine import control
-from tandem.engine.control import Control
-from tandem.engine.remote import recv_control
-from tandem.engine.shard_runner import ShardRunner
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp import control
+from tandem.engine.tp.control import Control, recv_control
 
 log = logging.getLogger(__name__)
 

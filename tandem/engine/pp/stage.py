@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.engine.pp import frames as pp
+from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
 from tandem.models.kv_cache import KVCache, SlotTable
 from tandem.models.llama import Transformer
-from tandem.parallel import pipeline as pp
-from tandem.parallel.pipeline import StageLinkError, StageMessage, StageTransport
 
 log = logging.getLogger(__name__)
 

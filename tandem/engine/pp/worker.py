@@ -1,9 +1,9 @@
-"""A pipeline stage process: `python -m tandem.engine.stage_worker --model DIR --stage K ...`.
+"""A pipeline stage process: `tandem stage --model DIR --stage K ...` (started by the launcher).
 
 One process is one TP rank of one stage. It binds its listening socket first and prints
 `TANDEM_STAGE_LISTENING <port>` on stdout (so a launcher can learn an ephemeral port), loads only its
 layers (its TP shard of them when the stage is a TP group), opens its links, and serves frames until
-STOP (see `tandem.parallel.stage.serve_stage`). The stage's leader (TP rank 0) learns where to send
+STOP (see `tandem.engine.pp.stage.serve_stage`). The stage's leader (TP rank 0) learns where to send
 from `--downstream host:port,...` or, with `--downstream -`, from a line on stdin; a TP rank of a
 stage also binds a ring listener (its port is the second number printed) and learns its right
 neighbour from `--tp-right` or the next stdin line.
@@ -13,56 +13,55 @@ The cluster secret comes from the environment (`TANDEM_SECRET`), never from argv
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 import threading
+from dataclasses import dataclass
 
 import torch
 
-from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
+from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
+from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
+from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
+from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import ModelSource, open_model
-from tandem.models.kernels import prepare_linear_kernels
-from tandem.parallel.stage import StageLinks, StageRunner, serve_stage
-from tandem.parallel.stage_link import LinkTerms, StageListener, dial_all, max_frame_bytes
 
 READY = "TANDEM_STAGE_LISTENING"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandem-stage", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model directory (config.json + safetensors)")
-    p.add_argument("--stage", type=int, required=True)
-    p.add_argument("--layers", required=True, help="this stage's half-open layer range START:END")
-    p.add_argument(
-        "--last", action="store_true", help="this is the last stage: send back to the head"
-    )
-    p.add_argument("--rank", type=int, required=True, help="global rank in the pipeline grid")
-    p.add_argument("--world-size", type=int, required=True)
-    p.add_argument("--upstream-rank", type=int, required=True)
-    p.add_argument("--downstream-ranks", default="", help="global ranks this leader sends to")
-    p.add_argument("--downstream", default="", help="host:port,... of those ranks, or - for stdin")
-    p.add_argument("--tp-rank", type=int, default=0)
-    p.add_argument("--tp-size", type=int, default=1)
-    p.add_argument("--tp-right", default="-", help="host:port of TP rank r+1's ring listener, or -")
-    p.add_argument("--tp-listen", default="127.0.0.1:0", help="host:port for the TP ring listener")
-    p.add_argument("--listen", default="127.0.0.1:0", help="host:port for the upstream link")
-    p.add_argument("--cluster-id", required=True)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--wire-dtype", default="float32")
-    p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--timeout", type=float, default=120.0, help="per-op link timeout, seconds")
-    p.add_argument("--idle-timeout", type=float, default=3600.0, help="leave after this long idle")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    return p
+@dataclass(frozen=True)
+class StageOptions:
+    """Where this process sits in the pipeline grid and how it runs (`tandem stage` parses them)."""
+
+    model: str
+    stage: int
+    layers: str  # the half-open layer range START:END
+    rank: int  # global rank in the pipeline grid
+    world_size: int
+    upstream_rank: int
+    cluster_id: str
+    last: bool = False  # the last stage: sends back to the head
+    downstream_ranks: str = ""  # global ranks this leader sends to
+    downstream: str = ""  # host:port,... of those ranks, or - for stdin
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_right: str = "-"  # host:port of TP rank r+1's ring listener, or - for stdin
+    tp_listen: str = "127.0.0.1:0"
+    listen: str = "127.0.0.1:0"
+    dtype: str = "float32"
+    device: str = "cpu"
+    wire_dtype: str = "float32"
+    max_batch: int = 8
+    max_seq_len: int = 2048
+    timeout: float = 120.0  # per-op link timeout, seconds
+    idle_timeout: float = 3600.0  # leave after this long idle
+    threads: int = 0  # torch threads (0: leave the default)
 
 
-def load_stage(args: argparse.Namespace, md: ModelSource, layer_range: tuple[int, int], ring):
+def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int], ring):
     """This rank's layers: the whole range at TP=1, else its TP shard (joined to the stage ring)."""
     dtype = DTYPES[args.dtype]
     if args.tp_size == 1:
@@ -74,7 +73,7 @@ def load_stage(args: argparse.Namespace, md: ModelSource, layer_range: tuple[int
             with_embed=False,
             with_head=False,
         )
-        prepare_linear_kernels(model)  # the single-node decode kernels (models/kernels.py)
+        prepare(model)  # the single-node fast path (tandem.kernels)
         return model, None
     right = args.tp_right if args.tp_right != "-" else sys.stdin.readline().strip()
     comm = form_stage_ring(
@@ -95,8 +94,8 @@ def _secret() -> bytes | None:
     return s.encode() if s else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_stage(args: StageOptions) -> int:
+    """Serves this stage until STOP (module docstring)."""
     logging.basicConfig(level=logging.INFO, format=f"stage {args.stage}.{args.tp_rank} %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -156,7 +155,3 @@ def main(argv: list[str] | None = None) -> int:
         if comm is not None:
             comm.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Forms our host-staged TCP ring from a benchmark's peer list (every rank's ADDR:PORT)."""
+"""Forms the host-staged TCP ring from a peer list (every rank's ADDR:PORT), for the bench and the
+lockstep probe."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ own GEMV (`native.py`, `gemv.c`) 75-99%. The choice, per weight:
 float32, `F.linear` for 16-bit weights (a compute-bound GEMM, where the libraries are good).
 
 Measured (AMD EPYC Zen 4, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B's per-token matrices,
-GB/s of weights streamed, bench/gemv.py over six runs while a plain read of the same matrices gave
+GB/s of weights streamed, scripts/bench/gemv.py over six runs while a plain read of the same matrices gave
 27-44): float32 F.linear 11-13, "onednn" 21-22, "native" 25-36; bfloat16 F.linear 11-13,
 "packed" 17-25, "native" 22-33.
 
@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.models import native
+from tandem.kernels import native
 
 TORCH, ONEDNN, PACKED, NATIVE = "torch", "onednn", "packed", "native"
 KERNELS = (TORCH, ONEDNN, PACKED, NATIVE)
@@ -224,6 +224,11 @@ class KernelLinear(nn.Module):
         if 0 < x.numel() <= self._rows:
             return native.gemv_unchecked(x, w, self._bias32)  # decode: (..., in) -> (..., out)
         return self._wide(x, w, b)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> the argmax id (...) int64 of this layer's output, ties to the lowest id."""
+        y = self(x)
+        return native.argmax(y) if native.handles(y) else y.argmax(-1)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"

@@ -1,7 +1,7 @@
 """Single-node decode and prefill speed: tandem vs Hugging Face `transformers.generate`, same weights,
 same dtype, same thread count, measured side by side in one run, plus the memory-bandwidth roofline.
 
-    .venv/bin/python bench/single_node.py [--model DIR] [--dtypes float32,bfloat16] [--threads 2]
+    .venv/bin/python scripts/bench/single_node.py [--model DIR] [--dtypes float32,bfloat16] [--threads 2]
                                           [--prompt-len 128] [--decode 32] [--repeats 3]
 
 Without --model the `qwen3-0.6b` preset is written to /tmp/tandem-bench-qwen3-0.6b (once).
@@ -33,10 +33,10 @@ from tandem.devices import DTYPE_NAMES
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
 from tandem.engine.sampling_params import SamplingParams
+from tandem.kernels import native
 from tandem.loaders.load import load_model
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models import native
 
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 

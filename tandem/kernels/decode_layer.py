@@ -15,9 +15,9 @@ import ctypes
 
 import torch
 
-from tandem.models import native
+from tandem.kernels import native
+from tandem.kernels.linear import NATIVE, KernelLinear
 from tandem.models.context import ForwardContext
-from tandem.models.kernels import NATIVE, KernelLinear
 
 
 def _native_linear(m, dtype: torch.dtype) -> bool:

@@ -1,7 +1,7 @@
 """Pipeline parallelism vs single-node and TP=2: decode tok/s, TTFT, bytes on the wire per token, and
 aggregate throughput of concurrent streams, measured side by side in one run.
 
-    .venv/bin/python bench/pp.py [--model DIR] [--dtype float32] [--threads 1] [--prompt-len 64]
+    .venv/bin/python scripts/bench/pp.py [--model DIR] [--dtype float32] [--threads 1] [--prompt-len 64]
                                  [--decode 16] [--streams 4] [--repeats 2]
 
 Without --model the `qwen3-0.6b` preset is written to /tmp/tandem-bench-qwen3-0.6b (once). Every
@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from tandem.engine.executor import Step, StepSequence
-from tandem.engine.pipeline_generate import generate_pipelined
-from tandem.engine.pipeline_launch import launch_pipeline
-from tandem.engine.pipeline_layout import plan_stages
+from tandem.engine.pp.generate import generate_pipelined
+from tandem.engine.pp.launch import launch_pipeline
+from tandem.engine.pp.layout import plan_stages
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.tp_local import launch_local_tp
+from tandem.engine.tp.local import launch_local_tp
 from tandem.loaders.load import load_model
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.safetensors_dir import ModelDir

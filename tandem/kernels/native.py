@@ -7,13 +7,13 @@ called through ctypes: no Python headers, no torch headers, a build of about a s
   rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
   converts 16-bit rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
 - csrc/decode_block.c chains them into a decoder layer's two halves for one decode token
-  (decode_block.py), so no Python runs between the weight streams.
+  (decode_layer.py), so no Python runs between the weight streams.
 
 Why a kernel of our own: decode at batch 1 reads every weight once per token, so its speed is
 the rate at which the GEMVs stream the weights. On the x86 CPUs measured here the libraries in the
 pinned torch stream 55-75% of a plain read (`sum`): oneDNN's f32 inner product 20-24 GB/s, its
 packed bf16 one 13-25, MKL / OpenBLAS sgemv 12-23, against `sum` at 30-43 GB/s with 2 threads.
-`gemv.c` streams each thread's rows front to back and reaches 80-90% of `sum` (bench/gemv.py).
+`gemv.c` streams each thread's rows front to back and reaches 80-90% of `sum` (scripts/bench/gemv.py).
 Once the GEMVs stream that fast, the rest of a decode step (RMSNorms, RoPE, SwiGLU, attention,
 each a chain of microsecond dispatches) was 13-14 ms of a 60-70 ms bf16 token on Qwen3-0.6B;
 one call per op brought it to ~9 ms measured warm, but with the caches each weight stream had just
@@ -173,7 +173,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded kernels, for callers that chain several calls (decode_block.py)."""
+    """The loaded kernels, for callers that chain several calls (decode_layer.py)."""
     lib = _library()
     if lib is None:
         raise NativeError(f"the native kernels are unavailable: {_why[0]}")

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from tandem.comm.base import Communicator
-from tandem.engine.remote import TPExecutor
-from tandem.engine.shard_runner import ShardRunner
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import require_shardable
 from tandem.parallel.plan import plan_for_config
@@ -174,7 +174,7 @@ def start_head(
 
 def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
-    from tandem.engine.worker import BroadcastSource, serve
+    from tandem.engine.tp.worker import BroadcastSource, serve
 
     require_shardable(model_dir)
     md = ModelDir(model_dir)

@@ -1,7 +1,7 @@
 """Launches a pipeline (optionally of tensor-parallel stages) on this machine over loopback.
 
 The head (this process) is global rank 0: TP rank 0 of stage 0. Every other (stage, TP rank) is a
-`tandem.engine.stage_worker` process. Start-up, in order:
+`tandem stage` process (`tandem.engine.pp.worker`). Start-up, in order:
 
   1. the head binds its return-link listener; each worker binds its upstream listener and reports
      its ephemeral port on stdout (all workers start at once and load their layers in parallel);
@@ -28,22 +28,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.engine.pipeline_executor import PipelineExecutor
-from tandem.engine.pipeline_layout import StageSpec
-from tandem.engine.stage_tp import form_stage_ring, load_tp_stage, ring_listener
-from tandem.engine.stage_worker import DTYPES, READY
-from tandem.loaders.load import load_model
-from tandem.loaders.source import open_model, require_shardable
-from tandem.models.kernels import prepare_linear_kernels
-from tandem.parallel.partition import validate_ranges
-from tandem.parallel.stage import StageRunner
-from tandem.parallel.stage_link import (
+from tandem.engine.pp.head import PipelineExecutor
+from tandem.engine.pp.layout import StageSpec
+from tandem.engine.pp.links import (
     LinkTerms,
     StageListener,
     dial_all,
     grid_ranks,
     max_frame_bytes,
 )
+from tandem.engine.pp.stage import StageRunner
+from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
+from tandem.engine.pp.worker import DTYPES, READY
+from tandem.kernels.prepare import prepare
+from tandem.loaders.load import load_model
+from tandem.loaders.source import open_model, require_shardable
+from tandem.parallel.partition import validate_ranges
 
 
 class LaunchError(RuntimeError):
@@ -188,7 +188,7 @@ def launch_pipeline(
                     down = []
                 upstream = ranks[k - 1][0] if k > 0 else 0
                 argv = [
-                    sys.executable, "-m", "tandem.engine.stage_worker",
+                    sys.executable, "-m", "tandem", "stage",
                     "--model", str(model_dir), "--stage", str(k),
                     "--layers", f"{spec.layers.start}:{spec.layers.end}",
                     "--rank", str(g), "--world-size", str(world),
@@ -273,7 +273,7 @@ def _build_head(
     # at TP > 1 stage 0's layers are sharded (below); the head keeps only embedding and LM head
     head_layers = r0 if s0.tp == 1 else (r0[0], r0[0])
     embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=head_layers)
-    prepare_linear_kernels(embed_head)  # the single-node decode kernels (models/kernels.py)
+    prepare(embed_head)  # the single-node fast path (tandem.kernels)
     if s0.tp == 1:
         stage0 = StageRunner(embed_head, max_batch, max_seq_len)
     else:

@@ -18,7 +18,7 @@ from collections import deque
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.generate import GenerationResult, accept_token, decode_step
-from tandem.engine.pipeline_executor import PipelineExecutor, split_microbatches
+from tandem.engine.pp.head import PipelineExecutor, split_microbatches
 from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
 
 

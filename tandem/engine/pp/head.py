@@ -12,7 +12,7 @@ peer); the LM head then runs once over all of them. A step is split only when it
 (prefill): in memory-bound decode every micro-batch would re-read each stage's weights. Decode keeps
 all stages busy across steps instead: `submit` starts a step without waiting and `collect` returns
 the oldest one's logits, so a loop that keeps one group of sequences in flight per stage
-(`tandem.engine.pipeline_generate`) has every stage working on a different group at once.
+(`tandem.engine.pp.generate`) has every stage working on a different group at once.
 
 When stage 0 is itself a tensor-parallel group, the head sends each micro-batch's embedded hidden
 state to stage 0's other ranks first (they hold layer shards only; the head keeps the whole
@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tandem.engine.executor import Step, StepSequence
+from tandem.engine.pp import frames as pp
+from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
+from tandem.engine.pp.stage import StageRunner
 from tandem.models.llama import Transformer
-from tandem.parallel import pipeline as pp
-from tandem.parallel.pipeline import StageLinkError, StageMessage, StageTransport
-from tandem.parallel.stage import StageRunner
 
 MICROBATCH_MIN_TOKENS = 32
 
@@ -125,7 +125,7 @@ class PipelineExecutor:
     def submit(self, step: Step) -> int:
         """Starts `step` through the pipeline without waiting for it; returns its tag. Results come
         back in submission order (`collect`). A caller that keeps one group of sequences in flight
-        per stage keeps every stage busy (see `tandem.engine.pipeline_generate`)."""
+        per stage keeps every stage busy (see `tandem.engine.pp.generate`)."""
         self._check_usable()
         self._check_order(step)
         try:

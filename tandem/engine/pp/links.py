@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.parallel.pipeline import StageLinkError, TcpStageTransport
+from tandem.engine.pp.frames import StageLinkError, TcpStageTransport
 from tandem.transport.channel import Channel
 from tandem.transport.endpoints import Listener, connect
 from tandem.transport.handshake import Identity

@@ -1,7 +1,7 @@
 """The head's side of a tensor-parallel group: an `Executor` that drives the workers.
 
 One generation loop, on the head (rank 0). For each step the head broadcasts a control frame
-(`tandem.engine.control`) over the group's communicator, then runs its own shard of the forward;
+(`tandem.engine.tp.control`) over the group's communicator, then runs its own shard of the forward;
 the workers, having received the same frame, run theirs, and the layers' collectives meet. The
 vocab-parallel LM head delivers the logits to rank 0 only, where the caller samples. Finished
 sequences are released on the head at once and on the workers with the next frame (they free
@@ -17,31 +17,15 @@ from collections.abc import Callable
 import torch
 
 from tandem.comm.base import Communicator
-from tandem.engine import control
-from tandem.engine.control import Control
 from tandem.engine.executor import Step
-from tandem.engine.shard_runner import ShardRunner
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp import control
+from tandem.engine.tp.control import Control, send_control
 
 
 class GroupFailedError(RuntimeError):
     """A step could not complete on the group: a worker died, hung or refused it. The group is
     unusable afterwards (its communicator is broken); close it and start a new one."""
-
-
-def send_control(comm: Communicator, msg: Control, src: int = 0) -> None:
-    """Broadcasts `msg` from `src` (the frame, then the long payload if there is one)."""
-    frame, extra = control.encode(msg)
-    comm.broadcast(frame, src)
-    if extra is not None:
-        comm.broadcast(extra, src)
-
-
-def recv_control(comm: Communicator, src: int = 0) -> Control:
-    """The receiving side of `send_control` on every rank but `src`."""
-    frame = comm.broadcast(torch.zeros(control.FRAME, dtype=torch.int64), src)
-    n = control.payload_len(frame)
-    extra = comm.broadcast(torch.zeros(n, dtype=torch.int64), src) if n else None
-    return control.decode(frame, extra)
 
 
 class TPExecutor:

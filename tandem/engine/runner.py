@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tandem.engine.executor import Step
+from tandem.kernels.modules import swap_fast_modules
 from tandem.models.kv_cache import KVCache, SlotTable
 from tandem.models.llama import Transformer
 
@@ -22,6 +23,7 @@ class StepOrderError(ValueError):
 
 class ShardRunner:
     def __init__(self, model: Transformer, max_batch: int, max_seq_len: int) -> None:
+        swap_fast_modules(model)  # the native norms, RoPE and attention; TP layers pick their own
         self.model = model
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
