@@ -58,3 +58,11 @@ def test_tensor_parallelism_over_a_gguf_file_is_a_one_line_error(gguf, layout):
     assert out.returncode != 0
     assert "over a GGUF model is not supported yet" in out.stderr
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_worker_for_a_gguf_file_refuses_before_joining_any_ring(gguf):
+    cmd = [sys.executable, "-m", "tandem", "worker", "--model", str(gguf), "--rank", "1"]
+    cmd += ["--world-size", "2", "--peers", "127.0.0.1:9,127.0.0.1:9"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "tensor parallelism over a GGUF model is not supported yet" in out.stderr

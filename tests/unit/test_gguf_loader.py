@@ -171,3 +171,32 @@ def test_tensor_parallelism_over_a_gguf_model_is_refused_before_any_rank_starts(
     with pytest.raises(GGUFShardingUnsupportedError, match=str(f)):
         launch_local_tp(f, 2)
     require_shardable(tmp_path)  # not a GGUF model: nothing to refuse
+
+
+@pytest.mark.parametrize("qtype", ["F32", "BF16"])
+def test_an_hf_directory_written_as_a_dense_gguf_loads_to_the_directory_logits(tmp_path, qtype):
+    """The presets' weights are bfloat16 values, so F32 and BF16 files hold them exactly: the
+    GGUF model (dense parameters, q/k permuted and back) is the directory's model bit for bit."""
+    from tandem.loaders.gguf.writer import write_model_dir_gguf
+    from tandem.loaders.make import make_model_dir
+
+    make_model_dir(tmp_path / "hf", "tiny-llama-untied", seed=2)
+    (f,) = write_model_dir_gguf(tmp_path / "hf", tmp_path / "m.gguf", qtype)
+    src = GGUFModel(f)
+    assert {i.dtype for i in src.manifest.values()} == {"F32", qtype}
+    model = load_model(src)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert torch.equal(logits(model), logits(load_model(open_model(tmp_path / "hf"))))
+
+
+def test_k_quants_fall_back_like_llama_cpp_where_rows_are_not_whole_superblocks():
+    from tandem.loaders.gguf.writer import K_MIX, tensor_type
+
+    assert tensor_type("blk.0.attn_q.weight", (576, 576), K_MIX, True) == "Q5_0"
+    assert tensor_type("blk.0.attn_v.weight", (192, 576), K_MIX, True) == "Q8_0"
+    assert tensor_type("blk.0.ffn_down.weight", (576, 992), K_MIX, True) == "Q5_1"
+    assert tensor_type("blk.0.ffn_down.weight", (576, 1024), K_MIX, True) == "Q5_K"
+    assert tensor_type("token_embd.weight", (512, 256), K_MIX, True) == "Q6_K"
+    assert tensor_type("token_embd.weight", (512, 256), K_MIX, False) == "Q4_K"
+    assert tensor_type("blk.0.attn_norm.weight", (256,), "Q4_K", True) == "F32"
+    assert tensor_type("output.weight", (512, 48), "Q8_0", False) == "F16"

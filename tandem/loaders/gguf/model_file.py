@@ -11,7 +11,8 @@ Tensors are zero-copy views of the memory-mapped files except the q/k weights (a
 `llama` file, whose rows llama.cpp's converter permuted (`names.unpermute_rows`): those are
 gathered back into HF order, one new contiguous copy per q and k matrix *in its blocks*, i.e.
 `(n_heads + n_kv_heads) * head_dim * row_bytes(hidden)` bytes per layer of anonymous memory
-(about 9% of a SmolLM2 or Llama-3-8B file), while the rest of the file stays mapped.
+(8.3 MB, 9%, of the 92 MB SmolLM2-135M Q4_1 file; about 8% of a Llama-3-8B Q4_K file), while the
+rest of the file stays mapped.
 """
 
 from __future__ import annotations

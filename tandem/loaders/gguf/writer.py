@@ -217,19 +217,23 @@ def write_preset_gguf(
 def write_model_dir_gguf(model_dir: str | Path, out: str | Path, qtype: str) -> list[Path]:
     """An HF model directory (safetensors, tokenizer.json) as one GGUF file."""
     from tandem.loaders.safetensors_dir import ModelDir
-    from tandem.loaders.tokenizer import Tokenizer
+    from tandem.loaders.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
     md = ModelDir(model_dir)
-    tok = Tokenizer.from_dir(model_dir)
     tensors = {name: md.read(name) for name in md.manifest}
     if md.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
+    tok, cfg = None, None
+    if (md.path / TOKENIZER_FILE).is_file():
+        tok = HFTokenizer.from_file(str(md.path / TOKENIZER_FILE))
+        cfg_file = md.path / TOKENIZER_CONFIG_FILE
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
     return write_gguf(
         out,
         md.config,
         tensors,
         qtype=qtype,
-        tokenizer=tok._tok if tok is not None else None,
-        tokenizer_cfg=tok.config if tok is not None else None,
-        name=Path(model_dir).resolve().name,
+        tokenizer=tok,
+        tokenizer_cfg=cfg,
+        name=md.path.resolve().name,
     )
