@@ -26,7 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tandem.loaders.gguf.config import PERMUTED_QK, Metadata, architecture, config_from_gguf
+from tandem.loaders.gguf.config import (
+    PERMUTED_QK,
+    GGUFArchitectureError,
+    Metadata,
+    architecture,
+    config_from_gguf,
+)
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, hf_name, permuted_heads, unpermute_rows
 from tandem.loaders.gguf.reader import (
     GGUFCorruptError,
@@ -37,6 +43,7 @@ from tandem.loaders.gguf.reader import (
     open_reader,
 )
 from tandem.loaders.safetensors_dir import MissingTensorError, TensorShapeError
+from tandem.models.llama import Transformer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
 from tandem.models.quant.dequant import dequantize
 
@@ -49,8 +56,7 @@ class GGUFMissingTensorError(GGUFError, MissingTensorError):
 
 
 class GGUFShapeError(GGUFError, TensorShapeError):
-    """A tensor whose shape disagrees with the one the metadata implies, or a tensor the
-    architecture has no place for."""
+    """A tensor whose shape disagrees with the one the metadata implies."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +144,7 @@ class GGUFModel:
             hf = hf_name(name)
             if hf is not None:
                 self.manifest[hf] = info
-            elif name != ROPE_FREQS:
-                raise GGUFShapeError(
-                    f"{info.file}: tensor {name!r} has no place in a {self.arch} model tandem runs"
-                )
+        self._check_no_stray_tensors()
 
     def _check_split(self, part: int, reader: GuardedReader) -> None:
         if len(self.files) == 1:
@@ -162,6 +165,24 @@ class GGUFModel:
             raise GGUFCorruptError(
                 f"{self.path}: split.tensors.count is {want} but the {len(self.files)} parts hold "
                 f"{len(self._raw)} tensors"
+            )
+
+    def _check_no_stray_tensors(self) -> None:
+        """Every tensor must feed a parameter of the model the config describes: one it has no
+        place for (q/k norms in a llama file, an unknown name) means a variant tandem would
+        silently run wrong."""
+        with torch.device("meta"):
+            full = Transformer(self.config)
+        used = {full.checkpoint_name(n) for n, _ in full.named_parameters(remove_duplicate=False)}
+        stray = [
+            i.gguf_name
+            for name, i in self._raw.items()
+            if name != ROPE_FREQS and hf_name(name) not in used
+        ]
+        if stray:
+            raise GGUFArchitectureError(
+                f"{self.path}: tensor(s) {', '.join(repr(n) for n in stray[:5])} have no place in "
+                f"a {self.arch} model tandem runs"
             )
 
     def _rope_freqs(self) -> list[float] | None:
