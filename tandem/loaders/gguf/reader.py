@@ -45,6 +45,7 @@ MAX_DIMS = 4
 HEADER_BYTES = 24  # magic, version, tensor count, kv count
 _MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+_DTYPES: dict[tuple[Any, str], np.dtype] = {}  # (dtype, byte order) -> dtype, made once
 _SCALAR_BYTES = {t: np.dtype(n).itemsize for t, n in GGUFReader.gguf_scalar_to_np.items()}
 
 
@@ -81,6 +82,9 @@ class GuardedReader(GGUFReader):
         return len(self.data) - int(offset)
 
     def _get(self, offset, dtype, count=1, override_order=None):
+        """gguf-py's `_get`, bounds-checked, as one plain ndarray over the mapping: the reader
+        keeps a view per metadata element (~250k for a 49k-token vocabulary), and its own
+        slice-view-view chain of `np.memmap`s costs ~1 KB each where this costs ~100 bytes."""
         count, offset = int(count), int(offset)
         n = np.dtype(dtype).itemsize * count
         if count < 0 or offset < 0 or n > self._left(offset):
@@ -88,7 +92,14 @@ class GuardedReader(GGUFReader):
                 f"a read of {n} bytes at byte {offset} runs past the end of the file "
                 f"({len(self.data)} bytes; truncated?)"
             )
-        return super()._get(offset, dtype, count, override_order)
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        order = self.byte_order if override_order is None else override_order
+        kind = _DTYPES.get((dtype, order))
+        if kind is None:
+            kind = _DTYPES[dtype, order] = np.dtype(dtype).newbyteorder(order)
+        return np.ndarray((count,), dtype=kind, buffer=plain, offset=offset)  # one view, no chain
 
     def _get_str(self, offset):
         (n,) = self._get(offset, np.uint64)
