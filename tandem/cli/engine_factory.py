@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,8 +97,11 @@ def build_executor(
                 md.on_read = lambda n: bar.advance(task, n)
                 model = load_model(md, dtype=DTYPES[dtype], device=device)
         else:  # GGUF: the weights stay mapped in their blocks; there is little to wait for
-            model = load_model(source, dtype=DTYPES[dtype], device=device)
-        return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
+            md = source
+            model = load_model(md, dtype=DTYPES[dtype], device=device)
+        return LocalExecutor(
+            model, max_batch=max_batch, max_seq_len=max_seq_len, weight_format=md.weight_format()
+        )
     from tandem.engine.tp.local import per_rank
 
     dtypes = per_rank(dtype, tp * pp, "dtype")
@@ -155,7 +160,27 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
             keepalive_s=KEEPALIVE_S,
         )
     ex.comm_stats = metered.stats
+    ex.join_rtt_ms = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
     return ex
+
+
+def join_rtts(text: str, world_size: int) -> dict[int, float]:
+    """`{"1": 0.42, ...}` (what `cluster join` hands the head: each rank's round trip to the head
+    when it joined, in ms) -> {rank: ms}; entries that are not a rank and a finite number are
+    dropped (a figure shown must be one that was measured)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.isdigit() and 0 < int(k) < world_size):
+            continue
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            out[int(k)] = float(v)
+    return out
 
 
 def executor_health(executor) -> Callable[[], tuple[bool, str]]:

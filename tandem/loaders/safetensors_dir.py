@@ -216,5 +216,13 @@ class ModelDir:
 
         return Tokenizer.from_dir(self.path)
 
+    def weight_format(self) -> str:
+        """How the weights are stored, for reports: "safetensors BF16" (several dtypes: the one
+        holding the most bytes first, "safetensors BF16/F32")."""
+        size: dict[str, int] = {}
+        for info in self.manifest.values():
+            size[info.dtype] = size.get(info.dtype, 0) + info.nbytes
+        return "safetensors " + "/".join(sorted(size, key=lambda d: -size[d]))
+
     def close(self) -> None:
         self._handles.clear()

@@ -18,7 +18,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
 from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
+from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.metrics import render_metrics
+from tandem.server.page import add_page
 from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -66,10 +68,13 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
             {"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503
         )
 
+    cluster = add_page(app, engine)  # GET /, /static/*, /v1/cluster
+
     @app.get("/metrics")
     async def metrics():
         ok, _ = engine.health()
         text = render_metrics(engine.metrics(), ok, dict(http_counts))
+        text += render_cluster_metrics(cluster.view())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")

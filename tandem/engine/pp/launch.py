@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.engine.cluster_info import pipeline_facts
 from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.pp.links import (
@@ -223,11 +224,16 @@ def launch_pipeline(
                 procs[g].popen.stdin.write(f"{down}\n{ring}\n".encode())
                 procs[g].popen.stdin.flush()
         head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
-        return _build_head(
+        ex = _build_head(
             md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
             timeout=timeout, microbatches=microbatches,
         )  # fmt: skip
+        pids = {0: os.getpid(), **{g: p.popen.pid for g, p in procs.items()}}
+        hosts = {g: addr(g) for g in pids} if addresses is not None else {}
+        ex.grid = [list(r) for r in ranks]
+        ex.facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
+        return ex
     except BaseException:
         head_listener.close()
         for p in group.procs:

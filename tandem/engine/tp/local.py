@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,10 @@ class LocalWorkers:
             ranks.append(RankProcess(f"rank{r}", argv, {"TANDEM_SECRET": self.secret.decode()}))
         self.group = ProcessGroup(ranks, log_dir=self.log_dir, grace_s=2.0)
         self.group.start()
+
+    def exited(self) -> tuple[str, int] | None:
+        """(name, exit code) of a worker that has exited, or None while all run."""
+        return self.group.poll()
 
     def diagnose(self) -> str | None:
         """Which worker exited and the tail of its log, or None while all run."""
@@ -201,6 +206,8 @@ def form_local_group(
     ex.comm_stats = metered.stats
     ex.log_dir = workers.log_dir
     ex.local_workers = workers
+    ours = {p.pid for p in workers.group.procs}
+    ex.facts = [replace(f, local=f.local or f.pid in ours) for f in ex.facts]
     return ex
 
 

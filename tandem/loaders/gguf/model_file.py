@@ -42,7 +42,9 @@ from tandem.loaders.gguf.reader import (
     GuardedReader,
     open_reader,
 )
+from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
 from tandem.loaders.safetensors_dir import MissingTensorError, TensorShapeError
+from tandem.loaders.tokenizer import Tokenizer
 from tandem.models.llama import Transformer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
 from tandem.models.quant.dequant import dequantize
@@ -279,17 +281,18 @@ class GGUFModel:
             h.update(memoryview(sample))
         return h.hexdigest()
 
-    def tokenizer(self):
-        """The tokenizer from the file's metadata (`tandem.loaders.gguf.tokenizer`), or None
-        while that module is absent (prompts must then be token ids).
+    def weight_format(self) -> str:
+        """How the weights are stored, for reports: "GGUF Q4_1/Q8_0/F32" (the types holding the
+        most bytes first)."""
+        size: dict[str, int] = {}
+        for info in self._raw.values():
+            size[info.dtype] = size.get(info.dtype, 0) + info.nbytes
+        return "GGUF " + "/".join(sorted(size, key=lambda d: -size[d]))
 
-        SEAM: `load_gguf_tokenizer(reader, path)` is written separately; until it exists this
-        returns None."""
-        try:
-            from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
-        except ModuleNotFoundError as e:
-            if e.name != "tandem.loaders.gguf.tokenizer":
-                raise
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer and chat template from the file's metadata (`gguf.tokenizer`), or None
+        for a file that carries no tokenizer (prompts must then be token ids)."""
+        if "tokenizer.ggml.model" not in self.metadata:
             return None
         return load_gguf_tokenizer(self.readers[0], self.path)
 
