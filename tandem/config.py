@@ -20,7 +20,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
 }
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
 class ConfigError(ValueError):
@@ -33,13 +33,19 @@ class UnsupportedArchitectureError(ConfigError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """`llama3` rope scaling parameters (Llama 3.1+); absent for plain RoPE."""
+    """Rope scaling: `llama3` (Llama 3.1+: every field) or `linear` (positions divided by
+    `factor`; the other fields unused); absent for plain RoPE."""
 
     rope_type: str
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 1.0
+    original_max_position_embeddings: int = 0
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        if self.rope_type == "linear":
+            return {"rope_type": "linear", "factor": self.factor}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,9 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k
     sliding_window: int | None = None  # Mistral: a query sees at most this many keys
+    # llama.cpp's per-frequency divisors (a GGUF's `rope_freqs` tensor, how its converter stores
+    # llama3 scaling): inv_freq[i] / rope_freq_factors[i]; HF config.json has no such field
+    rope_freq_factors: tuple[float, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"
@@ -207,7 +216,7 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": asdict(self.rope_scaling) if self.rope_scaling else None,
+            "rope_scaling": self.rope_scaling.to_hf_dict() if self.rope_scaling else None,
             "tie_word_embeddings": self.tie_word_embeddings,
             "torch_dtype": self.torch_dtype,
             "bos_token_id": self.bos_token_id,
@@ -245,6 +254,10 @@ def _parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:
         raise ConfigError(
             f"{source}: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
+    if kind == "linear":
+        if "factor" not in s:
+            raise ConfigError(f"{source}: rope_scaling field 'factor' is missing")
+        return RopeScaling("linear", _typed(s["factor"], float, "rope_scaling.factor", source))
     try:
         return RopeScaling(
             rope_type=kind,

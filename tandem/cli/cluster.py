@@ -35,6 +35,8 @@ from tandem.cluster.token import (
     token_qr,
 )
 from tandem.config import ModelConfig
+from tandem.loaders.safetensors_dir import ModelFileError
+from tandem.loaders.source import open_model, require_shardable
 from tandem.parallel.partition import split_by_weights
 from tandem.parallel.plan import plan_for_config
 
@@ -182,10 +184,12 @@ def run_join(args: argparse.Namespace) -> int:
                 f"this token's layout is tp={topo.tp} x pp={topo.pp}; joined clusters run tensor "
                 "parallelism only in this build (use --layout tp, or `tandem serve --pp` on one host)"
             )
+        if args.model and topo.tp > 1:
+            require_shardable(args.model)
         rank = assign_rank(topo, args.rank)
         config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
         ring_file = _write_ring_config(config_dir, topo, rank)
-    except (JoinTokenError, ClusterCliError, OSError) as e:
+    except (JoinTokenError, ClusterCliError, ModelFileError, OSError) as e:
         return _fail("join", e)
     facts = {
         "host": topo.hosts[rank],
@@ -227,7 +231,7 @@ def _bind_host(host: str) -> str:
 
 
 def _model_config(model: str | None) -> ModelConfig | None:
-    return ModelConfig.from_dir(model) if model else None
+    return open_model(model).config if model else None
 
 
 def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> float:

@@ -1,5 +1,5 @@
-"""Composition: model directory + layout -> executor -> scheduler -> `ServingEngine` (for serve,
-launch and bench). Not a command itself."""
+"""Composition: model (directory or GGUF) + layout -> executor -> scheduler -> `ServingEngine`
+(for serve, launch and bench). Not a command itself."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tandem.config import ModelConfig
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.loaders.tokenizer import Tokenizer
+from tandem.loaders.source import ModelSource, open_model
 
 KEEPALIVE_S = 5.0  # an idle server pings its workers this often (and notices a dead one)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,9 +72,12 @@ def build_executor(
     max_seq_len: int,
     console: Console,
     ring_config: Path | None = None,
+    source: ModelSource | None = None,
 ):
     """The executor for the layout; its `close()` brings down whatever it started. With
-    `ring_config`, this process is rank 0 of a TP group whose workers run on other machines."""
+    `ring_config`, this process is rank 0 of a TP group whose workers run on other machines.
+    `source`: the model already opened at `model_dir` (a single-node GGUF model is loaded from
+    it rather than parsed again)."""
     if ring_config is not None:
         return _remote_tp_head(
             model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
@@ -87,10 +90,14 @@ def build_executor(
 
         if dtype not in DTYPES:
             raise LayoutUnavailable(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-        with _progress(console) as bar:
-            md = _ProgressDir(model_dir)
-            task = bar.add_task("loading weights", total=md.total_bytes)
-            md.on_read = lambda n: bar.advance(task, n)
+        if isinstance(source, ModelDir) or source is None:
+            with _progress(console) as bar:
+                md = _ProgressDir(model_dir)
+                task = bar.add_task("loading weights", total=md.total_bytes)
+                md.on_read = lambda n: bar.advance(task, n)
+                model = load_model(md, dtype=DTYPES[dtype], device=device)
+        else:  # GGUF: the weights stay mapped in their blocks; there is little to wait for
+            md = source
             model = load_model(md, dtype=DTYPES[dtype], device=device)
         return LocalExecutor(
             model, max_batch=max_batch, max_seq_len=max_seq_len, weight_format=md.weight_format()
@@ -225,11 +232,12 @@ def build_serving_engine(
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor)."""
     console = console or Console(stderr=True)
-    config = ModelConfig.from_dir(model_dir)
+    source = open_model(model_dir)
+    config = source.config
     seq_len = min(max_seq_len or 2048, config.max_position_embeddings)
-    tokenizer = Tokenizer.from_dir(model_dir)
+    tokenizer = source.tokenizer()
     if tokenizer is None:
-        raise LayoutUnavailable(f"{model_dir}: no tokenizer.json; the server needs a tokenizer")
+        raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
     executor = build_executor(
         model_dir,
         config,
@@ -241,6 +249,7 @@ def build_serving_engine(
         max_seq_len=seq_len,
         console=console,
         ring_config=ring_config,
+        source=source,
     )
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
@@ -248,7 +257,7 @@ def build_serving_engine(
     engine = ServingEngine(
         scheduler,
         tokenizer,
-        name or model_dir.resolve().name,
+        name or model_dir.resolve().name.removesuffix(".gguf"),
         chat_template=chat,
         health=executor_health(executor),
         executor_stats=executor_stats(executor),

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from tandem.cli.engine_factory import build_serving_engine
     from tandem.cluster.launcher import sigterm_as_keyboard_interrupt
+    from tandem.loaders.source import is_gguf
     from tandem.server.app import create_app
     from tandem.server.forming import (
         AppSwitch,
@@ -92,8 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.model = str(default_model_dir())
     model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise ServeError(f"{model_dir}: not a model directory (no config.json)")
+    if not ((model_dir / "config.json").is_file() or is_gguf(model_dir)):
+        raise ServeError(f"{model_dir}: not a model directory (no config.json) or GGUF file")
     ring_config = Path(args.ring_config) if args.ring_config else None
     tp = load_ring_config(ring_config).world_size if ring_config else args.tp
     check_port_free(args.host, args.port)  # before minutes of weight loading, not after

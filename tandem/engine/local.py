@@ -21,7 +21,7 @@ from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import open_model
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
 
@@ -63,7 +63,7 @@ class LocalExecutor:
         max_seq_len: int = 2048,
         kernels: str = "auto",
     ) -> LocalExecutor:
-        md = ModelDir(path)
+        md = open_model(path)
         model = load_model(md, dtype=dtype, device=device)
         return cls(model, max_batch, max_seq_len, kernels=kernels, weight_format=md.weight_format())
 

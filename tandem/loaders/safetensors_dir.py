@@ -210,6 +210,12 @@ class ModelDir:
             h.update(f"{name}|{info.dtype}|{list(info.shape)}\n".encode())
         return h.hexdigest()
 
+    def tokenizer(self):
+        """The directory's `tokenizer.json` tokenizer, or None without one."""
+        from tandem.loaders.tokenizer import Tokenizer
+
+        return Tokenizer.from_dir(self.path)
+
     def weight_format(self) -> str:
         """How the weights are stored, for reports: "safetensors BF16" (several dtypes: the one
         holding the most bytes first, "safetensors BF16/F32")."""

@@ -30,6 +30,7 @@ from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import require_shardable
 from tandem.parallel.plan import TPPlan, plan_for_config
 from tandem.parallel.shard_load import load_shard
 from tandem.parallel.transform import shard_transformer
@@ -198,6 +199,7 @@ def start_head(
     diagnose: Callable[[], str | None] | None = None,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
+    require_shardable(model_dir)
     md = ModelDir(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
     plan_for_config(md.config, comm.world_size, weights)  # fail before any worker loads
@@ -226,6 +228,7 @@ def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
+    require_shardable(model_dir)
     md = ModelDir(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
     exchange_rank_info(comm, dtype, device)
