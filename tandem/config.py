@@ -7,10 +7,11 @@ only in which of these switches they set.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tandem import boundedjson
 
 # architecture name -> HF model_type written into config.json
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -21,6 +22,8 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
+CONFIG_MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -85,9 +88,9 @@ class ModelConfig:
         except OSError as e:
             raise ConfigError(f"{file}: cannot read config ({e.strerror or e})") from e
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{file}: not valid JSON ({e})") from e
+            d = boundedjson.loads(text, max_bytes=CONFIG_MAX_BYTES, max_depth=CONFIG_MAX_DEPTH)
+        except boundedjson.BoundedJSONError as e:
+            raise ConfigError(f"{file}: {e}") from None
         if not isinstance(d, dict):
             raise ConfigError(f"{file}: expected a JSON object at top level")
         return cls.from_hf_dict(d, source=str(file))

@@ -15,10 +15,13 @@ master_ip is null on rank 0 itself. Pure data: parsing only, every error naming 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tandem import boundedjson
+
+RING_CONFIG_MAX_BYTES = 64 * 1024
 
 
 class RingConfigError(ValueError):
@@ -124,7 +127,7 @@ def load_ring_config(path: str | Path) -> RingConfig:
     except OSError as e:
         raise RingConfigError(f"{where}: cannot read ({e.strerror})") from None
     try:
-        d = json.loads(raw)
-    except ValueError as e:
-        raise RingConfigError(f"{where}: not valid JSON ({e})") from None
+        d = boundedjson.loads(raw, max_bytes=RING_CONFIG_MAX_BYTES, max_depth=4)
+    except boundedjson.BoundedJSONError as e:
+        raise RingConfigError(f"{where}: {e}") from None
     return parse_ring_config(d, where)

@@ -27,7 +27,10 @@ import threading
 import time
 from typing import Any
 
+from tandem import boundedjson
+
 MAX_MESSAGE = 64 * 1024
+MAX_DEPTH = 8  # a snapshot is {"ranks": [{facts}]}: three levels
 REFUSED = 0  # a zero length in reply: the board could not authenticate the request
 NONCE_LEN = 16
 MAC_LEN = 32
@@ -81,9 +84,9 @@ def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any
     if not hmac.compare_digest(mac, _mac(secret, nonce, body)):
         raise StatusAuthError("status message MAC mismatch: the peer has another cluster's secret")
     try:
-        obj = json.loads(body.decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise StatusError(f"status message is not JSON: {e}") from e
+        obj = boundedjson.loads(body, max_bytes=MAX_MESSAGE, max_depth=MAX_DEPTH)
+    except boundedjson.BoundedJSONError as e:
+        raise StatusError(f"status message: {e}") from None
     if not isinstance(obj, dict):
         raise StatusError("status message is not a JSON object")
     return obj

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import base58
 
+from tandem import boundedjson
+
 MAGIC = b"TDM"
 TOKEN_VERSION = 1
 _HEADER = struct.Struct(">3sBH")  # magic, version, body length
@@ -234,7 +236,7 @@ def decode_token(token: str) -> ClusterTopology:
     if hashlib.sha256(header + body).digest()[:_CHECKSUM_LEN] != checksum:
         raise TokenCorrupt("the join token's checksum does not match: it was mistyped or damaged")
     try:
-        d = json.loads(body.decode())
+        d = boundedjson.loads(body, max_bytes=0xFFFF, max_depth=4)
         return ClusterTopology(
             hosts=tuple(str(h) for h in d["hosts"]),
             base_port=int(d["base_port"]),
