@@ -79,6 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from tandem.cli.engine_factory import build_serving_engine
     from tandem.server.app import create_app
+    from tandem.server.http_limits import uvicorn_options
 
     if args.model is None:
         from tandem.builtin import default_model_dir
@@ -116,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # open streams must not hold Ctrl-C up
+            **uvicorn_options(),  # read deadlines, keep-alive and header limits
         )
     finally:
         close()

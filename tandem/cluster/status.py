@@ -2,7 +2,9 @@
 how far away. A tiny authenticated JSON exchange (no pickle), served by the head on the token's
 status port.
 
-One exchange per TCP connection, every socket operation under a timeout:
+One exchange per TCP connection, each on its own thread under a total deadline (EXCHANGE_DEADLINE_S,
+however slowly the client drips), at most MAX_PENDING at once (more are closed unread), so one slow
+or hostile client never keeps the board from answering the others:
 
     board  -> client   16-byte random nonce
     client -> board    u32 length | 32-byte HMAC-SHA256(secret, nonce | body) | body (UTF-8 JSON)
@@ -31,6 +33,8 @@ from tandem import boundedjson
 
 MAX_MESSAGE = 64 * 1024
 MAX_DEPTH = 8  # a snapshot is {"ranks": [{facts}]}: three levels
+EXCHANGE_DEADLINE_S = 5.0
+MAX_PENDING = 16
 REFUSED = 0  # a zero length in reply: the board could not authenticate the request
 NONCE_LEN = 16
 MAC_LEN = 32
@@ -53,9 +57,14 @@ def _mac(secret: bytes, nonce: bytes, body: bytes) -> bytes:
     return hmac.new(secret, nonce + body, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """n bytes, or StatusError once `deadline` (monotonic) passes, however they trickle in."""
     buf = bytearray()
     while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StatusError("the status exchange ran past its deadline")
+        sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             raise StatusError("the peer closed the connection mid-message")
@@ -70,8 +79,8 @@ def _send_msg(sock: socket.socket, secret: bytes, nonce: bytes, obj: dict[str, A
     sock.sendall(_LEN.pack(len(body)) + _mac(secret, nonce, body) + body)
 
 
-def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any]:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes, deadline: float) -> dict[str, Any]:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
     if n == REFUSED:
         raise StatusAuthError(
             "the status board refused this cluster secret: the token is from another cluster "
@@ -79,8 +88,8 @@ def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any
         )
     if n > MAX_MESSAGE:  # checked before anything is allocated
         raise StatusError(f"status message claims {n} bytes (limit {MAX_MESSAGE})")
-    mac = _recv_exact(sock, MAC_LEN)
-    body = _recv_exact(sock, n)
+    mac = _recv_exact(sock, MAC_LEN, deadline)
+    body = _recv_exact(sock, n, deadline)
     if not hmac.compare_digest(mac, _mac(secret, nonce, body)):
         raise StatusAuthError("status message MAC mismatch: the peer has another cluster's secret")
     try:
@@ -104,6 +113,7 @@ class StatusBoard:
         self._sock.settimeout(0.5)
         self.port = self._sock.getsockname()[1]
         self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_PENDING)
         self._thread = threading.Thread(target=self._serve, name="tandem-status", daemon=True)
 
     def start(self) -> StatusBoard:
@@ -131,15 +141,26 @@ class StatusBoard:
                 conn, addr = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
-            with conn, contextlib.suppress(OSError, StatusError):
-                conn.settimeout(5.0)
-                self._answer(conn, addr[0])
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # MAX_PENDING exchanges already running
+                continue
+            threading.Thread(
+                target=self._exchange, args=(conn, addr[0]), name="tandem-status-x", daemon=True
+            ).start()
 
-    def _answer(self, conn: socket.socket, peer: str) -> None:
+    def _exchange(self, conn: socket.socket, peer: str) -> None:
+        try:
+            with conn, contextlib.suppress(Exception):  # whatever a client sends, the board lives
+                self._answer(conn, peer, time.monotonic() + EXCHANGE_DEADLINE_S)
+        finally:
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, peer: str, deadline: float) -> None:
+        conn.settimeout(EXCHANGE_DEADLINE_S)
         nonce = os.urandom(NONCE_LEN)
         conn.sendall(nonce)
         try:
-            msg = _recv_msg(conn, self.secret, nonce)
+            msg = _recv_msg(conn, self.secret, nonce, deadline)
         except StatusAuthError:
             conn.sendall(_LEN.pack(REFUSED))
             raise
@@ -172,12 +193,13 @@ def exchange(
             f"cannot reach the head's status board at {host}:{port} ({e.strerror or e}): "
             "is the head up, and is that port open between the nodes?"
         ) from e
+    deadline = time.monotonic() + timeout_s
     with sock:
         sock.settimeout(timeout_s)
         try:
-            nonce = _recv_exact(sock, NONCE_LEN)
+            nonce = _recv_exact(sock, NONCE_LEN, deadline)
             _send_msg(sock, key, nonce, msg)
-            reply = _recv_msg(sock, key, nonce)
+            reply = _recv_msg(sock, key, nonce, deadline)
         except StatusError:
             raise
         except OSError as e:
