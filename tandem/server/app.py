@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
+from tandem.engine.scheduler import RequestFailed
 from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
 from tandem.server.metrics import render_metrics
 from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
@@ -51,7 +52,8 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-        return JSONResponse(APIError(400, msg, param=".".join(loc) or None).body(), status_code=400)
+        param = loc[0] if loc else None  # the request field at fault, as OpenAI names it
+        return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
@@ -186,7 +188,7 @@ def _params(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
+            top_k=max(body.top_k or 0, 0),  # -1: off
             seed=body.seed,
             ignore_eos=body.ignore_eos,
         )
@@ -226,6 +228,8 @@ async def _events(queue: asyncio.Queue, handle: Any) -> AsyncIterator[str | Comp
                 yield item
                 continue
             completion, error = item
+            if isinstance(error, RequestFailed):  # this request alone; the engine serves on
+                raise APIError(500, str(error), type_="server_error", code="request_failed")
             if error is not None:
                 raise APIError(503, str(error), type_="server_error", code="engine_unavailable")
             yield completion
