@@ -6,7 +6,8 @@ silent, or one that drips a header byte every few seconds (each byte also cancel
 timer). `DeadlineH11Protocol` arms one deadline whenever a connection is waiting for a request (on
 connect, and after each response) and closes it unless the whole request, head and body, has
 arrived within `REQUEST_READ_TIMEOUT_S`; h11 bounds the head's size, and `limit_concurrency`
-answers 503 past a number of connections instead of holding them all.
+answers 503 past a number of connections instead of holding them all. `BodyLimit` (ASGI
+middleware, in the app) answers 413 to a request body over MAX_BODY_BYTES.
 
     uvicorn.run(app, host=host, port=port, **uvicorn_options())
 """
@@ -14,10 +15,13 @@ answers 503 past a number of connections instead of holding them all.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from tandem.server.protocol import APIError
 
 REQUEST_READ_TIMEOUT_S = 10.0  # from idle to the whole request received, however it trickles
 KEEP_ALIVE_S = 5.0  # a silent keep-alive connection is closed after this
@@ -73,3 +77,60 @@ def uvicorn_options() -> dict[str, Any]:
         "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
         "limit_concurrency": MAX_CONNECTIONS,
     }
+
+
+MAX_BODY_BYTES = 2 << 20  # a request body; a prompt that fits any context tandem serves fits this
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 in OpenAI's error shape,
+    at once when Content-Length says so, else as soon as the streamed body passes the limit
+    (nothing past it is buffered: the app is told the client left, and what it sends is dropped)."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send, int(declared))
+            return
+        seen, started, refused = 0, False, False
+
+        async def counted_receive() -> dict:
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    refused = True
+                    if not started:
+                        await self._refuse(send, seen)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: dict) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 is the response
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted_receive, guarded_send)
+
+    async def _refuse(self, send: Any, size: int) -> None:
+        err = APIError(
+            413,
+            f"the request body has at least {size} bytes; this server accepts at most "
+            f"{self.max_bytes}",
+            code="request_too_large",
+        )
+        body = json.dumps(err.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
