@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,14 @@ from rich.console import Console
 from rich.table import Table
 
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
-from tandem.cluster.status import StatusBoard, StatusError, announce, measure_rtt_ms, query
+from tandem.cluster.status import (
+    StatusBoard,
+    StatusError,
+    announce,
+    keep_alive,
+    measure_rtt_ms,
+    query,
+)
 from tandem.cluster.token import (
     ClusterTopology,
     JoinTokenError,
@@ -196,6 +204,7 @@ def run_join(args: argparse.Namespace) -> int:
     facts["role"] = role_of(topo, rank, _model_config(args.model))
     console.print(f"rank {rank} of {topo.world_size} ({facts['role']}); RING_CONFIG={ring_file}")
     board = None
+    stop_beat = threading.Event()
     try:
         if rank == 0:
             board = StatusBoard(
@@ -208,15 +217,16 @@ def run_join(args: argparse.Namespace) -> int:
             _wait_for_ranks(console, topo, board, args.timeout)
         else:
             rtt = _reach_head(console, topo, args.timeout)
-            announce(
-                topo.hosts[0], topo.status_port, topo.secret, rank, **facts, rtt_ms=round(rtt, 3)
-            )
+            head = (topo.hosts[0], topo.status_port, topo.secret)
+            instance = announce(*head, rank, **facts, rtt_ms=round(rtt, 3))  # RankOccupied
+            keep_alive(*head, rank, instance, stop_beat)
         return _run_rank(console, args, rank, ring_file)
     except KeyboardInterrupt:
         return 130
     except (StatusError, LaunchError, ClusterCliError, OSError) as e:
         return _fail("join", e)
     finally:
+        stop_beat.set()
         if board is not None:
             board.close()
 
@@ -324,7 +334,7 @@ def run_status(args: argparse.Namespace) -> int:
         table.add_row(
             str(r),
             str(info.get("host", topo.hosts[r])),
-            "[green]joined[/green]",
+            "[green]joined[/green]" if info.get("alive", True) else "[yellow]gone[/yellow]",
             str(info.get("device", "?")),
             str(info.get("dtype", "?")),
             str(info.get("role") or role_of(topo, r, config)),

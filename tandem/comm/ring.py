@@ -42,7 +42,13 @@ import torch
 
 from tandem.comm import algorithms as alg
 from tandem.comm import base
-from tandem.comm.framing import FrameReader, check_gathered_shape, data_header
+from tandem.comm.framing import (
+    ABORT_STEP,
+    CLAIM_STEP,
+    FrameReader,
+    check_gathered_shape,
+    data_header,
+)
 from tandem.comm.staging import (
     decode_f32,
     decode_tensor,
@@ -69,6 +75,7 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
+
 _F32 = torch.float32
 
 
@@ -678,23 +685,45 @@ class RingCommunicator:
         seq: int,
         fp: int,
     ) -> np.ndarray:
+        """A chain from the root, r -> r+1. Over TCP every rank first sends its right neighbour a
+        header-only claim frame (fingerprint of shape, dtype and root) and checks its left one's,
+        so ranks that disagree on the root (or shape) fail with OpDesyncError on both sides of the
+        disagreement instead of each returning its own tensor. A receiver sends its claim on
+        entry, so the root rarely waits for it."""
         hop = (self._rank - src) % self._size  # 0 at the root
         if self._shm is not None and payload.nbytes <= self._small:  # N = 2 on one host
             # one swap: both post the frame of step 0 (the receiver its own, unused payload)
             head = self._header(fr.BROADCAST, wire.code, seq, fp, shape, 0)
             got = self._swap_same_host(head, payload, payload.nbytes)
             return payload if hop == 0 else np.frombuffer(got, payload.dtype).copy()
-        if hop > 0:
+        claim = self._header(fr.BROADCAST, wire.code, seq, fp, (0,), CLAIM_STEP)
+        try:
+            if hop == 0:
+                head = self._header(fr.BROADCAST, wire.code, seq, fp, shape, 0)
+                self._io.send([claim, head, payload])
+                self._reader.known_small(claim, 0, np.uint8)
+                self._io.flush()
+                return payload
+            self._io.send([claim])
+            self._reader.known_small(claim, 0, np.uint8)
             head = self._header(fr.BROADCAST, wire.code, seq, fp, shape, hop - 1)
             if payload.nbytes <= self._small:  # header and payload in one receive
                 payload = self._reader.known_small(head, payload.nbytes, payload.dtype)
             else:
                 payload = np.empty(payload.size, dtype=payload.dtype)
                 self._recv_known(head, memoryview(payload))
-        if hop < self._size - 1:
-            self._io.send([self._header(fr.BROADCAST, wire.code, seq, fp, shape, hop), payload])
+            if hop < self._size - 1:
+                self._io.send([self._header(fr.BROADCAST, wire.code, seq, fp, shape, hop), payload])
             self._io.flush()
-        return payload
+            return payload
+        except base.OpDesyncError:
+            # the right neighbour may be waiting for our payload: an abort frame fails it too
+            try:
+                self._io.send([self._header(fr.BROADCAST, wire.code, seq, fp, (0,), ABORT_STEP)])
+                self._io.flush()
+            except OSError:
+                pass
+            raise
 
     def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
         parts = base.check_parts(parts, self._size, "all_to_all")

@@ -9,6 +9,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from tandem.cluster import status
 from tandem.cluster.status import StatusBoard, query
@@ -71,4 +72,49 @@ def test_a_flood_of_silent_connections_is_capped_and_queries_still_answer():
     finally:
         for s in flood:
             s.close()
+        board.close()
+
+
+def test_a_second_join_for_a_live_rank_is_refused_and_its_row_kept():
+    board, secret = _board()
+    head = ("127.0.0.1", board.port, secret)
+    try:
+        first = status.announce(*head, 1, host="10.0.0.2", pid=111, device="cuda:0")
+        with pytest.raises(status.RankOccupied, match=r"rank 1 is already joined from 10\.0\.0\.2"):
+            status.announce(*head, 1, host="10.0.0.3", pid=222, device="cpu")
+        row = query(*head)["ranks"][0]
+        assert (row["host"], row["pid"], row["device"], row["alive"]) == (
+            "10.0.0.2",
+            111,
+            "cuda:0",
+            True,
+        )
+        assert (
+            status.announce(*head, 1, instance=first, host="10.0.0.2", pid=112) == first
+        )  # itself
+        board.update(0, host="head")  # the head's own row: never taken
+        with pytest.raises(status.RankOccupied):
+            status.announce(*head, 0, host="10.0.0.9")
+    finally:
+        board.close()
+
+
+def test_a_rank_whose_holder_went_silent_may_be_joined_again():
+    secret = secrets.token_hex(32)
+    board = StatusBoard(secret, world_size=2, stale_s=1.0).start()
+    head = ("127.0.0.1", board.port, secret)
+    try:
+        first = status.announce(*head, 1, host="a")
+        stop = threading.Event()
+        status.keep_alive(*head, 1, first, stop, every_s=0.2)
+        time.sleep(1.5)  # past the stale bound, but the holder keeps beating
+        with pytest.raises(status.RankOccupied):
+            status.announce(*head, 1, host="b")
+        stop.set()
+        time.sleep(1.5)  # now silent past the bound: gone
+        assert query(*head)["ranks"][0]["alive"] is False
+        second = status.announce(*head, 1, host="b")
+        row = query(*head)["ranks"][0]
+        assert row["host"] == "b" and row["instance"] == second and row["alive"]
+    finally:
         board.close()
