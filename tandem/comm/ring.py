@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tandem.cluster.ring_config import check_timeout
 from tandem.comm import algorithms as alg
 from tandem.comm import base
 from tandem.comm.framing import (
@@ -200,6 +201,8 @@ class RingCommunicator:
             raise ValueError(
                 f"a ring needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
             )
+        check_timeout("op_timeout", op_timeout, "ring")
+        check_timeout("handshake_timeout", handshake_timeout, "ring")
         wd.negotiable(wire_dtype)
         me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "ring")
         if listener is None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tandem.cluster.ring_config import check_timeout
 from tandem.comm import base
 from tandem.comm.framing import (
     ABORT_STEP,
@@ -84,6 +85,8 @@ class StarCommunicator:
             raise ValueError(
                 f"a star needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
             )
+        check_timeout("op_timeout", op_timeout, "star")
+        check_timeout("handshake_timeout", handshake_timeout, "star")
         me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "star")
         kw = dict(op_timeout=op_timeout, max_frame_bytes=max_frame_bytes)
         channels: dict[int, Channel] = {}

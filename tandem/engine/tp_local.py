@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
+from tandem.cluster.ring_config import keepalive_interval
 from tandem.comm.base import Communicator
 from tandem.engine.remote import TPExecutor
 from tandem.engine.tp_group import start_head
@@ -114,10 +115,10 @@ def launch_local_tp(
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
     `workers` may be started beforehand (to start several groups' processes at once). An idle
-    group pings its workers every `keepalive_s` (default a quarter of the op timeout; None: never)
-    so they outlive pauses between steps longer than the op timeout."""
+    group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
+    never) so they outlive pauses between steps longer than the op timeout."""
     if keepalive_s is not None and keepalive_s < 0:
-        keepalive_s = op_timeout / 4
+        keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
     devices = devices or ["cpu"] * tp
     if workers is None:
