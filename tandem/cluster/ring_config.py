@@ -4,7 +4,7 @@
       "port": 9001, "right_ip": "192.168.77.1", "right_port": 9000,
       "rank": 1, "world_size": 2,
       "secret": "...",                         optional (else TANDEM_SECRET)
-      "listen_ip": "0.0.0.0",                  optional bind address (default: see below)
+      "listen_ip": "192.168.77.2",             optional bind address (default: see bind_ip)
       "cluster_id": "lab", "wire_dtype": "float32",
       "handshake_timeout": 120, "op_timeout": 60 }   optional
 
@@ -71,13 +71,15 @@ class RingConfig:
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     op_timeout: float = DEFAULT_OP_TIMEOUT_S
 
-    def bind_ip(self, has_secret: bool) -> str:
-        """Where to listen: `listen_ip` if given; all interfaces for a secured multi-host ring;
-        loopback otherwise (an unsecured ring never leaves the host)."""
+    def bind_ip(self, has_secret: bool) -> str | None:
+        """Where to listen: `listen_ip` if given; loopback for a ring that stays on this host or
+        has no secret (an unsecured ring never leaves the host); None for a secured multi-host
+        ring, whose caller listens on this host's address toward `right_ip` (never on every
+        interface unless `listen_ip` is "0.0.0.0")."""
         if self.listen_ip:
             return self.listen_ip
         loop = self.right_ip in ("127.0.0.1", "localhost", "::1")
-        return "0.0.0.0" if has_secret and not loop else "127.0.0.1"
+        return None if has_secret and not loop else "127.0.0.1"
 
 
 def secret_bytes(text: str | None) -> bytes | None:
