@@ -51,6 +51,10 @@ class InsecurePeerError(TransportError):
     """A non-loopback peer without a cluster secret."""
 
 
+class ListenerClosedError(TransportError):
+    """accept() on a listener that has been closed."""
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.split("%")[0]).is_loopback
@@ -186,6 +190,8 @@ class Listener:
         while True:
             if give_up is not None and (reason := give_up()) is not None:
                 raise reason
+            if self._closed:
+                raise ListenerClosedError(f"the listener on port {self.port} is closed")
             ch = self._take_ready(expect_ranks, op_timeout, max_frame_bytes)
             if ch is not None:
                 return ch
