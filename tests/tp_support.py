@@ -84,10 +84,10 @@ def greedy(
 
 
 class SingleNode:
-    """The single-device reference as an `Executor`: the whole model loaded by A's loader."""
+    """The single-device reference as an `Executor`: the whole model loaded by the safetensors loader."""
 
     def __init__(self, model_dir, dtype=torch.float32, max_batch: int = 4, max_seq_len: int = 128):
-        from tandem.engine.shard_runner import ShardRunner
+        from tandem.engine.runner import ShardRunner
         from tandem.loaders.load import load_model
         from tandem.loaders.safetensors_dir import ModelDir
 
@@ -140,7 +140,7 @@ def launch_concurrently(specs: dict, **common) -> dict:
     (model_dir, tp, extra kwargs). Every group formed is closed if any fails."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tandem.engine.tp_local import LocalWorkers, launch_local_tp
+    from tandem.engine.tp.local import LocalWorkers, launch_local_tp
 
     started = {}
     for key, (model_dir, tp, kw) in specs.items():

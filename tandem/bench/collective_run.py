@@ -47,7 +47,7 @@ def _gloo(rank: int, world: int, master: str) -> tuple[Callable, Callable]:
 
 
 def _ring(rank: int, world: int, peers: list[str], secret: str) -> tuple[Callable, Callable]:
-    from tandem.bench.ring_access import connect_ring
+    from tandem.comm.peers import connect_ring
 
     comm = connect_ring(rank, world, peers, secret)
     return comm.all_reduce_sum, comm.close
@@ -58,7 +58,7 @@ def _socket(rank: int, world: int, peers: list[str]) -> tuple[Callable, Callable
     auth, no checks). World 2 only."""
     import socket
 
-    from tandem.bench.ring_access import parse_peers
+    from tandem.comm.peers import parse_peers
 
     if world != 2:
         raise CollectiveBenchError("the bare socket exchange is for world 2 only")

@@ -43,8 +43,8 @@ def _single(args: argparse.Namespace):
 
 def _tp(args: argparse.Namespace):
     from tandem.bench.optrace import TracedCommunicator
-    from tandem.bench.ring_access import connect_ring
-    from tandem.engine.tp_group import run_worker, start_head
+    from tandem.comm.peers import connect_ring
+    from tandem.engine.tp.setup import run_worker, start_head
 
     comm = TracedCommunicator(
         connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
@@ -65,10 +65,10 @@ def _tp(args: argparse.Namespace):
 def _pp(args: argparse.Namespace):
     """The head of an M-stage pipeline; it starts stages 1..M-1 itself (`launch_pipeline`), on the
     hosts `--netns` names (rank g inside namespace g), bound to their `--peers` addresses."""
-    from tandem.bench.ring_access import parse_peers
+    from tandem.comm.peers import parse_peers
     from tandem.config import ModelConfig
-    from tandem.engine.pipeline_launch import launch_pipeline
-    from tandem.engine.pipeline_layout import plan_stages
+    from tandem.engine.pp.launch import launch_pipeline
+    from tandem.engine.pp.layout import plan_stages
 
     addrs = [h for h, _ in parse_peers(args.peers.split(","))]
     netns = [n for n in args.netns.split(",") if n]

@@ -330,7 +330,7 @@ def _lockstep(
     """The lockstep probe at every TP degree measured, its ranks on the link's hosts as the TP
     layouts' are (all on this machine, joined by that link); the report turns it into the plan's
     per-sync penalty against the same link's all-reduce."""
-    from tandem.bench.lockstep import LockstepProbeError, measure_lockstep
+    from tandem.plan.lockstep import LockstepProbeError, measure_lockstep
 
     ks = tuple(sorted({lay.n for lay in opts.layouts if lay.kind == "tp"}))
     try:
@@ -378,9 +378,9 @@ def measure_local_s_per_token(
     """This machine's batch-1 decode time per token on the model (median step of a short run)."""
     import torch
 
-    from tandem.bench.plan_model import PlanModelError
     from tandem.bench.timing import prompt_ids, time_greedy
     from tandem.engine.local import LocalExecutor
+    from tandem.plan.model import PlanModelError
 
     if model_dir is None:
         raise PlanModelError("--measure-local needs --model DIR (weights to run)")

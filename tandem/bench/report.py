@@ -20,7 +20,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from tandem.bench.plan_model import Layout, LinkSpec, NodeSpec, predict
+from tandem.plan.model import Layout, LinkSpec, NodeSpec, predict
 
 PAPER = {"single_tok_s": 168.0, "tp2_tok_s": 50.4, "prefill_tok_s": 464.0, "tp2_prefill_tok_s": 213.0,
          "ttft_s": 0.09, "sync_ms_per_token": 14.0, "allreduces_per_token": 56,
@@ -88,7 +88,7 @@ def lockstep_penalties(
     segment + all-reduce on this host: the prediction's node speed and `slots`, and the spec of
     the link the probe's ranks talked over (its `link`; loopback for probes that predate it);
     () when the bench did not run the probe."""
-    from tandem.bench.lockstep import link_penalties
+    from tandem.plan.lockstep import link_penalties
 
     probe = _probe(doc, link)
     if probe is None or not doc.get("links"):

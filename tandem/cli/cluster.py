@@ -220,7 +220,8 @@ def run_join(args: argparse.Namespace) -> int:
             head = (topo.hosts[0], topo.status_port, topo.secret)
             instance = announce(*head, rank, **facts, rtt_ms=round(rtt, 3))  # RankOccupied
             keep_alive(*head, rank, instance, stop_beat)
-        return _run_rank(console, args, rank, ring_file)
+        rtts = _join_rtts(board) if board is not None else {}
+        return _run_rank(console, args, rank, ring_file, rtts)
     except KeyboardInterrupt:
         return 130
     except (StatusError, LaunchError, ClusterCliError, OSError) as e:
@@ -279,8 +280,25 @@ def _wait_for_ranks(
             time.sleep(0.2)
 
 
-def _run_rank(console: Console, args: argparse.Namespace, rank: int, ring_file: Path) -> int:
-    """With --model, run this rank's process (the head serves, the others work) until it ends."""
+def _join_rtts(board: StatusBoard) -> dict[int, float]:
+    """Each rank's round trip to the head, as it measured it when it joined (ms)."""
+    out = {}
+    for r in board.snapshot()["ranks"]:
+        rtt = r.get("rtt_ms")
+        if r["rank"] != 0 and isinstance(rtt, int | float) and not isinstance(rtt, bool):
+            out[r["rank"]] = float(rtt)
+    return out
+
+
+def _run_rank(
+    console: Console,
+    args: argparse.Namespace,
+    rank: int,
+    ring_file: Path,
+    rtts: dict[int, float] | None = None,
+) -> int:
+    """With --model, run this rank's process (the head serves, the others work) until it ends.
+    The head's server gets the ranks' join-time RTTs (`TANDEM_JOIN_RTT_MS`) for its cluster view."""
     if not args.model:
         console.print("joined; no --model given, so holding the slot (Ctrl-C to leave)")
         while True:
@@ -291,7 +309,10 @@ def _run_rank(console: Console, args: argparse.Namespace, rank: int, ring_file: 
     else:
         argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
     argv += ["--device", args.device, "--dtype", args.dtype]
-    group = ProcessGroup([RankProcess(f"rank{rank}", argv, {"RING_CONFIG": str(ring_file)})])
+    env = {"RING_CONFIG": str(ring_file)}
+    if rank == 0 and rtts:
+        env["TANDEM_JOIN_RTT_MS"] = json.dumps(rtts)
+    group = ProcessGroup([RankProcess(f"rank{rank}", argv, env)])
     with group:
         name, code = group.wait()
     return code

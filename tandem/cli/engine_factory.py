@@ -3,6 +3,8 @@ launch and bench). Not a command itself."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,8 +91,10 @@ def build_executor(
             task = bar.add_task("loading weights", total=md.total_bytes)
             md.on_read = lambda n: bar.advance(task, n)
             model = load_model(md, dtype=DTYPES[dtype], device=device)
-        return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
-    from tandem.engine.tp_local import per_rank
+        return LocalExecutor(
+            model, max_batch=max_batch, max_seq_len=max_seq_len, weight_format=md.weight_format()
+        )
+    from tandem.engine.tp.local import per_rank
 
     dtypes = per_rank(dtype, tp * pp, "dtype")
     devices = per_rank(device, tp * pp, "device")
@@ -100,7 +104,7 @@ def build_executor(
     torch.set_num_threads(threads)
     with console.status(f"starting {tp * pp} ranks, loading their shards, forming the group..."):
         if pp == 1:
-            from tandem.engine.tp_local import launch_local_tp
+            from tandem.engine.tp.local import launch_local_tp
 
             return launch_local_tp(
                 model_dir,
@@ -111,8 +115,8 @@ def build_executor(
                 max_seq_len=max_seq_len,
                 threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
             )
-        from tandem.engine.pipeline_launch import launch_pipeline
-        from tandem.engine.pipeline_layout import plan_stages
+        from tandem.engine.pp.launch import launch_pipeline
+        from tandem.engine.pp.layout import plan_stages
 
         # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
         stages = plan_stages(config, [tp] * pp, dtype=",".join(dtypes), device=",".join(devices))
@@ -126,8 +130,8 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
 
     from tandem.cluster.ring_config import keepalive_interval, load_ring_config
     from tandem.comm import from_env
-    from tandem.engine.tp_group import start_head
-    from tandem.parallel.metered import MeteredCommunicator
+    from tandem.comm.metered import MeteredCommunicator
+    from tandem.engine.tp.setup import start_head
 
     # pings inside the workers' op timeout (the ring's own, from the same file), however short
     keepalive_s = keepalive_interval(load_ring_config(ring_config).op_timeout)
@@ -151,7 +155,27 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
             keepalive_s=keepalive_s,
         )
     ex.comm_stats = metered.stats
+    ex.join_rtt_ms = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
     return ex
+
+
+def join_rtts(text: str, world_size: int) -> dict[int, float]:
+    """`{"1": 0.42, ...}` (what `cluster join` hands the head: each rank's round trip to the head
+    when it joined, in ms) -> {rank: ms}; entries that are not a rank and a finite number are
+    dropped (a figure shown must be one that was measured)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.isdigit() and 0 < int(k) < world_size):
+            continue
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            out[int(k)] = float(v)
+    return out
 
 
 def executor_health(executor) -> Callable[[], tuple[bool, str]]:

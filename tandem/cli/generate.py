@@ -71,7 +71,7 @@ def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None, vocab_size
     text = args.prompt
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode_prompt(text)
     if not ids:
         raise PromptError("the prompt encodes to no tokens")
     return ids

@@ -147,6 +147,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"OpenAI API at [bold]{base}/v1[/bold]  (health {base}/health, metrics {base}/metrics)"
         )
+        console.print(f"web page (chat, cluster view) at [bold]{base}/[/bold]")
         if not args.no_demo:
             _demo(console, base, name, demo_prompt, args.api_key)
         console.print("serving; Ctrl-C to stop every rank")

@@ -1,6 +1,8 @@
-"""The composition root: `tandem <command>`; each command lives in its own module of this package.
+"""tandem: one large language model across the machines you own (CPUs and GPUs of any vendor),
+over ordinary Ethernet, with tensor and pipeline parallelism and an OpenAI-compatible server.
 
-A command module exposes `register(subparsers)`, which adds its parser and sets `func=run`.
+The composition root: each command lives in its own module of this package; a command module
+exposes `register(subparsers)`, which adds its parser and sets `func=run`.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ COMMAND_MODULES: tuple[str, ...] = (
     "generate",
     "worker",
     "bench",
+    "stage",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"tandem.cli.{name}").register(sub)
     return parser

@@ -4,11 +4,11 @@
     tandem plan --model DIR --measure-local 2 --link 2.5gbit --node gpu:6ms
 
 `--measure-local K` times a short decode run of the model here and adds K nodes at that speed that
-share this machine; with K >= 2 it also runs the lockstep probe (`tandem.bench.lockstep`: what k
+share this machine; with K >= 2 it also runs the lockstep probe (`tandem.plan.lockstep`: what k
 TP ranks on this machine lose per sync waiting for each other, k = 2..K) unless `--no-probe`.
 `--node NAME:TIME[@HOST]` adds a node that is not here (TIME per token alone, e.g. 6ms or
 168tok/s; no lockstep penalty unless `--lockstep HOST:K=TIME,...` gives its host one, e.g. from
-that host's `tandem bench`). The model's figures come from `tandem.bench.plan_model`.
+that host's `tandem bench`). The model's figures come from `tandem.plan.model`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import sys
 from dataclasses import asdict, replace
 
-from tandem.bench.plan_model import (
+from tandem.plan.model import (
     LinkSpec,
     NodeSpec,
     PlanModelError,
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 def _probe_local(config, k: int, node: NodeSpec, link: LinkSpec) -> tuple[tuple[int, float], ...]:
     """This machine's lockstep penalty per sync at 2..k ranks (at most `PROBE_MAX_K`; more ranks
     take its figure), against the plan's own terms for these nodes and this link."""
-    from tandem.bench.lockstep import LockstepProbeError, link_penalties, measure_lockstep
+    from tandem.plan.lockstep import LockstepProbeError, link_penalties, measure_lockstep
 
     try:
         probe = measure_lockstep(config, ks=tuple(range(2, min(k, PROBE_MAX_K) + 1)))

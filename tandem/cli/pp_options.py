@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from tandem.cli.threads import local_threads
-from tandem.engine.pipeline_launch import launch_pipeline
-from tandem.engine.pipeline_layout import parse_layout, plan_stages
+from tandem.engine.pp.launch import launch_pipeline
+from tandem.engine.pp.layout import parse_layout, plan_stages
 
 
 def add_pp_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from tandem.cli.threads import local_threads
+from tandem.comm.metered import CommStats, MeteredCommunicator
 from tandem.devices import resolve_device, resolve_dtype
-from tandem.engine.remote import TPExecutor
-from tandem.engine.tp_local import launch_local_tp, per_rank
-from tandem.parallel.metered import CommStats, MeteredCommunicator
+from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.local import launch_local_tp, per_rank
 from tandem.parallel.plan import parse_weights
 
 
@@ -47,7 +47,7 @@ def tp_executor(args: argparse.Namespace, max_seq_len: int, max_batch: int = 1) 
     threads = getattr(args, "threads", None)
     if os.environ.get("RING_CONFIG"):
         from tandem.comm import from_env
-        from tandem.engine.tp_group import start_head
+        from tandem.engine.tp.setup import start_head
         from tandem.loaders.safetensors_dir import ModelDir
 
         comm = MeteredCommunicator(

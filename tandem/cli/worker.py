@@ -18,7 +18,7 @@ import sys
 import torch
 
 from tandem.comm.base import Communicator
-from tandem.engine.tp_group import DTYPES, run_worker
+from tandem.engine.tp.setup import DTYPES, run_worker
 
 DEFAULT_OP_TIMEOUT_S = 60.0
 

@@ -4,21 +4,24 @@ Each live sequence owns one row ("slot") of the preallocated KV cache; `run` che
 continues each sequence where its cache ends, runs one batched forward, and returns the logits of
 each sequence's last new token.
 
-On construction the model's linear layers are put on the measured-best kernel for their device and
-dtype (`tandem.models.kernels`: oneDNN on CPU for float32 and, on CPUs with native bf16, for
-bfloat16); `kernels="torch"` keeps F.linear everywhere.
+On construction the model is put in its execution form (`tandem.kernels.prepare`): the fast
+modules swapped in and each linear layer on the measured-best kernel for its device and dtype;
+`kernels="torch"` keeps the reference modules and F.linear.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step
+from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models.kernels import prepare_linear_kernels
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
 
@@ -36,9 +39,11 @@ class LocalExecutor:
         max_seq_len: int = 2048,
         *,
         kernels: str = "auto",
+        weight_format: str | None = None,
     ) -> None:
         cfg = model.config
-        self.kernels = prepare_linear_kernels(model, kernel=kernels)  # in place, once
+        self.weight_format = weight_format  # how the weights were stored (for describe)
+        self.kernels = prepare(model, kernel=kernels)  # in place, once
         self.model = model
         self.vocab_size = cfg.vocab_size
         self.max_seq_len = min(max_seq_len, cfg.max_position_embeddings)
@@ -58,8 +63,9 @@ class LocalExecutor:
         max_seq_len: int = 2048,
         kernels: str = "auto",
     ) -> LocalExecutor:
-        model = load_model(ModelDir(path), dtype=dtype, device=device)
-        return cls(model, max_batch, max_seq_len, kernels=kernels)
+        md = ModelDir(path)
+        model = load_model(md, dtype=dtype, device=device)
+        return cls(model, max_batch, max_seq_len, kernels=kernels, weight_format=md.weight_format())
 
     def _check(self, step: Step) -> None:
         seqs = step.sequences
@@ -111,6 +117,24 @@ class LocalExecutor:
         for i in seq_ids:
             self.slots.release(i)
             self._cached.pop(i, None)
+
+    def describe(self) -> dict[str, Any]:
+        """One rank holding every layer, in this process."""
+        m = self.model
+        facts = ci.RankFacts(
+            rank=0,
+            role="head",
+            host=ci.hostname(),
+            device=str(m.device),
+            dtype=str(m.dtype).removeprefix("torch."),
+            weight_format=self.weight_format,
+            shard=ci.layer_shard((0, m.config.num_hidden_layers)),
+            work_share=1.0,
+            pid=os.getpid(),
+            local=True,
+            threads=torch.get_num_threads(),
+        )
+        return ci.Description("single", 1, 1, [facts]).as_dict()
 
     def close(self) -> None:
         self._cached.clear()

@@ -30,6 +30,8 @@ __all__ = [
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_prompt(self, text: str) -> list[int]: ...
+
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -128,7 +130,8 @@ class ServingEngine:
         return "\n".join(lines) + "\nassistant:"
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+        """A prompt's ids, with the BOS / EOS the model asks for (`Tokenizer.encode_prompt`)."""
+        return list(self.tokenizer.encode_prompt(text))
 
     def generate(
         self,
@@ -191,6 +194,28 @@ class ServingEngine:
             "decode_latency": s.decode_latency.snapshot(),
             "executor": executor,
         }
+
+    def cluster(self) -> dict[str, Any]:
+        """`Executor.describe()` (see `tandem.engine.cluster_info`) with the scheduler's live
+        counters under "scheduler"; a failed engine reports the state "failed" whatever the
+        executor says."""
+        desc = self.scheduler.executor.describe()
+        if self.scheduler.failure is not None:
+            desc["state"] = "failed"
+            desc["detail"] = f"the engine failed: {self.scheduler.failure}".splitlines()[0]
+        s = self.scheduler.stats
+        running, waiting = self.scheduler.load()
+        desc["scheduler"] = {
+            "steps": s.steps,
+            "step_seconds": s.step_seconds,
+            "decode_steps": s.decode_steps,
+            "decode_seconds": s.decode_seconds,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "running": running,
+            "waiting": waiting,
+        }
+        return desc
 
     def _count(self, reason: str) -> None:
         with self._lock:

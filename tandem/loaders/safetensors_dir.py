@@ -210,5 +210,13 @@ class ModelDir:
             h.update(f"{name}|{info.dtype}|{list(info.shape)}\n".encode())
         return h.hexdigest()
 
+    def weight_format(self) -> str:
+        """How the weights are stored, for reports: "safetensors BF16" (several dtypes: the one
+        holding the most bytes first, "safetensors BF16/F32")."""
+        size: dict[str, int] = {}
+        for info in self.manifest.values():
+            size[info.dtype] = size.get(info.dtype, 0) + info.nbytes
+        return "safetensors " + "/".join(sorted(size, key=lambda d: -size[d]))
+
     def close(self) -> None:
         self._handles.clear()

@@ -1,14 +1,18 @@
 """`tokenizer.json` through the `tokenizers` library, and the chat template from
 `tokenizer_config.json` rendered with a sandboxed jinja2 (templates are data from the model
-directory, so they get no access to Python objects)."""
+directory, so they get no access to Python objects). A GGUF file's tokenizer arrives in the same
+type (`tandem.loaders.gguf.tokenizer.load_gguf_tokenizer`), its metadata in the same config keys."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -23,15 +27,36 @@ class ChatTemplateError(ModelFileError):
 
 
 class Tokenizer:
-    def __init__(self, tok: HFTokenizer, config: dict[str, Any], source: Path) -> None:
+    """A `tokenizers` tokenizer plus what a prompt needs from the model's tokenizer config:
+    `bos_token` / `eos_token` (texts), `add_bos_token` / `add_eos_token`, `chat_template`.
+
+    `eos_token_ids` are the ids generation stops on: the EOS token's by default, or the list the
+    source gives (a GGUF's EOS plus its end-of-turn tokens). `template_origin` names where the chat
+    template came from, for error messages."""
+
+    def __init__(
+        self,
+        tok: HFTokenizer,
+        config: dict[str, Any],
+        source: Path,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        template_origin: str | None = None,
+    ) -> None:
         self._tok = tok
         self.config = config
         self.source = source
+        self.template_origin = template_origin or str(source / TOKENIZER_CONFIG_FILE)
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.eos_token = _token_text(config.get("eos_token"))
         self.bos_token = _token_text(config.get("bos_token"))
-        eos_id = tok.token_to_id(self.eos_token) if self.eos_token else None
-        self.eos_token_ids: tuple[int, ...] = (eos_id,) if eos_id is not None else ()
+        self.bos_token_id = tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_id = tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.add_bos_token = config.get("add_bos_token") is True and self.bos_token_id is not None
+        self.add_eos_token = config.get("add_eos_token") is True and self.eos_token_id is not None
+        if eos_token_ids is None:
+            eos_token_ids = () if self.eos_token_id is None else (self.eos_token_id,)
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer | None:
@@ -57,7 +82,20 @@ class Tokenizer:
         return cls(tok, config, path)
 
     def encode(self, text: str) -> list[int]:
+        """The text's ids, special tokens written in it matched whole; nothing added."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids a generation starts from: `encode(text)`, with BOS in front when the model asks
+        for it (`add_bos_token`) and EOS at the end when it asks for that (`add_eos_token`), each
+        only if the text does not already have it there. A chat template that writes `bos_token`
+        itself so gets one BOS, as in llama.cpp (which strips the template's and adds its own)."""
+        ids = self.encode(text)
+        if self.add_bos_token and ids[:1] != [self.bos_token_id]:
+            ids.insert(0, self.bos_token_id)
+        if self.add_eos_token and ids[-1:] != [self.eos_token_id]:
+            ids.append(self.eos_token_id)
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -75,8 +113,11 @@ class Tokenizer:
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
         if not isinstance(template, str) or not template:
-            raise ChatTemplateError(f"{self.source / TOKENIZER_CONFIG_FILE}: no chat_template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            raise ChatTemplateError(f"{self.template_origin}: no chat template")
+        # the environment transformers renders in: loop controls, strftime_now (Llama 3 templates)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
             x, ensure_ascii=False, indent=indent
         )
@@ -85,18 +126,19 @@ class Tokenizer:
             raise ChatTemplateError(f"chat template refused the messages: {message}")
 
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             return env.from_string(template).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                unk_token=_token_text(self.config.get("unk_token")) or "",
+                pad_token=_token_text(self.config.get("pad_token")) or "",
                 **extra,
             )
         except jinja2.TemplateError as e:
-            raise ChatTemplateError(
-                f"{self.source / TOKENIZER_CONFIG_FILE}: chat template failed: {e}"
-            ) from e
+            raise ChatTemplateError(f"{self.template_origin}: chat template failed: {e}") from e
 
 
 class StreamDecoder:

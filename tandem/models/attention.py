@@ -4,9 +4,9 @@ The head counts are this module's own attributes `n_heads` and `n_kv_heads`: one
 all; a tensor-parallel transform replaces the projections with column/row-parallel ones and sets the
 local counts, and nothing here changes. Query head h reads key/value head h // (n_heads/n_kv_heads).
 
-`tandem.models.kernels.prepare_linear_kernels` may fuse q/k/v into one `qkv_proj` whose weight is
-[W_q; W_k; W_v] (rows stacked, biases likewise): one GEMV instead of three; its output splits back
-into q, k, v along the last dimension (`FUSED`).
+`forward` is three steps a fast path may override (`tandem.kernels.modules.FastAttention`):
+`project` (x -> q, k, v), `position` (q/k norm + RoPE) and `decode_attend` (one new token against
+the cache).
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.config import ModelConfig
-from tandem.models import native
 from tandem.models.context import ForwardContext
 from tandem.models.layers import RMSNorm
 from tandem.models.rope import apply_rope
 
 
 class Attention(nn.Module):
-    FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}  # fused name -> parts, in row order
-
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -41,30 +38,37 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.qkv_proj: nn.Module | None = None  # set by prepare_linear_kernels
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., D) -> q (..., H*hd), k and v (..., Hkv*hd)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def position(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projections -> q (B, T, H, hd), k and v (B, T, Hkv, hd); q and k normed per head
+        (Qwen3) and rotated."""
+        B, T = ctx.positions.shape
+        hd = self.head_dim
+        q = q.view(B, T, self.n_heads, hd)
+        k = k.view(B, T, self.n_kv_heads, hd)
+        v = v.view(B, T, self.n_kv_heads, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin), v
+
+    def decode_attend(
+        self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """One new token: qg (B, Hkv, n_rep, hd) against keys/values (B, Hkv, S, hd) -> (B, Hkv,
+        n_rep, hd)."""
+        return F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.attn_mask)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x (B, T, D) or flattened (B*T, D) -> the same shape."""
         B, T = ctx.positions.shape
         hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split((H * hd, Hkv * hd, Hkv * hd), -1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if native.handles(q) and ctx.cos.dtype == q.dtype:
-            # one call per tensor, in place on the projection's output: q/k norm, then RoPE
-            for t, n, norm in ((q, H, self.q_norm), (k, Hkv, self.k_norm)):
-                w, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
-                native.norm_rope_(t.view(-1, n * hd), n, w, eps, ctx.cos, ctx.sin)  # a view
-            q, k, v = q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
-        else:
-            q = q.view(B, T, H, hd)
-            k = k.view(B, T, Hkv, hd)
-            v = v.view(B, T, Hkv, hd)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q = apply_rope(q, ctx.cos, ctx.sin)
-            k = apply_rope(k, ctx.cos, ctx.sin)
+        q, k, v = self.position(*self.project(x), ctx)
 
         if ctx.cache is not None:
             keys, values = ctx.cache.update(self.layer_idx, k, v, ctx)  # (B, Hkv, S, hd)
@@ -74,11 +78,7 @@ class Attention(nn.Module):
         if T == 1 and not ctx.is_causal:
             # decode: fold the n_rep query heads sharing a kv head into the query axis, so the
             # kernel reads each cached key once and no repeated copy of the cache is made
-            qg = q.view(B, Hkv, n_rep, hd)  # (B, Hkv, n_rep, hd)
-            if ctx.attn_mask is None and native.handles(qg) and keys.stride(-1) == 1:
-                out = native.decode_attention(qg, keys, values)  # every cached key visible
-            else:
-                out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.attn_mask)
+            out = self.decode_attend(q.view(B, Hkv, n_rep, hd), keys, values, ctx)
         else:
             if n_rep > 1:
                 keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)

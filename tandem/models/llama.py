@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from tandem.config import ModelConfig
-from tandem.models import decode_block, native
 from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext, build_context
 from tandem.models.kv_cache import KVCache
@@ -31,8 +30,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if decode_block.eligible(self, h, ctx):
-            return decode_block.run(self, h, ctx)  # one decode token: two native calls
         h = h + self.self_attn(self.input_layernorm(h), ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -130,8 +127,7 @@ class Transformer(nn.Module):
         pick = getattr(self.lm_head, "argmax", None)
         if pick is not None:
             return pick(x)
-        logits = self.lm_head(x)  # (B, T, vocab)
-        return native.argmax(logits) if native.handles(logits) else logits.argmax(-1)
+        return self.lm_head(x).argmax(-1)  # (B, T, vocab) -> (B, T)
 
     def last_hidden(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """h (B, T, D) -> (B, 1, D) at each row's last real token."""

@@ -29,7 +29,7 @@ class ShardLoadError(RuntimeError):
 
 
 class SliceReader(Protocol):
-    """What `load_shard` needs from a checkpoint (A's `ModelDir`)."""
+    """What `load_shard` needs from a checkpoint (`ModelDir`)."""
 
     def read(
         self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None

@@ -3,7 +3,7 @@ explicitly and every collective is called in plain sight in `forward` (no hooks,
 
 Notation: `X` is the input (..., in), a linear layer computes `Y = X A^T + b` with `A` of shape
 (out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Shard` of one dimension.
-Every product goes through `tandem.models.kernels.linear`, the single-node model's decode kernel
+Every product goes through `tandem.kernels.linear.linear`, the single-node model's decode kernel
 (oneDNN for float32 on x86 CPUs, `F.linear` elsewhere), so a shard multiplies as the monolith does.
 """
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.comm.base import Communicator
-from tandem.models.kernels import linear
+from tandem.kernels.linear import linear
 
 
 class ColumnParallelLinear(nn.Module):

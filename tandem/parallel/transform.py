@@ -1,4 +1,4 @@
-"""The tensor-parallel transform: A's reference `Transformer`, rebuilt for one rank of a TP group.
+"""The tensor-parallel transform: the reference `Transformer`, rebuilt for one rank of a TP group.
 
 Built on the meta device (no memory), then each projection is swapped for its parallel twin and
 only this rank's shard is allocated, on this rank's device, in this rank's compute dtype:

@@ -19,8 +19,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
 from tandem.engine.scheduler import RequestFailed
 from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
+from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
 from tandem.server.metrics import render_metrics
+from tandem.server.page import add_page
 from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -78,10 +80,13 @@ def create_app(
             {"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503
         )
 
+    cluster = add_page(app, engine)  # GET /, /static/*, /v1/cluster
+
     @app.get("/metrics")
     async def metrics():
         ok, _ = engine.health()
         text = render_metrics(engine.metrics(), ok, dict(http_counts))
+        text += render_cluster_metrics(cluster.view())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
@@ -154,7 +159,15 @@ def create_app(
     return app
 
 
-ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics")
+ROUTES = (
+    "/",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/cluster",
+    "/health",
+    "/metrics",
+)
 PUBLIC_DETAIL_CHARS = 200
 
 
@@ -165,6 +178,8 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/") and path.count("/") == 3:
         return "/v1/models/{model_id}"
+    if path.startswith("/static/") and path.count("/") == 2:
+        return "/static/{name}"
     return "other"
 
 

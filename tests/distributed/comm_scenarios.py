@@ -172,7 +172,7 @@ def metered_counts(comm: Any) -> dict:
     """The decode path's accounting: MeteredCommunicator over the real ring, three all-reduces
     (a decode-sized float32 and a bfloat16 one on the rank-order path, a large float32 one on the
     ring path) and an int64 broadcast; results unchanged by the wrapper."""
-    from tandem.parallel.metered import MeteredCommunicator
+    from tandem.comm.metered import MeteredCommunicator
 
     m = MeteredCommunicator(comm)
     x = rank_input(13, comm.rank, (1, 1, 1024))

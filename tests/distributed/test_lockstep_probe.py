@@ -2,8 +2,8 @@
 
 import pytest
 
-from tandem.bench.lockstep import POSITION, LockstepProbeError, measure_lockstep
 from tandem.config import ModelConfig
+from tandem.plan.lockstep import POSITION, LockstepProbeError, measure_lockstep
 
 TINY = ModelConfig.from_hf_dict({
     "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,

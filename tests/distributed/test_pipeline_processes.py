@@ -19,8 +19,8 @@ from pp_support import (
 )
 
 from tandem.engine.executor import Step, StepSequence
-from tandem.engine.pipeline_executor import PipelineFailedError
-from tandem.engine.pipeline_launch import StageSpec, launch_pipeline
+from tandem.engine.pp.head import PipelineFailedError
+from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.parallel.partition import LayerRange as R
 
 N_NEW = 32

@@ -15,15 +15,15 @@ from pp_support import (
 )
 
 from tandem.engine.executor import Step, StepSequence
-from tandem.engine.pipeline_executor import (
+from tandem.engine.pp.frames import LocalStageTransport
+from tandem.engine.pp.generate import generate_pipelined
+from tandem.engine.pp.head import (
     PipelineExecutor,
     PipelineFailedError,
     split_microbatches,
 )
-from tandem.engine.pipeline_generate import generate_pipelined
+from tandem.engine.pp.stage import StageLinks, StageOrderError, StageRunner, serve_stage
 from tandem.engine.sampling_params import SamplingParams
-from tandem.parallel.pipeline import LocalStageTransport
-from tandem.parallel.stage import StageLinks, StageOrderError, StageRunner, serve_stage
 
 
 def _serve_quietly(*args, **kw):

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from tandem.parallel import pipeline as pp
-from tandem.parallel.pipeline import LocalStageTransport, StageLinkError, StageMessage
-from tandem.parallel.stage_link import LinkTerms, StageListener, dial, grid_ranks
+from tandem.engine.pp import frames as pp
+from tandem.engine.pp.frames import LocalStageTransport, StageLinkError, StageMessage
+from tandem.engine.pp.links import LinkTerms, StageListener, dial, grid_ranks
 
 TERMS = LinkTerms(
     "test-cluster", world_size=2, secret=b"s3cret", handshake_timeout=10, op_timeout=10

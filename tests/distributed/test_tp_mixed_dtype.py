@@ -85,7 +85,7 @@ def test_bf16_and_f16_ranks_follow_single_node_bf16_on_tiny_presets(
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 16-bit GEMMs are slow on CPUs without native bf16/f16
 def test_bf16_and_f16_ranks_follow_single_node_bf16_on_qwen3_06b(tmp_path, record_property):
-    from tandem.engine.tp_local import launch_local_tp
+    from tandem.engine.tp.local import launch_local_tp
 
     d = tmp_path / "qwen3-0.6b"
     make_model_dir(d, "qwen3-0.6b", seed=0)

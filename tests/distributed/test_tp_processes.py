@@ -12,9 +12,9 @@ import pytest
 from tp_support import SingleNode, greedy, launch_concurrently, tiny_config, write_random_model
 
 from tandem.engine.executor import Step, StepSequence
-from tandem.engine.remote import GroupFailedError
-from tandem.engine.shard_runner import StepOrderError
-from tandem.engine.tp_local import launch_local_tp
+from tandem.engine.runner import StepOrderError
+from tandem.engine.tp.head import GroupFailedError
+from tandem.engine.tp.local import launch_local_tp
 
 PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
 
@@ -120,7 +120,7 @@ def test_killing_the_head_process_takes_its_workers_down(model_dir, tmp_path):
     script = tmp_path / "head.py"
     script.write_text(
         "import sys, time\n"
-        "from tandem.engine.tp_local import launch_local_tp\n"
+        "from tandem.engine.tp.local import launch_local_tp\n"
         f"ex = launch_local_tp({str(model_dir)!r}, 2, max_batch=1, max_seq_len=64, threads=1)\n"
         "print(' '.join(str(p.pid) for p in ex.local_workers.group.procs), flush=True)\n"
         "time.sleep(600)\n"

@@ -3,7 +3,7 @@
 import pytest
 
 from tandem.bench.harness import BenchLayout, parse_layouts
-from tandem.bench.ring_access import parse_peers
+from tandem.comm.peers import parse_peers
 
 
 def test_layouts_parse_in_order():

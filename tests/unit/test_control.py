@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from tandem.engine import control
-from tandem.engine.control import Control, ControlError
 from tandem.engine.executor import Step, StepSequence
+from tandem.engine.tp import control
+from tandem.engine.tp.control import Control, ControlError
 
 
 def _roundtrip(msg):

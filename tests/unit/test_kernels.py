@@ -1,4 +1,4 @@
-"""The decode-kernel choice for linear layers (`tandem.models.kernels`): same results as F.linear,
+"""The decode-kernel choice for linear layers (`tandem.kernels.linear`, through `tandem.kernels.prepare`): same results as F.linear,
 fused groups equal their parts, tied weights stay shared, packed weights replace (not duplicate)
 the dense ones, and a lazily mapped checkpoint's pages are released after packing."""
 
@@ -9,10 +9,8 @@ import torch
 from tp_support import greedy_steps, random_reference, tiny_config, write_random_model
 
 from tandem.engine.local import LocalExecutor
-from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
-from tandem.models import native
-from tandem.models.kernels import (
+from tandem.kernels import native
+from tandem.kernels.linear import (
     NATIVE,
     ONEDNN,
     PACKED,
@@ -23,9 +21,12 @@ from tandem.models.kernels import (
     _onednn_cpu,
     choose_kernel,
     linear,
-    prepare_linear_kernels,
     release_file_pages,
 )
+from tandem.kernels.prepare import prepare
+from tandem.loaders.load import load_model
+from tandem.loaders.safetensors_dir import ModelDir
+from tandem.models.layers import MLP
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 HAS_ONEDNN = _onednn_cpu()
@@ -53,9 +54,9 @@ def test_kernel_table_keeps_non_cpu_devices_on_torch_and_prefers_the_native_gemv
 def test_unknown_kernel_or_tied_head_mode_is_a_typed_error():
     model = random_reference(tiny_config())
     with pytest.raises(KernelError, match="unknown kernel"):
-        prepare_linear_kernels(model, kernel="fast")
+        prepare(model, kernel="fast")
     with pytest.raises(KernelError, match="tied_head"):
-        prepare_linear_kernels(model, tied_head="maybe")
+        prepare(model, tied_head="maybe")
 
 
 @needs_onednn
@@ -65,7 +66,7 @@ def test_prepared_float32_model_matches_f_linear_within_1e_5(arch, fuse):
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     ref = random_reference(config)
     ours = copy.deepcopy(ref)
-    report = prepare_linear_kernels(ours, kernel=ONEDNN, fuse=fuse)
+    report = prepare(ours, kernel=ONEDNN, fuse=fuse)
     assert report.layers == ({ONEDNN: 9} if fuse else {ONEDNN: 15})
     assert report.fused == (4 if fuse else 0) and report.packed_bytes == 0
     tokens = _tokens(config)
@@ -89,14 +90,14 @@ def test_tied_head_keeps_sharing_the_embedding_and_state_dict_names_the_fused_we
     config = tiny_config("Qwen3ForCausalLM")
     assert config.tie_word_embeddings
     model = random_reference(config).to(torch.bfloat16)
-    prepare_linear_kernels(model)
+    prepare(model)
     assert isinstance(model.lm_head, KernelLinear)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     keys = model.state_dict().keys()
     assert "model.layers.0.self_attn.qkv_proj.weight" in keys
     assert "model.layers.0.mlp.gate_up_proj.weight" in keys
     assert "model.layers.0.self_attn.q_proj.weight" not in keys
-    assert prepare_linear_kernels(model).layers == {}  # a second call finds nothing to do
+    assert prepare(model).layers == {}  # a second call finds nothing to do
 
 
 @needs_packed
@@ -105,7 +106,7 @@ def test_packed_bf16_replaces_dense_weights_and_follows_the_torch_kernel(tied_he
     config = tiny_config("Qwen3ForCausalLM")
     ref = random_reference(config).to(torch.bfloat16)
     ours = copy.deepcopy(ref)
-    report = prepare_linear_kernels(ours, kernel=PACKED, tied_head=tied_head)
+    report = prepare(ours, kernel=PACKED, tied_head=tied_head)
     layer_bytes = sum(p.numel() * 2 for n, p in ref.named_parameters() if n.endswith("proj.weight"))
     assert report.packed_bytes == layer_bytes
     head = ours.lm_head.weight
@@ -129,7 +130,8 @@ def test_local_executor_greedy_ids_equal_on_either_kernel(tmp_path):
     assert fast.model.model.layers["0"].mlp.gate_up_proj.kernel == choose_kernel(
         "cpu", torch.float32
     )
-    assert slow.model.model.layers["0"].mlp.gate_up_proj.kernel == TORCH
+    slow_mlp = slow.model.model.layers["0"].mlp  # "torch": the reference modules, unfused
+    assert type(slow_mlp) is MLP and slow_mlp.gate_proj.kernel == TORCH
     ids = {
         name: [i for i, _ in greedy_steps(ex, [5, 6, 7], 8)]
         for name, ex in (("fast", fast), ("slow", slow))
@@ -182,7 +184,7 @@ def test_auto_tied_head_packs_a_copy_only_over_a_mapped_checkpoint_and_rows_stil
     state = {k: v.contiguous() for k, v in ref.state_dict().items() if k != "lm_head.weight"}
     write_model_dir(tmp_path / "m", config, state)
     model = load_model(ModelDir(tmp_path / "m"), dtype=torch.bfloat16)  # mapped, not copied
-    report = prepare_linear_kernels(model, kernel=PACKED)
+    report = prepare(model, kernel=PACKED)
     assert model.lm_head.weight.is_mkldnn and report.copied_bytes == 4096 * 256 * 2
     table = model.model.embed_tokens.weight
     assert not table.is_mkldnn and torch.equal(table, ref.model.embed_tokens.weight)
@@ -241,7 +243,7 @@ def test_native_gemv_refuses_what_it_cannot_run_with_a_typed_error():
     with pytest.raises(native.NativeError, match="contiguous"):
         native.gemv(torch.randn(1, 16, dtype=torch.float64), w.double())
     with pytest.raises(KernelError, match="native"):
-        prepare_linear_kernels(random_reference(tiny_config()).double(), kernel=NATIVE)
+        prepare(random_reference(tiny_config()).double(), kernel=NATIVE)
 
 
 @needs_native
@@ -252,7 +254,7 @@ def test_native_kernel_model_matches_f_linear_at_decode_and_prefill(arch):
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     ref = random_reference(config)
     ours = copy.deepcopy(ref)
-    report = prepare_linear_kernels(ours)
+    report = prepare(ours)
     assert report.layers == {NATIVE: 9}
     with torch.no_grad():
         for shape in ((1, 1), (4, 1), (3, 9)):
@@ -265,7 +267,7 @@ def test_native_bf16_head_shares_the_embedding_without_a_copy_and_follows_the_to
     config = tiny_config("Qwen3ForCausalLM")
     ref = random_reference(config).to(torch.bfloat16)
     ours = copy.deepcopy(ref)
-    report = prepare_linear_kernels(ours)
+    report = prepare(ours)
     assert ours.lm_head.kernel == NATIVE and ours.lm_head.weight is ours.model.embed_tokens.weight
     assert report.packed_bytes == 0 and report.copied_bytes == 0
     tokens = torch.randint(0, config.vocab_size, (1, 1), generator=torch.Generator())
@@ -277,7 +279,7 @@ def test_native_bf16_head_shares_the_embedding_without_a_copy_and_follows_the_to
 
 PORTABLE_CHECK = """
 import torch
-from tandem.models import native
+from tandem.kernels import native
 assert native.available(), native.why()
 g = torch.Generator().manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -313,7 +315,7 @@ def test_a_native_layer_refuses_an_input_of_the_wrong_width_instead_of_reading_p
     """1 row of 2*in elements fits the decode bound (<= 4*in elements): it must not be taken as
     2 rows (the output holds 1)."""
     layer = torch.nn.Sequential(torch.nn.Linear(64, 32))
-    prepare_linear_kernels(layer)
+    prepare(layer)
     assert layer[0].kernel == NATIVE
     with pytest.raises(native.NativeError, match="features"):
         layer(torch.randn(1, 128))

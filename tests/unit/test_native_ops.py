@@ -1,4 +1,4 @@
-"""tandem's native per-layer decode operations (`tandem.models.native`, csrc/decode_ops.c) against
+"""tandem's native per-layer decode operations (`tandem.kernels.native`, csrc/decode_ops.c) against
 the PyTorch forms they replace: bit for bit in bf16 / f16 where the form's roundings are
 reproduced (RMSNorm, q/k norm + RoPE, SwiGLU), within float32 rounding otherwise, and a whole
 model's decode equal with and without them."""
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tp_support import greedy_steps, random_reference, tiny_config
 
 from tandem.engine.local import LocalExecutor
-from tandem.models import native
+from tandem.kernels import native
 from tandem.models.rope import apply_rope
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native ops: {native.why()}")
@@ -128,19 +128,19 @@ def test_a_model_decodes_the_same_with_and_without_the_native_ops(arch, monkeypa
 def test_the_two_call_decode_layer_equals_the_per_op_native_path_bit_for_bit(
     arch, dtype, monkeypatch
 ):
-    """decode_block chains in C exactly the calls the per-op path makes from Python (qkv bias,
+    """decode_layer chains in C exactly the calls the per-op path makes from Python (qkv bias,
     q/k norm, cache write at the step's slot and position included): identical logits."""
-    from tandem.models import decode_block
+    from tandem.kernels import decode_layer
 
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     model = random_reference(config).to(dtype).eval()
     calls = []
-    real = decode_block.run
-    monkeypatch.setattr(decode_block, "run", lambda *a: calls.append(1) or real(*a))
+    real = decode_layer.run
+    monkeypatch.setattr(decode_layer, "run", lambda *a: calls.append(1) or real(*a))
     blocks = LocalExecutor(copy.deepcopy(model), max_batch=2, max_seq_len=64)
     got = greedy_steps(blocks, [3, 1, 4, 1, 5], 8)
     assert len(calls) == 7 * config.num_hidden_layers  # every decode step of every layer
-    monkeypatch.setattr(decode_block, "eligible", lambda *a: False)
+    monkeypatch.setattr(decode_layer, "eligible", lambda *a: False)
     per_op = LocalExecutor(model, max_batch=2, max_seq_len=64)
     want = greedy_steps(per_op, [3, 1, 4, 1, 5], 8)
     for (i, a), (j, b) in zip(got, want):

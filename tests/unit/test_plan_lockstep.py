@@ -7,14 +7,18 @@ from types import SimpleNamespace
 import pytest
 from test_plan_model import CFG  # the plan model's tiny config (a sibling test module)
 
-from tandem.bench.lockstep import (
+from tandem.bench.report import analyze, concurrent_slots, markdown
+from tandem.cli import plan
+from tandem.config import ModelConfig
+from tandem.parallel.partition import model_cost
+from tandem.plan.lockstep import (
     model_sync_s,
     penalties,
     penalty_s,
     shard_config,
     syncs_per_token,
 )
-from tandem.bench.plan_model import (
+from tandem.plan.model import (
     Layout,
     LinkSpec,
     NodeSpec,
@@ -23,10 +27,6 @@ from tandem.bench.plan_model import (
     parse_lockstep,
     predict,
 )
-from tandem.bench.report import analyze, concurrent_slots, markdown
-from tandem.cli import plan
-from tandem.config import ModelConfig
-from tandem.parallel.partition import model_cost
 
 LINK = LinkSpec(rtt_s=100e-6, goodput_bytes_per_s=1e6, overhead_s=10e-6)
 PEN = ((2, 1e-3), (3, 5e-3))

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tandem.bench.plan_model import (
+from tandem.parallel.partition import model_cost
+from tandem.plan.model import (
     CONTROL_BYTES,
     Layout,
     LinkSpec,
@@ -19,7 +20,6 @@ from tandem.bench.plan_model import (
     predict,
     rank_layouts,
 )
-from tandem.parallel.partition import model_cost
 
 CFG = SimpleNamespace(
     hidden_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=8,

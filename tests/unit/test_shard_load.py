@@ -12,7 +12,7 @@ from tandem.parallel.transform import shard_transformer
 
 
 class RecordingReader:
-    """A's ModelDir, recording every read (name, dim, start, end)."""
+    """A ModelDir, recording every read (name, dim, start, end)."""
 
     def __init__(self, md):
         self.md, self.reads = md, []

@@ -5,8 +5,8 @@ import struct
 import pytest
 import torch
 
-from tandem.parallel import pipeline as pp
-from tandem.parallel.pipeline import (
+from tandem.engine.pp import frames as pp
+from tandem.engine.pp.frames import (
     LocalStageTransport,
     StageLinkError,
     StageMessage,

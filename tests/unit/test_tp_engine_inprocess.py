@@ -3,9 +3,9 @@ from tp_support import StateDictReader, greedy, random_reference, tiny_config
 
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.engine.executor import Step, StepSequence
-from tandem.engine.remote import TPExecutor
-from tandem.engine.shard_runner import ShardRunner, StepOrderError
-from tandem.engine.worker import BroadcastSource, serve
+from tandem.engine.runner import ShardRunner, StepOrderError
+from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.worker import BroadcastSource, serve
 from tandem.parallel.plan import plan_for_config
 from tandem.parallel.shard_load import load_shard
 from tandem.parallel.transform import shard_transformer

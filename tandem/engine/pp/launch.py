@@ -1,0 +1,326 @@
+"""Launches a pipeline (optionally of tensor-parallel stages) on this machine over loopback.
+
+The head (this process) is global rank 0: TP rank 0 of stage 0. Every other (stage, TP rank) is a
+`tandem stage` process (`tandem.engine.pp.worker`). Start-up, in order:
+
+  1. the head binds its return-link listener; each worker binds its upstream listener and reports
+     its ephemeral port on stdout (all workers start at once and load their layers in parallel);
+  2. each stage leader is told, on stdin, the addresses of every rank of the next stage (the last
+     stage: the head's), and dials them; every worker accepts its upstream link;
+  3. the head loads the embedding, its layers and the LM head, dials stage 0's other TP ranks and
+     stage 1's ranks, and accepts the link back from the last stage.
+
+Every link is authenticated with a fresh random secret (passed in the environment). Each worker's
+stderr goes to a log file whose tail is quoted when the pipeline fails.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.engine.cluster_info import pipeline_facts
+from tandem.engine.pp.head import PipelineExecutor
+from tandem.engine.pp.layout import StageSpec
+from tandem.engine.pp.links import (
+    LinkTerms,
+    StageListener,
+    dial_all,
+    grid_ranks,
+    max_frame_bytes,
+)
+from tandem.engine.pp.stage import StageRunner
+from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
+from tandem.engine.pp.worker import DTYPES, READY
+from tandem.kernels.prepare import prepare
+from tandem.loaders.load import load_model
+from tandem.loaders.safetensors_dir import ModelDir
+from tandem.parallel.partition import validate_ranges
+
+
+class LaunchError(RuntimeError):
+    """A stage process did not start, or exited before the pipeline was up."""
+
+
+@dataclass
+class _Proc:
+    popen: subprocess.Popen
+    name: str
+    log: Path
+
+
+class _Group:
+    """The worker processes: killed together, diagnosed by exit code and log tail."""
+
+    def __init__(self) -> None:
+        self.procs: list[_Proc] = []
+        self.logdir = Path(tempfile.mkdtemp(prefix="tandem-pp-"))
+
+    def spawn(self, argv: list[str], name: str, env: dict) -> _Proc:
+        log = self.logdir / f"{name.replace(' ', '_')}.log"
+        with open(log, "wb") as err:
+            p = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env
+            )
+        proc = _Proc(p, name, log)
+        self.procs.append(proc)
+        return proc
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.popen.pid for p in self.procs}
+
+    def diagnose(self, wait: float = 1.0) -> str | None:
+        """Which workers died and how; waits up to `wait` s for a dying one to be reaped."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and all(p.popen.poll() is None for p in self.procs):
+            time.sleep(0.05)
+        dead = []
+        for p in self.procs:
+            code = p.popen.poll()
+            if code is not None and code != 0:
+                tail = p.log.read_text(errors="replace").strip().splitlines()[-3:]
+                dead.append(
+                    f"{p.name} exited with code {code}" + (f": {' | '.join(tail)}" if tail else "")
+                )
+        return "; ".join(dead) or None
+
+    def stop(self, grace: float = 5.0) -> None:
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait(5)
+            for f in (p.popen.stdin, p.popen.stdout):
+                if f is not None:
+                    f.close()
+
+
+def _read_ports(proc: _Proc, timeout: float) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    out = proc.popen.stdout
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([out], [], [], 0.2)
+        if ready:
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            for line in buf.decode(errors="replace").splitlines():
+                if line.startswith(READY):
+                    _, stage_port, ring_port = line.split()
+                    return int(stage_port), int(ring_port)
+        elif proc.popen.poll() is not None:
+            break
+    tail = proc.log.read_text(errors="replace").strip().splitlines()[-5:]
+    raise LaunchError(
+        f"{proc.name} did not start listening within {timeout:g} s: {' | '.join(tail)}"
+    )
+
+
+def launch_pipeline(
+    model_dir: str | Path,
+    stages: Sequence[StageSpec],
+    *,
+    max_batch: int = 8,
+    max_seq_len: int = 2048,
+    wire_dtype: str = "float32",
+    timeout: float = 120.0,
+    microbatches: int | None = None,
+    threads: int = 0,
+    addresses: Sequence[str] | None = None,
+    argv_prefix: Callable[[int], list[str]] | None = None,
+) -> PipelineExecutor:
+    """Starts the stage processes and returns the head's `PipelineExecutor` (close it to stop them).
+
+    `addresses[g]` is the address global rank g binds and is reached at (default 127.0.0.1 for
+    all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
+    hosts of `tandem bench`)."""
+    md = ModelDir(model_dir)
+    cfg = md.config
+    validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
+    layout = [s.tp for s in stages]
+    ranks = grid_ranks(layout)
+    world = sum(layout)
+    cluster_id = f"pp-{secrets.token_hex(4)}"
+    secret = secrets.token_hex(32)
+    terms = LinkTerms(
+        cluster_id,
+        world,
+        wire_dtype,
+        md.fingerprint(),
+        secret.encode(),
+        handshake_timeout=max(timeout, 60.0),
+        op_timeout=timeout,
+        max_frame_bytes=max_frame_bytes(max_batch, max_seq_len, cfg.hidden_size),
+    )
+
+    def addr(g: int) -> str:
+        return addresses[g] if addresses is not None else "127.0.0.1"
+
+    head_listener = StageListener(terms, 0, addr(0))
+    group = _Group()
+    env = {**os.environ, "TANDEM_SECRET": secret}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    try:
+        procs: dict[int, _Proc] = {}
+        for k, spec in enumerate(stages):
+            for r, g in enumerate(ranks[k]):
+                if g == 0:
+                    continue
+                last = k == len(stages) - 1
+                if r == 0:
+                    down = ranks[k + 1] if not last else [0]
+                else:
+                    down = []
+                upstream = ranks[k - 1][0] if k > 0 else 0
+                argv = [
+                    sys.executable, "-m", "tandem", "stage",
+                    "--model", str(model_dir), "--stage", str(k),
+                    "--layers", f"{spec.layers.start}:{spec.layers.end}",
+                    "--rank", str(g), "--world-size", str(world),
+                    "--upstream-rank", str(upstream),
+                    "--downstream-ranks", ",".join(map(str, down)), "--downstream", "-",
+                    "--tp-rank", str(r), "--tp-size", str(spec.tp),
+                    "--cluster-id", cluster_id, "--dtype", spec.dtype, "--device", spec.device,
+                    "--wire-dtype", wire_dtype, "--max-batch", str(max_batch),
+                    "--max-seq-len", str(max_seq_len), "--timeout", str(timeout),
+                    "--threads", str(threads),
+                ]  # fmt: skip
+                argv += ["--listen", f"{addr(g)}:0", "--tp-listen", f"{addr(g)}:0"]
+                if last:
+                    argv.append("--last")
+                if argv_prefix is not None:
+                    argv = [*argv_prefix(g), *argv]
+                procs[g] = group.spawn(argv, f"stage {k} rank {r}", env)
+        got = {g: _read_ports(p, max(timeout, 60.0)) for g, p in procs.items()}
+        head_ring = ring_listener(addr(0), 0) if stages[0].tp > 1 else None
+        got[0] = (head_listener.port, head_ring.port if head_ring else 0)
+        ports = {g: p[0] for g, p in got.items()}
+        for k in range(len(stages)):
+            for r, g in enumerate(ranks[k]):
+                if g == 0:
+                    continue
+                down = ""
+                if r == 0:
+                    nxt = ranks[k + 1] if k + 1 < len(stages) else [0]
+                    down = ",".join(f"{addr(d)}:{ports[d]}" for d in nxt)
+                right = ranks[k][(r + 1) % len(ranks[k])]
+                ring = f"{addr(right)}:{got[right][1]}" if stages[k].tp > 1 else ""
+                procs[g].popen.stdin.write(f"{down}\n{ring}\n".encode())
+                procs[g].popen.stdin.flush()
+        head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
+        ex = _build_head(
+            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
+            max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
+            timeout=timeout, microbatches=microbatches,
+        )  # fmt: skip
+        pids = {0: os.getpid(), **{g: p.popen.pid for g, p in procs.items()}}
+        hosts = {g: addr(g) for g in pids} if addresses is not None else {}
+        ex.grid = [list(r) for r in ranks]
+        ex.facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
+        return ex
+    except BaseException:
+        head_listener.close()
+        for p in group.procs:
+            p.popen.kill()
+        group.stop(1.0)
+        raise
+
+
+def _build_head(
+    md,
+    stages,
+    ranks,
+    ports,
+    terms,
+    head_listener,
+    group,
+    head_ring,
+    head_right,
+    addr,
+    *,
+    max_batch,
+    max_seq_len,
+    wire_dtype,
+    timeout,
+    microbatches,
+) -> PipelineExecutor:
+    s0 = stages[0]
+    dtype = DTYPES[s0.dtype]
+    r0 = (s0.layers.start, s0.layers.end)
+    box: dict = {}
+    n = len(stages)
+
+    def accept() -> None:
+        try:
+            box["from_last"] = head_listener.accept(ranks[n - 1][0], f"head <- stage {n - 1}")
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            box["err"] = e
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    if n > 1:
+        acceptor.start()
+    comm = None
+    # at TP > 1 stage 0's layers are sharded (below); the head keeps only embedding and LM head
+    head_layers = r0 if s0.tp == 1 else (r0[0], r0[0])
+    embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=head_layers)
+    prepare(embed_head)  # the single-node fast path (tandem.kernels)
+    if s0.tp == 1:
+        stage0 = StageRunner(embed_head, max_batch, max_seq_len)
+    else:
+        comm = form_stage_ring(
+            0, s0.tp, head_ring, head_right, secret=terms.secret,
+            cluster_id=f"{terms.cluster_id}/stage0", fingerprint=md.fingerprint(), timeout=timeout,
+        )  # fmt: skip
+        shard = load_tp_stage(md, r0, comm, dtype=dtype, device=s0.device)
+        stage0 = StageRunner(shard, max_batch, max_seq_len)
+    peers = dial_all(
+        terms, 0, [f"{addr(g)}:{ports[g]}" for g in ranks[0][1:]], ranks[0][1:], "head"
+    )
+    to_next = (
+        dial_all(terms, 0, [f"{addr(g)}:{ports[g]}" for g in ranks[1]], ranks[1], "head")
+        if n > 1
+        else []
+    )
+    if n > 1:
+        acceptor.join()
+    head_listener.close()
+    if "err" in box:
+        raise box["err"]
+
+    def on_close() -> None:
+        group.stop()
+        if comm is not None:
+            comm.close()
+
+    ex = PipelineExecutor(
+        embed_head,
+        stage0,
+        to_next=to_next,
+        from_last=box.get("from_last"),
+        to_stage0_peers=peers,
+        num_stages=n,
+        max_batch=max_batch,
+        max_seq_len=max_seq_len,
+        wire_dtype=wire_dtype,
+        timeout=timeout,
+        microbatches=microbatches,
+        diagnose=group.diagnose,
+        on_close=on_close,
+    )
+    ex.worker_pids = group.pids()
+    ex.worker_procs = [p.popen for p in group.procs]
+    return ex

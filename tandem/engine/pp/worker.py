@@ -1,0 +1,157 @@
+"""A pipeline stage process: `tandem stage --model DIR --stage K ...` (started by the launcher).
+
+One process is one TP rank of one stage. It binds its listening socket first and prints
+`TANDEM_STAGE_LISTENING <port>` on stdout (so a launcher can learn an ephemeral port), loads only its
+layers (its TP shard of them when the stage is a TP group), opens its links, and serves frames until
+STOP (see `tandem.engine.pp.stage.serve_stage`). The stage's leader (TP rank 0) learns where to send
+from `--downstream host:port,...` or, with `--downstream -`, from a line on stdin; a TP rank of a
+stage also binds a ring listener (its port is the second number printed) and learns its right
+neighbour from `--tp-right` or the next stdin line.
+
+The cluster secret comes from the environment (`TANDEM_SECRET`), never from argv.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
+from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
+from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
+from tandem.kernels.prepare import prepare
+from tandem.loaders.load import load_model
+from tandem.loaders.safetensors_dir import ModelDir
+
+READY = "TANDEM_STAGE_LISTENING"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """Where this process sits in the pipeline grid and how it runs (`tandem stage` parses them)."""
+
+    model: str
+    stage: int
+    layers: str  # the half-open layer range START:END
+    rank: int  # global rank in the pipeline grid
+    world_size: int
+    upstream_rank: int
+    cluster_id: str
+    last: bool = False  # the last stage: sends back to the head
+    downstream_ranks: str = ""  # global ranks this leader sends to
+    downstream: str = ""  # host:port,... of those ranks, or - for stdin
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_right: str = "-"  # host:port of TP rank r+1's ring listener, or - for stdin
+    tp_listen: str = "127.0.0.1:0"
+    listen: str = "127.0.0.1:0"
+    dtype: str = "float32"
+    device: str = "cpu"
+    wire_dtype: str = "float32"
+    max_batch: int = 8
+    max_seq_len: int = 2048
+    timeout: float = 120.0  # per-op link timeout, seconds
+    idle_timeout: float = 3600.0  # leave after this long idle
+    threads: int = 0  # torch threads (0: leave the default)
+
+
+def load_stage(args: StageOptions, md: ModelDir, layer_range: tuple[int, int], ring):
+    """This rank's layers: the whole range at TP=1, else its TP shard (joined to the stage ring)."""
+    dtype = DTYPES[args.dtype]
+    if args.tp_size == 1:
+        model = load_model(
+            md,
+            dtype=dtype,
+            device=args.device,
+            layer_range=layer_range,
+            with_embed=False,
+            with_head=False,
+        )
+        prepare(model)  # the single-node fast path (tandem.kernels)
+        return model, None
+    right = args.tp_right if args.tp_right != "-" else sys.stdin.readline().strip()
+    comm = form_stage_ring(
+        args.tp_rank,
+        args.tp_size,
+        ring,
+        right,
+        secret=_secret(),
+        cluster_id=f"{args.cluster_id}/stage{args.stage}",
+        fingerprint=md.fingerprint(),
+        timeout=args.timeout,
+    )
+    return load_tp_stage(md, layer_range, comm, dtype=dtype, device=args.device), comm
+
+
+def _secret() -> bytes | None:
+    s = os.environ.get("TANDEM_SECRET")
+    return s.encode() if s else None
+
+
+def run_stage(args: StageOptions) -> int:
+    """Serves this stage until STOP (module docstring)."""
+    logging.basicConfig(level=logging.INFO, format=f"stage {args.stage}.{args.tp_rank} %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    md = ModelDir(args.model)
+    cfg = md.config
+    a, b = (int(x) for x in args.layers.split(":"))
+    terms = LinkTerms(
+        cluster_id=args.cluster_id,
+        world_size=args.world_size,
+        wire_dtype=args.wire_dtype,
+        model_fingerprint=md.fingerprint(),
+        secret=_secret(),
+        op_timeout=args.timeout,
+        handshake_timeout=max(args.timeout, 60.0),
+        max_frame_bytes=max_frame_bytes(args.max_batch, args.max_seq_len, cfg.hidden_size),
+    )
+    host, _, port = args.listen.rpartition(":")
+    listener = StageListener(terms, args.rank, host, int(port))
+    ring = None
+    if args.tp_size > 1:
+        rhost, _, rport = args.tp_listen.rpartition(":")
+        ring = ring_listener(rhost, int(rport))
+    print(f"{READY} {listener.port} {ring.port if ring else 0}", flush=True)
+    name = f"stage {args.stage}" + (f" (TP rank {args.tp_rank})" if args.tp_size > 1 else "")
+
+    box: dict = {}
+
+    def accept() -> None:
+        try:
+            box["up"] = listener.accept(args.upstream_rank, f"{name} <- rank {args.upstream_rank}")
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            box["err"] = e
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    # stdin, when used: line 1 the downstream addresses (empty off the leader), line 2 the ring's right
+    addrs = sys.stdin.readline().strip() if args.downstream == "-" else args.downstream
+    model, comm = load_stage(args, md, (a, b), ring)
+    runner = StageRunner(model, args.max_batch, args.max_seq_len)
+    downstream = []
+    if args.downstream_ranks:
+        ranks = [int(r) for r in args.downstream_ranks.split(",")]
+        downstream = dial_all(terms, args.rank, addrs.split(","), ranks, name)
+    acceptor.join()
+    listener.close()
+    if "err" in box:
+        raise box["err"]
+    links = StageLinks(upstream=box["up"], downstream=downstream, to_head=args.last)
+    try:
+        serve_stage(
+            runner, links, name=name, wire_dtype=args.wire_dtype, idle_timeout=args.idle_timeout
+        )
+    finally:
+        for link in downstream:
+            link.close()
+        box["up"].close()
+        if comm is not None:
+            comm.close()
+    return 0

@@ -1,0 +1,181 @@
+"""The head's side of a tensor-parallel group: an `Executor` that drives the workers.
+
+One generation loop, on the head (rank 0). For each step the head broadcasts a control frame
+(`tandem.engine.tp.control`) over the group's communicator, then runs its own shard of the forward;
+the workers, having received the same frame, run theirs, and the layers' collectives meet. The
+vocab-parallel LM head delivers the logits to rank 0 only, where the caller samples. Finished
+sequences are released on the head at once and on the workers with the next frame (they free
+before they run it), so every rank's cache slots stay in step without an extra broadcast.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tandem.comm.base import Communicator
+from tandem.engine import cluster_info as ci
+from tandem.engine.executor import Step
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp import control
+from tandem.engine.tp.control import Control, send_control
+
+
+class GroupFailedError(RuntimeError):
+    """A step could not complete on the group: a worker died, hung or refused it. The group is
+    unusable afterwards (its communicator is broken); close it and start a new one."""
+
+
+class TPExecutor:
+    """`Executor` over a TP group whose rank 0 is this process; `runner` holds rank 0's shard.
+
+    With `keepalive_s`, a daemon thread sends a PING frame whenever the group has been idle that
+    long, so workers blocked on the next frame stay inside their op timeout while a server waits
+    for requests; a lock keeps pings and steps from interleaving on the wire. The same thread asks
+    `diagnose` (when given) whether a worker process has exited, and records the group as failed
+    at once, so the next step fails fast instead of waiting out the op timeout.
+    """
+
+    def __init__(
+        self,
+        runner: ShardRunner,
+        comm: Communicator,
+        vocab_size: int,
+        on_close: Callable[[], None] | None = None,
+        keepalive_s: float | None = None,
+        diagnose: Callable[[], str | None] | None = None,
+    ) -> None:
+        if comm.rank != 0:
+            raise ValueError(
+                f"the head is rank 0 of its group, this communicator is rank {comm.rank}"
+            )
+        self.runner = runner
+        self.comm = comm
+        self.vocab_size = vocab_size
+        self.max_seq_len = runner.max_seq_len
+        self.max_batch = runner.max_batch
+        self._on_close = on_close
+        self._diagnose = diagnose
+        self._pending_release: list[int] = []
+        self._closed = False
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        # what the group is, for describe(): set by whoever formed it (tp.setup.start_head)
+        self.facts: list[ci.RankFacts] = []
+        self.comm_stats: Any = None  # the metered communicator's CommStats, if metered
+        self.local_workers: Any = None  # tp.local.LocalWorkers when the workers are ours
+        self.join_rtt_ms: dict[int, float] = {}  # rank -> its RTT to the head when it joined
+        if keepalive_s is not None and comm.world_size > 1:
+            threading.Thread(
+                target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
+            ).start()
+
+    def _keepalive(self, every: float) -> None:
+        while not self._stop.wait(every / 4):
+            with self._lock:
+                if self._closed or self._failure is not None:
+                    return
+                why = self._diagnose() if self._diagnose is not None else None
+                if why is not None:
+                    self._failure = GroupFailedError(f"a worker of the group exited: {why}")
+                    return
+                if time.monotonic() - self._last < every:
+                    continue
+                try:
+                    send_control(self.comm, Control(control.KIND_PING))
+                except BaseException as e:  # surfaced by the next run()
+                    self._failure = e
+                    return
+                self._last = time.monotonic()
+
+    def run(self, step: Step) -> torch.Tensor:
+        """Logits (B, vocab_size) float32 at each sequence's last new token."""
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            self.runner.check(step)  # refused here, before any rank sees it
+            release = tuple(self._pending_release)
+            self._pending_release.clear()
+            try:
+                send_control(self.comm, Control(control.KIND_STEP, step, release))
+                logits = self.runner.forward(step)
+            except Exception as e:
+                self._failure = GroupFailedError(self._explain(e))
+                raise self._failure from e
+            finally:
+                self._last = time.monotonic()
+        assert logits is not None  # rank 0 of a group holding the head always gets the logits
+        return logits
+
+    def _explain(self, e: BaseException) -> str:
+        msg = (
+            f"the tensor-parallel group failed during a step ({type(e).__name__}: {e}); "
+            f"a worker died, hung past the op timeout, or refused the step"
+        )
+        if self._diagnose is not None:
+            deadline = time.monotonic() + 2.0  # a killed worker may not be reaped yet
+            while time.monotonic() < deadline:
+                why = self._diagnose()
+                if why is not None:
+                    return f"{msg}\n{why}"
+                time.sleep(0.05)
+        return msg
+
+    def _state(self) -> tuple[str, str]:
+        if self._failure is not None:
+            return "failed", str(self._failure).splitlines()[0]
+        if self._closed:
+            return "failed", "the group was shut down"
+        gone = self.local_workers.exited() if self.local_workers is not None else None
+        if gone is not None:
+            return "failed", f"worker {gone[0]} exited with code {gone[1]}"
+        return "whole", f"all {self.comm.world_size} ranks are up"
+
+    def health(self) -> tuple[bool, str]:
+        state, detail = self._state()
+        return state == "whole", detail
+
+    def describe(self) -> dict[str, Any]:
+        state, detail = self._state()
+        stats = self.comm_stats
+        counters = ci.Counters()
+        if stats is not None:
+            counters = ci.Counters(stats.seconds, stats.bytes_moved, stats.collectives)
+        n = self.comm.world_size
+        links = ci.ring_links(range(n))
+        for x in links:  # a link to the head: the other end measured its RTT when it joined
+            other = x["b"] if x["a"] == 0 else x["a"] if x["b"] == 0 else None
+            x["rtt_ms"] = self.join_rtt_ms.get(other) if other is not None else None
+        return ci.Description(
+            "tp", n, 1, list(self.facts), state, detail, links, counters
+        ).as_dict()
+
+    def release(self, seq_ids: list[int]) -> None:
+        with self._lock:
+            self.runner.release(seq_ids)
+            self._pending_release.extend(seq_ids)
+
+    def close(self) -> None:
+        """Tells the workers to leave their loop, closes the communicator, then `on_close`."""
+        self._stop.set()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if self._failure is None:
+                send_control(self.comm, Control(control.KIND_STOP))
+        except Exception:  # noqa: BLE001 - a dead worker must not keep the head from cleaning up
+            pass
+        finally:
+            try:
+                self.comm.close()
+            finally:
+                if self._on_close is not None:
+                    self._on_close()

@@ -1,0 +1,234 @@
+"""Forming a tensor-parallel group over a communicator: agree on the layout, load the shards.
+
+The head decides the layout (TP weights, batch slots, sequence length) and broadcasts it; a worker
+needs only the model directory and its own device and dtype, the same on one machine or many.
+Every rank then checks that it holds the same model (the fingerprint of config + tensor manifest):
+a mismatch fails on every rank at once, naming the ranks that differ. Then each rank builds its
+shard and reads only its own slices (`tandem.parallel.shard_load`).
+
+    setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len, 0, 0, 0,
+                                      fingerprint as 4 int64 words]
+    weights (float32, world_size)     the plan's weights, as every rank will use them
+    rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
+                                      and host name (HOST_BYTES of UTF-8, zero-padded), for
+                                      reports and the cluster view
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tandem.comm.base import Communicator
+from tandem.engine import cluster_info as ci
+from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.head import TPExecutor
+from tandem.loaders.safetensors_dir import ModelDir
+from tandem.parallel.plan import TPPlan, plan_for_config
+from tandem.parallel.shard_load import load_shard
+from tandem.parallel.transform import shard_transformer
+
+MAGIC = 0x54414E44534554  # "TANDSET"
+VERSION = 2  # 2: rank info carries pid and host name
+SETUP_LEN = 12
+HOST_BYTES = 64
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+
+
+class GroupSetupError(RuntimeError):
+    """The ranks of a group disagree (model, protocol version) or the layout is invalid."""
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    world_size: int
+    weights: tuple[float, ...]
+    max_batch: int
+    max_seq_len: int
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    dtype: str
+    device: str
+    threads: int = 0  # the rank's torch CPU threads (its OpenMP pool)
+    pid: int = 0
+    host: str = ""
+
+
+def _fp_words(fingerprint: str) -> list[int]:
+    raw = bytes.fromhex(fingerprint)[:32].ljust(32, b"\0")
+    return list(struct.unpack("<4q", raw))
+
+
+def _f32(weights: tuple[float, ...]) -> tuple[float, ...]:
+    """The weights as they survive the float32 wire, so the head plans with the workers' values."""
+    return tuple(torch.tensor(weights, dtype=torch.float32).tolist())
+
+
+def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: str) -> GroupLayout:
+    """Rank 0 passes its `layout`; the others pass None and receive it. Every rank passes its own
+    model `fingerprint`; any disagreement raises `GroupSetupError` on every rank."""
+    head = comm.rank == 0
+    frame = torch.zeros(SETUP_LEN, dtype=torch.int64)
+    if head:
+        assert layout is not None
+        vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len, 0, 0, 0]
+        frame = torch.tensor(vals + _fp_words(layout.fingerprint), dtype=torch.int64)
+    frame = comm.broadcast(frame, 0)
+    if int(frame[0]) != MAGIC:
+        raise GroupSetupError("the head's setup frame has the wrong magic: not a tandem head?")
+    n = int(frame[2])
+    weights_t = torch.zeros(n, dtype=torch.float32)
+    if head:
+        weights_t = torch.tensor(layout.weights, dtype=torch.float32)
+    weights_t = comm.broadcast(weights_t, 0)
+    mine = (
+        int(frame[1]) != VERSION
+        or n != comm.world_size
+        or frame[8:].tolist() != _fp_words(fingerprint)
+    )
+    flags = comm.all_gather(torch.tensor([int(mine)], dtype=torch.int64), 0).tolist()
+    bad = [r for r, f in enumerate(flags) if f]
+    if bad:
+        raise GroupSetupError(
+            f"rank(s) {bad} disagree with the head on the model (fingerprint of config + tensor "
+            f"manifest), the protocol version or the group size: every rank must hold the same "
+            f"model directory and run the same tandem version"
+        )
+    return GroupLayout(n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint)
+
+
+def _host_words(host: str) -> list[int]:
+    raw = host.encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    return list(struct.unpack(f"<{HOST_BYTES // 8}q", raw))
+
+
+def _host_text(words: list[int]) -> str:
+    raw = struct.pack(f"<{HOST_BYTES // 8}q", *words)
+    return raw.rstrip(b"\0").decode(errors="replace")
+
+
+def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[RankInfo]:
+    """Every rank's compute dtype, device kind, CPU threads, pid and host name, gathered on every
+    rank (for reports and the cluster view)."""
+    kind = torch.device(device).type
+    mine = torch.tensor(
+        [
+            DTYPES.index(dtype),
+            DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
+            torch.get_num_threads(),
+            os.getpid(),
+            *_host_words(socket.gethostname()),
+        ],
+        dtype=torch.int64,
+    )
+    rows = comm.all_gather(mine[None], 0).tolist()
+    return [
+        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host))
+        for r, (d, k, t, pid, *host) in enumerate(rows)
+    ]
+
+
+def rank_facts(
+    md: ModelDir, plan: TPPlan, ranks: list[RankInfo], head_device: str
+) -> list[ci.RankFacts]:
+    """The cluster view's static facts of each rank of a TP group holding every layer. Only the
+    head (this process) is marked local; a launcher that started its workers marks them."""
+    cfg = md.config
+    layers = (0, cfg.num_hidden_layers)
+    work = [
+        cfg.num_hidden_layers * ci.layer_work(cfg, plan, r.rank)
+        + cfg.hidden_size * plan.vocab[r.rank].size
+        for r in ranks
+    ]
+    return [
+        ci.RankFacts(
+            rank=r.rank,
+            role="head" if r.rank == 0 else "worker",
+            host=r.host,
+            device=head_device if r.rank == 0 else r.device,
+            dtype=r.dtype,
+            weight_format=md.weight_format(),
+            shard=ci.tp_shard(plan, r.rank, layers),
+            work_share=share,
+            pid=r.pid,
+            local=r.rank == 0,
+            threads=r.threads,
+        )
+        for r, share in zip(ranks, ci.shares(work))
+    ]
+
+
+def build_shard(
+    md: ModelDir, comm: Communicator, layout: GroupLayout, dtype: str, device: str
+) -> ShardRunner:
+    """This rank's shard, loaded slice by slice, with its own KV cache."""
+    if dtype not in DTYPES:
+        raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    plan = plan_for_config(md.config, comm.world_size, layout.weights)
+    model = shard_transformer(
+        md.config, plan, comm, device=device, dtype=getattr(torch, dtype)
+    ).eval()
+    load_shard(model, md, plan, comm.rank)
+    md.close()
+    return ShardRunner(model, layout.max_batch, layout.max_seq_len)
+
+
+def start_head(
+    model_dir: str | Path,
+    comm: Communicator,
+    *,
+    weights: tuple[float, ...] | None = None,
+    max_batch: int = 8,
+    max_seq_len: int = 2048,
+    dtype: str = "float32",
+    device: str = "cpu",
+    on_close: Callable[[], None] | None = None,
+    keepalive_s: float | None = None,
+    diagnose: Callable[[], str | None] | None = None,
+) -> TPExecutor:
+    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
+    md = ModelDir(model_dir)
+    weights = _f32(weights or (1.0,) * comm.world_size)
+    plan_for_config(md.config, comm.world_size, weights)  # fail before any worker loads
+    seq = min(max_seq_len, md.config.max_position_embeddings)
+    layout = GroupLayout(comm.world_size, weights, max_batch, seq, md.fingerprint())
+    layout = agree_layout(comm, layout, md.fingerprint())
+    ranks = exchange_rank_info(comm, dtype, device)
+    runner = build_shard(md, comm, layout, dtype, device)
+    comm.barrier()  # every shard loaded
+    ex = TPExecutor(
+        runner,
+        comm,
+        md.config.vocab_size,
+        on_close=on_close,
+        keepalive_s=keepalive_s,
+        diagnose=diagnose,
+    )
+    ex.ranks = ranks
+    ex.layout = layout
+    plan = plan_for_config(md.config, comm.world_size, layout.weights)
+    ex.facts = rank_facts(md, plan, ranks, device)
+    return ex
+
+
+def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
+    """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
+    from tandem.engine.tp.worker import BroadcastSource, serve
+
+    md = ModelDir(model_dir)
+    layout = agree_layout(comm, None, md.fingerprint())
+    exchange_rank_info(comm, dtype, device)
+    runner = build_shard(md, comm, layout, dtype, device)
+    comm.barrier()
+    return serve(runner, BroadcastSource(comm))

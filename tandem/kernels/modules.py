@@ -1,0 +1,115 @@
+"""The fast modules: subclasses of the reference modules whose hot steps call tandem's native CPU
+kernels where they apply and the reference math everywhere else. `swap_fast_modules` puts them in
+place of the reference classes, in plain sight (the instance keeps its parameters and buffers; only
+its class changes), as the TP transform swaps in parallel layers.
+
+Each fast module computes what its reference computes (`tests/unit/test_native_ops.py`): the
+native ops reproduce the PyTorch form's roundings (bit for bit in bf16/f16 for the norms and RoPE,
+float32 rounding of the sum order in float32).
+
+    reference       fast               what changes
+    RMSNorm         FastRMSNorm        one native call instead of ~10 dispatches
+    Attention       FastAttention      fused q/k/v (`FUSED`, installed by prepare_linear_kernels);
+                                       q/k norm + RoPE in place, one call per tensor; unmasked
+                                       decode attention in one call
+    MLP             FastMLP            fused gate/up; SwiGLU in one call
+    DecoderLayer    FastDecoderLayer   one sequence, one decode token: the layer in two calls
+                                       (`decode_layer`)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.kernels import decode_layer, native
+from tandem.models.attention import Attention
+from tandem.models.context import ForwardContext
+from tandem.models.layers import MLP, RMSNorm
+from tandem.models.llama import DecoderLayer
+
+
+class FastRMSNorm(RMSNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype and native.handles(x):
+            return native.rmsnorm(x, self.weight, self.eps)
+        return super().forward(x)
+
+
+class FastAttention(Attention):
+    """`qkv_proj`, when prepare_linear_kernels fused q/k/v, has weight [W_q; W_k; W_v] (rows
+    stacked, biases likewise): one GEMV instead of three, split back along the last dimension."""
+
+    FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}  # fused name -> parts, in row order
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return super().project(x)
+        hd = self.head_dim
+        return self.qkv_proj(x).split(
+            (self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd), -1
+        )
+
+    def position(self, q, k, v, ctx: ForwardContext):
+        if not (native.handles(q) and ctx.cos.dtype == q.dtype):
+            return super().position(q, k, v, ctx)
+        B, T = ctx.positions.shape
+        hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads
+        # one call per tensor, in place on the projection's output: q/k norm, then RoPE
+        for t, n, norm in ((q, H, self.q_norm), (k, Hkv, self.k_norm)):
+            w, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
+            native.norm_rope_(t.view(-1, n * hd), n, w, eps, ctx.cos, ctx.sin)  # a view
+        return q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
+
+    def decode_attend(self, qg, keys, values, ctx: ForwardContext) -> torch.Tensor:
+        if ctx.attn_mask is None and native.handles(qg) and keys.stride(-1) == 1:
+            return native.decode_attention(qg, keys, values)  # every cached key visible
+        return super().decode_attend(qg, keys, values, ctx)
+
+
+class FastMLP(MLP):
+    """`gate_up_proj`, when fused, has weight [W_gate; W_up]: one GEMV whose output (..., 2I) is
+    halved back into gate and up."""
+
+    FUSED = {"gate_up_proj": ("gate_proj", "up_proj")}  # fused name -> parts, in row order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is None:
+            return super().forward(x)
+        gate_up = self.gate_up_proj(x)  # (..., 2I)
+        if native.handles(gate_up):
+            return self.down_proj(native.silu_mul(gate_up))  # (..., 2I) -> (..., I)
+        gate, up = gate_up.chunk(2, -1)  # (..., 2I) -> 2 x (..., I)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class FastDecoderLayer(DecoderLayer):
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if decode_layer.eligible(self, h, ctx):
+            return decode_layer.run(self, h, ctx)  # one decode token: two native calls
+        return super().forward(h, ctx)
+
+
+FAST: dict[type[nn.Module], type[nn.Module]] = {
+    RMSNorm: FastRMSNorm,
+    Attention: FastAttention,
+    MLP: FastMLP,
+    DecoderLayer: FastDecoderLayer,
+}
+
+
+def swap_fast_modules(model: nn.Module) -> int:
+    """Gives every reference module of `model` its fast class, in place; returns how many changed.
+    A fused module starts with its fused projection unset (None): prepare_linear_kernels fills it.
+    Calling it again is a no-op."""
+    n = 0
+    for m in model.modules():
+        fast = FAST.get(type(m))
+        if fast is None:
+            continue
+        m.__class__ = fast
+        for fused in getattr(fast, "FUSED", {}):
+            setattr(m, fused, None)
+        n += 1
+    return n

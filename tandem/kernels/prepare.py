@@ -1,0 +1,21 @@
+"""`prepare(model)`: a reference model turned, in place, into its execution form on its device."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from tandem.kernels.linear import KERNELS, TORCH, KernelError, KernelReport, prepare_linear_kernels
+from tandem.kernels.modules import swap_fast_modules
+
+
+def prepare(
+    model: nn.Module, *, kernel: str = "auto", tied_head: str = "auto", fuse: bool = True
+) -> KernelReport:
+    """Swaps the fast modules in (`modules.swap_fast_modules`), then puts every linear layer on
+    its kernel (`linear.prepare_linear_kernels`: fuses q/k/v and gate/up when `fuse`).
+    `kernel="torch"` keeps the reference modules and F.linear: the plain math, unfused."""
+    if kernel != "auto" and kernel not in KERNELS:
+        raise KernelError(f"unknown kernel {kernel!r}; choose auto or one of {', '.join(KERNELS)}")
+    if kernel != TORCH:
+        swap_fast_modules(model)
+    return prepare_linear_kernels(model, kernel=kernel, tied_head=tied_head, fuse=fuse)

@@ -1,0 +1,1 @@
+"""GGUF files: reading, config, weights kept in their blocks, tokenizer."""

@@ -1,0 +1,1 @@
+"""The speed model behind `tandem plan`: predicted decode time per layout, and the lockstep probe."""
