@@ -26,11 +26,14 @@ from rich.table import Table
 
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
 from tandem.cluster.status import (
+    RankOccupied,
+    StatusAuthError,
     StatusBoard,
     StatusError,
     announce,
     keep_alive,
     measure_rtt_ms,
+    new_instance,
     query,
 )
 from tandem.cluster.token import (
@@ -217,9 +220,8 @@ def run_join(args: argparse.Namespace) -> int:
             _wait_for_ranks(console, topo, board, args.timeout)
         else:
             rtt = _reach_head(console, topo, args.timeout)
-            head = (topo.hosts[0], topo.status_port, topo.secret)
-            instance = announce(*head, rank, **facts, rtt_ms=round(rtt, 3))  # RankOccupied
-            keep_alive(*head, rank, instance, stop_beat)
+            instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
+            keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
         rtts = _join_rtts(board) if board is not None else {}
         return _run_rank(console, args, rank, ring_file, rtts)
     except KeyboardInterrupt:
@@ -250,6 +252,24 @@ def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> fl
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+def _announce(topo: ClusterTopology, rank: int, facts: dict, timeout_s: float) -> str:
+    """Claims `rank` on the head's board, retrying while the board is busy (past its cap it closes
+    connections unread); another live holder (RankOccupied) or another secret is final."""
+    deadline = time.monotonic() + timeout_s
+    instance = new_instance()  # one id for every try: a claim whose reply was lost is still ours
+    while True:
+        try:
+            return announce(
+                topo.hosts[0], topo.status_port, topo.secret, rank, instance=instance, **facts
+            )
+        except (RankOccupied, StatusAuthError):
+            raise
+        except StatusError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _wait_for_ranks(
