@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from tandem.cluster.ring_config import check_timeout
 from tandem.transport import shm as same_host
 from tandem.transport.channel import Channel
 from tandem.transport.endpoints import Listener, connect
@@ -47,6 +48,8 @@ def form_ring(
         raise ValueError(
             f"a ring needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
         )
+    check_timeout("op_timeout", op_timeout, "ring")
+    check_timeout("handshake_timeout", handshake_timeout, "ring")
     wd.negotiable(wire_dtype)
     me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "ring")
     if listener is None:

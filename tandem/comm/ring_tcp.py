@@ -21,7 +21,7 @@ import torch
 
 from tandem.comm import algorithms as alg
 from tandem.comm import base
-from tandem.comm.framing import check_gathered_shape
+from tandem.comm.framing import ABORT_STEP, CLAIM_STEP, check_gathered_shape
 from tandem.comm.moves import StagedMoves
 from tandem.comm.ring_link import RingLink
 from tandem.comm.staging import (
@@ -240,6 +240,11 @@ class TcpRing(StagedMoves):
         seq: int,
         fp: int,
     ) -> np.ndarray:
+        """A chain from the root, r -> r+1. Over TCP every rank first sends its right neighbour a
+        header-only claim frame (fingerprint of shape, dtype and root) and checks its left one's,
+        so ranks that disagree on the root (or shape) fail with OpDesyncError on both sides of the
+        disagreement instead of each returning its own tensor. A receiver sends its claim on
+        entry, so the root rarely waits for it."""
         link = self.link
         hop = (link.rank - src) % link.size  # 0 at the root
         if self.same_host is not None and payload.nbytes <= link.small:  # N = 2 on one host
@@ -247,17 +252,34 @@ class TcpRing(StagedMoves):
             head = link.header(fr.BROADCAST, wire.code, seq, fp, shape, 0)
             got = self.same_host.swap(head, payload, payload.nbytes)
             return payload if hop == 0 else np.frombuffer(got, payload.dtype).copy()
-        if hop > 0:
+        claim = link.header(fr.BROADCAST, wire.code, seq, fp, (0,), CLAIM_STEP)
+        try:
+            if hop == 0:
+                head = link.header(fr.BROADCAST, wire.code, seq, fp, shape, 0)
+                link.io.send([claim, head, payload])
+                link.reader.known_small(claim, 0, np.uint8)
+                link.io.flush()
+                return payload
+            link.io.send([claim])
+            link.reader.known_small(claim, 0, np.uint8)
             head = link.header(fr.BROADCAST, wire.code, seq, fp, shape, hop - 1)
             if payload.nbytes <= link.small:  # header and payload in one receive
                 payload = link.reader.known_small(head, payload.nbytes, payload.dtype)
             else:
                 payload = np.empty(payload.size, dtype=payload.dtype)
                 link.reader.known(head, memoryview(payload))
-        if hop < link.size - 1:
-            link.io.send([link.header(fr.BROADCAST, wire.code, seq, fp, shape, hop), payload])
+            if hop < link.size - 1:
+                link.io.send([link.header(fr.BROADCAST, wire.code, seq, fp, shape, hop), payload])
             link.io.flush()
-        return payload
+            return payload
+        except base.OpDesyncError:
+            # the right neighbour may be waiting for our payload: an abort frame fails it too
+            try:
+                link.io.send([link.header(fr.BROADCAST, wire.code, seq, fp, (0,), ABORT_STEP)])
+                link.io.flush()
+            except OSError:
+                pass
+            raise
 
     def _all_to_all(
         self, wire: wd.WireDtype, items: list[tuple[tuple[int, ...], np.ndarray]], seq: int, fp: int

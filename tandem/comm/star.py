@@ -19,8 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from tandem.cluster.ring_config import check_timeout
 from tandem.comm import base
-from tandem.comm.framing import FrameReader, check_gathered_shape, data_header
+from tandem.comm.framing import (
+    ABORT_STEP,
+    CLAIM_STEP,
+    FrameReader,
+    check_gathered_shape,
+    data_header,
+)
 from tandem.comm.moves import StagedMoves
 from tandem.comm.staging import (
     decode_f32,
@@ -79,6 +86,8 @@ class StarCommunicator(StagedMoves):
             raise ValueError(
                 f"a star needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
             )
+        check_timeout("op_timeout", op_timeout, "star")
+        check_timeout("handshake_timeout", handshake_timeout, "star")
         me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "star")
         kw = dict(op_timeout=op_timeout, max_frame_bytes=max_frame_bytes)
         channels: dict[int, Channel] = {}
@@ -216,19 +225,46 @@ class StarCommunicator(StagedMoves):
     def _broadcast(
         self, wire: wd.WireDtype, payload: np.ndarray, shape: tuple, src: int, seq: int, fp: int
     ) -> np.ndarray:
+        """Through the root. Every worker sends the root one frame (its payload if it is `src`,
+        else a header-only claim) and gets one back (the payload, or a claim if it is `src`);
+        the fingerprint binds shape, dtype and root, so ranks that disagree on the root fail with
+        OpDesyncError instead of each returning its own tensor. A root that finds a disagreement
+        before it has answered sends every worker an abort frame, which fails them too."""
         op, r = fr.BROADCAST, self._rank
         up = data_header(op, wire.code, seq, fp, shape, 0)
         down = data_header(op, wire.code, seq, fp, shape, 1)
+        claim = data_header(op, wire.code, seq, fp, (0,), CLAIM_STEP)
+        empty = np.empty(0, dtype=np.uint8)
         if r != 0:
             if r == src:
                 self._send(0, up, payload)
+                self._recv(0, claim, 0, np.uint8)
                 return payload
+            self._send(0, claim, empty)
             return self._recv(0, down, payload.size, payload.dtype)
-        if src != 0:
-            payload = self._recv(src, up, payload.size, payload.dtype)
-        for j in range(1, self._size):
-            if j != src:
+        workers = range(1, self._size)
+        if src == 0:  # answer first: the workers wait for nothing but the payload
+            for j in workers:
                 self._send(j, down, payload)
+            for j in workers:
+                self._recv(j, claim, 0, np.uint8)
+            return payload
+        try:
+            for j in workers:
+                if j == src:
+                    payload = self._recv(j, up, payload.size, payload.dtype)
+                else:
+                    self._recv(j, claim, 0, np.uint8)
+        except base.OpDesyncError:
+            abort = data_header(op, wire.code, seq, fp, (0,), ABORT_STEP)
+            for j in workers:
+                try:
+                    self._send(j, abort, empty)
+                except OSError:
+                    pass
+            raise
+        for j in workers:
+            self._send(j, claim if j == src else down, empty if j == src else payload)
         return payload
 
     def _all_to_all(self, wire: wd.WireDtype, items: list, seq: int, fp: int) -> list:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
+from tandem.cluster.ring_config import keepalive_interval
 from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.tp.head import TPExecutor
@@ -105,11 +106,11 @@ def launch_local_tp(
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
     `workers` may be started beforehand (to start several groups' processes at once). An idle
-    group pings its workers every `keepalive_s` (default a quarter of the op timeout; None: never)
-    so they outlive pauses between steps longer than the op timeout."""
+    group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
+    never) so they outlive pauses between steps longer than the op timeout."""
     require_shardable(model_dir)  # before any worker starts
     if keepalive_s is not None and keepalive_s < 0:
-        keepalive_s = op_timeout / 4
+        keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
     devices = devices or ["cpu"] * tp
     if workers is None:
