@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,17 @@ from rich.console import Console
 from rich.table import Table
 
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
-from tandem.cluster.status import StatusBoard, StatusError, announce, measure_rtt_ms, query
+from tandem.cluster.status import (
+    RankOccupied,
+    StatusAuthError,
+    StatusBoard,
+    StatusError,
+    announce,
+    keep_alive,
+    measure_rtt_ms,
+    new_instance,
+    query,
+)
 from tandem.cluster.token import (
     ClusterTopology,
     JoinTokenError,
@@ -35,6 +46,8 @@ from tandem.cluster.token import (
     token_qr,
 )
 from tandem.config import ModelConfig
+from tandem.loaders.safetensors_dir import ModelFileError
+from tandem.loaders.source import open_model, require_shardable
 from tandem.parallel.partition import split_by_weights
 from tandem.parallel.plan import plan_for_config
 
@@ -182,10 +195,12 @@ def run_join(args: argparse.Namespace) -> int:
                 f"this token's layout is tp={topo.tp} x pp={topo.pp}; joined clusters run tensor "
                 "parallelism only in this build (use --layout tp, or `tandem serve --pp` on one host)"
             )
+        if args.model and topo.tp > 1:
+            require_shardable(args.model)
         rank = assign_rank(topo, args.rank)
         config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
         ring_file = _write_ring_config(config_dir, topo, rank)
-    except (JoinTokenError, ClusterCliError, OSError) as e:
+    except (JoinTokenError, ClusterCliError, ModelFileError, OSError) as e:
         return _fail("join", e)
     facts = {
         "host": topo.hosts[rank],
@@ -196,6 +211,7 @@ def run_join(args: argparse.Namespace) -> int:
     facts["role"] = role_of(topo, rank, _model_config(args.model))
     console.print(f"rank {rank} of {topo.world_size} ({facts['role']}); RING_CONFIG={ring_file}")
     board = None
+    stop_beat = threading.Event()
     try:
         if rank == 0:
             board = StatusBoard(
@@ -208,15 +224,16 @@ def run_join(args: argparse.Namespace) -> int:
             _wait_for_ranks(console, topo, board, args.timeout)
         else:
             rtt = _reach_head(console, topo, args.timeout)
-            announce(
-                topo.hosts[0], topo.status_port, topo.secret, rank, **facts, rtt_ms=round(rtt, 3)
-            )
-        return _run_rank(console, args, rank, ring_file)
+            instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
+            keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
+        rtts = _join_rtts(board) if board is not None else {}
+        return _run_rank(console, args, rank, ring_file, rtts)
     except KeyboardInterrupt:
         return 130
     except (StatusError, LaunchError, ClusterCliError, OSError) as e:
         return _fail("join", e)
     finally:
+        stop_beat.set()
         if board is not None:
             board.close()
 
@@ -226,7 +243,7 @@ def _bind_host(host: str) -> str:
 
 
 def _model_config(model: str | None) -> ModelConfig | None:
-    return ModelConfig.from_dir(model) if model else None
+    return open_model(model).config if model else None
 
 
 def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> float:
@@ -239,6 +256,24 @@ def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> fl
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+def _announce(topo: ClusterTopology, rank: int, facts: dict, timeout_s: float) -> str:
+    """Claims `rank` on the head's board, retrying while the board is busy (past its cap it closes
+    connections unread); another live holder (RankOccupied) or another secret is final."""
+    deadline = time.monotonic() + timeout_s
+    instance = new_instance()  # one id for every try: a claim whose reply was lost is still ours
+    while True:
+        try:
+            return announce(
+                topo.hosts[0], topo.status_port, topo.secret, rank, instance=instance, **facts
+            )
+        except (RankOccupied, StatusAuthError):
+            raise
+        except StatusError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _wait_for_ranks(
@@ -269,8 +304,25 @@ def _wait_for_ranks(
             time.sleep(0.2)
 
 
-def _run_rank(console: Console, args: argparse.Namespace, rank: int, ring_file: Path) -> int:
-    """With --model, run this rank's process (the head serves, the others work) until it ends."""
+def _join_rtts(board: StatusBoard) -> dict[int, float]:
+    """Each rank's round trip to the head, as it measured it when it joined (ms)."""
+    out = {}
+    for r in board.snapshot()["ranks"]:
+        rtt = r.get("rtt_ms")
+        if r["rank"] != 0 and isinstance(rtt, int | float) and not isinstance(rtt, bool):
+            out[r["rank"]] = float(rtt)
+    return out
+
+
+def _run_rank(
+    console: Console,
+    args: argparse.Namespace,
+    rank: int,
+    ring_file: Path,
+    rtts: dict[int, float] | None = None,
+) -> int:
+    """With --model, run this rank's process (the head serves, the others work) until it ends.
+    The head's server gets the ranks' join-time RTTs (`TANDEM_JOIN_RTT_MS`) for its cluster view."""
     if not args.model:
         console.print("joined; no --model given, so holding the slot (Ctrl-C to leave)")
         while True:
@@ -281,7 +333,10 @@ def _run_rank(console: Console, args: argparse.Namespace, rank: int, ring_file: 
     else:
         argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
     argv += ["--device", args.device, "--dtype", args.dtype]
-    group = ProcessGroup([RankProcess(f"rank{rank}", argv, {"RING_CONFIG": str(ring_file)})])
+    env = {"RING_CONFIG": str(ring_file)}
+    if rank == 0 and rtts:
+        env["TANDEM_JOIN_RTT_MS"] = json.dumps(rtts)
+    group = ProcessGroup([RankProcess(f"rank{rank}", argv, env)])
     with group:
         name, code = group.wait()
     return code
@@ -324,7 +379,7 @@ def run_status(args: argparse.Namespace) -> int:
         table.add_row(
             str(r),
             str(info.get("host", topo.hosts[r])),
-            "[green]joined[/green]",
+            "[green]joined[/green]" if info.get("alive", True) else "[yellow]gone[/yellow]",
             str(info.get("device", "?")),
             str(info.get("dtype", "?")),
             str(info.get("role") or role_of(topo, r, config)),

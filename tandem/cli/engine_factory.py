@@ -1,8 +1,10 @@
-"""Composition: model directory + layout -> executor -> scheduler -> `ServingEngine` (for serve,
-launch and bench). Not a command itself."""
+"""Composition: model (directory or GGUF) + layout -> executor -> scheduler -> `ServingEngine`
+(for serve, launch and bench). Not a command itself."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,9 +24,8 @@ from tandem.config import ModelConfig
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.loaders.tokenizer import Tokenizer
+from tandem.loaders.source import ModelSource, open_model
 
-KEEPALIVE_S = 5.0  # an idle server pings its workers this often (and notices a dead one)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -70,9 +71,12 @@ def build_executor(
     max_seq_len: int,
     console: Console,
     ring_config: Path | None = None,
+    source: ModelSource | None = None,
 ):
     """The executor for the layout; its `close()` brings down whatever it started. With
-    `ring_config`, this process is rank 0 of a TP group whose workers run on other machines."""
+    `ring_config`, this process is rank 0 of a TP group whose workers run on other machines.
+    `source`: the model already opened at `model_dir` (a single-node GGUF model is loaded from
+    it rather than parsed again)."""
     if ring_config is not None:
         return _remote_tp_head(
             model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
@@ -85,12 +89,18 @@ def build_executor(
 
         if dtype not in DTYPES:
             raise LayoutUnavailable(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-        with _progress(console) as bar:
-            md = _ProgressDir(model_dir)
-            task = bar.add_task("loading weights", total=md.total_bytes)
-            md.on_read = lambda n: bar.advance(task, n)
+        if isinstance(source, ModelDir) or source is None:
+            with _progress(console) as bar:
+                md = _ProgressDir(model_dir)
+                task = bar.add_task("loading weights", total=md.total_bytes)
+                md.on_read = lambda n: bar.advance(task, n)
+                model = load_model(md, dtype=DTYPES[dtype], device=device)
+        else:  # GGUF: the weights stay mapped in their blocks; there is little to wait for
+            md = source
             model = load_model(md, dtype=DTYPES[dtype], device=device)
-        return LocalExecutor(model, max_batch=max_batch, max_seq_len=max_seq_len)
+        return LocalExecutor(
+            model, max_batch=max_batch, max_seq_len=max_seq_len, weight_format=md.weight_format()
+        )
     from tandem.engine.tp.local import per_rank
 
     dtypes = per_rank(dtype, tp * pp, "dtype")
@@ -110,8 +120,7 @@ def build_executor(
                 devices=devices,
                 max_batch=max_batch,
                 max_seq_len=max_seq_len,
-                keepalive_s=KEEPALIVE_S,
-                threads=threads,
+                threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
             )
         from tandem.engine.pp.launch import launch_pipeline
         from tandem.engine.pp.layout import plan_stages
@@ -126,9 +135,13 @@ def build_executor(
 def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_len, console):
     import os
 
+    from tandem.cluster.ring_config import keepalive_interval, load_ring_config
     from tandem.comm import from_env
     from tandem.comm.metered import MeteredCommunicator
     from tandem.engine.tp.setup import start_head
+
+    # pings inside the workers' op timeout (the ring's own, from the same file), however short
+    keepalive_s = keepalive_interval(load_ring_config(ring_config).op_timeout)
 
     with console.status(f"waiting for the ring of {ring_config} to form (workers joining)..."):
         comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
@@ -146,10 +159,30 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
             max_seq_len=max_seq_len,
             dtype=dtype,
             device=device,
-            keepalive_s=KEEPALIVE_S,
+            keepalive_s=keepalive_s,
         )
     ex.comm_stats = metered.stats
+    ex.join_rtt_ms = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
     return ex
+
+
+def join_rtts(text: str, world_size: int) -> dict[int, float]:
+    """`{"1": 0.42, ...}` (what `cluster join` hands the head: each rank's round trip to the head
+    when it joined, in ms) -> {rank: ms}; entries that are not a rank and a finite number are
+    dropped (a figure shown must be one that was measured)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.isdigit() and 0 < int(k) < world_size):
+            continue
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            out[int(k)] = float(v)
+    return out
 
 
 def executor_health(executor) -> Callable[[], tuple[bool, str]]:
@@ -201,11 +234,12 @@ def build_serving_engine(
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor)."""
     console = console or Console(stderr=True)
-    config = ModelConfig.from_dir(model_dir)
+    source = open_model(model_dir)
+    config = source.config
     seq_len = min(max_seq_len or 2048, config.max_position_embeddings)
-    tokenizer = Tokenizer.from_dir(model_dir)
+    tokenizer = source.tokenizer()
     if tokenizer is None:
-        raise LayoutUnavailable(f"{model_dir}: no tokenizer.json; the server needs a tokenizer")
+        raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
     executor = build_executor(
         model_dir,
         config,
@@ -217,6 +251,7 @@ def build_serving_engine(
         max_seq_len=seq_len,
         console=console,
         ring_config=ring_config,
+        source=source,
     )
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
@@ -224,7 +259,7 @@ def build_serving_engine(
     engine = ServingEngine(
         scheduler,
         tokenizer,
-        name or model_dir.resolve().name,
+        name or model_dir.resolve().name.removesuffix(".gguf"),
         chat_template=chat,
         health=executor_health(executor),
         executor_stats=executor_stats(executor),

@@ -17,11 +17,16 @@ from tandem.cli.pp_options import (
     wants_pipeline,
 )
 from tandem.cli.tp_args import TPMeter, add_tp_arguments, resolve_ranks, tp_executor
-from tandem.config import ModelConfig
+from tandem.config import ConfigError
 from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
+from tandem.engine.pp.layout import parse_layout
 from tandem.engine.sampling_params import SamplingParams
+from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.load import load_model
+from tandem.loaders.safetensors_dir import ModelFileError
+from tandem.loaders.source import open_model, require_shardable
 from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -31,7 +36,11 @@ class PromptError(ValueError):
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt on this machine")
-    p.add_argument("--model", default=None, help="HF model directory (default: the built-in model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF model directory, FILE.gguf or a folder holding one (default: the built-in model)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--prompt", help=f"prompt text (needs the model's tokenizer; default {BUILTIN_PROMPT!r})"
@@ -67,7 +76,7 @@ def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None, vocab_size
             raise PromptError(f"--prompt-ids must be non-empty ids in [0, {vocab_size})")
         return ids
     if tokenizer is None:
-        raise PromptError(f"{args.model} has no tokenizer.json: give the prompt with --prompt-ids")
+        raise PromptError(f"{args.model} has no tokenizer: give the prompt with --prompt-ids")
     text = args.prompt
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
@@ -84,20 +93,28 @@ def run(args: argparse.Namespace) -> int:
         args.model = str(default_model_dir())
     if args.prompt is None and args.prompt_ids is None:
         args.prompt = BUILTIN_PROMPT
-    config = ModelConfig.from_dir(args.model)
-    tokenizer = Tokenizer.from_dir(args.model)
+    tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
     try:
-        ids = prompt_ids(args, tokenizer, config.vocab_size)
-    except PromptError as e:
+        source = open_model(args.model)
+        pp_tp = wants_pipeline(args) and max(parse_layout(args.layout, args.pp, args.tp or 1)) > 1
+        if tp or pp_tp:
+            require_shardable(source)
+        tokenizer = source.tokenizer()
+        ids = prompt_ids(args, tokenizer, source.config.vocab_size)
+    except (PromptError, ModelFileError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
+    config = source.config
+    gguf = isinstance(source, GGUFModel)
     if tp:  # one dtype and one device per rank
         dtypes, devices = resolve_ranks(args)
         dtype, device = ",".join(dtypes), ",".join(devices)
     else:
         device = resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype, device)
+        # a GGUF file's weights are dequantized exactly; float32 keeps them so by default
+        dtype = (
+            torch.float32 if gguf and args.dtype == "auto" else resolve_dtype(args.dtype, device)
+        )
     stop = (
         ()
         if args.ignore_eos
@@ -123,13 +140,8 @@ def run(args: argparse.Namespace) -> int:
             device=str(device),
         )
     else:
-        executor = LocalExecutor.from_dir(
-            args.model,
-            device=device,
-            dtype=dtype,
-            max_batch=1,
-            max_seq_len=len(ids) + args.max_tokens,
-        )
+        model = load_model(source, device=device, dtype=dtype)
+        executor = LocalExecutor(model, max_batch=1, max_seq_len=len(ids) + args.max_tokens)
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
     meter = TPMeter(executor) if tp else None

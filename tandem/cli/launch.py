@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tandem.cli.serve import add_engine_args
+from tandem.cli.serve import ServeError, add_engine_args, resolve_api_key
 from tandem.cluster.launcher import (
     LaunchError,
     ProcessGroup,
@@ -96,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     # in the background by a non-interactive shell, which ignores it for its background jobs)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        args.api_key = resolve_api_key(args)
         with sigterm_as_keyboard_interrupt():
             return _launch(args, console)
-    except LaunchError as e:
+    except (LaunchError, ServeError) as e:
         print(f"tandem launch: error: {e}", file=sys.stderr)
         return 2
 
@@ -109,8 +110,16 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
     else:
         model, demo_prompt = default_model_dir(console)
     demo_prompt = args.demo_prompt or demo_prompt
-    if not (model / "config.json").is_file():
-        raise LaunchError(f"{model}: not a model directory (no config.json)")
+    from tandem.loaders.source import GGUFShardingUnsupportedError, is_gguf, require_shardable
+
+    if is_gguf(model):
+        if args.tp > 1:
+            try:
+                require_shardable(model)
+            except GGUFShardingUnsupportedError as e:
+                raise LaunchError(str(e)) from None
+    elif not (model / "config.json").is_file():
+        raise LaunchError(f"{model}: not a model directory (no config.json) or GGUF file")
     check_port_free(args.host, args.port)
     argv = [sys.executable, "-m", "tandem", "serve", "--model", str(model)]
     for flag in (
@@ -146,6 +155,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"OpenAI API at [bold]{base}/v1[/bold]  (health {base}/health, metrics {base}/metrics)"
         )
+        console.print(f"web page (chat, cluster view) at [bold]{base}/[/bold]")
         if not args.no_demo:
             _demo(console, base, name, demo_prompt, args.api_key)
         console.print("serving; Ctrl-C to stop every rank")

@@ -1,8 +1,12 @@
 """`tandem serve`: an OpenAI-compatible server on the head, over one device or a TP / PP group.
 
-    tandem serve --model DIR [--tp N --pp M] [--host 127.0.0.1 --port 8000] [--api-key K]
+    tandem serve --model DIR [--tp N --pp M] [--host 127.0.0.1 --port 8000] [--api-key-file F]
 
-Binds 127.0.0.1 unless `--host` says otherwise. `/health` answers 200 while the cluster is whole.
+Binds 127.0.0.1 unless `--host` says otherwise, at once: while the cluster forms, the web page and
+`/v1/cluster` say "forming" and the API answers 503. `/health` answers 200 while the cluster is whole.
+With an API key, /v1 requires `Authorization: Bearer <key>`. Give the key in a file
+(`--api-key-file`, its first line) or in the environment (TANDEM_API_KEY): `--api-key K` works
+too, but puts the key on the command line, where `ps` shows it to every user of the machine.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tandem.cluster.launcher import LaunchError, check_port_free
+from tandem.cluster.ring_config import load_ring_config
 
 DEFAULT_PORT = 8000
 GRACEFUL_SHUTDOWN_S = 3
@@ -29,7 +34,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8000)")
     p.add_argument(
-        "--api-key", default=os.environ.get("TANDEM_API_KEY"), help="require this bearer key"
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="require the bearer key on this file's first line (or set TANDEM_API_KEY)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer key (visible in `ps`: prefer --api-key-file or TANDEM_API_KEY)",
     )
     p.add_argument(
         "--dtype", default="float32", help="compute dtype: one, or one per rank (a,b,...)"
@@ -58,8 +71,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def resolve_api_key(args: argparse.Namespace) -> str | None:
+    """The bearer key from --api-key-file, else --api-key, else TANDEM_API_KEY (None: no key)."""
+    if args.api_key_file and args.api_key:
+        raise ServeError("give --api-key-file or --api-key, not both")
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ServeError(f"--api-key-file {args.api_key_file}: cannot read it ({e})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ServeError(f"--api-key-file {args.api_key_file}: the first line is empty")
+        return key
+    return args.api_key or os.environ.get("TANDEM_API_KEY") or None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        args.api_key = resolve_api_key(args)
         return _serve(args)
     except KeyboardInterrupt:
         return 130
@@ -75,48 +105,59 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from tandem.cli.engine_factory import build_serving_engine
+    from tandem.cluster.launcher import sigterm_as_keyboard_interrupt
+    from tandem.loaders.source import is_gguf
     from tandem.server.app import create_app
+    from tandem.server.forming import (
+        AppSwitch,
+        BackgroundServer,
+        ServerStartError,
+        create_forming_app,
+    )
 
     if args.model is None:
         from tandem.builtin import default_model_dir
 
         args.model = str(default_model_dir())
     model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise ServeError(f"{model_dir}: not a model directory (no config.json)")
+    if not ((model_dir / "config.json").is_file() or is_gguf(model_dir)):
+        raise ServeError(f"{model_dir}: not a model directory (no config.json) or GGUF file")
+    ring_config = Path(args.ring_config) if args.ring_config else None
+    tp = load_ring_config(ring_config).world_size if ring_config else args.tp
     check_port_free(args.host, args.port)  # before minutes of weight loading, not after
-    engine, close = build_serving_engine(
-        model_dir,
-        tp=args.tp,
-        pp=args.pp,
-        dtype=args.dtype,
-        device=args.device,
-        max_batch=args.max_batch,
-        max_seq_len=args.max_seq_len,
-        name=args.served_model_name,
-        ring_config=Path(args.ring_config) if args.ring_config else None,
-    )
+    name = args.served_model_name or model_dir.resolve().name
+    # The port answers at once: the page and /v1/cluster say "forming" until the engine is up.
+    switch = AppSwitch(create_forming_app(name, tp=tp, pp=args.pp, api_key=args.api_key))
+    http = BackgroundServer(switch, args.host, args.port, GRACEFUL_SHUTDOWN_S)
+    close = None
     try:
-        app = create_app(engine, api_key=args.api_key)
-        layout = f"tp={args.tp}, pp={args.pp}"
-        if args.ring_config:
-            layout = f"rank 0 of the group in {args.ring_config}"
-        print(
-            f"tandem: serving {engine.model_name!r} ({layout}) on "
-            f"http://{args.host}:{args.port}/v1",
-            flush=True,
-        )
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # open streams must not hold Ctrl-C up
-        )
+        with sigterm_as_keyboard_interrupt():
+            try:
+                http.start()
+            except ServerStartError as e:
+                raise ServeError(str(e)) from e
+            engine, close = build_serving_engine(
+                model_dir,
+                tp=args.tp,
+                pp=args.pp,
+                dtype=args.dtype,
+                device=args.device,
+                max_batch=args.max_batch,
+                max_seq_len=args.max_seq_len,
+                name=args.served_model_name,
+                ring_config=ring_config,
+            )
+            switch.app = create_app(engine, api_key=args.api_key)
+            layout = f"tp={args.tp}, pp={args.pp}"
+            if ring_config:
+                layout = f"rank 0 of the group in {ring_config}"
+            base = f"http://{args.host}:{args.port}"
+            print(f"tandem: serving {engine.model_name!r} ({layout}) on {base}/v1", flush=True)
+            print(f"tandem: web page at {base}/", flush=True)
+            http.wait()
     finally:
-        close()
+        http.stop()
+        if close is not None:
+            close()
     return 0

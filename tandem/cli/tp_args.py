@@ -49,7 +49,9 @@ def tp_executor(args: argparse.Namespace, max_seq_len: int, max_batch: int = 1) 
         from tandem.comm import from_env
         from tandem.engine.tp.setup import start_head
         from tandem.loaders.safetensors_dir import ModelDir
+        from tandem.loaders.source import require_shardable
 
+        require_shardable(args.model)  # before joining the ring
         comm = MeteredCommunicator(
             from_env(model_fingerprint=ModelDir(Path(args.model)).fingerprint())
         )

@@ -19,6 +19,7 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.engine.tp.setup import DTYPES, run_worker
+from tandem.loaders.source import GGUFShardingUnsupportedError, require_shardable
 
 DEFAULT_OP_TIMEOUT_S = 60.0
 
@@ -68,13 +69,12 @@ def ring_from_args(
 
     if not 0 <= rank < world_size:
         raise WorkerArgsError(f"rank {rank} is not in [0, {world_size})")
-    host, port = peers[rank]
-    listen_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+    host, port = peers[rank]  # this rank's own address: listen there, not on every interface
     return RingCommunicator.create(
         rank,
         world_size,
         right=peers[(rank + 1) % world_size],
-        listen=(listen_host, port),
+        listen=(host, port),
         secret=secret,
         cluster_id=cluster_id,
         op_timeout=op_timeout,
@@ -90,6 +90,11 @@ def secret_from_env() -> bytes | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    try:
+        require_shardable(args.model)  # before joining any ring
+    except GGUFShardingUnsupportedError as e:
+        print(f"tandem worker: error: {e}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.peers is not None:

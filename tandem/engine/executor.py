@@ -8,7 +8,7 @@ last-position logits of each sequence in it, and keeps each sequence's KV cache 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -51,6 +51,13 @@ class Executor(Protocol):
 
     def release(self, seq_ids: list[int]) -> None:
         """Frees the KV cache of finished sequences (on every rank and stage)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Who runs what, as a plain JSON-ready dict (`tandem.engine.cluster_info`): the layout,
+        the state (forming, whole, re-forming, failed), each rank's host, device, dtype, weight
+        format, shard, work share and memory, the links, and the head's cumulative wait and wire
+        counters. Cheap (no collective, nothing on the wire) and safe to call from any thread."""
         ...
 
     def close(self) -> None: ...

@@ -11,14 +11,17 @@ modules swapped in and each linear layer on the measured-best kernel for its dev
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import open_model
 from tandem.models.kv_cache import KVCache, SequenceTooLongError, SlotTable
 from tandem.models.llama import Transformer
 
@@ -36,8 +39,10 @@ class LocalExecutor:
         max_seq_len: int = 2048,
         *,
         kernels: str = "auto",
+        weight_format: str | None = None,
     ) -> None:
         cfg = model.config
+        self.weight_format = weight_format  # how the weights were stored (for describe)
         self.kernels = prepare(model, kernel=kernels)  # in place, once
         self.model = model
         self.vocab_size = cfg.vocab_size
@@ -58,8 +63,9 @@ class LocalExecutor:
         max_seq_len: int = 2048,
         kernels: str = "auto",
     ) -> LocalExecutor:
-        model = load_model(ModelDir(path), dtype=dtype, device=device)
-        return cls(model, max_batch, max_seq_len, kernels=kernels)
+        md = open_model(path)
+        model = load_model(md, dtype=dtype, device=device)
+        return cls(model, max_batch, max_seq_len, kernels=kernels, weight_format=md.weight_format())
 
     def _check(self, step: Step) -> None:
         seqs = step.sequences
@@ -111,6 +117,24 @@ class LocalExecutor:
         for i in seq_ids:
             self.slots.release(i)
             self._cached.pop(i, None)
+
+    def describe(self) -> dict[str, Any]:
+        """One rank holding every layer, in this process."""
+        m = self.model
+        facts = ci.RankFacts(
+            rank=0,
+            role="head",
+            host=ci.hostname(),
+            device=str(m.device),
+            dtype=str(m.dtype).removeprefix("torch."),
+            weight_format=self.weight_format,
+            shard=ci.layer_shard((0, m.config.num_hidden_layers)),
+            work_share=1.0,
+            pid=os.getpid(),
+            local=True,
+            threads=torch.get_num_threads(),
+        )
+        return ci.Description("single", 1, 1, [facts]).as_dict()
 
     def close(self) -> None:
         self._cached.clear()

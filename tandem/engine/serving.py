@@ -195,6 +195,28 @@ class ServingEngine:
             "executor": executor,
         }
 
+    def cluster(self) -> dict[str, Any]:
+        """`Executor.describe()` (see `tandem.engine.cluster_info`) with the scheduler's live
+        counters under "scheduler"; a failed engine reports the state "failed" whatever the
+        executor says."""
+        desc = self.scheduler.executor.describe()
+        if self.scheduler.failure is not None:
+            desc["state"] = "failed"
+            desc["detail"] = f"the engine failed: {self.scheduler.failure}".splitlines()[0]
+        s = self.scheduler.stats
+        running, waiting = self.scheduler.load()
+        desc["scheduler"] = {
+            "steps": s.steps,
+            "step_seconds": s.step_seconds,
+            "decode_steps": s.decode_steps,
+            "decode_seconds": s.decode_seconds,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "running": running,
+            "waiting": waiting,
+        }
+        return desc
+
     def _count(self, reason: str) -> None:
         with self._lock:
             self.requests_total[reason] = self.requests_total.get(reason, 0) + 1

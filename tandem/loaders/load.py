@@ -1,4 +1,7 @@
-"""Builds the reference model from a model directory, reading each tensor once, straight into place.
+"""Builds the reference model from a model source, reading each tensor once, straight into place.
+
+A `GGUFModel` goes to `gguf.load.load_gguf_model` (quantized weights stay in their blocks); a
+safetensors `ModelDir` is read here.
 
 The model is first built on the `meta` device (no memory), then each parameter is read from the
 memory-mapped checkpoint, converted to the compute dtype and assigned, so peak memory is the model
@@ -11,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.loaders.gguf.load import load_gguf_model
+from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.safetensors_dir import FLOAT_CODES, ModelDir, TensorDtypeError, TensorShapeError
 from tandem.models.llama import Transformer
 
@@ -29,7 +34,7 @@ def check_tensor(md: ModelDir, name: str, shape: tuple[int, ...]) -> None:
 
 
 def load_model(
-    md: ModelDir,
+    md: ModelDir | GGUFModel,
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
@@ -37,6 +42,15 @@ def load_model(
     with_embed: bool = True,
     with_head: bool = True,
 ) -> Transformer:
+    if isinstance(md, GGUFModel):
+        return load_gguf_model(
+            md,
+            dtype=dtype,
+            device=device,
+            layer_range=layer_range,
+            with_embed=with_embed,
+            with_head=with_head,
+        )
     with torch.device("meta"):
         model = Transformer(md.config, layer_range, with_embed, with_head)
     loaded: dict[str, nn.Parameter] = {}

@@ -99,7 +99,7 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
         header = json.loads(raw)
         if not isinstance(header, dict):
             raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise CorruptFileError(f"{file}: header is not a JSON object ({e})") from e
     data_size = size - 8 - n
     out: dict[str, TensorInfo] = {}
@@ -209,6 +209,20 @@ class ModelDir:
             info = self.manifest[name]
             h.update(f"{name}|{info.dtype}|{list(info.shape)}\n".encode())
         return h.hexdigest()
+
+    def tokenizer(self):
+        """The directory's `tokenizer.json` tokenizer, or None without one."""
+        from tandem.loaders.tokenizer import Tokenizer
+
+        return Tokenizer.from_dir(self.path)
+
+    def weight_format(self) -> str:
+        """How the weights are stored, for reports: "safetensors BF16" (several dtypes: the one
+        holding the most bytes first, "safetensors BF16/F32")."""
+        size: dict[str, int] = {}
+        for info in self.manifest.values():
+            size[info.dtype] = size.get(info.dtype, 0) + info.nbytes
+        return "safetensors " + "/".join(sorted(size, key=lambda d: -size[d]))
 
     def close(self) -> None:
         self._handles.clear()

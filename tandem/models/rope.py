@@ -1,4 +1,6 @@
-"""Rotary position embedding: default RoPE and Llama 3.1's `llama3` frequency scaling.
+"""Rotary position embedding: default RoPE, Llama 3.1's `llama3` frequency scaling, `linear`
+scaling (positions divided by a factor), and llama.cpp's explicit per-frequency divisors (a GGUF's
+`rope_freqs` tensor, `ModelConfig.rope_freq_factors`).
 
 Matches Hugging Face `transformers` bit for bit in float32: inverse frequencies and the angle
 `position * inv_freq` are computed in float32, then cos/sin are cast to the compute dtype.
@@ -18,9 +20,14 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
+    if config.rope_freq_factors is not None:
+        factors = torch.tensor(config.rope_freq_factors, dtype=torch.float32, device="cpu")
+        return inv_freq / factors
     s = config.rope_scaling
     if s is None or s.rope_type == "default":
         return inv_freq
+    if s.rope_type == "linear":
+        return inv_freq / s.factor
     # llama3: long wavelengths are divided by `factor`, short ones kept, the band between blended.
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor

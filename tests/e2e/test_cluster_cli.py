@@ -132,7 +132,7 @@ def test_status_board_refuses_a_peer_with_another_clusters_secret():
 
 def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
     import openai
-    from serve_support import kill_tree, make_model, wait_healthy
+    from serve_support import get_json, kill_tree, make_model, wait_healthy
 
     from tandem.cluster.launcher import free_ports
 
@@ -163,6 +163,12 @@ def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
         assert r.usage.completion_tokens >= 1
         snap = json.loads(_cli("cluster", "status", token, "--json").stdout)
         assert sorted(x["rank"] for x in snap["ranks"]) == [0, 1]
+        view = get_json(f"http://127.0.0.1:{http_port}/v1/cluster")
+        assert view["state"] == "whole" and view["layout"]["kind"] == "tp"
+        assert [(r["rank"], r["shard"]["tp_rank"]) for r in view["ranks"]] == [(0, 0), (1, 1)]
+        (link,) = view["links"]  # its RTT is the one rank 1 measured when it joined
+        joined = next(x for x in snap["ranks"] if x["rank"] == 1)
+        assert link["rtt_ms"] == pytest.approx(joined["rtt_ms"]) and link["rtt_ms"] > 0
     finally:
         for p in procs:
             kill_tree(p)

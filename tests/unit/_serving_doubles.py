@@ -1,8 +1,11 @@
 """Test doubles for the serving stack: an executor that checks the positions it is fed, and a
 character tokenizer. (The real model is exercised end to end in tests/e2e.)"""
 
+import os
+
 import torch
 
+from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step
 
 VOCAB = 50
@@ -44,6 +47,21 @@ class HistoryExecutor:
         self.released.extend(seq_ids)
         for i in seq_ids:
             self.history.pop(i, None)
+
+    def describe(self):
+        facts = ci.RankFacts(
+            rank=0,
+            role="head",
+            host="test-host",
+            device="cpu",
+            dtype="float32",
+            weight_format=None,
+            shard=ci.layer_shard((0, 2)),
+            work_share=1.0,
+            pid=os.getpid(),
+            local=True,
+        )
+        return ci.Description("single", 1, 1, [facts]).as_dict()
 
     def close(self):
         pass

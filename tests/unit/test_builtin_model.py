@@ -97,8 +97,9 @@ def test_shipped_tokenizer_is_reproduced_from_the_corpus():
     assert json.loads(tok.to_str()) == shipped
 
 
-def test_wheel_ships_the_builtin_model(tmp_path):
-    """A non-editable install gets the weights: the wheel built from the tree holds every file."""
+def test_wheel_ships_the_builtin_model_and_the_web_page(tmp_path):
+    """A non-editable install gets the weights and the page: the wheel built from the tree holds
+    every file of both."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("tandem", "pyproject.toml", "README.md"):
@@ -120,6 +121,10 @@ def test_wheel_ships_the_builtin_model(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in REQUIRED_FILES + ("LICENSE-corpus.txt",):
         assert f"tandem/builtin/{BUILTIN_MODEL_NAME}/{f}" in names, f
+    from tandem.server.page import STATIC_FILES
+
+    for f in ("index.html", *STATIC_FILES):
+        assert f"tandem/server/static/{f}" in names, f
 
 
 def test_train_script_writes_a_loadable_hf_dir(tmp_path):

@@ -24,9 +24,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.pp import frames as pp
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
@@ -101,6 +103,11 @@ class PipelineExecutor:
         self.steps = 0
         self.tokens_in = 0
         self.stage_hops = 0
+        self.wait_seconds = 0.0  # blocked on the last stage's answer (the other stages' time)
+        # what the pipeline is, for describe(): set by whoever launched it
+        self.facts: list[ci.RankFacts] = []
+        self.grid: list[list[int]] = [[0]]
+        self.worker_procs: list[Any] = []  # subprocess.Popen of each stage process, if ours
 
     # ---- the Executor protocol ------------------------------------------------------------------
 
@@ -168,6 +175,27 @@ class PipelineExecutor:
         except StageLinkError as e:
             raise self._fail(str(e)) from e
 
+    def _state(self) -> tuple[str, str]:
+        if self._failed is not None:
+            return "failed", self._failed.splitlines()[0]
+        dead = [c for c in (p.poll() for p in self.worker_procs) if c is not None]
+        if dead:
+            return "failed", f"{len(dead)} stage process(es) exited (exit code {dead[0]})"
+        return "whole", f"all {len(self.facts) or 1} ranks are up"
+
+    def health(self) -> tuple[bool, str]:
+        state, detail = self._state()
+        return state == "whole", detail
+
+    def describe(self) -> dict[str, Any]:
+        state, detail = self._state()
+        counters = ci.Counters(self.wait_seconds, self.bytes_sent + self.bytes_received, 0)
+        tp = max(len(g) for g in self.grid)
+        return ci.Description(
+            "pp", tp, self.num_stages, list(self.facts), state, detail,
+            ci.pipeline_links(self.grid), counters, sum(len(g) for g in self.grid),
+        ).as_dict()  # fmt: skip
+
     def close(self) -> None:
         """Stops every stage (STOP travels the whole ring and back) and closes the links."""
         try:
@@ -226,8 +254,11 @@ class PipelineExecutor:
         if self.num_stages == 1:
             h = self._local.pop(tag)
         else:
+            t0 = time.perf_counter()
+            raw = self.from_last.recv(self.timeout)
+            self.wait_seconds += time.perf_counter() - t0
             msg = pp.decode(
-                self.from_last.recv(self.timeout),
+                raw,
                 wire_dtype=self.wire_dtype,
                 dtype=m.dtype,
                 device=m.device,

@@ -14,6 +14,7 @@ import torch
 from tandem.comm.base import Communicator
 from tandem.comm.ring import RingCommunicator
 from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import require_shardable
 from tandem.models.llama import Transformer
 from tandem.parallel.plan import plan_for_config
 from tandem.parallel.shard_load import load_shard
@@ -64,6 +65,7 @@ def load_tp_stage(
     device: str = "cpu",
 ) -> Transformer:
     """This rank's shard of layers `[start, end)`, loaded slice by slice."""
+    require_shardable(md, "a tensor-parallel pipeline stage")
     plan = plan_for_config(md.config, comm.world_size, weights)
     model = shard_transformer(
         md.config,

@@ -26,7 +26,7 @@ from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
-from tandem.loaders.safetensors_dir import ModelDir
+from tandem.loaders.source import ModelSource, open_model
 
 READY = "TANDEM_STAGE_LISTENING"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,7 +61,7 @@ class StageOptions:
     threads: int = 0  # torch threads (0: leave the default)
 
 
-def load_stage(args: StageOptions, md: ModelDir, layer_range: tuple[int, int], ring):
+def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int], ring):
     """This rank's layers: the whole range at TP=1, else its TP shard (joined to the stage ring)."""
     dtype = DTYPES[args.dtype]
     if args.tp_size == 1:
@@ -99,7 +99,7 @@ def run_stage(args: StageOptions) -> int:
     logging.basicConfig(level=logging.INFO, format=f"stage {args.stage}.{args.tp_rank} %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    md = ModelDir(args.model)
+    md = open_model(args.model)
     cfg = md.config
     a, b = (int(x) for x in args.layers.split(":"))
     terms = LinkTerms(

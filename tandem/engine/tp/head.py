@@ -13,10 +13,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp import control
@@ -33,7 +35,9 @@ class TPExecutor:
 
     With `keepalive_s`, a daemon thread sends a PING frame whenever the group has been idle that
     long, so workers blocked on the next frame stay inside their op timeout while a server waits
-    for requests; a lock keeps pings and steps from interleaving on the wire.
+    for requests; a lock keeps pings and steps from interleaving on the wire. The same thread asks
+    `diagnose` (when given) whether a worker process has exited, and records the group as failed
+    at once, so the next step fails fast instead of waiting out the op timeout.
     """
 
     def __init__(
@@ -62,6 +66,11 @@ class TPExecutor:
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._failure: BaseException | None = None
+        # what the group is, for describe(): set by whoever formed it (tp.setup.start_head)
+        self.facts: list[ci.RankFacts] = []
+        self.comm_stats: Any = None  # the metered communicator's CommStats, if metered
+        self.local_workers: Any = None  # tp.local.LocalWorkers when the workers are ours
+        self.join_rtt_ms: dict[int, float] = {}  # rank -> its RTT to the head when it joined
         if keepalive_s is not None and comm.world_size > 1:
             threading.Thread(
                 target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
@@ -71,6 +80,10 @@ class TPExecutor:
         while not self._stop.wait(every / 4):
             with self._lock:
                 if self._closed or self._failure is not None:
+                    return
+                why = self._diagnose() if self._diagnose is not None else None
+                if why is not None:
+                    self._failure = GroupFailedError(f"a worker of the group exited: {why}")
                     return
                 if time.monotonic() - self._last < every:
                     continue
@@ -113,6 +126,35 @@ class TPExecutor:
                     return f"{msg}\n{why}"
                 time.sleep(0.05)
         return msg
+
+    def _state(self) -> tuple[str, str]:
+        if self._failure is not None:
+            return "failed", str(self._failure).splitlines()[0]
+        if self._closed:
+            return "failed", "the group was shut down"
+        gone = self.local_workers.exited() if self.local_workers is not None else None
+        if gone is not None:
+            return "failed", f"worker {gone[0]} exited with code {gone[1]}"
+        return "whole", f"all {self.comm.world_size} ranks are up"
+
+    def health(self) -> tuple[bool, str]:
+        state, detail = self._state()
+        return state == "whole", detail
+
+    def describe(self) -> dict[str, Any]:
+        state, detail = self._state()
+        stats = self.comm_stats
+        counters = ci.Counters()
+        if stats is not None:
+            counters = ci.Counters(stats.seconds, stats.bytes_moved, stats.collectives)
+        n = self.comm.world_size
+        links = ci.ring_links(range(n))
+        for x in links:  # a link to the head: the other end measured its RTT when it joined
+            other = x["b"] if x["a"] == 0 else x["a"] if x["b"] == 0 else None
+            x["rtt_ms"] = self.join_rtt_ms.get(other) if other is not None else None
+        return ci.Description(
+            "tp", n, 1, list(self.facts), state, detail, links, counters
+        ).as_dict()
 
     def release(self, seq_ids: list[int]) -> None:
         with self._lock:

@@ -9,11 +9,15 @@ shard and reads only its own slices (`tandem.parallel.shard_load`).
     setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len, 0, 0, 0,
                                       fingerprint as 4 int64 words]
     weights (float32, world_size)     the plan's weights, as every rank will use them
-    dtypes, devices (int64, gathered) each rank's compute dtype and device kind, for reports
+    rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
+                                      and host name (HOST_BYTES of UTF-8, zero-padded), for
+                                      reports and the cluster view
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,16 +26,19 @@ from pathlib import Path
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.parallel.plan import plan_for_config
+from tandem.loaders.source import require_shardable
+from tandem.parallel.plan import TPPlan, plan_for_config
 from tandem.parallel.shard_load import load_shard
 from tandem.parallel.transform import shard_transformer
 
 MAGIC = 0x54414E44534554  # "TANDSET"
-VERSION = 1
+VERSION = 2  # 2: rank info carries pid and host name
 SETUP_LEN = 12
+HOST_BYTES = 64
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
@@ -55,6 +62,8 @@ class RankInfo:
     dtype: str
     device: str
     threads: int = 0  # the rank's torch CPU threads (its OpenMP pool)
+    pid: int = 0
+    host: str = ""
 
 
 def _fp_words(fingerprint: str) -> list[int]:
@@ -100,22 +109,64 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
     return GroupLayout(n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint)
 
 
+def _host_words(host: str) -> list[int]:
+    raw = host.encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    return list(struct.unpack(f"<{HOST_BYTES // 8}q", raw))
+
+
+def _host_text(words: list[int]) -> str:
+    raw = struct.pack(f"<{HOST_BYTES // 8}q", *words)
+    return raw.rstrip(b"\0").decode(errors="replace")
+
+
 def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[RankInfo]:
-    """Every rank's compute dtype, device kind and CPU threads, gathered on every rank (for
-    reports)."""
+    """Every rank's compute dtype, device kind, CPU threads, pid and host name, gathered on every
+    rank (for reports and the cluster view)."""
     kind = torch.device(device).type
     mine = torch.tensor(
         [
             DTYPES.index(dtype),
             DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
             torch.get_num_threads(),
+            os.getpid(),
+            *_host_words(socket.gethostname()),
         ],
         dtype=torch.int64,
     )
     rows = comm.all_gather(mine[None], 0).tolist()
     return [
-        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other", t)
-        for r, (d, k, t) in enumerate(rows)
+        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host))
+        for r, (d, k, t, pid, *host) in enumerate(rows)
+    ]
+
+
+def rank_facts(
+    md: ModelDir, plan: TPPlan, ranks: list[RankInfo], head_device: str
+) -> list[ci.RankFacts]:
+    """The cluster view's static facts of each rank of a TP group holding every layer. Only the
+    head (this process) is marked local; a launcher that started its workers marks them."""
+    cfg = md.config
+    layers = (0, cfg.num_hidden_layers)
+    work = [
+        cfg.num_hidden_layers * ci.layer_work(cfg, plan, r.rank)
+        + cfg.hidden_size * plan.vocab[r.rank].size
+        for r in ranks
+    ]
+    return [
+        ci.RankFacts(
+            rank=r.rank,
+            role="head" if r.rank == 0 else "worker",
+            host=r.host,
+            device=head_device if r.rank == 0 else r.device,
+            dtype=r.dtype,
+            weight_format=md.weight_format(),
+            shard=ci.tp_shard(plan, r.rank, layers),
+            work_share=share,
+            pid=r.pid,
+            local=r.rank == 0,
+            threads=r.threads,
+        )
+        for r, share in zip(ranks, ci.shares(work))
     ]
 
 
@@ -148,6 +199,7 @@ def start_head(
     diagnose: Callable[[], str | None] | None = None,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
+    require_shardable(model_dir)
     md = ModelDir(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
     plan_for_config(md.config, comm.world_size, weights)  # fail before any worker loads
@@ -167,6 +219,8 @@ def start_head(
     )
     ex.ranks = ranks
     ex.layout = layout
+    plan = plan_for_config(md.config, comm.world_size, layout.weights)
+    ex.facts = rank_facts(md, plan, ranks, device)
     return ex
 
 
@@ -174,6 +228,7 @@ def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
+    require_shardable(model_dir)
     md = ModelDir(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
     exchange_rank_info(comm, dtype, device)

@@ -1,0 +1,211 @@
+"""GGUF metadata -> `ModelConfig`, for the architectures tandem runs.
+
+    GGUF key ({arch}.)                   ModelConfig field
+    embedding_length                     hidden_size
+    feed_forward_length                  intermediate_size
+    block_count                          num_hidden_layers
+    attention.head_count / head_count_kv num_attention_heads / num_key_value_heads
+    attention.key_length                 head_dim (else rope.dimension_count, else hidden / heads)
+    attention.layer_norm_rms_epsilon     rms_norm_eps
+    context_length                       max_position_embeddings
+    rope.freq_base                       rope_theta (default 10000)
+    rope.scaling.type/factor             rope_scaling ("linear"; "none" is plain RoPE)
+    tensor rope_freqs (llama3 scaling)   rope_freq_factors
+    vocab_size                           vocab_size (else the tokenizer's token count)
+    tokenizer.ggml.bos/eos/eot/eom_token_id   bos_token_id / eos_token_ids
+    no `output.weight` tensor            tie_word_embeddings
+    attn_q / attn_output / ffn_gate .bias present   qkv_bias / o_bias / mlp_bias (qwen2: qkv always)
+    qwen3                                qk_norm
+
+`llama` covers Llama, Mistral and SmolLM files (llama.cpp writes them all as `llama`, q/k rows
+permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from tandem.config import (
+    ConfigError,
+    ModelConfig,
+    RopeScaling,
+    UnsupportedArchitectureError,
+)
+from tandem.loaders.gguf.reader import GGUFError, GuardedReader
+
+ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+PERMUTED_QK = frozenset({"llama"})  # architectures whose q/k rows llama.cpp's converter permutes
+_MISSING = object()
+
+
+class GGUFArchitectureError(GGUFError, UnsupportedArchitectureError):
+    """A GGUF file of an architecture (or variant) tandem does not run."""
+
+
+class GGUFMetadataError(GGUFError, ConfigError):
+    """A metadata value that is missing, of the wrong type, or one tandem cannot run."""
+
+
+class Metadata:
+    """Typed access to a GGUF file's key/value metadata (`ReaderField.contents()`)."""
+
+    def __init__(self, reader: GuardedReader, file: Path) -> None:
+        self.fields = reader.fields
+        self.file = file
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.fields
+
+    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        """The value of `key` as `kind` (int, float, str, bool or list); `default` when absent,
+        GGUFMetadataError when absent without a default or of another type."""
+        field = self.fields.get(key)
+        if field is None:
+            if default is _MISSING:
+                raise GGUFMetadataError(f"{self.file}: metadata key {key!r} is missing")
+            return default
+        try:
+            value = field.contents()
+        except (UnicodeDecodeError, ValueError, IndexError) as e:
+            raise GGUFMetadataError(f"{self.file}: metadata key {key!r} is unreadable ({e})") from e
+        ok = {
+            int: isinstance(value, int) and not isinstance(value, bool),
+            float: isinstance(value, (int, float)) and not isinstance(value, bool),
+            str: isinstance(value, str),
+            bool: isinstance(value, bool),
+            list: isinstance(value, list),
+        }[kind]
+        if not ok:
+            raise GGUFMetadataError(
+                f"{self.file}: metadata key {key!r} must be {kind.__name__}, got {value!r:.80}"
+            )
+        return float(value) if kind is float else value
+
+    def count(self, key: str) -> int | None:
+        """Elements of array `key` without materializing them, or None when absent."""
+        field = self.fields.get(key)
+        return None if field is None else len(field.data)
+
+
+def architecture(meta: Metadata) -> str:
+    arch = meta.get("general.architecture", str)
+    if arch not in ARCHITECTURES:
+        raise GGUFArchitectureError(
+            f"{meta.file}: architecture {arch!r} is not supported; supported: "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    return arch
+
+
+def config_from_gguf(
+    meta: Metadata,
+    tensors: Collection[str],
+    embed_rows: int | None,
+    rope_freqs: Sequence[float] | None,
+) -> ModelConfig:
+    """The model's config from `meta`, the GGUF tensor names present, the token embedding's row
+    count (the vocabulary when the metadata states none) and the `rope_freqs` values if any."""
+    arch = architecture(meta)
+    a = f"{arch}."
+    hidden = meta.get(a + "embedding_length", int)
+    heads = meta.get(a + "attention.head_count", int)
+    kv = _per_layer(meta, a + "attention.head_count_kv", heads)
+    rope_dims = meta.get(a + "rope.dimension_count", int, None)
+    head_dim = meta.get(
+        a + "attention.key_length", int, rope_dims or (hidden // heads if heads else 0)
+    )
+    value_dim = meta.get(a + "attention.value_length", int, head_dim)
+    if value_dim != head_dim or (rope_dims is not None and rope_dims != head_dim):
+        raise GGUFArchitectureError(
+            f"{meta.file}: key length {head_dim}, value length {value_dim}, rope dimensions "
+            f"{rope_dims}: tandem runs only full-width RoPE with equal key and value heads"
+        )
+    vocab = (
+        meta.get(a + "vocab_size", int, None) or meta.count("tokenizer.ggml.tokens") or embed_rows
+    )
+    if not vocab:
+        raise GGUFMetadataError(f"{meta.file}: no vocabulary size (vocab_size, tokens, token_embd)")
+    eos = []
+    for key in ("eos", "eot", "eom"):
+        t = meta.get(f"tokenizer.ggml.{key}_token_id", int, None)
+        if t is not None and t not in eos:
+            eos.append(t)
+    try:
+        cfg = ModelConfig(
+            architecture=ARCHITECTURES[arch],
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=meta.get(a + "feed_forward_length", int),
+            num_hidden_layers=_layers(meta, a, tensors),
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=head_dim,
+            max_position_embeddings=meta.get(a + "context_length", int),
+            rms_norm_eps=meta.get(a + "attention.layer_norm_rms_epsilon", float),
+            rope_theta=meta.get(a + "rope.freq_base", float, 10000.0),
+            rope_scaling=_rope_scaling(meta, a),
+            rope_freq_factors=tuple(float(f) for f in rope_freqs)
+            if rope_freqs is not None
+            else None,
+            tie_word_embeddings="output.weight" not in tensors,
+            qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in tensors,
+            o_bias="blk.0.attn_output.bias" in tensors,
+            mlp_bias="blk.0.ffn_gate.bias" in tensors,
+            qk_norm=arch == "qwen3",
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
+            eos_token_ids=tuple(eos),
+            torch_dtype="float32",
+        )
+        cfg.validate(str(meta.file))
+    except GGUFError:
+        raise
+    except ConfigError as e:
+        raise GGUFMetadataError(str(e)) from e
+    if rope_freqs is not None and len(rope_freqs) != head_dim // 2:
+        raise GGUFMetadataError(
+            f"{meta.file}: tensor 'rope_freqs.weight' has {len(rope_freqs)} values, head_dim "
+            f"{head_dim} implies {head_dim // 2}"
+        )
+    return cfg
+
+
+def _layers(meta: Metadata, a: str, tensors: Collection[str]) -> int:
+    n = meta.get(a + "block_count", int)
+    if not 0 < n <= len(tensors):  # every layer holds tensors: a larger count is a lie
+        raise GGUFMetadataError(
+            f"{meta.file}: block_count {n} but the file holds {len(tensors)} tensors"
+        )
+    return n
+
+
+def _per_layer(meta: Metadata, key: str, default: int) -> int:
+    """A count llama.cpp may store per layer (an array): tandem needs it uniform."""
+    field = meta.fields.get(key)
+    if field is not None and len(field.data) > 1:
+        values = set(meta.get(key, list))
+        if len(values) != 1:
+            raise GGUFArchitectureError(
+                f"{meta.file}: {key} differs between layers ({sorted(values)}); tandem runs "
+                "uniform layers only"
+            )
+        return int(values.pop())
+    return meta.get(key, int, default)
+
+
+def _rope_scaling(meta: Metadata, a: str) -> RopeScaling | None:
+    kind = meta.get(a + "rope.scaling.type", str, "none")
+    if kind == "none":
+        return None
+    factor = meta.get(a + "rope.scaling.factor", float, 1.0)
+    if kind == "linear":
+        return None if factor == 1.0 else RopeScaling("linear", factor)
+    raise GGUFArchitectureError(
+        f"{meta.file}: rope scaling {kind!r} is not supported (none, linear, or llama3 "
+        "frequency factors)"
+    )

@@ -1,0 +1,311 @@
+"""`GGUFModel`: a GGUF model (one file, a folder holding one, or split parts) as a model source,
+the GGUF counterpart of `safetensors_dir.ModelDir`: `config`, `manifest` / `info` (keyed by the
+model's HF parameter names), `blocks` (a quantized tensor in its blocks), `read` (a tensor as
+dense values), `fingerprint`, `tokenizer`, `close`.
+
+Split models `NAME-00001-of-0000N.gguf` are found from any part; each part must exist and say in
+its `split.no` / `split.count` where it sits, and together they must hold `split.tensors.count`
+tensors, none twice. Metadata is the first part's.
+
+Tensors are zero-copy views of the memory-mapped files except the q/k weights (and biases) of a
+`llama` file, whose rows llama.cpp's converter permuted (`names.unpermute_rows`): those are
+gathered back into HF order, one new contiguous copy per q and k matrix *in its blocks*, i.e.
+`(n_heads + n_kv_heads) * head_dim * row_bytes(hidden)` bytes per layer of anonymous memory
+(8.3 MB, 9%, of the 92 MB SmolLM2-135M Q4_1 file; about 8% of a Llama-3-8B Q4_K file), while the
+rest of the file stays mapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tandem.loaders.gguf.config import (
+    PERMUTED_QK,
+    GGUFArchitectureError,
+    Metadata,
+    architecture,
+    config_from_gguf,
+)
+from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, hf_name, permuted_heads, unpermute_rows
+from tandem.loaders.gguf.reader import (
+    GGUFCorruptError,
+    GGUFError,
+    GGUFMissingFileError,
+    GGUFTensorTypeError,
+    GuardedReader,
+    open_reader,
+)
+from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
+from tandem.loaders.safetensors_dir import MissingTensorError, TensorShapeError
+from tandem.loaders.tokenizer import Tokenizer
+from tandem.models.llama import Transformer
+from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
+from tandem.models.quant.dequant import dequantize
+
+SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
+
+
+class GGUFMissingTensorError(GGUFError, MissingTensorError):
+    """The model needs a tensor no part of the GGUF file holds."""
+
+
+class GGUFShapeError(GGUFError, TensorShapeError):
+    """A tensor whose shape disagrees with the one the metadata implies."""
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    file: Path
+    gguf_name: str
+    type_id: int
+    shape: tuple[int, ...]  # (rows, cols) as the model's parameter: GGUF's dims reversed
+    offset: int  # absolute byte offset in `file`
+    nbytes: int
+    part: int  # index of the reader holding it
+
+    @property
+    def dtype(self) -> str:
+        """The ggml type's name ("Q4_K", "F32", ...)."""
+        return BY_ID[self.type_id].name
+
+    @property
+    def quantized(self) -> bool:
+        return self.type_id in QUANTIZED
+
+
+def gguf_files(path: str | Path) -> list[Path]:
+    """The file(s) of the GGUF model at `path`: a `.gguf` file (all parts of a split one, in
+    order), or a folder holding exactly one GGUF model."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix == ".gguf" and p.is_file())
+        firsts = [p for p in found if not SPLIT_NAME.fullmatch(p.name) or "-00001-of-" in p.name]
+        if len(firsts) != 1:
+            names = ", ".join(p.name for p in found) or "none"
+            raise GGUFMissingFileError(
+                f"{path}: a model folder must hold exactly one GGUF model (found: {names})"
+            )
+        path = firsts[0]
+    if not path.is_file():
+        raise GGUFMissingFileError(f"{path}: no such GGUF file")
+    m = SPLIT_NAME.fullmatch(path.name)
+    if m is None:
+        return [path]
+    count = int(m["count"])
+    parts = [
+        path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)
+    ]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise GGUFMissingFileError(f"{path}: split part(s) {', '.join(missing)} not found")
+    return parts
+
+
+class GGUFModel:
+    """An opened GGUF model: every part parsed and checked, config built; tensors read lazily."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.files = gguf_files(path)
+        self.path = self.files[0]
+        self.readers: list[GuardedReader] = [open_reader(f) for f in self.files]
+        self.metadata = Metadata(self.readers[0], self.path)
+        self.arch = architecture(self.metadata)
+        self._raw: dict[str, GGUFTensorInfo] = {}  # GGUF name -> info
+        for part, reader in enumerate(self.readers):
+            self._check_split(part, reader)
+            for t in reader.tensors:
+                if t.name in self._raw:
+                    raise GGUFCorruptError(
+                        f"{self.files[part]}: tensor {t.name!r} also in {self._raw[t.name].file}"
+                    )
+                shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+                self._raw[t.name] = GGUFTensorInfo(
+                    self.files[part],
+                    t.name,
+                    int(t.tensor_type),
+                    shape,
+                    t.data_offset,
+                    int(t.n_bytes),
+                    part,
+                )
+        self._check_split_total()
+        embed = self._raw.get("token_embd.weight")
+        self.config = config_from_gguf(
+            self.metadata, self._raw.keys(), embed.shape[0] if embed else None, self._rope_freqs()
+        )
+        self.manifest: dict[str, GGUFTensorInfo] = {}  # HF parameter name -> info
+        for name, info in self._raw.items():
+            hf = hf_name(name)
+            if hf is not None:
+                self.manifest[hf] = info
+        self._check_no_stray_tensors()
+
+    def _check_split(self, part: int, reader: GuardedReader) -> None:
+        if len(self.files) == 1:
+            return
+        meta = Metadata(reader, self.files[part])
+        no, count = meta.get("split.no", int), meta.get("split.count", int)
+        if (no, count) != (part, len(self.files)):
+            raise GGUFCorruptError(
+                f"{self.files[part]}: says it is split part {no} of {count}, its name says "
+                f"{part} of {len(self.files)} (counting from 0)"
+            )
+
+    def _check_split_total(self) -> None:
+        if len(self.files) == 1:
+            return
+        want = self.metadata.get("split.tensors.count", int)
+        if want != len(self._raw):
+            raise GGUFCorruptError(
+                f"{self.path}: split.tensors.count is {want} but the {len(self.files)} parts hold "
+                f"{len(self._raw)} tensors"
+            )
+
+    def _check_no_stray_tensors(self) -> None:
+        """Every tensor must feed a parameter of the model the config describes: one it has no
+        place for (q/k norms in a llama file, an unknown name) means a variant tandem would
+        silently run wrong."""
+        with torch.device("meta"):
+            full = Transformer(self.config)
+        used = {full.checkpoint_name(n) for n, _ in full.named_parameters(remove_duplicate=False)}
+        stray = [
+            i.gguf_name
+            for name, i in self._raw.items()
+            if name != ROPE_FREQS and hf_name(name) not in used
+        ]
+        if stray:
+            raise GGUFArchitectureError(
+                f"{self.path}: tensor(s) {', '.join(repr(n) for n in stray[:5])} have no place in "
+                f"a {self.arch} model tandem runs"
+            )
+
+    def _rope_freqs(self) -> list[float] | None:
+        info = self._raw.get(ROPE_FREQS)
+        if info is None:
+            return None
+        return self._dense(info, ROPE_FREQS).float().reshape(-1).tolist()
+
+    # ---- tensors --------------------------------------------------------------------------
+
+    def info(self, name: str) -> GGUFTensorInfo:
+        """The GGUF tensor behind model parameter `name` (an HF name)."""
+        info = self.manifest.get(name)
+        if info is None:
+            raise GGUFMissingTensorError(
+                f"{self.path}: no tensor {gguf_name(name)!r} (the model's {name!r})"
+            )
+        return info
+
+    def check(self, name: str, shape: tuple[int, ...]) -> GGUFTensorInfo:
+        """`info(name)`, after checking its type is one tandem reads and its shape is `shape`."""
+        info = self.info(name)
+        if info.type_id not in BY_ID:
+            raise GGUFTensorTypeError(
+                f"{info.file}: tensor {info.gguf_name!r} is of type "
+                f"{_type_name(info.type_id)}; tandem reads {', '.join(t.name for t in LAYOUTS)}"
+            )
+        if info.shape != tuple(shape):
+            raise GGUFShapeError(
+                f"{info.file}: tensor {info.gguf_name!r} has shape {list(info.shape)}, the "
+                f"metadata implies {list(shape)}"
+            )
+        return info
+
+    def _view(self, info: GGUFTensorInfo) -> torch.Tensor:
+        """The raw bytes of a tensor, zero-copy: uint8 (rows, row_bytes), or (nbytes,) for 1-D."""
+        data = self.readers[info.part].data
+        raw = torch.from_numpy(np.asarray(data[info.offset : info.offset + info.nbytes]))
+        return raw.view(info.shape[0], -1) if len(info.shape) == 2 else raw
+
+    def _heads(self, name: str) -> int | None:
+        if self.arch not in PERMUTED_QK:
+            return None
+        c = self.config
+        return permuted_heads(name, c.num_attention_heads, c.num_key_value_heads)
+
+    def blocks(self, name: str) -> torch.Tensor:
+        """Quantized parameter `name` as uint8 blocks (rows, row_bytes), HF row order: a view
+        of the mapped file, or an un-permuted copy for a llama q/k (module docstring)."""
+        info = self.info(name)
+        raw = self._view(info)
+        heads = self._heads(name)
+        return raw if heads is None else unpermute_rows(raw, heads)
+
+    def _dense(self, info: GGUFTensorInfo, name: str) -> torch.Tensor:
+        raw = self._view(info)
+        if info.type_id not in BY_ID:
+            raise GGUFTensorTypeError(
+                f"{info.file}: tensor {name!r} is of type {_type_name(info.type_id)}; tandem "
+                f"reads {', '.join(t.name for t in LAYOUTS)}"
+            )
+        kind = BY_ID[info.type_id].name
+        if kind in ("F32", "F16", "BF16"):
+            dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
+            return raw.reshape(-1).view(dtype).view(info.shape)
+        return dequantize(raw.reshape(-1, raw.shape[-1]), info.type_id).view(info.shape)
+
+    def read(self, name: str) -> torch.Tensor:
+        """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
+        un-permuted), a quantized tensor dequantized to float32 (a new tensor)."""
+        info = self.info(name)
+        t = self._dense(info, info.gguf_name)
+        heads = self._heads(name)
+        return t if heads is None else unpermute_rows(t, heads)
+
+    # ---- identity and companions ----------------------------------------------------------
+
+    def fingerprint(self) -> str:
+        """sha256 over the config (rope frequency factors included), the manifest (names, types,
+        shapes, offsets), each part's size and header bytes (all metadata, the tokenizer
+        included), and the first bytes of every tensor: ranks holding different files, or the
+        same model quantized differently, disagree."""
+        h = hashlib.sha256(json.dumps(self.config.to_hf_dict(), sort_keys=True).encode())
+        h.update(repr(self.config.rope_freq_factors).encode())
+        for file, reader in zip(self.files, self.readers):
+            h.update(f"{file.name}|{len(reader.data)}\n".encode())
+            h.update(memoryview(reader.data[: reader.data_offset]))
+        for name in sorted(self._raw):
+            i = self._raw[name]
+            h.update(f"{name}|{i.type_id}|{list(i.shape)}|{i.part}|{i.offset}\n".encode())
+            sample = self.readers[i.part].data[
+                i.offset : i.offset + min(i.nbytes, FINGERPRINT_SAMPLE)
+            ]
+            h.update(memoryview(sample))
+        return h.hexdigest()
+
+    def weight_format(self) -> str:
+        """How the weights are stored, for reports: "GGUF Q4_1/Q8_0/F32" (the types holding the
+        most bytes first)."""
+        size: dict[str, int] = {}
+        for info in self._raw.values():
+            size[info.dtype] = size.get(info.dtype, 0) + info.nbytes
+        return "GGUF " + "/".join(sorted(size, key=lambda d: -size[d]))
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer and chat template from the file's metadata (`gguf.tokenizer`), or None
+        for a file that carries no tokenizer (prompts must then be token ids)."""
+        if "tokenizer.ggml.model" not in self.metadata:
+            return None
+        return load_gguf_tokenizer(self.readers[0], self.path)
+
+    def close(self) -> None:
+        """Drops this object's references to the mappings; tensors already handed out keep
+        theirs alive."""
+        self.readers = []
+
+
+def _type_name(type_id: int) -> str:
+    from gguf.constants import GGMLQuantizationType
+
+    try:
+        return f"{GGMLQuantizationType(type_id).name} (id {type_id})"
+    except ValueError:
+        return f"id {type_id}"

@@ -1,0 +1,89 @@
+"""GGUF tensor names <-> the model's module names (Hugging Face state-dict keys), in one table,
+and llama.cpp's q/k row permutation.
+
+llama.cpp's `convert_hf_to_gguf.py` reorders the rows of q_proj and k_proj (weights and biases)
+of `llama`-architecture models, per head, from HF's rotate-half RoPE layout to its interleaved
+one: within a head of `hd` rows, GGUF row `2i + j` holds HF row `j * hd/2 + i` (i < hd/2,
+j in {0, 1}); k uses the kv head count. `unpermute_rows` undoes it exactly. It moves whole rows,
+so on quantized blocks it is a row gather of whole-block rows: no requantization.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+GLOBAL_NAMES: dict[str, str] = {  # GGUF name -> HF name
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES: dict[str, str] = {  # blk.N.<GGUF> -> model.layers.N.<HF>
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+ROPE_FREQS = (
+    "rope_freqs.weight"  # llama3 rope scaling as llama.cpp stores it: per-frequency divisors
+)
+_TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
+_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
+_GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+
+
+class UnknownTensorNameError(KeyError):
+    """A model parameter with no GGUF counterpart in the table."""
+
+
+def hf_name(gguf: str) -> str | None:
+    """The HF name of GGUF tensor `gguf`, or None for one the model has no parameter for."""
+    if gguf in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf]
+    m = _GGUF_LAYER.fullmatch(gguf)
+    if m is None or m.group(2) not in LAYER_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def gguf_name(hf: str) -> str:
+    """The GGUF name of the model parameter `hf`."""
+    if hf in _TO_GGUF:
+        return _TO_GGUF[hf]
+    m = _HF_LAYER.fullmatch(hf)
+    if m is None or m.group(2) not in _LAYER_TO_GGUF:
+        raise UnknownTensorNameError(f"parameter {hf!r} has no GGUF tensor name")
+    return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}.{m.group(3)}"
+
+
+def permuted_heads(hf: str, n_heads: int, n_kv_heads: int) -> int | None:
+    """How many heads the llama converter permuted tensor `hf` by (q: n_heads, k: n_kv_heads),
+    or None for a tensor it leaves alone."""
+    if hf.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        return n_heads
+    if hf.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+        return n_kv_heads
+    return None
+
+
+def permute_rows(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """HF rows (n_heads * hd, ...) -> llama.cpp's order (what its converter writes). A copy."""
+    hd = rows.shape[0] // n_heads
+    split = rows.reshape(n_heads, 2, hd // 2, *rows.shape[1:])
+    return split.transpose(1, 2).reshape(rows.shape).contiguous()
+
+
+def unpermute_rows(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """llama.cpp's rows (n_heads * hd, ...) -> HF order; exact inverse of `permute_rows`. A copy."""
+    hd = rows.shape[0] // n_heads
+    split = rows.reshape(n_heads, hd // 2, 2, *rows.shape[1:])
+    return split.transpose(1, 2).reshape(rows.shape).contiguous()

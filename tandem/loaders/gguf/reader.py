@@ -1,0 +1,209 @@
+"""Opening one GGUF file with gguf-py's `GGUFReader`, guarded so a hostile file costs bounded
+memory and ends in a typed error naming the file (and the tensor).
+
+The parsing is gguf-py's own (pinned in requirements.lock). `GGUFReader` trusts the counts and
+lengths it reads: a kv count or array length of 2^63 loops (and allocates) until the end of the
+file or forever, a string length past the end yields a short view, `np.prod` of hostile dims
+wraps. `GuardedReader` wraps the reader's private primitives (`_get`, `_get_str`,
+`_get_field_parts`, `_build_fields`, `_build_tensor_info`, `_build_tensors`) with checks made
+*before* each read or loop:
+
+    every read lies inside the file                       else past-the-end (truncated)
+    kv count <= MAX_KV, tensor count <= MAX_TENSORS, and each count times its smallest entry fits
+    in the bytes left; one array <= MAX_ARRAY_LEN elements, all arrays <= MAX_ARRAY_ELEMENTS
+    (gguf-py keeps one numpy view per element); a string <= MAX_STRING_BYTES
+    a tensor: <= 4 dims, a type id that exists, whole blocks per row, offset aligned, its bytes
+    inside the file (products in Python ints, never wrapped)
+
+`_get` also hands out one plain ndarray per read instead of gguf-py's chain of `np.memmap` views:
+the reader keeps a view per metadata element, and for SmolLM2's 49k-token vocabulary that is 41 MB
+instead of 248 MB of Python objects.
+
+The file is mapped copy-on-write (`mode="c"`): tensors are zero-copy, writable-typed views of the
+page cache (torch takes them without a copy or a warning), and nothing is ever written back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from tandem.loaders.safetensors_dir import (
+    CorruptFileError,
+    MissingFileError,
+    ModelFileError,
+    TensorDtypeError,
+)
+
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_ARRAY_LEN = 1 << 24
+MAX_ARRAY_ELEMENTS = 1 << 23  # a 256k vocabulary's tokens, scores, types and merges: ~1M
+MAX_STRING_BYTES = 1 << 24
+MAX_DIMS = 4
+HEADER_BYTES = 24  # magic, version, tensor count, kv count
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+_DTYPES: dict[tuple[Any, str], np.dtype] = {}  # (dtype, byte order) -> dtype, made once
+_SCALAR_BYTES = {t: np.dtype(n).itemsize for t, n in GGUFReader.gguf_scalar_to_np.items()}
+
+
+class GGUFError(ModelFileError):
+    """Base of every error about a GGUF file; the message names the file (and the tensor)."""
+
+
+class GGUFCorruptError(GGUFError, CorruptFileError):
+    """Bytes that are not a GGUF file: bad magic or version, truncated, absurd counts or lengths,
+    a tensor past the end."""
+
+
+class GGUFMissingFileError(GGUFError, MissingFileError):
+    """A GGUF file (or a part of a split model) that is absent or unreadable."""
+
+
+class GGUFTensorTypeError(GGUFError, TensorDtypeError):
+    """A tensor type id that does not exist, or that tandem does not read."""
+
+
+class _Refused(Exception):
+    """Raised inside the reader's parse; `open_reader` turns it into GGUFCorruptError."""
+
+
+class GuardedReader(GGUFReader):
+    """`GGUFReader` whose every read and loop is bounded first (module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._elements = 0
+        super().__init__(path, mode="c")
+
+    def _left(self, offset: int) -> int:
+        return len(self.data) - int(offset)
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        """gguf-py's `_get`, bounds-checked, as one plain ndarray over the mapping: the reader
+        keeps a view per metadata element (~250k for a 49k-token vocabulary), and its own
+        slice-view-view chain of `np.memmap`s costs ~1 KB each where this costs ~100 bytes."""
+        count, offset = int(count), int(offset)
+        n = np.dtype(dtype).itemsize * count
+        if count < 0 or offset < 0 or n > self._left(offset):
+            raise _Refused(
+                f"a read of {n} bytes at byte {offset} runs past the end of the file "
+                f"({len(self.data)} bytes; truncated?)"
+            )
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        order = self.byte_order if override_order is None else override_order
+        kind = _DTYPES.get((dtype, order))
+        if kind is None:
+            kind = _DTYPES[dtype, order] = np.dtype(dtype).newbyteorder(order)
+        return np.ndarray((count,), dtype=kind, buffer=plain, offset=offset)  # one view, no chain
+
+    def _get_str(self, offset):
+        (n,) = self._get(offset, np.uint64)
+        if int(n) > MAX_STRING_BYTES:
+            raise _Refused(
+                f"a string at byte {offset} claims {int(n)} bytes (at most {MAX_STRING_BYTES})"
+            )
+        return super()._get_str(offset)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if int(raw_type) == GGUFValueType.ARRAY:
+            (item,) = self._get(orig_offs, np.uint32)
+            (count,) = self._get(int(orig_offs) + 4, np.uint64)
+            count, item = int(count), int(item)
+            smallest = _SCALAR_BYTES.get(item, 12 if item == GGUFValueType.ARRAY else 8)
+            self._elements += count
+            left = self._left(int(orig_offs) + 12)
+            why = None
+            if count > MAX_ARRAY_LEN or self._elements > MAX_ARRAY_ELEMENTS:
+                why = f"at most {MAX_ARRAY_LEN}, and {MAX_ARRAY_ELEMENTS} in all arrays"
+            elif count * smallest > left:
+                why = f"the {left} bytes left hold at most {left // smallest} (truncated?)"
+            if why:
+                raise _Refused(f"an array at byte {orig_offs} claims {count} elements; {why}")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+    def _build_fields(self, offs, count):
+        self._check_count("metadata key/value", int(count), MAX_KV, _MIN_KV_BYTES, offs)
+        return super()._build_fields(offs, count)
+
+    def _build_tensor_info(self, offs, count):
+        self._check_count("tensor", int(count), MAX_TENSORS, _MIN_TENSOR_INFO_BYTES, offs)
+        return super()._build_tensor_info(offs, count)
+
+    def _check_count(self, what: str, count: int, most: int, smallest: int, offs: int) -> None:
+        if count > most or count * smallest > self._left(offs):
+            raise _Refused(
+                f"the header claims {count} {what} entries; at most {most}, and the "
+                f"{self._left(offs)} bytes left hold at most {self._left(offs) // smallest}"
+            )
+
+    def _build_tensors(self, start_offs, fields):
+        for field in fields:
+            self._check_tensor(int(start_offs), field)
+        return super()._build_tensors(start_offs, fields)
+
+    def _check_tensor(self, start: int, field: Any) -> None:
+        _, name_data, n_dims, dims, raw_type, offset = field.parts
+        try:
+            name = bytes(name_data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _Refused(f"a tensor name at byte {field.offset} is not UTF-8") from e
+        if int(n_dims[0]) > MAX_DIMS:
+            raise _Refused(f"tensor {name!r} has {int(n_dims[0])} dims (at most {MAX_DIMS})")
+        try:
+            kind = GGMLQuantizationType(int(raw_type[0]))
+        except ValueError:
+            raise GGUFTensorTypeError(
+                f"{self.path}: tensor {name!r} has type id {int(raw_type[0])}, which does not "
+                "exist in ggml"
+            ) from None
+        shape = [int(d) for d in dims]
+        block, size = GGML_QUANT_SIZES[kind]
+        if shape and shape[0] % block:
+            raise _Refused(
+                f"tensor {name!r} rows of {shape[0]} elements are not whole {kind.name} blocks "
+                f"of {block}"
+            )
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes, rel = n // block * size, int(offset[0])
+        if rel % self.alignment:
+            raise _Refused(f"tensor {name!r} offset {rel} is not a multiple of {self.alignment}")
+        if start + rel + nbytes > len(self.data):
+            raise _Refused(
+                f"tensor {name!r} ({kind.name}, dims {shape}) spans bytes [{start + rel}, "
+                f"{start + rel + nbytes}) but the file has {len(self.data)} (offset past the end, "
+                "or truncated)"
+            )
+
+
+def open_reader(path: Path) -> GuardedReader:
+    """One GGUF file, parsed and bounds-checked; GGUFError subclasses for anything wrong."""
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise GGUFMissingFileError(f"{path}: cannot read ({e.strerror or e})") from e
+    if size < HEADER_BYTES:
+        raise GGUFCorruptError(f"{path}: {size} bytes, too short for a GGUF header")
+    try:
+        reader = GuardedReader(path)
+    except GGUFError:
+        raise
+    except _Refused as e:
+        raise GGUFCorruptError(f"{path}: {e}") from None
+    except OSError as e:
+        raise GGUFMissingFileError(f"{path}: cannot read ({e.strerror or e})") from e
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError, MemoryError) as e:
+        raise GGUFCorruptError(f"{path}: not a GGUF file tandem can read ({e})") from None
+    if reader.byte_order != "I":
+        raise GGUFCorruptError(f"{path}: a big-endian GGUF file; tandem reads little-endian only")
+    return reader

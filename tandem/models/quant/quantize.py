@@ -1,0 +1,122 @@
+"""Float weights -> GGUF blocks: `quantize(values, type_id)` maps float32 `(..., cols)` to uint8
+`(..., row_bytes)`.
+
+F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 go through `gguf.quants.quantize` (llama.cpp's
+reference quantizers, bit-exact with ggml). gguf-py cannot quantize the K-quants, so Q4_K, Q5_K
+and Q6_K are packed here by plain round-to-nearest (not llama.cpp's search for the best scales,
+so a little less accurate than `llama-quantize`, but valid superblocks that dequantize to the
+weights within the format's step; what tests and a first `tandem quantize` need):
+
+    Q6_K  per 16 values: scale_j = max|x| / 32 as int8 steps of d = max_j scale_j / 127;
+          q = round(x / (d * sc_j)) + 32 in [0, 63]
+    Q4_K / Q5_K  per 32 values: step s_j = (max - min') / (2^b - 1), offset m_j = -min' where
+          min' = min(min x, 0); 6-bit sc_j = round(s_j / d), m6_j = round(m_j / dmin) with
+          d = max s_j / 63, dmin = max m_j / 63; q = round((x + dmin m6_j) / (d sc_j)) in [0, 2^b-1]
+
+The byte layout is the inverse of `dequant`'s (fields in `blocks.LAYOUTS` order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants
+from gguf.constants import GGMLQuantizationType
+
+from tandem.models.quant.blocks import layout
+
+
+def quantize(values: np.ndarray, type_id: int) -> np.ndarray:
+    """values (..., cols) float -> uint8 blocks (..., row_bytes) of ggml type `type_id`."""
+    t = layout(type_id)
+    x = np.ascontiguousarray(values, dtype=np.float32)
+    lead, cols = x.shape[:-1], x.shape[-1]
+    row_bytes = t.row_bytes(cols)
+    packer = _K_PACKERS.get(t.name)
+    if packer is None:
+        out = quants.quantize(x, GGMLQuantizationType(t.type_id))
+        return np.ascontiguousarray(out).view(np.uint8).reshape(*lead, row_bytes)
+    blocks = packer(x.reshape(-1, 256))
+    assert blocks.shape[1] == t.block_bytes
+    return blocks.reshape(*lead, row_bytes)
+
+
+def _f16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).reshape(-1, 1).view(np.uint8)  # (N, 2)
+
+
+def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b == 0, 0.0, a / np.where(b == 0, 1.0, b))
+
+
+def _pack_nibbles(q: np.ndarray, groups: int, width: int) -> np.ndarray:
+    """q (N, groups*2*width) in [0, 15] -> (N, groups*width) bytes: per group the first `width`
+    values in the low nibbles, the next `width` in the high ones."""
+    g = q.reshape(q.shape[0], groups, 2, width).astype(np.uint8)
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1)
+
+
+def _k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """8 six-bit scales and mins per superblock -> the 12 packed bytes."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    b0 = (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6)
+    b1 = (mn[:, :4] & 0x3F) | ((mn[:, 4:] >> 4) << 6)
+    b2 = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    return np.concatenate([b0, b1, b2], axis=1)
+
+
+def _k_affine(x: np.ndarray, bits: int):
+    """x (N, 256) -> d, dmin (N,) float16-rounded, sc, m6 (N, 8), q (N, 256) in [0, 2^bits-1]."""
+    sub = x.reshape(-1, 8, 32)
+    lo = np.minimum(sub.min(axis=2), 0.0)
+    step = (sub.max(axis=2) - lo) / (2**bits - 1)
+    d = (step.max(axis=1) / 63).astype(np.float16).astype(np.float32)
+    dmin = (-lo).max(axis=1) / 63
+    dmin = dmin.astype(np.float16).astype(np.float32)
+    sc = np.clip(np.round(_safe_div(step, d[:, None])), 0, 63)
+    m6 = np.clip(np.round(_safe_div(-lo, dmin[:, None])), 0, 63)
+    scale = (d[:, None] * sc)[:, :, None]
+    offset = (dmin[:, None] * m6)[:, :, None]
+    q = np.clip(np.round(_safe_div(sub + offset, scale)), 0, 2**bits - 1)
+    return d, dmin, sc, m6, q.reshape(-1, 256).astype(np.uint8)
+
+
+def _q4_k(x: np.ndarray) -> np.ndarray:
+    d, dmin, sc, m6, q = _k_affine(x, 4)
+    qs = _pack_nibbles(q, 4, 32)  # (N, 128)
+    return np.concatenate([_f16(d), _f16(dmin), _k_scales(sc, m6), qs], axis=1)
+
+
+def _q5_k(x: np.ndarray) -> np.ndarray:
+    d, dmin, sc, m6, q = _k_affine(x, 5)
+    qs = _pack_nibbles(q & 0x0F, 4, 32)
+    high = (q >> 4).reshape(-1, 8, 32)  # bit 4 of sub-block j's value i -> bit j of qh[i]
+    qh = np.zeros((x.shape[0], 32), dtype=np.uint8)
+    for j in range(8):
+        qh |= high[:, j] << j
+    return np.concatenate([_f16(d), _f16(dmin), _k_scales(sc, m6), qh, qs], axis=1)
+
+
+def _q6_k(x: np.ndarray) -> np.ndarray:
+    sub = x.reshape(-1, 16, 16)
+    amax = np.abs(sub).max(axis=2)  # (N, 16)
+    scale = amax / 32
+    d = (scale.max(axis=1) / 127).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.round(_safe_div(scale, d[:, None])), -128, 127)
+    step = (d[:, None] * sc)[:, :, None]
+    q = (np.clip(np.round(_safe_div(sub, step)), -32, 31) + 32).astype(np.uint8)
+    q = q.reshape(-1, 2, 4, 32)  # (N, half, quarter, 32): value 128 h + 32 k + i
+    low = q & 0x0F
+    ql = np.concatenate(  # per half: quarters 0,1 in low nibbles of 64 bytes, 2,3 in high
+        [low[:, h, :2].reshape(-1, 64) | (low[:, h, 2:].reshape(-1, 64) << 4) for h in range(2)],
+        axis=1,
+    )
+    high = q >> 4  # 2 bits, quarter k at bit 2k of byte 32 h + i
+    qh = np.concatenate(
+        [sum(high[:, h, k] << (2 * k) for k in range(4)).astype(np.uint8) for h in range(2)],
+        axis=1,
+    )
+    return np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), _f16(d)], axis=1)
+
+
+_K_PACKERS = {"Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}

