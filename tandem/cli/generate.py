@@ -21,12 +21,11 @@ from tandem.config import ConfigError
 from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
-from tandem.engine.pp.layout import parse_layout
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelFileError
-from tandem.loaders.source import open_model, require_shardable
+from tandem.loaders.source import open_model
 from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -96,9 +95,6 @@ def run(args: argparse.Namespace) -> int:
     tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
     try:
         source = open_model(args.model)
-        pp_tp = wants_pipeline(args) and max(parse_layout(args.layout, args.pp, args.tp or 1)) > 1
-        if tp or pp_tp:
-            require_shardable(source)
         tokenizer = source.tokenizer()
         ids = prompt_ids(args, tokenizer, source.config.vocab_size)
     except (PromptError, ModelFileError, ConfigError) as e:

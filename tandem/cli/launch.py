@@ -109,15 +109,9 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
     else:
         model, demo_prompt = default_model_dir(console)
     demo_prompt = args.demo_prompt or demo_prompt
-    from tandem.loaders.source import GGUFShardingUnsupportedError, is_gguf, require_shardable
+    from tandem.loaders.source import is_gguf
 
-    if is_gguf(model):
-        if args.tp > 1:
-            try:
-                require_shardable(model)
-            except GGUFShardingUnsupportedError as e:
-                raise LaunchError(str(e)) from None
-    elif not (model / "config.json").is_file():
+    if not is_gguf(model) and not (model / "config.json").is_file():
         raise LaunchError(f"{model}: not a model directory (no config.json) or GGUF file")
     check_port_free(args.host, args.port)
     argv = [sys.executable, "-m", "tandem", "serve", "--model", str(model)]

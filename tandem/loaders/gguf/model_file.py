@@ -61,6 +61,10 @@ class GGUFShapeError(GGUFError, TensorShapeError):
     """A tensor whose shape disagrees with the one the metadata implies."""
 
 
+class GGUFSliceError(GGUFError, ValueError):
+    """A slice read outside the tensor, or off its block (or head) boundaries."""
+
+
 @dataclass(frozen=True)
 class GGUFTensorInfo:
     file: Path
@@ -231,13 +235,55 @@ class GGUFModel:
         c = self.config
         return permuted_heads(name, c.num_attention_heads, c.num_key_value_heads)
 
-    def blocks(self, name: str) -> torch.Tensor:
+    def blocks(
+        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+    ) -> torch.Tensor:
         """Quantized parameter `name` as uint8 blocks (rows, row_bytes), HF row order: a view
-        of the mapped file, or an un-permuted copy for a llama q/k (module docstring)."""
+        of the mapped file, or an un-permuted copy for a llama q/k (module docstring).
+
+        With `dim`, only the half-open slice `[start, end)` of that dimension (in elements):
+            dim 0  rows: a zero-copy view of the mapped file; for a llama q/k the slice must be
+                   whole heads, and only its own rows are un-permuted (a copy of those rows)
+            dim 1  columns: `start` and `end` multiples of the type's block size; a contiguous
+                   copy of exactly those bytes of every row
+        Never the whole tensor: a shard reads only its own blocks."""
         info = self.info(name)
         raw = self._view(info)
         heads = self._heads(name)
-        return raw if heads is None else unpermute_rows(raw, heads)
+        if dim is None:
+            return raw if heads is None else unpermute_rows(raw, heads)
+        rows, cols = info.shape
+        if dim == 0:
+            self._check_range(info, start, end, rows, 1, "rows")
+            part = raw[start:end]
+            if heads is None:
+                return part
+            hd = rows // heads
+            if start % hd or end % hd:
+                raise GGUFSliceError(
+                    f"{info.file}: rows [{start}, {end}) of {info.gguf_name!r} are not whole "
+                    f"heads of {hd} (its rows are permuted per head)"
+                )
+            return unpermute_rows(part, (end - start) // hd)
+        if dim == 1:
+            t = BY_ID[info.type_id]
+            self._check_range(info, start, end, cols, t.block_size, "columns")
+            b0, b1 = start // t.block_size * t.block_bytes, end // t.block_size * t.block_bytes
+            part = raw[:, b0:b1].contiguous()  # (rows, (end - start) / bs * bb): a copy
+            return part if heads is None else unpermute_rows(part, heads)
+        raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0 or 1)")
+
+    @staticmethod
+    def _check_range(info: GGUFTensorInfo, start, end, size: int, align: int, what: str) -> None:
+        if start is None or end is None or not 0 <= start < end <= size:
+            raise GGUFSliceError(
+                f"{info.file}: {what} [{start}, {end}) outside {info.gguf_name!r}'s {size}"
+            )
+        if start % align or end % align:
+            raise GGUFSliceError(
+                f"{info.file}: {what} [{start}, {end}) of {info.gguf_name!r} ({info.dtype}) do "
+                f"not fall on its {align}-element block boundaries"
+            )
 
     def _dense(self, info: GGUFTensorInfo, name: str) -> torch.Tensor:
         raw = self._view(info)
@@ -252,13 +298,29 @@ class GGUFModel:
             return raw.reshape(-1).view(dtype).view(info.shape)
         return dequantize(raw.reshape(-1, raw.shape[-1]), info.type_id).view(info.shape)
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(
+        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+    ) -> torch.Tensor:
         """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
-        un-permuted), a quantized tensor dequantized to float32 (a new tensor)."""
+        un-permuted), a quantized tensor dequantized to float32 (a new tensor). With `dim`, the
+        slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized)."""
         info = self.info(name)
+        if dim is not None and info.quantized:
+            return dequantize(self.blocks(name, dim, start, end), info.type_id)
         t = self._dense(info, info.gguf_name)
         heads = self._heads(name)
-        return t if heads is None else unpermute_rows(t, heads)
+        if dim is None:
+            return t if heads is None else unpermute_rows(t, heads)
+        self._check_range(info, start, end, info.shape[dim], 1, "elements")
+        part = t.narrow(dim, start, end - start)
+        if heads is None:
+            return part
+        if dim == 1:
+            return unpermute_rows(part, heads)
+        hd = info.shape[0] // heads
+        if start % hd or end % hd:
+            raise GGUFSliceError(f"{info.file}: rows [{start}, {end}) are not whole heads of {hd}")
+        return unpermute_rows(part, (end - start) // hd)
 
     # ---- identity and companions ----------------------------------------------------------
 
