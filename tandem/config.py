@@ -7,10 +7,12 @@ only in which of these switches they set.
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tandem import boundedjson
 
 # architecture name -> HF model_type written into config.json
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -21,6 +23,8 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
+CONFIG_MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -29,6 +33,42 @@ class ConfigError(ValueError):
 
 class UnsupportedArchitectureError(ConfigError):
     """The config names an architecture tandem does not implement."""
+
+
+class ConfigFieldError(ConfigError):
+    """A field outside the range tandem can run; names the field, the value and the range."""
+
+    def __init__(self, name: str, value: Any, allowed: str, source: str = "model config") -> None:
+        self.name, self.value, self.allowed = name, value, allowed
+        super().__init__(f"{source}: {name} = {value!r} is outside the allowed range: {allowed}")
+
+    def at(self, source: str) -> ConfigFieldError:
+        return ConfigFieldError(self.name, self.value, self.allowed, source)
+
+
+# Every size a config may state, inclusive, checked before anything is built or allocated: wide
+# enough for any published model (the largest have ~128 layers, 16k hidden, 256k vocabulary), far
+# short of what would exhaust memory just building the model's skeleton.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, 1 << 25),
+    "hidden_size": (1, 1 << 16),
+    "intermediate_size": (1, 1 << 18),
+    "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024),
+    "head_dim": (2, 1024),
+    "max_position_embeddings": (1, 1 << 24),
+}
+# finite floats, inclusive: eps 0 or NaN and theta 0 give NaN or empty output, not an error
+FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "rms_norm_eps": (1e-12, 1.0),
+    "rope_theta": (1.0, 1e12),
+    "rope_scaling.factor": (1.0, 1024.0),
+    "rope_scaling.low_freq_factor": (1e-6, 1024.0),
+    "rope_scaling.high_freq_factor": (1e-6, 1024.0),
+}
+TOKEN_ID_MAX = (1 << 31) - 1
+MAX_EOS_IDS = 64
 
 
 @dataclass(frozen=True)
@@ -94,9 +134,9 @@ class ModelConfig:
         except OSError as e:
             raise ConfigError(f"{file}: cannot read config ({e.strerror or e})") from e
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{file}: not valid JSON ({e})") from e
+            d = boundedjson.loads(text, max_bytes=CONFIG_MAX_BYTES, max_depth=CONFIG_MAX_DEPTH)
+        except boundedjson.BoundedJSONError as e:
+            raise ConfigError(f"{file}: {e}") from None
         if not isinstance(d, dict):
             raise ConfigError(f"{file}: expected a JSON object at top level")
         return cls.from_hf_dict(d, source=str(file))
@@ -153,51 +193,90 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
 
-        cfg = cls(
-            architecture=arch,
-            vocab_size=need("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
-            num_hidden_layers=need("num_hidden_layers"),
-            num_attention_heads=n_heads,
-            num_key_value_heads=n_kv,
-            head_dim=head_dim,
-            max_position_embeddings=opt("max_position_embeddings", int, 4096),
-            rms_norm_eps=opt("rms_norm_eps", float, 1e-6),
-            rope_theta=_typed(theta, float, "rope_theta", source),
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            sliding_window=_typed(window, int, "sliding_window", source) if window else None,
-            bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else None,
-            eos_token_ids=eos_ids,
-            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
-        )
-        cfg.validate(source)
-        return cfg
-
-    def validate(self, source: str = "config") -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{source}: {name} must be positive, got {getattr(self, name)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
+        try:
+            return cls(
+                architecture=arch,
+                vocab_size=need("vocab_size"),
+                hidden_size=hidden,
+                intermediate_size=need("intermediate_size"),
+                num_hidden_layers=need("num_hidden_layers"),
+                num_attention_heads=n_heads,
+                num_key_value_heads=n_kv,
+                head_dim=head_dim,
+                max_position_embeddings=opt("max_position_embeddings", int, 4096),
+                rms_norm_eps=opt("rms_norm_eps", float, 1e-6),
+                rope_theta=_typed(theta, float, "rope_theta", source),
+                rope_scaling=scaling,
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                qkv_bias=qkv_bias,
+                o_bias=o_bias,
+                mlp_bias=bool(d.get("mlp_bias", False)),
+                qk_norm=arch == "Qwen3ForCausalLM",
+                sliding_window=_typed(window, int, "sliding_window", source) if window else None,
+                bos_token_id=d.get("bos_token_id")
+                if isinstance(d.get("bos_token_id"), int)
+                else None,
+                eos_token_ids=eos_ids,
+                torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
             )
+        except ConfigFieldError as e:  # __post_init__ validated it
+            raise e.at(source) from None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, source: str = "model config") -> None:
+        """Every field within `INT_RANGES` / `FLOAT_RANGES` and consistent with the others;
+        ConfigFieldError (naming field, value and range) or ConfigError otherwise."""
+        try:
+            self._check_fields()
+        except ConfigFieldError as e:
+            raise e.at(source) from None
+
+    def _check_fields(self) -> None:
+        self._check_ranges()
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigFieldError(
+                "num_key_value_heads", self.num_key_value_heads,
+                f"a divisor of num_attention_heads = {self.num_attention_heads}",
+            )  # fmt: skip
         if self.head_dim % 2:
-            raise ConfigError(f"{source}: head_dim {self.head_dim} must be even for RoPE")
+            raise ConfigFieldError("head_dim", self.head_dim, "even (RoPE rotates pairs)")
+
+    def _check_ranges(self) -> None:
+        for name, (lo, hi) in INT_RANGES.items():
+            _check_int(name, getattr(self, name), lo, hi)
+        values = {"rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta}
+        s = self.rope_scaling
+        if s is not None:
+            values["rope_scaling.factor"] = s.factor
+            values["rope_scaling.low_freq_factor"] = s.low_freq_factor
+            values["rope_scaling.high_freq_factor"] = s.high_freq_factor
+            _check_int(
+                "rope_scaling.original_max_position_embeddings",
+                s.original_max_position_embeddings, 1, 1 << 24,
+            )  # fmt: skip
+        for name, v in values.items():
+            lo, hi = FLOAT_RANGES[name]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+                raise ConfigFieldError(name, v, f"[{lo:g}, {hi:g}] (finite)")
+        if s is not None and not s.high_freq_factor > s.low_freq_factor:
+            raise ConfigFieldError(
+                "rope_scaling.high_freq_factor", s.high_freq_factor,
+                f"(low_freq_factor = {s.low_freq_factor:g}, 1024]",
+            )  # fmt: skip
+        if self.sliding_window is not None:
+            _check_int("sliding_window", self.sliding_window, 1, 1 << 24)
+        if self.bos_token_id is not None:
+            _check_int("bos_token_id", self.bos_token_id, 0, TOKEN_ID_MAX)
+        if len(self.eos_token_ids) > MAX_EOS_IDS:
+            raise ConfigFieldError(
+                "eos_token_id", f"{len(self.eos_token_ids)} ids", f"at most {MAX_EOS_IDS} ids"
+            )
+        for t in self.eos_token_ids:
+            _check_int("eos_token_id", t, 0, TOKEN_ID_MAX)
+        if not isinstance(self.torch_dtype, str) or len(self.torch_dtype) > 32:
+            raise ConfigFieldError("torch_dtype", self.torch_dtype, "a dtype name")
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config.json Hugging Face `transformers` writes for this shape (old rope layout, which
@@ -236,14 +315,22 @@ class ModelConfig:
         return d
 
 
+def _check_int(name: str, v: Any, lo: int, hi: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigFieldError(name, v, f"[{lo}, {hi}]")
+
+
 def _typed(v: Any, kind: type, key: str, source: str) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ConfigError(f"{source}: field {key!r} must be a number, got {v!r}")
     if kind is int:
-        if int(v) != v:
+        if isinstance(v, float) and not math.isfinite(v) or int(v) != v:
             raise ConfigError(f"{source}: field {key!r} must be an integer, got {v!r}")
         return int(v)
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # an integer of hundreds of digits
+        raise ConfigFieldError(key, v, "a finite float", source) from None
 
 
 def _parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:

@@ -1,7 +1,8 @@
 """Where a benchmark's processes run: all on loopback, or one emulated host each (`netns.py`).
 
 A `Hosts` object starts a command "on host i" and tells its address; the harness does not care
-which. Every process it starts is killed (by its own pid) when the `Hosts` closes. Ranks on
+which. Every process it starts runs in its `cluster.launcher.ProcessGroup` and goes down with its
+whole tree when the `Hosts` closes (or with this process, by the parent-death signal). Ranks on
 emulated hosts are told (TANDEM_SHM=0) not to use same-host shared memory: the namespaces share
 one /dev/shm, but they stand for machines that do not.
 """
@@ -9,7 +10,6 @@ one /dev/shm, but they stand for machines that do not.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from tandem.bench.goodput import LinkFigures
 from tandem.bench.netns import EmulatedNetwork
+from tandem.cluster.launcher import ProcessGroup, RankProcess
 from tandem.transport.shm import SHM_ENV
 
 
@@ -35,7 +36,7 @@ class Hosts:
         self.n = n
         self.net = net
         self.loopback = loopback or net is None
-        self._procs: list[subprocess.Popen] = []
+        self._group = ProcessGroup(grace_s=2.0)
 
     @property
     def name(self) -> str:
@@ -79,12 +80,11 @@ class Hosts:
     def popen(
         self, host: int, argv: Sequence[str], env: dict[str, str] | None = None, **kw
     ) -> subprocess.Popen:
-        full_env = {**os.environ, **(env or {})}
+        extra = dict(env or {})
         if not self.loopback:  # emulated hosts are separate machines: their ranks talk by TCP
-            full_env[SHM_ENV] = "0"
-        proc = subprocess.Popen(self.argv(host, argv), env=full_env, **kw)
-        self._procs.append(proc)
-        return proc
+            extra[SHM_ENV] = "0"
+        name = f"host{host}-{len(self._group.procs)}"
+        return self._group.spawn(RankProcess(name, self.argv(host, argv), extra), **kw)
 
     def run(self, host: int, argv: Sequence[str], timeout: float, env=None) -> str:
         """Runs to completion on `host`; returns stdout; raises with stderr on failure."""
@@ -125,12 +125,10 @@ class Hosts:
             server.wait(timeout=30)
             return LinkFigures(**json.loads(out))
         finally:
-            _stop(server)
+            self._group.end(server)
 
     def close(self) -> None:
-        for proc in self._procs:
-            _stop(proc)
-        self._procs.clear()
+        self._group.shutdown()
 
     def __enter__(self) -> Hosts:
         return self
@@ -152,13 +150,3 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
             if proc.poll() is not None:
                 raise HostProcessFailed(f"process exited {proc.returncode} before answering")
     raise HostProcessFailed(f"no answer within {timeout}s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,17 @@ from rich.console import Console
 from rich.table import Table
 
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
-from tandem.cluster.status import StatusBoard, StatusError, announce, measure_rtt_ms, query
+from tandem.cluster.status import (
+    RankOccupied,
+    StatusAuthError,
+    StatusBoard,
+    StatusError,
+    announce,
+    keep_alive,
+    measure_rtt_ms,
+    new_instance,
+    query,
+)
 from tandem.cluster.token import (
     ClusterTopology,
     JoinTokenError,
@@ -198,6 +209,7 @@ def run_join(args: argparse.Namespace) -> int:
     facts["role"] = role_of(topo, rank, _model_config(args.model))
     console.print(f"rank {rank} of {topo.world_size} ({facts['role']}); RING_CONFIG={ring_file}")
     board = None
+    stop_beat = threading.Event()
     try:
         if rank == 0:
             board = StatusBoard(
@@ -210,9 +222,8 @@ def run_join(args: argparse.Namespace) -> int:
             _wait_for_ranks(console, topo, board, args.timeout)
         else:
             rtt = _reach_head(console, topo, args.timeout)
-            announce(
-                topo.hosts[0], topo.status_port, topo.secret, rank, **facts, rtt_ms=round(rtt, 3)
-            )
+            instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
+            keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
         rtts = _join_rtts(board) if board is not None else {}
         return _run_rank(console, args, rank, ring_file, rtts)
     except KeyboardInterrupt:
@@ -220,6 +231,7 @@ def run_join(args: argparse.Namespace) -> int:
     except (StatusError, LaunchError, ClusterCliError, OSError) as e:
         return _fail("join", e)
     finally:
+        stop_beat.set()
         if board is not None:
             board.close()
 
@@ -242,6 +254,24 @@ def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> fl
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+def _announce(topo: ClusterTopology, rank: int, facts: dict, timeout_s: float) -> str:
+    """Claims `rank` on the head's board, retrying while the board is busy (past its cap it closes
+    connections unread); another live holder (RankOccupied) or another secret is final."""
+    deadline = time.monotonic() + timeout_s
+    instance = new_instance()  # one id for every try: a claim whose reply was lost is still ours
+    while True:
+        try:
+            return announce(
+                topo.hosts[0], topo.status_port, topo.secret, rank, instance=instance, **facts
+            )
+        except (RankOccupied, StatusAuthError):
+            raise
+        except StatusError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _wait_for_ranks(
@@ -347,7 +377,7 @@ def run_status(args: argparse.Namespace) -> int:
         table.add_row(
             str(r),
             str(info.get("host", topo.hosts[r])),
-            "[green]joined[/green]",
+            "[green]joined[/green]" if info.get("alive", True) else "[yellow]gone[/yellow]",
             str(info.get("device", "?")),
             str(info.get("dtype", "?")),
             str(info.get("role") or role_of(topo, r, config)),

@@ -26,7 +26,6 @@ from tandem.engine.serving import ServingEngine
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import ModelSource, open_model
 
-KEEPALIVE_S = 5.0  # an idle server pings its workers this often (and notices a dead one)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -121,8 +120,7 @@ def build_executor(
                 devices=devices,
                 max_batch=max_batch,
                 max_seq_len=max_seq_len,
-                keepalive_s=KEEPALIVE_S,
-                threads=threads,
+                threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
             )
         from tandem.engine.pp.launch import launch_pipeline
         from tandem.engine.pp.layout import plan_stages
@@ -137,9 +135,13 @@ def build_executor(
 def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_len, console):
     import os
 
+    from tandem.cluster.ring_config import keepalive_interval, load_ring_config
     from tandem.comm import from_env
     from tandem.comm.metered import MeteredCommunicator
     from tandem.engine.tp.setup import start_head
+
+    # pings inside the workers' op timeout (the ring's own, from the same file), however short
+    keepalive_s = keepalive_interval(load_ring_config(ring_config).op_timeout)
 
     with console.status(f"waiting for the ring of {ring_config} to form (workers joining)..."):
         comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
@@ -157,7 +159,7 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
             max_seq_len=max_seq_len,
             dtype=dtype,
             device=device,
-            keepalive_s=KEEPALIVE_S,
+            keepalive_s=keepalive_s,
         )
     ex.comm_stats = metered.stats
     ex.join_rtt_ms = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)

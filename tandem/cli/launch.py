@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tandem.cli.serve import add_engine_args
+from tandem.cli.serve import ServeError, add_engine_args, resolve_api_key
 from tandem.cluster.launcher import (
     LaunchError,
     ProcessGroup,
@@ -96,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     # in the background by a non-interactive shell, which ignores it for its background jobs)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        args.api_key = resolve_api_key(args)
         with sigterm_as_keyboard_interrupt():
             return _launch(args, console)
-    except LaunchError as e:
+    except (LaunchError, ServeError) as e:
         print(f"tandem launch: error: {e}", file=sys.stderr)
         return 2
 

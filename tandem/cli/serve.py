@@ -1,9 +1,12 @@
 """`tandem serve`: an OpenAI-compatible server on the head, over one device or a TP / PP group.
 
-    tandem serve --model DIR [--tp N --pp M] [--host 127.0.0.1 --port 8000] [--api-key K]
+    tandem serve --model DIR [--tp N --pp M] [--host 127.0.0.1 --port 8000] [--api-key-file F]
 
 Binds 127.0.0.1 unless `--host` says otherwise, at once: while the cluster forms, the web page and
 `/v1/cluster` say "forming" and the API answers 503. `/health` answers 200 while the cluster is whole.
+With an API key, /v1 requires `Authorization: Bearer <key>`. Give the key in a file
+(`--api-key-file`, its first line) or in the environment (TANDEM_API_KEY): `--api-key K` works
+too, but puts the key on the command line, where `ps` shows it to every user of the machine.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8000)")
     p.add_argument(
-        "--api-key", default=os.environ.get("TANDEM_API_KEY"), help="require this bearer key"
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="require the bearer key on this file's first line (or set TANDEM_API_KEY)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer key (visible in `ps`: prefer --api-key-file or TANDEM_API_KEY)",
     )
     p.add_argument(
         "--dtype", default="float32", help="compute dtype: one, or one per rank (a,b,...)"
@@ -60,8 +71,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def resolve_api_key(args: argparse.Namespace) -> str | None:
+    """The bearer key from --api-key-file, else --api-key, else TANDEM_API_KEY (None: no key)."""
+    if args.api_key_file and args.api_key:
+        raise ServeError("give --api-key-file or --api-key, not both")
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ServeError(f"--api-key-file {args.api_key_file}: cannot read it ({e})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ServeError(f"--api-key-file {args.api_key_file}: the first line is empty")
+        return key
+    return args.api_key or os.environ.get("TANDEM_API_KEY") or None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        args.api_key = resolve_api_key(args)
         return _serve(args)
     except KeyboardInterrupt:
         return 130

@@ -68,13 +68,12 @@ def ring_from_args(
 
     if not 0 <= rank < world_size:
         raise WorkerArgsError(f"rank {rank} is not in [0, {world_size})")
-    host, port = peers[rank]
-    listen_host = host if host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+    host, port = peers[rank]  # this rank's own address: listen there, not on every interface
     return RingCommunicator.create(
         rank,
         world_size,
         right=peers[(rank + 1) % world_size],
-        listen=(listen_host, port),
+        listen=(host, port),
         secret=secret,
         cluster_id=cluster_id,
         op_timeout=op_timeout,

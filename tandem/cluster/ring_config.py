@@ -4,7 +4,7 @@
       "port": 9001, "right_ip": "192.168.77.1", "right_port": 9000,
       "rank": 1, "world_size": 2,
       "secret": "...",                         optional (else TANDEM_SECRET)
-      "listen_ip": "0.0.0.0",                  optional bind address (default: see below)
+      "listen_ip": "192.168.77.2",             optional bind address (default: see bind_ip)
       "cluster_id": "lab", "wire_dtype": "float32",
       "handshake_timeout": 120, "op_timeout": 60 }   optional
 
@@ -15,14 +15,44 @@ master_ip is null on rank 0 itself. Pure data: parsing only, every error naming 
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem import boundedjson
+
+RING_CONFIG_MAX_BYTES = 64 * 1024
+
 
 class RingConfigError(ValueError):
     """A RING_CONFIG that cannot be used; the message names the file and the field."""
+
+
+class TimeoutValueError(RingConfigError):
+    """A timeout that is not a finite number of seconds above zero (0 would mean "fail at once",
+    not "never"; it is refused rather than read as the default)."""
+
+
+DEFAULT_HANDSHAKE_TIMEOUT_S = 120.0
+DEFAULT_OP_TIMEOUT_S = 60.0
+KEEPALIVE_MAX_S = 5.0
+
+
+def check_timeout(name: str, value: object, where: str = "timeout") -> float:
+    """`value` as float seconds, or TimeoutValueError naming `name` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise TimeoutValueError(
+            f"{where}: {name} must be a finite number of seconds above 0, got {value!r}"
+        )
+    return float(value)
+
+
+def keepalive_interval(op_timeout: float) -> float:
+    """How often an idle group pings its peers: a quarter of the op timeout, so that a peer
+    waiting for the next frame always hears one well inside its timeout, and at most
+    KEEPALIVE_MAX_S. A peer that stops answering is seen within op_timeout + 2 intervals."""
+    return min(KEEPALIVE_MAX_S, check_timeout("op_timeout", op_timeout) / 4)
 
 
 @dataclass(frozen=True)
@@ -38,16 +68,18 @@ class RingConfig:
     listen_ip: str | None = None
     cluster_id: str = "tandem"
     wire_dtype: str = "float32"
-    handshake_timeout: float = 120.0
-    op_timeout: float = 60.0
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    op_timeout: float = DEFAULT_OP_TIMEOUT_S
 
-    def bind_ip(self, has_secret: bool) -> str:
-        """Where to listen: `listen_ip` if given; all interfaces for a secured multi-host ring;
-        loopback otherwise (an unsecured ring never leaves the host)."""
+    def bind_ip(self, has_secret: bool) -> str | None:
+        """Where to listen: `listen_ip` if given; loopback for a ring that stays on this host or
+        has no secret (an unsecured ring never leaves the host); None for a secured multi-host
+        ring, whose caller listens on this host's address toward `right_ip` (never on every
+        interface unless `listen_ip` is "0.0.0.0")."""
         if self.listen_ip:
             return self.listen_ip
         loop = self.right_ip in ("127.0.0.1", "localhost", "::1")
-        return "0.0.0.0" if has_secret and not loop else "127.0.0.1"
+        return None if has_secret and not loop else "127.0.0.1"
 
 
 def secret_bytes(text: str | None) -> bytes | None:
@@ -81,6 +113,11 @@ def _port(d: dict, key: str, where: str, *, optional: bool = False) -> int | Non
     return v
 
 
+def _timeout(d: dict, key: str, default: float, where: str) -> float:
+    v = _need(d, key, float, where, optional=True)
+    return default if v is None else check_timeout(f"field {key!r}", v, where)
+
+
 def parse_ring_config(d: object, where: str = "RING_CONFIG") -> RingConfig:
     """A checked RingConfig from the decoded JSON object `d`."""
     if not isinstance(d, dict):
@@ -106,8 +143,8 @@ def parse_ring_config(d: object, where: str = "RING_CONFIG") -> RingConfig:
         listen_ip=_need(d, "listen_ip", str, where, optional=True),
         cluster_id=_need(d, "cluster_id", str, where, optional=True) or "tandem",
         wire_dtype=_need(d, "wire_dtype", str, where, optional=True) or "float32",
-        handshake_timeout=_need(d, "handshake_timeout", float, where, optional=True) or 120.0,
-        op_timeout=_need(d, "op_timeout", float, where, optional=True) or 60.0,
+        handshake_timeout=_timeout(d, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT_S, where),
+        op_timeout=_timeout(d, "op_timeout", DEFAULT_OP_TIMEOUT_S, where),
     )
     if cfg.wire_dtype not in ("float32", "bfloat16", "float16"):
         raise RingConfigError(
@@ -124,7 +161,7 @@ def load_ring_config(path: str | Path) -> RingConfig:
     except OSError as e:
         raise RingConfigError(f"{where}: cannot read ({e.strerror})") from None
     try:
-        d = json.loads(raw)
-    except ValueError as e:
-        raise RingConfigError(f"{where}: not valid JSON ({e})") from None
+        d = boundedjson.loads(raw, max_bytes=RING_CONFIG_MAX_BYTES, max_depth=4)
+    except boundedjson.BoundedJSONError as e:
+        raise RingConfigError(f"{where}: {e}") from None
     return parse_ring_config(d, where)

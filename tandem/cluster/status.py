@@ -2,15 +2,23 @@
 how far away. A tiny authenticated JSON exchange (no pickle), served by the head on the token's
 status port.
 
-One exchange per TCP connection, every socket operation under a timeout:
+One exchange per TCP connection, each on its own thread under a total deadline (EXCHANGE_DEADLINE_S,
+however slowly the client drips), at most MAX_PENDING at once (more are closed unread), so one slow
+or hostile client never keeps the board from answering the others:
 
     board  -> client   16-byte random nonce
     client -> board    u32 length | 32-byte HMAC-SHA256(secret, nonce | body) | body (UTF-8 JSON)
     board  -> client   u32 length | 32-byte HMAC-SHA256(secret, nonce | reply) | reply (JSON)
                        (or u32 0 alone: the request's MAC did not verify)
 
-A body is {"kind": "announce", "rank": r, ...facts} or {"kind": "query"} or {"kind": "ping"}. A wrong
-MAC, an oversized length or malformed JSON closes the connection; the board keeps serving.
+A body is {"kind": "announce", "rank": r, "instance": i, ...facts}, {"kind": "alive", "rank": r,
+"instance": i}, {"kind": "query"} or {"kind": "ping"}. A wrong MAC, an oversized length or
+malformed JSON closes the connection; the board keeps serving.
+
+A rank has one holder: the `instance` (a random id per joining process) that announced it. While
+that holder keeps sending "alive" (every ALIVE_EVERY_S), another announce for the rank is refused
+(RankOccupied, naming the holder) instead of overwriting its row; a holder silent for STALE_S is
+gone, and the rank may be taken again. Rows the head records itself are never taken.
 """
 
 from __future__ import annotations
@@ -27,7 +35,14 @@ import threading
 import time
 from typing import Any
 
+from tandem import boundedjson
+
 MAX_MESSAGE = 64 * 1024
+MAX_DEPTH = 8  # a snapshot is {"ranks": [{facts}]}: three levels
+EXCHANGE_DEADLINE_S = 5.0
+MAX_PENDING = 16
+ALIVE_EVERY_S = 5.0
+STALE_S = 3 * ALIVE_EVERY_S
 REFUSED = 0  # a zero length in reply: the board could not authenticate the request
 NONCE_LEN = 16
 MAC_LEN = 32
@@ -46,13 +61,22 @@ class StatusAuthError(StatusError):
     """The other side does not hold this cluster's secret."""
 
 
+class RankOccupied(StatusError):
+    """The rank is held by another live node (a second `cluster join` for the same rank)."""
+
+
 def _mac(secret: bytes, nonce: bytes, body: bytes) -> bytes:
     return hmac.new(secret, nonce + body, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """n bytes, or StatusError once `deadline` (monotonic) passes, however they trickle in."""
     buf = bytearray()
     while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StatusError("the status exchange ran past its deadline")
+        sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             raise StatusError("the peer closed the connection mid-message")
@@ -67,8 +91,8 @@ def _send_msg(sock: socket.socket, secret: bytes, nonce: bytes, obj: dict[str, A
     sock.sendall(_LEN.pack(len(body)) + _mac(secret, nonce, body) + body)
 
 
-def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any]:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes, deadline: float) -> dict[str, Any]:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
     if n == REFUSED:
         raise StatusAuthError(
             "the status board refused this cluster secret: the token is from another cluster "
@@ -76,14 +100,14 @@ def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any
         )
     if n > MAX_MESSAGE:  # checked before anything is allocated
         raise StatusError(f"status message claims {n} bytes (limit {MAX_MESSAGE})")
-    mac = _recv_exact(sock, MAC_LEN)
-    body = _recv_exact(sock, n)
+    mac = _recv_exact(sock, MAC_LEN, deadline)
+    body = _recv_exact(sock, n, deadline)
     if not hmac.compare_digest(mac, _mac(secret, nonce, body)):
         raise StatusAuthError("status message MAC mismatch: the peer has another cluster's secret")
     try:
-        obj = json.loads(body.decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise StatusError(f"status message is not JSON: {e}") from e
+        obj = boundedjson.loads(body, max_bytes=MAX_MESSAGE, max_depth=MAX_DEPTH)
+    except boundedjson.BoundedJSONError as e:
+        raise StatusError(f"status message: {e}") from None
     if not isinstance(obj, dict):
         raise StatusError("status message is not a JSON object")
     return obj
@@ -92,15 +116,24 @@ def _recv_msg(sock: socket.socket, secret: bytes, nonce: bytes) -> dict[str, Any
 class StatusBoard:
     """Runs on the head: a thread answering announces, pings and queries on (host, port)."""
 
-    def __init__(self, secret: str, host: str = "127.0.0.1", port: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        secret: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        world_size: int = 1,
+        stale_s: float = STALE_S,
+    ):
         self.secret = bytes.fromhex(secret)
         self.world_size = world_size
+        self.stale_s = stale_s
         self.ranks: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._sock = socket.create_server((host, port))
         self._sock.settimeout(0.5)
         self.port = self._sock.getsockname()[1]
         self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_PENDING)
         self._thread = threading.Thread(target=self._serve, name="tandem-status", daemon=True)
 
     def start(self) -> StatusBoard:
@@ -113,9 +146,40 @@ class StatusBoard:
             self.ranks.setdefault(rank, {"rank": rank}).update(facts)
 
     def snapshot(self) -> dict[str, Any]:
+        """Every row; an announced rank also says whether its holder is still `alive`."""
         with self._lock:
             ranks = [dict(v) for _, v in sorted(self.ranks.items())]
+        now = time.monotonic()
+        for row in ranks:
+            seen = row.pop("_seen", None)
+            if "instance" in row:
+                row["alive"] = seen is not None and now - seen < self.stale_s
         return {"world_size": self.world_size, "ranks": ranks, "time": time.time()}
+
+    def claim(self, rank: int, instance: str, facts: dict[str, Any]) -> str | None:
+        """Records `rank` for `instance` unless another live holder has it; why not, or None."""
+        now = time.monotonic()
+        with self._lock:
+            row = self.ranks.get(rank)
+            if row is not None and row.get("instance") != instance:
+                held = "instance" not in row or now - row.get("_seen", 0.0) < self.stale_s
+                if held:
+                    who = f"{row.get('host', row.get('peer', '?'))} (pid {row.get('pid', '?')})"
+                    return (
+                        f"rank {rank} is already joined from {who}; stop that node first, or "
+                        f"join as another rank (a silent holder is dropped after {self.stale_s:g} s)"
+                    )
+            self.ranks[rank] = {"rank": rank, **facts, "instance": instance, "_seen": now}
+        return None
+
+    def alive(self, rank: int, instance: str) -> bool:
+        """Refreshes `rank`'s holder; False if `instance` does not hold it."""
+        with self._lock:
+            row = self.ranks.get(rank)
+            if row is None or row.get("instance") != instance:
+                return False
+            row["_seen"] = time.monotonic()
+            return True
 
     def close(self) -> None:
         self._stop.set()
@@ -128,27 +192,48 @@ class StatusBoard:
                 conn, addr = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
-            with conn, contextlib.suppress(OSError, StatusError):
-                conn.settimeout(5.0)
-                self._answer(conn, addr[0])
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # MAX_PENDING exchanges already running
+                continue
+            threading.Thread(
+                target=self._exchange, args=(conn, addr[0]), name="tandem-status-x", daemon=True
+            ).start()
 
-    def _answer(self, conn: socket.socket, peer: str) -> None:
+    def _exchange(self, conn: socket.socket, peer: str) -> None:
+        try:
+            with conn, contextlib.suppress(Exception):  # whatever a client sends, the board lives
+                self._answer(conn, peer, time.monotonic() + EXCHANGE_DEADLINE_S)
+        finally:
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, peer: str, deadline: float) -> None:
+        conn.settimeout(EXCHANGE_DEADLINE_S)
         nonce = os.urandom(NONCE_LEN)
         conn.sendall(nonce)
         try:
-            msg = _recv_msg(conn, self.secret, nonce)
+            msg = _recv_msg(conn, self.secret, nonce, deadline)
         except StatusAuthError:
             conn.sendall(_LEN.pack(REFUSED))
             raise
-        kind = msg.get("kind")
-        if kind == "announce" and isinstance(msg.get("rank"), int):
-            rank = msg["rank"]
-            if not 0 <= rank < self.world_size:
-                _send_msg(conn, self.secret, nonce, {"ok": False, "error": f"no rank {rank}"})
+        kind, rank, instance = msg.get("kind"), msg.get("rank"), msg.get("instance")
+        if kind in ("announce", "alive"):
+            if type(rank) is not int or not 0 <= rank < self.world_size:
+                _send_msg(conn, self.secret, nonce, {"ok": False, "error": f"no rank {rank!r}"})
                 return
-            facts = {k: v for k, v in msg.items() if k not in ("kind",)}
-            self.update(rank, **facts, peer=peer, joined_at=time.time())
-            _send_msg(conn, self.secret, nonce, {"ok": True})
+            if not isinstance(instance, str) or not 0 < len(instance) <= 64:
+                _send_msg(conn, self.secret, nonce, {"ok": False, "error": "no instance id"})
+                return
+        if kind == "announce":
+            facts = {k: v for k, v in msg.items() if k not in ("kind", "rank", "instance", "_seen")}
+            why = self.claim(rank, instance, {**facts, "peer": peer, "joined_at": time.time()})
+            reply = {"ok": False, "code": "rank_occupied", "error": why} if why else {"ok": True}
+            _send_msg(conn, self.secret, nonce, reply)
+        elif kind == "alive":
+            held = self.alive(rank, instance)
+            reply = (
+                {"ok": True} if held else {"ok": False, "error": f"not the holder of rank {rank}"}
+            )
+            _send_msg(conn, self.secret, nonce, reply)
         elif kind == "query":
             _send_msg(conn, self.secret, nonce, {"ok": True, **self.snapshot()})
         elif kind == "ping":
@@ -169,18 +254,20 @@ def exchange(
             f"cannot reach the head's status board at {host}:{port} ({e.strerror or e}): "
             "is the head up, and is that port open between the nodes?"
         ) from e
+    deadline = time.monotonic() + timeout_s
     with sock:
         sock.settimeout(timeout_s)
         try:
-            nonce = _recv_exact(sock, NONCE_LEN)
+            nonce = _recv_exact(sock, NONCE_LEN, deadline)
             _send_msg(sock, key, nonce, msg)
-            reply = _recv_msg(sock, key, nonce)
+            reply = _recv_msg(sock, key, nonce, deadline)
         except StatusError:
             raise
         except OSError as e:
             raise StatusError(f"status exchange with {host}:{port} failed: {e}") from e
     if not reply.get("ok"):
-        raise StatusError(f"the status board refused: {reply.get('error')}")
+        err = RankOccupied if reply.get("code") == "rank_occupied" else StatusError
+        raise err(f"the status board refused: {reply.get('error')}")
     return reply
 
 
@@ -194,8 +281,41 @@ def measure_rtt_ms(host: str, port: int, secret: str, n: int = 5) -> float:
     return statistics.median(times)
 
 
-def announce(host: str, port: int, secret: str, rank: int, /, **facts: Any) -> None:
-    exchange(host, port, secret, {"kind": "announce", "rank": rank, **facts})
+def new_instance() -> str:
+    """A fresh holder id for one joining process."""
+    return os.urandom(8).hex()
+
+
+def announce(
+    host: str, port: int, secret: str, rank: int, /, instance: str | None = None, **facts: Any
+) -> str:
+    """Claims `rank` on the board; RankOccupied if another live node holds it. Returns the
+    instance id to keep it with (`keep_alive`)."""
+    instance = instance or new_instance()
+    exchange(host, port, secret, {"kind": "announce", "rank": rank, "instance": instance, **facts})
+    return instance
+
+
+def keep_alive(
+    host: str,
+    port: int,
+    secret: str,
+    rank: int,
+    instance: str,
+    stop: threading.Event,
+    every_s: float = ALIVE_EVERY_S,
+) -> threading.Thread:
+    """A daemon thread telling the board every `every_s` that `instance` still holds `rank`,
+    until `stop` is set (a missed beat is retried at the next; the head may be down)."""
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            with contextlib.suppress(StatusError):
+                exchange(host, port, secret, {"kind": "alive", "rank": rank, "instance": instance})
+
+    th = threading.Thread(target=beat, name="tandem-status-alive", daemon=True)
+    th.start()
+    return th
 
 
 def query(host: str, port: int, secret: str, timeout_s: float = 5.0) -> dict[str, Any]:

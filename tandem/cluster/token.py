@@ -18,6 +18,7 @@ loopback); the head (rank 0) also owns `base_port + N` (the master port) and `ba
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import math
 import secrets
@@ -25,6 +26,8 @@ import struct
 from dataclasses import dataclass
 
 import base58
+
+from tandem import boundedjson
 
 MAGIC = b"TDM"
 TOKEN_VERSION = 1
@@ -104,7 +107,7 @@ class ClusterTopology:
         """The paper's RING_CONFIG for `rank`: bind `port`, dial the right neighbour, know the head."""
         self._check_rank(rank)
         right = (rank + 1) % self.world_size
-        return {
+        cfg = {
             "master_ip": None if rank == 0 else self.hosts[0],
             "master_port": self.master_port,
             "port": self.port_of(rank),
@@ -115,10 +118,21 @@ class ClusterTopology:
             "secret": self.secret,
             "cluster_id": self.cluster_id,
         }
+        if _is_ip(self.hosts[rank]):  # listen there alone (a name may resolve to 127.0.1.1)
+            cfg["listen_ip"] = self.hosts[rank]
+        return cfg
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside this cluster of {self.world_size}")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def new_topology(
@@ -234,7 +248,7 @@ def decode_token(token: str) -> ClusterTopology:
     if hashlib.sha256(header + body).digest()[:_CHECKSUM_LEN] != checksum:
         raise TokenCorrupt("the join token's checksum does not match: it was mistyped or damaged")
     try:
-        d = json.loads(body.decode())
+        d = boundedjson.loads(body, max_bytes=0xFFFF, max_depth=4)
         return ClusterTopology(
             hosts=tuple(str(h) for h in d["hosts"]),
             base_port=int(d["base_port"]),

@@ -5,6 +5,12 @@
     RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT   torchrun's variables (star, gloo, nccl)
     TANDEM_SECRET   the cluster secret when the file has no "secret" field (hex, else UTF-8)
     TANDEM_WIRE_DTYPE, TANDEM_CLUSTER_ID   optional overrides
+    TANDEM_TRUSTED_NETWORK=1   lets gloo / nccl rendezvous beyond loopback (they are not
+                    authenticated and ignore the secret; ring and star are)
+
+A ring rank listens on RING_CONFIG's listen_ip (the join token writes each rank's own address
+there), else on loopback when the ring stays on this host or has no secret, else on this host's
+address toward its right neighbour: never on every interface unless listen_ip says "0.0.0.0".
 
 No RING_CONFIG and no RANK/WORLD_SIZE, or a world size of 1, gives the SoloCommunicator.
 Every error is a CommConfigError naming the variable or field at fault.
@@ -13,6 +19,7 @@ Every error is a CommConfigError naming the variable or field at fault.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 
 from tandem.cluster.ring_config import RingConfig, RingConfigError, load_ring_config, secret_bytes
@@ -89,11 +96,12 @@ def from_env(
             )
         from tandem.comm.ring import RingCommunicator
 
+        listen = cfg.bind_ip(secret is not None) or facing_address(cfg.right_ip)
         return RingCommunicator.create(
             cfg.rank,
             cfg.world_size,
             right=(cfg.right_ip, cfg.right_port),
-            listen=(cfg.bind_ip(secret is not None), cfg.port),
+            listen=(listen, cfg.port),
             **common,
         )
     master = _master(cfg)
@@ -105,9 +113,31 @@ def from_env(
         return StarCommunicator.create(cfg.rank, cfg.world_size, root=master, **common)
     from tandem.comm.torchdist import TorchDistCommunicator
 
+    if cfg.rank == 0:  # its store listens here, reachable by the others
+        master = (cfg.listen_ip or master[0], master[1])
     return TorchDistCommunicator.create(
-        cfg.rank, cfg.world_size, master=master, backend=backend, timeout=cfg.handshake_timeout
+        cfg.rank,
+        cfg.world_size,
+        master=master,
+        backend=backend,
+        timeout=cfg.handshake_timeout,
+        trusted_network=env.get("TANDEM_TRUSTED_NETWORK", "").strip() == "1",
     )
+
+
+def facing_address(peer: str) -> str:
+    """This host's address on the route toward `peer` (no packet is sent): where a ring rank
+    listens when its RING_CONFIG names no listen_ip."""
+    try:
+        family = socket.getaddrinfo(peer, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((peer, 9))
+            return str(s.getsockname()[0])
+    except OSError as e:
+        raise CommConfigError(
+            f"cannot tell which of this host's addresses faces {peer} ({e}); set 'listen_ip' in "
+            "RING_CONFIG"
+        ) from None
 
 
 def _master(cfg: RingConfig) -> tuple[str, int]:

@@ -13,6 +13,11 @@ from tandem.wire import frame as fr
 
 RecvInto = Callable[..., None]  # recv_into(view: memoryview, on_progress=None)
 
+# broadcast's header-only frames (shape (0,)): the root claim each rank sends so that ranks which
+# disagree on the root fail, and the abort a rank that found a disagreement sends on; steps a
+# chain of at most 2^16 - 2 hops never uses
+CLAIM_STEP, ABORT_STEP = 0xFFFF, 0xFFFE
+
 
 def data_header(op: int, code: int, seq: int, fp: int, shape: tuple[int, ...], step: int) -> bytes:
     return fr.encode_header(fr.DATA, op, code, seq, fp, shape, step)
@@ -34,9 +39,10 @@ class FrameReader:
         want, _ = fr.decode_fixed(expect[: fr.FIXED_SIZE])
         have, _ = fr.decode_fixed(bytes(got[: fr.FIXED_SIZE]))  # BadMagic / Version raise here
         if (have.op, have.seq) == (want.op, want.seq) and have.fingerprint != want.fingerprint:
+            what = "shape, dtype or root" if have.op == fr.BROADCAST else "shape or dtype"
             return base.OpDesyncError(
                 f"rank {self.my_rank}: rank {self.peer_rank} called {fr.OPS[have.op]} #{have.seq} "
-                f"with another shape or dtype than this rank (fingerprints differ; this rank "
+                f"with another {what} than this rank (fingerprints differ; this rank "
                 f"expected {want.describe()})"
             )
         return base.OpDesyncError(

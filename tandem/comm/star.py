@@ -19,13 +19,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from tandem.cluster.ring_config import check_timeout
 from tandem.comm import base
-from tandem.comm.framing import FrameReader, check_gathered_shape, data_header
+from tandem.comm.framing import (
+    ABORT_STEP,
+    CLAIM_STEP,
+    FrameReader,
+    check_gathered_shape,
+    data_header,
+)
+from tandem.comm.moves import StagedMoves
 from tandem.comm.staging import (
     decode_f32,
-    decode_tensor,
     encode_f32,
-    encode_tensor,
     np_dtype,
     stage_to_host,
     unstage,
@@ -43,8 +49,10 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 
-class StarCommunicator:
-    """Rank `rank` of a star; the root holds one channel per worker, a worker one to the root."""
+class StarCommunicator(StagedMoves):
+    """Rank `rank` of a star; the root holds one channel per worker, a worker one to the root.
+    The movement ops' envelope (check, encode, number, fingerprint, decode) is
+    `moves.StagedMoves`'."""
 
     def __init__(
         self, rank: int, world_size: int, channels: dict[int, Channel], wire_dtype: str
@@ -78,6 +86,8 @@ class StarCommunicator:
             raise ValueError(
                 f"a star needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}"
             )
+        check_timeout("op_timeout", op_timeout, "star")
+        check_timeout("handshake_timeout", handshake_timeout, "star")
         me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "star")
         kw = dict(op_timeout=op_timeout, max_frame_bytes=max_frame_bytes)
         channels: dict[int, Channel] = {}
@@ -129,6 +139,9 @@ class StarCommunicator:
         except BaseException as e:
             self._broken = f"{type(e).__name__}: {e}"
             raise
+
+    def _fingerprint(self, op: int, code: int, shape: tuple[int, ...]) -> int:
+        return fr.fingerprint(op, code, shape)
 
     def _send(self, j: int, head: bytes, payload: Any) -> None:
         self._ch[j].ts.send_all([head, payload])
@@ -187,18 +200,7 @@ class StarCommunicator:
 
     # ----------------------------------------------------------------------------- movement
 
-    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        base.check_tensor(t, "all_gather", reduce=False)
-        d = base.check_dim(t, dim, "all_gather")
-        wire, payload = encode_tensor(t, self._wire)
-        seq = self._begin()
-        others = tuple(0 if i == d else s for i, s in enumerate(t.shape))
-        fp = fr.fingerprint(fr.ALL_GATHER, wire.code, (*others, d))
-        blocks = self._run(self._gather, wire, payload, tuple(t.shape), d, seq, fp)
-        parts = [decode_tensor(p, wire, s, t.dtype, t.device) for s, p in blocks]
-        return torch.cat(parts, dim=d)
-
-    def _gather(
+    def _gather_blocks(
         self, wire: wd.WireDtype, payload: np.ndarray, shape: tuple, d: int, seq: int, fp: int
     ) -> list:
         op, size = fr.ALL_GATHER, self._size
@@ -220,44 +222,50 @@ class StarCommunicator:
                 self._send(j, data_header(op, wire.code, seq, fp, s, 1 + i), p)
         return blocks
 
-    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
-        base.check_tensor(t, "broadcast", reduce=False)
-        base.check_src(src, self._size)
-        wire, payload = encode_tensor(t, self._wire)
-        seq = self._begin()
-        shape = tuple(t.shape)
-        fp = fr.fingerprint(fr.BROADCAST, wire.code, (*shape, src))
-        got = self._run(self._broadcast, wire, payload, shape, src, seq, fp)
-        return decode_tensor(got, wire, shape, t.dtype, t.device)
-
     def _broadcast(
         self, wire: wd.WireDtype, payload: np.ndarray, shape: tuple, src: int, seq: int, fp: int
     ) -> np.ndarray:
+        """Through the root. Every worker sends the root one frame (its payload if it is `src`,
+        else a header-only claim) and gets one back (the payload, or a claim if it is `src`);
+        the fingerprint binds shape, dtype and root, so ranks that disagree on the root fail with
+        OpDesyncError instead of each returning its own tensor. A root that finds a disagreement
+        before it has answered sends every worker an abort frame, which fails them too."""
         op, r = fr.BROADCAST, self._rank
         up = data_header(op, wire.code, seq, fp, shape, 0)
         down = data_header(op, wire.code, seq, fp, shape, 1)
+        claim = data_header(op, wire.code, seq, fp, (0,), CLAIM_STEP)
+        empty = np.empty(0, dtype=np.uint8)
         if r != 0:
             if r == src:
                 self._send(0, up, payload)
+                self._recv(0, claim, 0, np.uint8)
                 return payload
+            self._send(0, claim, empty)
             return self._recv(0, down, payload.size, payload.dtype)
-        if src != 0:
-            payload = self._recv(src, up, payload.size, payload.dtype)
-        for j in range(1, self._size):
-            if j != src:
+        workers = range(1, self._size)
+        if src == 0:  # answer first: the workers wait for nothing but the payload
+            for j in workers:
                 self._send(j, down, payload)
+            for j in workers:
+                self._recv(j, claim, 0, np.uint8)
+            return payload
+        try:
+            for j in workers:
+                if j == src:
+                    payload = self._recv(j, up, payload.size, payload.dtype)
+                else:
+                    self._recv(j, claim, 0, np.uint8)
+        except base.OpDesyncError:
+            abort = data_header(op, wire.code, seq, fp, (0,), ABORT_STEP)
+            for j in workers:
+                try:
+                    self._send(j, abort, empty)
+                except OSError:
+                    pass
+            raise
+        for j in workers:
+            self._send(j, claim if j == src else down, empty if j == src else payload)
         return payload
-
-    def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-        parts = base.check_parts(parts, self._size, "all_to_all")
-        encoded = [encode_tensor(p, self._wire) for p in parts]
-        wire = encoded[0][0]
-        seq = self._begin()
-        fp = fr.fingerprint(fr.ALL_TO_ALL, wire.code, (self._size,))
-        items = [(tuple(p.shape), e[1]) for p, e in zip(parts, encoded)]
-        got = self._run(self._all_to_all, wire, items, seq, fp)
-        like = parts[0]
-        return [decode_tensor(p, wire, s, like.dtype, like.device) for s, p in got]
 
     def _all_to_all(self, wire: wd.WireDtype, items: list, seq: int, fp: int) -> list:
         """Workers send every part to the root (step = destination); the root routes part i->k

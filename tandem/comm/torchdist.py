@@ -10,23 +10,52 @@ exchange shapes as int64 tensors: nothing is pickled (no *_object collectives).
     comm = TorchDistCommunicator.create(rank, world_size, master=("10.0.0.1", 29500), backend="gloo")
 
 torch.distributed keeps one process-wide default group; this object owns it and destroys it on close.
+
+Neither torch's rendezvous store nor gloo's links are authenticated: the cluster secret plays no
+part, and whoever reaches the master's port can read and write the store. So rank 0's store listens
+only on the master address it was given (never every interface), and a master that is not a
+loopback address is refused (UntrustedNetworkError) unless the caller says the network is trusted
+(`trusted_network=True`; `from_env` reads TANDEM_TRUSTED_NETWORK=1). Between hosts, the ring and
+the star (HMAC-authenticated) are the backends for networks you do not control.
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 
 import torch
 import torch.distributed as dist
 
 from tandem.comm import base
 from tandem.comm.staging import stage_to_host
+from tandem.transport.endpoints import is_loopback
 
 _MAX_NDIM = 8
 
 
 class BackendUnavailableError(base.CommError):
     """The requested torch.distributed backend cannot run here (e.g. NCCL without CUDA)."""
+
+
+class UntrustedNetworkError(base.CommError):
+    """torch.distributed (unauthenticated) asked to rendezvous beyond this host on a network
+    nobody said is trusted."""
+
+
+def _store(
+    rank: int, world_size: int, master: tuple[str, int], timeout: datetime.timedelta
+) -> dist.TCPStore:
+    """The rendezvous store; on rank 0 its server listens on the master address alone."""
+    host, port = master
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, False, timeout)
+    try:
+        listener = socket.create_server((host, port))
+    except OSError as e:
+        raise BackendUnavailableError(f"rank 0 cannot listen on {host}:{port} ({e})") from e
+    # the store takes the descriptor over (and closes it): Python must not
+    return dist.TCPStore(host, port, world_size, True, timeout, master_listen_fd=listener.detach())
 
 
 class TorchDistCommunicator:
@@ -51,6 +80,7 @@ class TorchDistCommunicator:
         backend: str = "gloo",
         timeout: float = 120.0,
         exact: bool | None = None,
+        trusted_network: bool = False,
     ) -> TorchDistCommunicator:
         if backend not in ("gloo", "nccl"):
             raise BackendUnavailableError(
@@ -65,12 +95,21 @@ class TorchDistCommunicator:
             raise BackendUnavailableError(
                 "torch.distributed is already initialised in this process"
             )
+        if world_size > 1 and not is_loopback(master[0]) and not trusted_network:
+            raise UntrustedNetworkError(
+                f"TANDEM_COMM={backend} across hosts (master {master[0]}:{master[1]}): "
+                "torch.distributed's rendezvous and links are not authenticated and do not use "
+                "the cluster secret, so anyone who reaches that port can join or read the group. "
+                "Use TANDEM_COMM=ring or star (HMAC-authenticated), or set "
+                "TANDEM_TRUSTED_NETWORK=1 if this network is yours alone"
+            )
+        span = datetime.timedelta(seconds=timeout)
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{master[0]}:{master[1]}",
+            store=_store(rank, world_size, master, span),
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            timeout=span,
         )
         return cls(rank, world_size, backend, backend == "gloo" if exact is None else exact)
 

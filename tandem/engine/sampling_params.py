@@ -6,10 +6,16 @@ only on its own logits and its own seed, never on which other requests shared th
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
 import torch
+
+# Below this a temperature is greedy (as vLLM does): logits / 1e-40 overflow to inf, and a
+# softmax over infinities is NaN.
+GREEDY_BELOW = 1e-5
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
 
 
 class SamplingParamsError(ValueError):
@@ -30,17 +36,20 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise SamplingParamsError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 100.0:
+        if not 0.0 <= self.temperature <= 100.0:  # NaN fails this too
             raise SamplingParamsError(f"temperature must be in [0, 100], got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0 or math.isnan(self.top_p):
             raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise SamplingParamsError(f"top_k must be >= 0, got {self.top_k}")
+        lo, hi = SEED_RANGE
+        if self.seed is not None and not lo <= self.seed <= hi:
+            raise SamplingParamsError(f"seed must be in [{lo}, {hi}], got {self.seed}")
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -54,7 +63,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     the executor already chose (a greedy step) and is returned as it is."""
     if logits.ndim == 0 and not logits.is_floating_point():
         return int(logits)
-    if params.temperature == 0.0:
+    if params.greedy:
         return int(torch.argmax(logits))
     scaled = logits.float() / params.temperature
     if params.top_k > 0 and params.top_k < scaled.numel():

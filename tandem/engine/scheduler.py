@@ -8,6 +8,12 @@ request that arrives mid-generation joins the very next step instead of waiting 
 drain. Each request samples with its own parameters and its own seeded generator, so its output does
 not depend on what else shares its steps.
 
+Failures are contained: what goes wrong with one request (a seed torch refuses, logits it cannot
+sample from, a callback that raises) finishes that request with "error" and the loop goes on; an
+executor failure fails every request (the group is broken); and if the loop itself dies, every
+waiting request is failed and `failure` says why, so health checks turn unhealthy instead of
+requests hanging.
+
 Positions: for a sequence with `cached` tokens in the executor's KV cache, the next chunk starts at
 `start_pos = cached`; a decode step feeds the last sampled token at position len(tokens) - 1.
 """
@@ -15,6 +21,7 @@ Positions: for a sequence with `cached` tokens in the executor's KV cache, the n
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -26,6 +33,8 @@ import torch
 from tandem.engine.executor import Executor, Step, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
 from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
+
+log = logging.getLogger(__name__)
 
 FinishCallback = Callable[[str, BaseException | None], None]
 TokenCallback = Callable[[int], bool]
@@ -41,6 +50,14 @@ class EngineUnavailable(SchedulerError):
 
 class RequestRejected(SchedulerError, ValueError):
     """A request that can never run: empty prompt, or a prompt that does not fit the context."""
+
+
+class RequestFailed(SchedulerError):
+    """This request failed on its own (its parameters or its callbacks); the others run on."""
+
+
+class SchedulerDied(EngineUnavailable):
+    """The scheduler's thread is no longer running: nothing more will be served."""
 
 
 @dataclass
@@ -103,7 +120,7 @@ class Scheduler:
         self.prefill_budget = prefill_budget
         self.idle_wait_s = idle_wait_s
         self.stats = SchedulerStats()
-        self.failure: BaseException | None = None
+        self._failure: BaseException | None = None
         self._waiting: deque[Request] = deque()
         self._running: list[_Running] = []
         self._ids = itertools.count()
@@ -121,6 +138,16 @@ class Scheduler:
     def max_seq_len(self) -> int:
         return self.executor.max_seq_len
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why nothing can be served any more (a failed executor, a dead loop), else None."""
+        if self._failure is not None:
+            return self._failure
+        th = self._thread
+        if th is not None and not th.is_alive() and not self._stop:
+            return SchedulerDied("the scheduler thread is not running")
+        return None
+
     def submit(self, req: Request) -> Request:
         """Queues `req`; raises `RequestRejected` or `EngineUnavailable` at once when it cannot run."""
         if not req.prompt_ids:
@@ -137,8 +164,9 @@ class Scheduler:
                 f"token id(s) {bad[:5]} outside this model's vocabulary [0, {vocab})"
             )
         with self._cv:
-            if self.failure is not None:
-                raise EngineUnavailable(f"the engine failed: {self.failure}")
+            failure = self.failure
+            if failure is not None:
+                raise EngineUnavailable(f"the engine failed: {failure}")
             self._waiting.append(req)
             self._cv.notify()
         return req
@@ -167,13 +195,17 @@ class Scheduler:
     # ---- the loop ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._stop and not self._waiting and not self._running:
-                    self._cv.wait(self.idle_wait_s)
-                if self._stop:
-                    return
-            self.step()
+        try:
+            while True:
+                with self._cv:
+                    while not self._stop and not self._waiting and not self._running:
+                        self._cv.wait(self.idle_wait_s)
+                    if self._stop:
+                        return
+                self.step()
+        except BaseException as e:  # a bug in the loop: fail closed instead of hanging requests
+            log.exception("the scheduler loop died")
+            self._fail_all(SchedulerDied(f"the scheduler stopped: {type(e).__name__}: {e}"))
 
     def step(self) -> bool:
         """Runs one batched forward (or, over a pipeline, one submit or collect); False when there
@@ -253,20 +285,24 @@ class Scheduler:
         self, rows: list[_Running], seqs: tuple[StepSequence, ...], logits: torch.Tensor
     ) -> None:
         """Advances each row's cache, samples where a prompt or decode ended, finishes the done."""
-        finished: list[tuple[_Running, str]] = []
+        finished: list[tuple[_Running, str, BaseException | None]] = []
         for row, (r, seq) in enumerate(zip(rows, seqs)):
             r.cached += len(seq.token_ids)
             if r.cached < len(r.tokens):
                 continue  # prompt chunk: nothing to sample yet
-            reason = self._sample_and_emit(r, logits[row])
+            try:
+                reason = self._sample_and_emit(r, logits[row])
+            except Exception as e:  # this request's sampling or callback: it alone fails
+                finished.append((r, "error", RequestFailed(f"{type(e).__name__}: {e}")))
+                continue
             if reason is not None:
-                finished.append((r, reason))
+                finished.append((r, reason, None))
         if finished:
-            done = {id(r) for r, _ in finished}
+            done = {id(r) for r, _, _ in finished}
             self._running = [r for r in self._running if id(r) not in done]
-            self.executor.release([r.seq_id for r, _ in finished])
-            for r, reason in finished:
-                self._finish(r, reason, None)
+            self.executor.release([r.seq_id for r, _, _ in finished])
+            for r, reason, error in finished:
+                self._finish(r, reason, error)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -278,7 +314,11 @@ class Scheduler:
                     req.on_finish("cancelled", None)
                     continue
                 r = _Running(req=req, seq_id=next(self._ids), tokens=list(req.prompt_ids))
-                r.generator = make_generator(req.params.seed)
+                try:
+                    r.generator = make_generator(req.params.seed)
+                except Exception as e:  # e.g. a seed outside torch's 64-bit range
+                    self._finish(r, "error", RequestFailed(f"seed {req.params.seed!r}: {e}"))
+                    continue
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self._running.append(r)
 
@@ -325,7 +365,7 @@ class Scheduler:
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:
-            self.failure = error
+            self._failure = error
             waiting = list(self._waiting)
             self._waiting.clear()
         running, self._running = self._running, []

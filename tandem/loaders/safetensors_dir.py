@@ -99,7 +99,7 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
         header = json.loads(raw)
         if not isinstance(header, dict):
             raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise CorruptFileError(f"{file}: header is not a JSON object ({e})") from e
     data_size = size - 8 - n
     out: dict[str, TensorInfo] = {}

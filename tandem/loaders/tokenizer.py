@@ -77,7 +77,7 @@ class Tokenizer:
                 config = json.loads(cfg_file.read_text())
                 if not isinstance(config, dict):
                     raise ValueError("not an object")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # deep nesting: RecursionError
                 raise CorruptFileError(f"{cfg_file}: not a JSON object ({e})") from e
         return cls(tok, config, path)
 

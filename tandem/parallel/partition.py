@@ -16,7 +16,8 @@ and we pick integers `n_i >= 1` with `sum n_i = L` and `n_i <= cap_i` (its memor
 stage that would finish earliest (ties to the lower stage index) is optimal and deterministic.
 
 `--pp-weights` overrides the cost model: layers are split in proportion to the given weights
-(largest remainder, ties to the lower stage index), still at least one layer per stage.
+(largest remainder, ties to the lower stage index: `apportion.py`), still at least one layer per
+stage.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tandem.parallel.apportion import Span, apportion, spans
+
+# The name the pipeline code gives a stage's layers `[start, end)`: the same type, not another one.
+LayerRange = Span
 
 
 class PartitionError(ValueError):
@@ -44,23 +50,6 @@ class LayerCoverageError(PartitionError):
 
 class CapacityError(PartitionError):
     """The layers do not fit in the stages' memory."""
-
-
-@dataclass(frozen=True, order=True)
-class LayerRange:
-    """The half-open range of global layer indices `[start, end)` one stage runs."""
-
-    start: int
-    end: int
-
-    def __len__(self) -> int:
-        return self.end - self.start
-
-    def __iter__(self):
-        return iter(range(self.start, self.end))
-
-    def __str__(self) -> str:
-        return f"[{self.start}, {self.end})"
 
 
 @dataclass(frozen=True)
@@ -139,16 +128,7 @@ def _check_counts(num_layers: int, num_stages: int) -> None:
         )
 
 
-def ranges_from_counts(counts: Sequence[int]) -> tuple[LayerRange, ...]:
-    """Layer counts per stage -> contiguous half-open ranges starting at layer 0."""
-    out, start = [], 0
-    for n in counts:
-        out.append(LayerRange(start, start + n))
-        start += n
-    return tuple(out)
-
-
-def split_by_weights(num_layers: int, weights: Sequence[float]) -> tuple[LayerRange, ...]:
+def split_by_weights(num_layers: int, weights: Sequence[float]) -> tuple[Span, ...]:
     """Layers in proportion to `weights` (largest remainder), at least one per stage.
 
     Stage i's ideal share is `L * w_i / sum(w)`; each gets the floor, the leftover layers go to the
@@ -156,24 +136,19 @@ def split_by_weights(num_layers: int, weights: Sequence[float]) -> tuple[LayerRa
     """
     _check_counts(num_layers, len(weights))
     _check_positive(weights, "stage weights")
-    total = sum(weights)
-    ideal = [num_layers * w / total for w in weights]
-    counts = [math.floor(x) for x in ideal]
-    order = sorted(range(len(weights)), key=lambda i: (-(ideal[i] - counts[i]), i))
-    for i in order[: num_layers - sum(counts)]:
-        counts[i] += 1
+    counts = apportion(num_layers, weights)
     for i, n in enumerate(counts):
         if n == 0:
             raise EmptyStageError(
                 f"stage {i} gets no layer with weights {list(weights)} over {num_layers} layers"
             )
-    return validate_ranges(ranges_from_counts(counts), num_layers)
+    return validate_ranges(spans(counts), num_layers)
 
 
 def partition_layers(
     stages: Sequence[StageCapacity], cost: ModelCost, weights: Sequence[float] | None = None
-) -> tuple[LayerRange, ...]:
-    """One `LayerRange` per stage (stage 0 is the head), minimizing the slowest stage's time per
+) -> tuple[Span, ...]:
+    """One `Span` per stage (stage 0 is the head), minimizing the slowest stage's time per
     token under the stages' memory, or split by explicit `weights` (the `--pp-weights` override)."""
     num_layers = cost.num_layers
     _check_counts(num_layers, len(stages))
@@ -203,7 +178,7 @@ def partition_layers(
         open_stages = [i for i in range(len(stages)) if counts[i] < caps[i]]
         best = min(open_stages, key=lambda i: (finish_time(i, counts[i] + 1), i))
         counts[best] += 1
-    return validate_ranges(ranges_from_counts(counts), num_layers)
+    return validate_ranges(spans(counts), num_layers)
 
 
 def _layer_cap(i: int, stage: StageCapacity, cost: ModelCost) -> int:
@@ -221,7 +196,7 @@ def _layer_cap(i: int, stage: StageCapacity, cost: ModelCost) -> int:
     return min(int(cap), cost.num_layers)
 
 
-def validate_ranges(ranges: Sequence[LayerRange], num_layers: int) -> tuple[LayerRange, ...]:
+def validate_ranges(ranges: Sequence[Span], num_layers: int) -> tuple[Span, ...]:
     """Every layer in `[0, num_layers)` exactly once, ascending, no empty stage; else a typed error."""
     if not ranges:
         raise EmptyStageError("a pipeline needs at least one stage")
@@ -240,13 +215,13 @@ def validate_ranges(ranges: Sequence[LayerRange], num_layers: int) -> tuple[Laye
     return tuple(ranges)
 
 
-def parse_ranges(text: str, num_layers: int) -> tuple[LayerRange, ...]:
+def parse_ranges(text: str, num_layers: int) -> tuple[Span, ...]:
     """`"0:9,9:28"` -> validated ranges (an explicit partition, e.g. for a multi-machine config)."""
     out = []
     for part in text.split(","):
         try:
             a, b = part.split(":")
-            out.append(LayerRange(int(a), int(b)))
+            out.append(Span(int(a), int(b)))
         except ValueError as e:
             raise LayerCoverageError(f"layer range {part!r} is not START:END") from e
     return validate_ranges(out, num_layers)

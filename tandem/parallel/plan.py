@@ -1,7 +1,7 @@
 """Tensor-parallel planning: which slice of each partitioned dimension every rank owns.
 
-Pure functions, no torch. A `Shard` is a half-open range `[start, end)` of one dimension. A plan
-tiles a dimension of size `total` into `world_size` shards that are contiguous, non-overlapping and
+Pure functions, no torch. A shard is a `Span`, the half-open range `[start, end)` of one dimension
+(`shards[r]` is rank r's). A plan tiles a dimension of size `total` into `world_size` shards that are contiguous, non-overlapping and
 complete (`shards[0].start == 0`, `shards[r].end == shards[r + 1].start`, `shards[-1].end == total`),
 in units of an alignment block, sized in proportion to per-rank weights:
 
@@ -9,7 +9,7 @@ in units of an alignment block, sized in proportion to per-rank weights:
     quota_r = units * w_r / sum(w)
     size_r  = floor(quota_r) + (1 if r is among the (units - sum floor) largest remainders)
 
-(largest-remainder apportionment; ties go to the lower rank). Any rank left with no units makes the
+(largest-remainder apportionment, `apportion.py`; ties go to the lower rank). Any rank left with no units makes the
 plan degenerate, which fails closed with `DegeneratePlanError`.
 
 The partitioned dimensions of a Llama-family model:
@@ -43,6 +43,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.parallel.apportion import Span, apportion, spans
+
 DEFAULT_ALIGN = 64
 
 
@@ -56,19 +58,6 @@ class WeightsParseError(TPPlanError):
 
 class DegeneratePlanError(TPPlanError):
     """Some rank would own nothing of a partitioned dimension (or the dimension cannot be tiled)."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    """The half-open range `[start, end)` of one dimension owned by `rank`."""
-
-    rank: int
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
 
 
 def parse_weights(text: str | None, world_size: int) -> tuple[float, ...]:
@@ -96,8 +85,8 @@ def parse_weights(text: str | None, world_size: int) -> tuple[float, ...]:
 
 def split_by_weights(
     total: int, weights: tuple[float, ...], align: int = 1, what: str = "dimension"
-) -> tuple[Shard, ...]:
-    """Tiles `[0, total)` into one contiguous shard per weight, each a multiple of `align`."""
+) -> tuple[Span, ...]:
+    """Tiles `[0, total)` into one contiguous shard per weight (rank), each a multiple of `align`."""
     if not weights:
         raise TPPlanError("no ranks to split over")
     if any(not math.isfinite(w) or w <= 0 for w in weights):
@@ -105,25 +94,14 @@ def split_by_weights(
     if align < 1 or total < 1 or total % align != 0:
         raise DegeneratePlanError(f"{what} of size {total} cannot be tiled in blocks of {align}")
     units = total // align
-    wsum = sum(weights)
-    quotas = [units * w / wsum for w in weights]
-    sizes = [math.floor(q) for q in quotas]
-    leftover = units - sum(sizes)
-    by_remainder = sorted(range(len(weights)), key=lambda r: (-(quotas[r] - sizes[r]), r))
-    for r in by_remainder[:leftover]:
-        sizes[r] += 1
+    sizes = apportion(units, weights)
     empty = [r for r, s in enumerate(sizes) if s == 0]
     if empty:
         raise DegeneratePlanError(
             f"{what} of size {total} ({units} blocks of {align}) leaves rank(s) {empty} with no "
             f"work at weights {weights}; use fewer ranks or less skewed weights"
         )
-    shards = []
-    start = 0
-    for r, s in enumerate(sizes):
-        shards.append(Shard(r, start * align, (start + s) * align))
-        start += s
-    return tuple(shards)
+    return spans(sizes, align)
 
 
 def choose_align(total: int, world_size: int, preferred: int = DEFAULT_ALIGN) -> int:
@@ -145,14 +123,14 @@ class TPPlan:
     n_heads: int
     n_kv_heads: int
     head_dim: int
-    kv_heads: tuple[Shard, ...]  # may overlap (replicated kv heads) when N > n_kv_heads
-    q_head_shards: tuple[Shard, ...]
-    intermediate: tuple[Shard, ...]
-    vocab: tuple[Shard, ...]
+    kv_heads: tuple[Span, ...]  # may overlap (replicated kv heads) when N > n_kv_heads
+    q_head_shards: tuple[Span, ...]
+    intermediate: tuple[Span, ...]
+    vocab: tuple[Span, ...]
     mlp_align: int
     vocab_align: int
     o_split: str = "heads"  # "heads" or "gather" (module docstring)
-    o_cols: tuple[Shard, ...] = ()  # o_proj contraction columns per rank
+    o_cols: tuple[Span, ...] = ()  # o_proj contraction columns per rank
     o_block: int = 1
     down_block: int = 1
 
@@ -164,23 +142,23 @@ class TPPlan:
     def replicates_kv(self) -> bool:
         return self.world_size > self.n_kv_heads
 
-    def q_heads(self, rank: int) -> Shard:
+    def q_heads(self, rank: int) -> Span:
         """Query heads of `rank`: `[a g, b g)` for kv heads `[a, b)`, or part of one kv group."""
         return self.q_head_shards[rank]
 
-    def q_rows(self, rank: int) -> Shard:
+    def q_rows(self, rank: int) -> Span:
         """Rows of `q_proj.weight` (and columns of `o_proj.weight`) owned by `rank`."""
         q = self.q_heads(rank)
-        return Shard(rank, q.start * self.head_dim, q.end * self.head_dim)
+        return Span(q.start * self.head_dim, q.end * self.head_dim)
 
-    def o_columns(self, rank: int) -> Shard:
+    def o_columns(self, rank: int) -> Span:
         """Columns of `o_proj.weight` owned by `rank` (its q rows unless `o_split == "gather"`)."""
         return self.o_cols[rank] if self.o_cols else self.q_rows(rank)
 
-    def kv_rows(self, rank: int) -> Shard:
+    def kv_rows(self, rank: int) -> Span:
         """Rows of `k_proj.weight` and `v_proj.weight` owned by `rank`."""
         kv = self.kv_heads[rank]
-        return Shard(rank, kv.start * self.head_dim, kv.end * self.head_dim)
+        return Span(kv.start * self.head_dim, kv.end * self.head_dim)
 
 
 def make_tp_plan(
@@ -213,7 +191,7 @@ def make_tp_plan(
     kv_heads, q_heads = _split_attention(world_size, n_heads, n_kv_heads, weights)
     mlp_align = math.lcm(choose_align(intermediate_size, world_size), down_block)
     vocab_align = choose_align(vocab_size, world_size)
-    q_cols = tuple(Shard(s.rank, s.start * head_dim, s.end * head_dim) for s in q_heads)
+    q_cols = tuple(Span(s.start * head_dim, s.end * head_dim) for s in q_heads)
     o_split, o_cols = "heads", q_cols
     if any(s.start % o_block for s in q_cols):
         o_split = "gather"
@@ -239,15 +217,15 @@ def make_tp_plan(
 
 def _split_attention(
     world_size: int, n_heads: int, n_kv_heads: int, weights: tuple[float, ...]
-) -> tuple[tuple[Shard, ...], tuple[Shard, ...]]:
+) -> tuple[tuple[Span, ...], tuple[Span, ...]]:
     """(kv-head shards, query-head shards) per rank; see the module docstring."""
     g = n_heads // n_kv_heads
     if world_size <= n_kv_heads:
         kv = split_by_weights(n_kv_heads, weights, 1, "kv heads")
-        return kv, tuple(Shard(s.rank, s.start * g, s.end * g) for s in kv)
+        return kv, tuple(Span(s.start * g, s.end * g) for s in kv)
     groups = split_by_weights(world_size, (1.0,) * n_kv_heads, 1, "ranks over kv groups")
-    kv_out: list[Shard] = []
-    q_out: list[Shard] = []
+    kv_out: list[Span] = []
+    q_out: list[Span] = []
     for head, block in enumerate(groups):
         ranks = range(block.start, block.end)
         if len(ranks) > g:
@@ -256,9 +234,9 @@ def _split_attention(
                 f"heads; use at most {n_heads} ranks spread evenly over the {n_kv_heads} kv heads"
             )
         part = split_by_weights(g, tuple(weights[r] for r in ranks), 1, f"query heads of kv {head}")
-        for r, s in zip(ranks, part):
-            kv_out.append(Shard(r, head, head + 1))
-            q_out.append(Shard(r, head * g + s.start, head * g + s.end))
+        for s in part:
+            kv_out.append(Span(head, head + 1))
+            q_out.append(Span(head * g + s.start, head * g + s.end))
     return tuple(kv_out), tuple(q_out)
 
 

@@ -2,7 +2,7 @@
 explicitly and every collective is called in plain sight in `forward` (no hooks, no globals).
 
 Notation: `X` is the input (..., in), a linear layer computes `Y = X A^T + b` with `A` of shape
-(out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Shard` of one dimension.
+(out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Span` `[start, end)` of one dimension (`parallel.apportion`).
 Every product goes through `tandem.kernels.linear.linear`, the single-node model's decode kernel
 (oneDNN for float32 on x86 CPUs, `F.linear` elsewhere), so a shard multiplies as the monolith does.
 

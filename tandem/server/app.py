@@ -17,8 +17,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
+from tandem.engine.scheduler import RequestFailed
 from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
 from tandem.server.cluster_view import render_cluster_metrics
+from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
 from tandem.server.metrics import render_metrics
 from tandem.server.page import add_page
 from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
@@ -26,23 +28,30 @@ from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRe
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
+def create_app(
+    engine: ServingEngine, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
+    """The API over `engine`; with `api_key`, /v1 needs `Authorization: Bearer <key>` (and only
+    such a caller sees /health's full detail). Bodies over `max_body_bytes` are answered 413."""
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None)
     http_counts: dict[tuple[str, int], int] = {}
+
+    def authenticated(request: Request) -> bool:
+        given = request.headers.get("authorization", "")
+        return bool(api_key) and hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
 
     @app.middleware("http")
     async def auth_and_count(request: Request, call_next):
         path = request.url.path
-        if api_key and path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-                response = JSONResponse(err.body(), status_code=401)
-                _count(http_counts, path, 401)
-                return response
+        if api_key and path.startswith("/v1") and not authenticated(request):
+            err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+            _count(http_counts, path, 401)
+            return JSONResponse(err.body(), status_code=401)
         response = await call_next(request)
         _count(http_counts, path, response.status_code)
         return response
+
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before anything reads
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError):
@@ -53,7 +62,8 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-        return JSONResponse(APIError(400, msg, param=".".join(loc) or None).body(), status_code=400)
+        param = loc[0] if loc else None  # the request field at fault, as OpenAI names it
+        return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
@@ -62,8 +72,10 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
         return JSONResponse(err.body(), status_code=exc.status_code)
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         ok, detail = engine.health()
+        if not authenticated(request):  # no log tails, paths or peers for strangers
+            detail = public_detail(detail)
         return JSONResponse(
             {"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503
         )
@@ -90,7 +102,8 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
     async def chat(body: ChatCompletionRequest):
         _check_model(engine, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt_ids = engine.encode(engine.chat_prompt(messages))
+        # off the event loop: a long prompt must not stall every open stream while it tokenizes
+        prompt_ids = await asyncio.to_thread(lambda: engine.encode(engine.chat_prompt(messages)))
         params = _params(engine, body, prompt_ids, default_max=None)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         events = _generate(engine, prompt_ids, params, body.stop_strings())
@@ -117,7 +130,10 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
     async def completions(body: CompletionRequest):
         _check_model(engine, body.model)
         prompt = body.prompt_text_or_ids()
-        prompt_ids = prompt if isinstance(prompt, list) else engine.encode(prompt)
+        if isinstance(prompt, list):
+            prompt_ids = prompt
+        else:
+            prompt_ids = await asyncio.to_thread(engine.encode, prompt)
         params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         events = _generate(engine, prompt_ids, params, body.stop_strings())
@@ -143,8 +159,38 @@ def create_app(engine: ServingEngine, api_key: str | None = None) -> FastAPI:
     return app
 
 
+ROUTES = (
+    "/",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/cluster",
+    "/health",
+    "/metrics",
+)
+PUBLIC_DETAIL_CHARS = 200
+
+
+def route_label(path: str) -> str:
+    """The /metrics label of a request path: one of the served routes, else "other" (so
+    strangers' made-up paths cannot grow the label set)."""
+    if path in ROUTES:
+        return path
+    if path.startswith("/v1/models/") and path.count("/") == 3:
+        return "/v1/models/{model_id}"
+    if path.startswith("/static/") and path.count("/") == 2:
+        return "/static/{name}"
+    return "other"
+
+
+def public_detail(detail: str) -> str:
+    """What /health tells an unauthenticated caller: the first line of the reason, shortened."""
+    first = detail.strip().splitlines()[0] if detail.strip() else ""
+    return first if len(first) <= PUBLIC_DETAIL_CHARS else first[: PUBLIC_DETAIL_CHARS - 3] + "..."
+
+
 def _count(counts: dict[tuple[str, int], int], path: str, status: int) -> None:
-    key = (path if path.startswith(("/v1", "/health", "/metrics")) else "other", status)
+    key = (route_label(path), status)
     counts[key] = counts.get(key, 0) + 1
 
 
@@ -191,7 +237,7 @@ def _params(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
+            top_k=max(body.top_k or 0, 0),  # -1: off
             seed=body.seed,
             ignore_eos=body.ignore_eos,
         )
@@ -231,6 +277,8 @@ async def _events(queue: asyncio.Queue, handle: Any) -> AsyncIterator[str | Comp
                 yield item
                 continue
             completion, error = item
+            if isinstance(error, RequestFailed):  # this request alone; the engine serves on
+                raise APIError(500, str(error), type_="server_error", code="request_failed")
             if error is not None:
                 raise APIError(503, str(error), type_="server_error", code="engine_unavailable")
             yield completion

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from tandem.server.cluster_view import ClusterView, Layout, render_cluster_metrics
+from tandem.server.http_limits import BodyLimit, uvicorn_options
 from tandem.server.page import add_static_routes
 from tandem.server.protocol import APIError
 
@@ -40,6 +41,7 @@ class BackgroundServer:
             access_log=False,
             lifespan="off",  # the app is swapped while serving: no startup event to replay
             timeout_graceful_shutdown=graceful_s,  # open streams must not hold Ctrl-C up
+            **uvicorn_options(),  # read deadline, keep-alive, head and connection limits
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="tandem-http", daemon=True)
@@ -102,6 +104,7 @@ def create_forming_app(model_name: str, *, tp: int, pp: int, api_key: str | None
     async def api_error(_: Request, exc: APIError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    app.add_middleware(BodyLimit)  # outermost, as in the real app
     add_static_routes(app)
 
     def view() -> ClusterView:

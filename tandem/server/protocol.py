@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The ranges OpenAI documents (top_k -1: off, as vLLM takes it); refused here with a 400 naming
+# the field, before anything reaches the scheduler.
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+TopK = Annotated[int, Field(ge=-1, le=(1 << 31) - 1)]
+Seed = Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1)]  # torch's Generator range
+TokenCount = Annotated[int, Field(le=(1 << 31) - 1)]
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
 
 
 class APIError(Exception):
@@ -45,17 +55,27 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
     ignore_eos: bool = False  # vLLM's extension: always generate max_tokens
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
+        if any(len(x) > MAX_STOP_CHARS for x in items):
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters")
+        return v
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

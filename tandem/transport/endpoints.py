@@ -3,7 +3,8 @@
 Peers start unevenly (a slow GPU driver, a model still loading), so a dialer retries with
 exponential backoff until the handshake timeout (default 120 s; the paper's 10 s raced start-up).
 A listener keeps serving after a bad connection: a stray client, random bytes, a wrong secret or a
-wrong version is refused and closed, and the listener goes on to accept its real peers.
+wrong version is refused and closed, and the listener goes on to accept its real peers. Accepted
+connections authenticate concurrently, each under a total deadline, and only so many at once.
 Without a secret, only loopback peers are accepted and only loopback peers are dialed.
 """
 
@@ -13,7 +14,9 @@ import ipaddress
 import logging
 import select
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from tandem.transport.channel import Channel
@@ -33,6 +36,10 @@ log = logging.getLogger(__name__)
 DEFAULT_HANDSHAKE_TIMEOUT_S = 120.0
 DEFAULT_OP_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 5.0  # a real peer speaks at once; a silent client is dropped after this
+PREAUTH_DEADLINE_S = 10.0  # the whole handshake of an accepted connection, however it drips
+MAX_PENDING = 32  # connections authenticating at once; more are closed unread
+MAX_PENDING_PER_HOST = 8  # of those, from one address
+REFUSALS_KEPT = 64
 DEFAULT_MAX_FRAME_BYTES = 4 << 30
 
 
@@ -42,6 +49,10 @@ class ConnectTimeoutError(TransportError, TimeoutError):
 
 class InsecurePeerError(TransportError):
     """A non-loopback peer without a cluster secret."""
+
+
+class ListenerClosedError(TransportError):
+    """accept() on a listener that has been closed."""
 
 
 def is_loopback(host: str) -> bool:
@@ -114,18 +125,51 @@ def connect(
 
 
 class Listener:
-    """A bound, listening socket that hands out authenticated channels, one per accepted peer."""
+    """A bound, listening socket that hands out authenticated channels, one per accepted peer.
 
-    def __init__(self, host: str, port: int, me: Identity, secret: bytes | None) -> None:
+    Pre-authentication is concurrent and bounded: each accepted connection runs its handshake on
+    its own thread under a total deadline (`preauth_deadline_s`, however slowly it drips), and at
+    most `max_pending` connections (`max_pending_per_host` from one address) authenticate at once;
+    beyond that a new connection is closed unread. A slow or hostile client therefore costs one
+    bounded slot for a bounded time and never delays a real peer behind it."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        me: Identity,
+        secret: bytes | None,
+        *,
+        preauth_deadline_s: float = PREAUTH_DEADLINE_S,
+        max_pending: int = MAX_PENDING,
+        max_pending_per_host: int = MAX_PENDING_PER_HOST,
+    ) -> None:
         self.me, self.secret = me, secret
         self.sock = socket.create_server((host, port), reuse_port=False, backlog=64)
         self.sock.setblocking(False)
         self.host = host
-        self.refused: list[str] = []  # why each bad connection was dropped, for tests and logs
+        self._port = int(self.sock.getsockname()[1])
+        self.preauth_deadline_s = preauth_deadline_s
+        self.max_pending, self.max_pending_per_host = max_pending, max_pending_per_host
+        # why each bad connection was dropped (the latest REFUSALS_KEPT), for tests and logs
+        self.refused: deque[str] = deque(maxlen=REFUSALS_KEPT)
+        self._lock = threading.Lock()
+        self._pending: dict[socket.socket, str] = {}  # authenticating -> its peer's address
+        self._ready: deque[tuple[TimedSocket, Identity, str]] = deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._closed = False
 
     @property
     def port(self) -> int:
-        return int(self.sock.getsockname()[1])
+        return self._port
+
+    @property
+    def pending(self) -> int:
+        """Connections authenticating right now."""
+        with self._lock:
+            return len(self._pending)
 
     def accept(
         self,
@@ -142,49 +186,119 @@ class Listener:
         deadline = time.monotonic() + timeout
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while True:
-            remaining = deadline - time.monotonic()
             if give_up is not None and (reason := give_up()) is not None:
                 raise reason
-            if remaining > 0 and not poller.poll(min(remaining, 0.5) * 1000):
-                continue
+            if self._closed:
+                raise ListenerClosedError(f"the listener on port {self.port} is closed")
+            ch = self._take_ready(expect_ranks, op_timeout, max_frame_bytes)
+            if ch is not None:
+                return ch
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ConnectTimeoutError(
                     f"rank {self.me.rank}: no peer of rank {sorted(expect_ranks or [])} "
                     f"authenticated on port {self.port} within {timeout:g} s "
-                    f"(refused: {self.refused[-3:]})"
+                    f"(refused: {list(self.refused)[-3:]})"
                 )
-            try:
-                sock, addr = self.sock.accept()
-            except BlockingIOError:
-                continue
-            peer_host = addr[0]
-            if not self.secret and not is_loopback(peer_host):
-                sock.close()
-                self.refused.append(f"{peer_host}: non-loopback peer and no cluster secret")
-                log.warning("refused %s: no cluster secret, only loopback peers allowed", peer_host)
-                continue
-            ts = TimedSocket(
-                sock, f"{peer_host}:{addr[1]}", min(HELLO_TIMEOUT_S, max(remaining, 0.1))
-            )
-            try:
-                peer = acceptor_handshake(ts, self.me, self.secret, expect_ranks)
-            except fr.VersionMismatchError as e:
-                self._refuse_version(ts, e)
-                continue
-            except (HandshakeError, TransportError, fr.FrameError) as e:
+            for fd, _ in poller.poll(min(remaining, 0.5) * 1000):
+                if fd == self._wake_r.fileno():
+                    self._drain_wake()
+                else:
+                    self._accept_waiting(expect_ranks)
+
+    def _take_ready(
+        self, expect_ranks: set[int] | None, op_timeout: float, max_frame_bytes: int
+    ) -> Channel | None:
+        while True:
+            with self._lock:
+                if not self._ready:
+                    return None
+                ts, peer, host = self._ready.popleft()
+            if expect_ranks is not None and peer.rank not in expect_ranks:
+                # authenticated while an earlier accept() wanted it; that rank is taken since
                 ts.close()
-                self.refused.append(f"{peer_host}: {_refusal_reason(e)}")
-                log.warning("refused %s: %s", peer_host, e)
+                self._refuse(host, f"rank {peer.rank} is already connected")
                 continue
             ts.timeout = op_timeout
-            ts.peer = f"rank {peer.rank} ({peer_host})"
+            ts.peer = f"rank {peer.rank} ({host})"
             return Channel(ts, self.me, peer, max_frame_bytes)
+
+    def _accept_waiting(self, expect_ranks: set[int] | None) -> None:
+        """Starts a handshake thread for every connection the kernel holds, within the caps."""
+        while True:
+            try:
+                sock, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. EMFILE under a flood: drop this round, keep listening
+                log.warning("accept failed on port %d: %s", self.port, e)
+                return
+            host = addr[0]
+            if not self.secret and not is_loopback(host):
+                sock.close()
+                self._refuse(host, "non-loopback peer and no cluster secret")
+                continue
+            with self._lock:
+                from_host = sum(1 for h in self._pending.values() if h == host)
+                n = len(self._pending)
+                admitted = n < self.max_pending and from_host < self.max_pending_per_host
+                if admitted:
+                    self._pending[sock] = host
+            if not admitted:
+                sock.close()
+                self._refuse(host, f"too many connections authenticating ({n}, {from_host} here)")
+                continue
+            threading.Thread(
+                target=self._authenticate,
+                args=(sock, addr, expect_ranks),
+                name="tandem-preauth",
+                daemon=True,
+            ).start()
+
+    def _authenticate(
+        self, sock: socket.socket, addr: tuple, expect_ranks: set[int] | None
+    ) -> None:
+        host = addr[0]
+        ts = TimedSocket(sock, f"{host}:{addr[1]}", HELLO_TIMEOUT_S)
+        ts.deadline = time.monotonic() + self.preauth_deadline_s
+        try:
+            peer = acceptor_handshake(ts, self.me, self.secret, expect_ranks)
+        except fr.VersionMismatchError as e:
+            self._refuse_version(ts, e)
+            peer = None
+        except Exception as e:  # noqa: BLE001 - whatever a stranger sends, the listener lives
+            ts.close()
+            self._refuse(host, _refusal_reason(e))
+            peer = None
+        ts.deadline = None
+        with self._lock:
+            self._pending.pop(sock, None)
+            if peer is not None:
+                if self._closed:
+                    ts.close()
+                else:
+                    self._ready.append((ts, peer, host))
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # closed, or full of wake-ups already
+            pass
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def _refuse(self, host: str, why: str) -> None:
+        self.refused.append(f"{host}: {why}")
+        log.warning("refused %s: %s", host, why)
 
     def _refuse_version(self, ts: TimedSocket, e: Exception) -> None:
         # Answer in our own version: the peer's decoder then names both versions.
-        self.refused.append(f"{ts.peer}: {_refusal_reason(e)}")
-        log.warning("refused %s: %s", ts.peer, e)
+        self._refuse(ts.peer, _refusal_reason(e))
         try:
             head = fr.encode_header(fr.HELLO, fr.HANDSHAKE, 6, 0, 0, (2,))
             ts.send_all([head, b"{}"])
@@ -195,7 +309,20 @@ class Listener:
         ts.close()
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        """Stops listening; connections still authenticating are cut, unclaimed channels closed."""
+        with self._lock:
+            self._closed = True
+            pending, self._pending = list(self._pending), {}
+            ready, self._ready = list(self._ready), deque()
+        for s in pending:  # wakes the handshake thread's poll: it fails and closes its socket
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for ts, _, _ in ready:
+            ts.close()
+        for s in (self.sock, self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass

@@ -9,7 +9,8 @@ The claims (cluster id, rank, world size, protocol version, wire dtype, model fi
 channel's role) sit inside the MAC'd transcript, so the secret binds them; fresh nonces on both
 sides defeat replay. A mismatch is refused with a message naming both sides' values. Without a
 secret the MAC key is empty and only loopback peers are accepted (checked by the endpoints).
-Handshake messages are small JSON objects (at most HELLO_MAX_BYTES) parsed into checked fields.
+Handshake messages are small JSON objects (at most HELLO_MAX_BYTES, nested at most
+HELLO_MAX_DEPTH levels, both checked before the parser runs) parsed into checked fields.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
+from tandem import boundedjson
 from tandem.transport.socketio import TimedSocket, TransportError
 from tandem.wire import dtypes
 from tandem.wire import frame as fr
 
 HELLO_MAX_BYTES = 4096
+HELLO_MAX_DEPTH = 4  # {"claims": {...}, ...}: nothing deeper is ever sent
 
 
 class HandshakeError(TransportError):
@@ -91,9 +94,9 @@ def _recv_msg(ts: TimedSocket, kind: int) -> tuple[dict, bytes]:
         raise HandshakeError(f"unexpected frame during handshake: {header.describe()}")
     raw = bytes(ts.recv_exact(n))
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise HandshakeError("malformed handshake message: not JSON") from None
+        body = boundedjson.loads(raw, max_bytes=HELLO_MAX_BYTES, max_depth=HELLO_MAX_DEPTH)
+    except boundedjson.BoundedJSONError as e:
+        raise HandshakeError(f"malformed handshake message: {e}") from None
     if not isinstance(body, dict):
         raise HandshakeError("malformed handshake message: not an object")
     return body, raw

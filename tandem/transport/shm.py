@@ -44,6 +44,7 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tandem.transport.channel import Channel
@@ -113,8 +114,13 @@ class SamePair:
         self._slot = _slot_size(cap)
         self._view = memoryview(mm)
         self._words = self._view.cast("q")  # int64 words: one plain 8-byte store or load each
-        self.header_of: list[object] = [None, None]  # per parity: who last wrote a frame header
+        # per parity, the `Lane` whose header the slot holds (None: `exchange` wrote another), so
+        # a lane rewrites only the header's seq word
+        self.header_of: list[object] = [None, None]
         self.count = 0  # swaps begun; swap c uses the slots of parity c & 1
+        # per parity, the index in `words` of this rank's slot and of the peer's
+        self._mine_word = tuple(self._word(me, p) for p in (0, 1))
+        self._peer_word = tuple(self._word(1 - me, p) for p in (0, 1))
 
     def _off(self, w: int, p: int) -> int:
         return _BASE + (2 * w + p) * self._slot
@@ -169,19 +175,17 @@ class SamePair:
         return cls(mm, 1, cap, inp)
 
     # A swap is begin() -> write this rank's frame at frame_offset(mine) -> publish() ->
-    # await_peer() -> read the peer's frame; `exchange` does all of it for a (head, payload).
+    # await_peer() -> read the peer's frame; `exchange` does all of it for a (head, payload), and
+    # a `Lane` for frames of one fixed header and size written in place.
 
     @property
     def buffer(self) -> mmap.mmap:
         """The segment (for callers that keep typed views of their frames)."""
         return self._mm
 
-    @property
-    def words(self) -> memoryview:
-        """The segment as int64 words (a frame's 8-aligned fields can be stored one word each).
-        `header_of[parity]` lets a caller that rewrites only a header's seq know the rest of the
-        header there is still its own (`exchange` sets it to None)."""
-        return self._words
+    def forget_headers(self) -> None:
+        """No slot holds a known header any more (its owner's lanes are being dropped)."""
+        self.header_of[:] = [None, None]
 
     def frame_offset(self, mine: bool, parity: int) -> int:
         """Byte offset of this rank's (or the peer's) frame for swaps of `parity`; 64-aligned."""
@@ -192,25 +196,23 @@ class SamePair:
         self.count += 1
         return self.count
 
-    def slot_word(self, mine: bool, parity: int) -> int:
-        """Index in `words` of this rank's (or the peer's) slot of `parity`: word w holds the
-        number c of the last swap published there, word w + 1 that frame's length. A caller
-        that inlines a swap (the ring's decode path) stores length then c at its own slot
-        (as `publish`), and waits for c at the peer's (`wait` when it is not there yet)."""
-        return self._word(self._me if mine else 1 - self._me, parity)
-
     def publish(self, c: int, length: int) -> None:
-        """This rank's frame of swap c (already written) is `length` bytes: make it visible."""
-        w = self._word(self._me, c & 1)
+        """This rank's frame of swap c (already written) is `length` bytes: make it visible.
+        Slot word w holds the number c of the last swap published there, word w + 1 its length."""
+        w = self._mine_word[c & 1]
         self._words[w + 1] = length
         self._words[w] = c  # stored after the frame: see the module docstring
 
-    def await_peer(self, c: int) -> int:
-        """Wait for the peer's frame of swap c; returns its length (checked against the slot)."""
-        words, pw = self._words, self._word(1 - self._me, c & 1)
+    def peer_length(self, c: int) -> int:
+        """Wait for the peer's frame of swap c; returns the length it published (unchecked)."""
+        words, pw = self._words, self._peer_word[c & 1]
         if words[pw] != c:
             self.wait(pw, c)
-        length = int(words[pw + 1])
+        return words[pw + 1]
+
+    def await_peer(self, c: int) -> int:
+        """Wait for the peer's frame of swap c; returns its length (checked against the slot)."""
+        length = int(self.peer_length(c))
         if not 0 <= length <= self._cap:
             raise ShmError(f"{self._inp.peer}: same-host frame length {length} out of range")
         return length
@@ -282,6 +284,65 @@ class SamePair:
             self._mm.close()
         except BufferError:  # a caller still holds a view of a frame: the mapping goes with it
             pass
+
+
+class Lane:
+    """Swaps, in place, frames of one fixed header `head` (seq field left 0) and one payload size:
+    per slot parity, this rank's frame and the peer's sit at fixed offsets, so a caller keeps
+    typed views of both payloads (`mine[p]`, `peer[p]`, built once by `view(segment, offset)`)
+    and writes its payload straight into the segment. A swap:
+
+        p = lane.begin()              # the next swap's parity
+        ... write the payload into mine[p] ...
+        ok = lane.exchange(p, seq)    # header (seq stored), publish, wait for the peer's frame
+        ... read peer[p] (valid until this rank's next-but-one swap) when ok ...
+
+    `exchange` is False when the peer's frame differs in length or in any header byte (another
+    op, seq or shape): the caller's desync. The header is rewritten only when the slot last held
+    another lane's (or `exchange`'s) frame, and then only its seq word changes."""
+
+    __slots__ = ("head", "hlen", "length", "mine", "peer", "_pair", "_mine_at", "_peer_at", "_seq")
+
+    def __init__(
+        self, pair: SamePair, head: bytes, payload_nbytes: int, view: Callable[[Any, int], Any]
+    ) -> None:
+        if len(head) + payload_nbytes > pair._cap:
+            raise ShmError(
+                f"a {len(head) + payload_nbytes}-byte frame exceeds the {pair._cap}-byte slot"
+            )
+        self._pair, self.head, self.hlen = pair, head, len(head)
+        self.length = len(head) + payload_nbytes
+        self._mine_at = tuple(pair.frame_offset(True, p) for p in (0, 1))
+        self._peer_at = tuple(pair.frame_offset(False, p) for p in (0, 1))
+        self._seq = tuple((at + fr.SEQ_OFFSET) // 8 for at in self._mine_at)  # 8-aligned word
+        self.mine = tuple(view(pair.buffer, at + self.hlen) for at in self._mine_at)
+        self.peer = tuple(view(pair.buffer, at + self.hlen) for at in self._peer_at)
+
+    def begin(self) -> int:
+        """Begin the pair's next swap (as `SamePair.begin`); returns its parity."""
+        pair = self._pair
+        c = pair.count = pair.count + 1
+        return c & 1
+
+    def exchange(self, p: int, seq: int) -> bool:
+        """Publish this rank's frame of the swap just begun, with `seq` in its header, and wait
+        for the peer's; True when the peer's frame equals it in length and header bytes."""
+        pair = self._pair
+        c, mm, at = pair.count, pair._mm, self._mine_at[p]
+        if pair.header_of[p] is not self:
+            mm[at : at + self.hlen] = self.head
+            pair.header_of[p] = self
+        pair._words[self._seq[p]] = seq
+        pair.publish(c, self.length)
+        if pair.peer_length(c) != self.length:
+            return False
+        peer = self._peer_at[p]
+        return mm[at : at + self.hlen] == mm[peer : peer + self.hlen]
+
+    def headers(self, p: int) -> tuple[bytes, bytes]:
+        """(this rank's header, the peer's) of the swaps of parity p: a desync's evidence."""
+        mm, at, peer = self._pair._mm, self._mine_at[p], self._peer_at[p]
+        return mm[at : at + self.hlen], mm[peer : peer + self.hlen]
 
 
 def negotiate(rank: int, out: Channel, inp: Channel, cap: int, enabled: bool) -> SamePair | None:

@@ -6,6 +6,10 @@ waits for the peer to drain before we read: `Duplex` hands what the kernel canno
 a sender thread while the caller receives (so N ranks all sending into full socket buffers cannot
 deadlock, and the two directions' copies overlap on two cores).
 
+A `deadline` (a `time.monotonic()` instant, None by default) bounds the whole exchange on top of
+the no-progress timeout: pre-authentication phases set one, so a client that drips a byte just
+inside each timeout still runs out of time (PeerTimeoutError).
+
 Receives spin before they block: a receiver that finds no bytes first polls without sleeping for
 up to `spin` seconds (env TANDEM_SPIN_US, microseconds, default 500; 0 disables), then blocks in
 poll as before. A rank that reaches a collective first thus sees its peer's bytes within
@@ -69,22 +73,32 @@ def prepare(sock: socket.socket) -> socket.socket:
 
 class TimedSocket:
     """A non-blocking socket plus two poll objects; `peer` names the other end in errors.
-    `spin`: seconds a receive polls without sleeping before it blocks (None: from TANDEM_SPIN_US)."""
+    `spin`: seconds a receive polls without sleeping before it blocks (None: from TANDEM_SPIN_US).
+    `deadline`: a monotonic instant past which every wait fails (None: no total bound)."""
 
-    __slots__ = ("sock", "peer", "timeout", "spin", "_pin", "_pout")
+    __slots__ = ("sock", "peer", "timeout", "spin", "deadline", "_pin", "_pout")
 
     def __init__(
         self, sock: socket.socket, peer: str, timeout: float, spin: float | None = None
     ) -> None:
         self.sock, self.peer, self.timeout = prepare(sock), peer, timeout
         self.spin = spin_from_env() if spin is None else max(0.0, spin)
+        self.deadline: float | None = None
         self._pin = select.poll()
         self._pin.register(sock, _IN)
         self._pout = select.poll()
         self._pout.register(sock, _OUT)
 
     def _stalled(self, what: str) -> PeerTimeoutError:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return PeerTimeoutError(f"{self.peer}: ran past its deadline {what}")
         return PeerTimeoutError(f"{self.peer}: no progress {what} for {self.timeout:g} s")
+
+    def _wait_s(self) -> float:
+        """How long the next wait may block: the no-progress timeout, cut at the deadline."""
+        if self.deadline is None:
+            return self.timeout
+        return max(0.0, min(self.timeout, self.deadline - time.monotonic()))
 
     def spin_readable(self, budget: float) -> bool:
         """Poll without sleeping for up to `budget` seconds; True once the socket is readable.
@@ -102,15 +116,17 @@ class TimedSocket:
             yield_()
 
     def wait_readable(self) -> None:
-        """Return once readable; PeerTimeoutError after `timeout` s (spin included) without."""
+        """Return once readable; PeerTimeoutError after `timeout` s (spin included) without, or
+        at the deadline."""
+        budget = self._wait_s()
         if self.spin <= 0:
-            if not self._pin.poll(self.timeout * 1000):
+            if budget <= 0 or not self._pin.poll(budget * 1000):
                 raise self._stalled("receiving")
             return
         start = time.monotonic()
-        if self.spin_readable(min(self.spin, self.timeout)):
+        if self.spin_readable(min(self.spin, budget)):
             return
-        remaining = self.timeout - (time.monotonic() - start)
+        remaining = budget - (time.monotonic() - start)
         if remaining <= 0 or not self._pin.poll(remaining * 1000):
             raise self._stalled("receiving")
 
@@ -121,7 +137,8 @@ class TimedSocket:
             try:
                 sent = self.sock.sendmsg(views)
             except BlockingIOError:
-                if not self._pout.poll(self.timeout * 1000):
+                budget = self._wait_s()
+                if budget <= 0 or not self._pout.poll(budget * 1000):
                     raise self._stalled("sending") from None
                 continue
             except OSError as e:

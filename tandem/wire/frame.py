@@ -119,12 +119,39 @@ def encode_header(
     if len(shape) > MAX_NDIM:
         raise FrameFormatError(f"a frame carries at most {MAX_NDIM} dims, got shape {shape}")
     nbytes = math.prod(shape) * dtypes.by_code(dtype_code).itemsize
-    head = FIXED.pack(MAGIC, version, kind, op, dtype_code, len(shape), step, 0, seq, fp, nbytes)
-    return head + b"".join(_DIM.pack(d) for d in shape)
+    try:
+        dims = b"".join(_DIM.pack(d) for d in shape)
+    except struct.error as e:  # a dim outside its width (negative, 2^64, ...)
+        raise FrameFormatError(f"cannot encode this header: {e}") from None
+    return pack_header(kind, op, dtype_code, len(shape), step, seq, fp, nbytes, dims, version)
+
+
+def pack_header(
+    kind: int,
+    op: int,
+    dtype_code: int,
+    ndim: int,
+    step: int,
+    seq: int,
+    fp: int,
+    payload_len: int,
+    dims: bytes = b"",
+    version: int = PROTOCOL_VERSION,
+) -> bytes:
+    """The one writer of the header layout above, from fields already checked: `encode_header`
+    derives and checks them from a shape; a sender of many frames of one shape (the ring's hops)
+    keeps a shape's checked `ndim`, `payload_len` and packed `dims` and calls this directly."""
+    try:
+        head = FIXED.pack(MAGIC, version, kind, op, dtype_code, ndim, step, 0, seq, fp, payload_len)
+    except struct.error as e:  # a field outside its width (a negative dim, a 2^64 seq, ...)
+        raise FrameFormatError(f"cannot encode this header: {e}") from None
+    return head + dims
 
 
 def decode_fixed(buf: bytes | bytearray | memoryview) -> tuple[FrameHeader, int]:
     """The fixed 40 bytes -> (header with an empty shape, ndim); refuses foreign or malformed input."""
+    if len(buf) != FIXED_SIZE:
+        raise FrameFormatError(f"a fixed header is {FIXED_SIZE} bytes, got {len(buf)}")
     magic, version, kind, op, dtype, ndim, step, reserved, seq, fp, plen = FIXED.unpack(buf)
     if magic != MAGIC:
         raise BadMagicError(f"not a tandem frame: magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -146,6 +173,8 @@ def decode_fixed(buf: bytes | bytearray | memoryview) -> tuple[FrameHeader, int]
 
 def decode_shape(header: FrameHeader, buf: bytes | bytearray | memoryview) -> FrameHeader:
     """Attach the `ndim` dims in `buf` to `header`."""
+    if len(buf) % _DIM.size or len(buf) > MAX_NDIM * _DIM.size:
+        raise FrameFormatError(f"{len(buf)} bytes are not a frame's shape (8 per dim, <= 8 dims)")
     ndim = len(buf) // _DIM.size
     shape = struct.unpack(f"<{ndim}Q", buf)
     return FrameHeader(

@@ -208,3 +208,10 @@ def big_prime_all_reduce(comm: Any, n: int, algorithm: str | None) -> tuple[bool
     got = comm.all_reduce_sum(xs[comm.rank])
     want = reference.all_reduce_sum(xs, algorithm=algorithm)[comm.rank]
     return bool(torch.equal(got, want)), digest(got)
+
+
+def broadcast_with_roots(comm: Any, roots: list[int], n: int) -> tuple[str, float]:
+    """Rank r broadcasts n elements from roots[r] (the ranks may disagree); what it got, or the
+    error type (the harness reports errors)."""
+    got = comm.broadcast(torch.full((n,), float(comm.rank + 1)), roots[comm.rank])
+    return "no error", float(got[0])

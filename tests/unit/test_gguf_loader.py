@@ -174,3 +174,15 @@ def test_k_quants_fall_back_like_llama_cpp_where_rows_are_not_whole_superblocks(
     assert tensor_type("token_embd.weight", (512, 256), K_MIX, False) == "Q4_K"
     assert tensor_type("blk.0.attn_norm.weight", (256,), "Q4_K", True) == "F32"
     assert tensor_type("output.weight", (512, 48), "Q8_0", False) == "F16"
+
+
+def test_the_written_tokenizer_reads_back_as_the_preset_tokenizer(llama_q8):
+    from tandem.loaders.tokenizer_build import build_byte_bpe
+
+    _, f = llama_q8
+    tok, want = GGUFModel(f).tokenizer(), build_byte_bpe(512)
+    for text in ("Hello, world! How are you today?", "def f(x):\n    return  x+1", "ünïcödé 3.14"):
+        assert tok.encode(text) == want.encode(text, add_special_tokens=False).ids, text
+    assert tok.eos_token_ids[0] == want.token_to_id("<|im_end|>")
+    assert "<|im_start|>assistant" in tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert GGUFModel(f).weight_format() == "GGUF Q8_0/F32"

@@ -95,3 +95,42 @@ def test_ranks_die_with_a_launcher_that_is_killed_outright():
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_diagnose_names_every_exited_rank_with_its_code_and_the_tail_of_its_log(tmp_path):
+    ranks = [
+        RankProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"]),
+        RankProcess("crasher", [sys.executable, "-c", "print('one'); print('two'); exit(3)"]),
+    ]
+    with ProcessGroup(ranks, log_dir=tmp_path) as group:
+        assert group.diagnose(wait_s=20.0, lines=1) == "crasher exited with code 3: two"
+        assert group.poll() == ("crasher", 3)
+
+
+def test_a_piped_rank_answers_on_stdout_and_its_stderr_goes_to_its_log(tmp_path):
+    echo = (
+        "import sys; print(sys.stdin.readline().upper(), end='', flush=True); sys.stderr.write('e')"
+    )
+    with ProcessGroup(
+        [RankProcess("stage 1", [sys.executable, "-c", echo], pipes=True)], tmp_path
+    ) as g:
+        (p,) = g.procs
+        p.stdin.write(b"ports\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"PORTS\n"
+        assert p.wait(20) == 0
+        assert g.log_path("stage 1").read_text() == "e"
+        assert g.rank_pids() == {"stage 1": p.pid}
+
+
+def test_end_brings_down_one_rank_and_a_rank_spawned_later_joins_the_shutdown():
+    group = ProcessGroup(grace_s=0.5)
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    try:
+        first = group.spawn(RankProcess("first", sleep))
+        second = group.spawn(RankProcess("second", sleep), stdout=subprocess.PIPE)
+        group.end(first)
+        assert first.poll() is not None and second.poll() is None
+    finally:
+        group.shutdown()
+    assert second.poll() is not None

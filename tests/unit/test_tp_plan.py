@@ -1,8 +1,8 @@
 import pytest
 
+from tandem.parallel.apportion import Span
 from tandem.parallel.plan import (
     DegeneratePlanError,
-    Shard,
     TPPlanError,
     WeightsParseError,
     choose_align,
@@ -39,7 +39,7 @@ def test_split_is_contiguous_disjoint_and_complete(total, weights, align):
     for a, b in zip(shards, shards[1:]):
         assert a.end == b.start
     assert all(s.size > 0 and s.size % align == 0 for s in shards)
-    assert [s.rank for s in shards] == list(range(len(weights)))
+    assert len(shards) == len(weights)  # shards[r] is rank r's
 
 
 def test_rank_with_no_work_fails_closed():
@@ -84,24 +84,24 @@ def test_qwen3_06b_plan_at_tp2_exact():
         intermediate_size=3072,
         vocab_size=151936,
     )
-    assert plan.kv_heads == (Shard(0, 0, 4), Shard(1, 4, 8))
-    assert plan.q_heads(1) == Shard(1, 8, 16)
-    assert plan.q_rows(0) == Shard(0, 0, 1024)
-    assert plan.kv_rows(1) == Shard(1, 512, 1024)
-    assert plan.intermediate == (Shard(0, 0, 1536), Shard(1, 1536, 3072))
-    assert plan.vocab == (Shard(0, 0, 75968), Shard(1, 75968, 151936))
+    assert plan.kv_heads == (Span(0, 4), Span(4, 8))
+    assert plan.q_heads(1) == Span(8, 16)
+    assert plan.q_rows(0) == Span(0, 1024)
+    assert plan.kv_rows(1) == Span(512, 1024)
+    assert plan.intermediate == (Span(0, 1536), Span(1536, 3072))
+    assert plan.vocab == (Span(0, 75968), Span(75968, 151936))
 
 
 def test_uneven_tp3_plan_exact():
     plan = make_tp_plan(
         world_size=3, n_heads=8, n_kv_heads=4, head_dim=16, intermediate_size=128, vocab_size=256
     )
-    assert plan.kv_heads == (Shard(0, 0, 2), Shard(1, 2, 3), Shard(2, 3, 4))
-    assert plan.q_heads(0) == Shard(0, 0, 4)
-    assert plan.q_rows(2) == Shard(2, 96, 128)
+    assert plan.kv_heads == (Span(0, 2), Span(2, 3), Span(3, 4))
+    assert plan.q_heads(0) == Span(0, 4)
+    assert plan.q_rows(2) == Span(96, 128)
     assert plan.mlp_align == 32
-    assert plan.intermediate == (Shard(0, 0, 64), Shard(1, 64, 96), Shard(2, 96, 128))
-    assert plan.vocab == (Shard(0, 0, 128), Shard(1, 128, 192), Shard(2, 192, 256))
+    assert plan.intermediate == (Span(0, 64), Span(64, 96), Span(96, 128))
+    assert plan.vocab == (Span(0, 128), Span(128, 192), Span(192, 256))
 
 
 def test_weighted_2_to_1_plan_exact():
@@ -114,10 +114,10 @@ def test_weighted_2_to_1_plan_exact():
         vocab_size=300,
         weights=(2, 1),
     )
-    assert plan.kv_heads == (Shard(0, 0, 3), Shard(1, 3, 4))
-    assert plan.intermediate == (Shard(0, 0, 128), Shard(1, 128, 192))
+    assert plan.kv_heads == (Span(0, 3), Span(3, 4))
+    assert plan.intermediate == (Span(0, 128), Span(128, 192))
     assert plan.vocab_align == 4
-    assert plan.vocab == (Shard(0, 0, 200), Shard(1, 200, 300))
+    assert plan.vocab == (Span(0, 200), Span(200, 300))
 
 
 def test_more_ranks_than_kv_heads_replicates_kv_heads():
@@ -125,8 +125,8 @@ def test_more_ranks_than_kv_heads_replicates_kv_heads():
         world_size=3, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=64
     )
     assert plan.replicates_kv
-    assert plan.kv_heads == (Shard(0, 0, 1), Shard(1, 0, 1), Shard(2, 1, 2))
-    assert plan.q_head_shards == (Shard(0, 0, 1), Shard(1, 1, 2), Shard(2, 2, 4))
+    assert plan.kv_heads == (Span(0, 1), Span(0, 1), Span(1, 2))
+    assert plan.q_head_shards == (Span(0, 1), Span(1, 2), Span(2, 4))
     plan = make_tp_plan(
         world_size=2,
         n_heads=4,
@@ -136,9 +136,9 @@ def test_more_ranks_than_kv_heads_replicates_kv_heads():
         vocab_size=64,
         weights=(2, 1),
     )
-    assert plan.kv_heads == (Shard(0, 0, 1), Shard(1, 0, 1))
-    assert plan.q_head_shards == (Shard(0, 0, 3), Shard(1, 3, 4))
-    assert plan.kv_rows(1) == Shard(1, 0, 16) and plan.q_rows(1) == Shard(1, 48, 64)
+    assert plan.kv_heads == (Span(0, 1), Span(0, 1))
+    assert plan.q_head_shards == (Span(0, 3), Span(3, 4))
+    assert plan.kv_rows(1) == Span(0, 16) and plan.q_rows(1) == Span(48, 64)
 
 
 def test_more_ranks_than_heads_fails_closed():

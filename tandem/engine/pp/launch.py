@@ -25,9 +25,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.cluster.launcher import ProcessGroup, RankProcess
 from tandem.engine.cluster_info import pipeline_facts
 from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.pp.layout import StageSpec
@@ -51,64 +51,11 @@ class LaunchError(RuntimeError):
     """A stage process did not start, or exited before the pipeline was up."""
 
 
-@dataclass
-class _Proc:
-    popen: subprocess.Popen
-    name: str
-    log: Path
-
-
-class _Group:
-    """The worker processes: killed together, diagnosed by exit code and log tail."""
-
-    def __init__(self) -> None:
-        self.procs: list[_Proc] = []
-        self.logdir = Path(tempfile.mkdtemp(prefix="tandem-pp-"))
-
-    def spawn(self, argv: list[str], name: str, env: dict) -> _Proc:
-        log = self.logdir / f"{name.replace(' ', '_')}.log"
-        with open(log, "wb") as err:
-            p = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env
-            )
-        proc = _Proc(p, name, log)
-        self.procs.append(proc)
-        return proc
-
-    def pids(self) -> dict[str, int]:
-        return {p.name: p.popen.pid for p in self.procs}
-
-    def diagnose(self, wait: float = 1.0) -> str | None:
-        """Which workers died and how; waits up to `wait` s for a dying one to be reaped."""
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and all(p.popen.poll() is None for p in self.procs):
-            time.sleep(0.05)
-        dead = []
-        for p in self.procs:
-            code = p.popen.poll()
-            if code is not None and code != 0:
-                tail = p.log.read_text(errors="replace").strip().splitlines()[-3:]
-                dead.append(
-                    f"{p.name} exited with code {code}" + (f": {' | '.join(tail)}" if tail else "")
-                )
-        return "; ".join(dead) or None
-
-    def stop(self, grace: float = 5.0) -> None:
-        deadline = time.monotonic() + grace
-        for p in self.procs:
-            try:
-                p.popen.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait(5)
-            for f in (p.popen.stdin, p.popen.stdout):
-                if f is not None:
-                    f.close()
-
-
-def _read_ports(proc: _Proc, timeout: float) -> tuple[int, int]:
+def _read_ports(
+    group: ProcessGroup, name: str, proc: subprocess.Popen, timeout: float
+) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
-    out = proc.popen.stdout
+    out = proc.stdout
     buf = b""
     while time.monotonic() < deadline:
         ready, _, _ = select.select([out], [], [], 0.2)
@@ -121,12 +68,11 @@ def _read_ports(proc: _Proc, timeout: float) -> tuple[int, int]:
                 if line.startswith(READY):
                     _, stage_port, ring_port = line.split()
                     return int(stage_port), int(ring_port)
-        elif proc.popen.poll() is not None:
+        elif proc.poll() is not None:
             break
-    tail = proc.log.read_text(errors="replace").strip().splitlines()[-5:]
-    raise LaunchError(
-        f"{proc.name} did not start listening within {timeout:g} s: {' | '.join(tail)}"
-    )
+    log = group.log_path(name)
+    tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log else []
+    raise LaunchError(f"{name} did not start listening within {timeout:g} s: {' | '.join(tail)}")
 
 
 def launch_pipeline(
@@ -170,12 +116,13 @@ def launch_pipeline(
         return addresses[g] if addresses is not None else "127.0.0.1"
 
     head_listener = StageListener(terms, 0, addr(0))
-    group = _Group()
-    env = {**os.environ, "TANDEM_SECRET": secret}
+    group = ProcessGroup(log_dir=Path(tempfile.mkdtemp(prefix="tandem-pp-")), grace_s=2.0)
+    env = {"TANDEM_SECRET": secret}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     try:
-        procs: dict[int, _Proc] = {}
+        procs: dict[int, subprocess.Popen] = {}
+        names: dict[int, str] = {}
         for k, spec in enumerate(stages):
             for r, g in enumerate(ranks[k]):
                 if g == 0:
@@ -204,8 +151,9 @@ def launch_pipeline(
                     argv.append("--last")
                 if argv_prefix is not None:
                     argv = [*argv_prefix(g), *argv]
-                procs[g] = group.spawn(argv, f"stage {k} rank {r}", env)
-        got = {g: _read_ports(p, max(timeout, 60.0)) for g, p in procs.items()}
+                names[g] = f"stage {k} rank {r}"
+                procs[g] = group.spawn(RankProcess(names[g], argv, env, pipes=True))
+        got = {g: _read_ports(group, names[g], p, max(timeout, 60.0)) for g, p in procs.items()}
         head_ring = ring_listener(addr(0), 0) if stages[0].tp > 1 else None
         got[0] = (head_listener.port, head_ring.port if head_ring else 0)
         ports = {g: p[0] for g, p in got.items()}
@@ -219,24 +167,22 @@ def launch_pipeline(
                     down = ",".join(f"{addr(d)}:{ports[d]}" for d in nxt)
                 right = ranks[k][(r + 1) % len(ranks[k])]
                 ring = f"{addr(right)}:{got[right][1]}" if stages[k].tp > 1 else ""
-                procs[g].popen.stdin.write(f"{down}\n{ring}\n".encode())
-                procs[g].popen.stdin.flush()
+                procs[g].stdin.write(f"{down}\n{ring}\n".encode())
+                procs[g].stdin.flush()
         head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
         ex = _build_head(
             md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
             timeout=timeout, microbatches=microbatches,
         )  # fmt: skip
-        pids = {0: os.getpid(), **{g: p.popen.pid for g, p in procs.items()}}
+        pids = {0: os.getpid(), **{g: p.pid for g, p in procs.items()}}
         hosts = {g: addr(g) for g in pids} if addresses is not None else {}
         ex.grid = [list(r) for r in ranks]
         ex.facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
         return ex
     except BaseException:
         head_listener.close()
-        for p in group.procs:
-            p.popen.kill()
-        group.stop(1.0)
+        group.shutdown()
         raise
 
 
@@ -302,7 +248,7 @@ def _build_head(
         raise box["err"]
 
     def on_close() -> None:
-        group.stop()
+        group.shutdown(wait_s=5.0)  # the stages leave on STOP; stragglers are brought down
         if comm is not None:
             comm.close()
 
@@ -318,9 +264,9 @@ def _build_head(
         wire_dtype=wire_dtype,
         timeout=timeout,
         microbatches=microbatches,
-        diagnose=group.diagnose,
+        diagnose=lambda: group.diagnose(wait_s=1.0, lines=3),
         on_close=on_close,
     )
-    ex.worker_pids = group.pids()
-    ex.worker_procs = [p.popen for p in group.procs]
+    ex.worker_pids = group.rank_pids()
+    ex.worker_procs = list(group.procs)
     return ex

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
+from tandem.cluster.ring_config import keepalive_interval
 from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.tp.head import TPExecutor
@@ -37,13 +38,6 @@ def per_rank(value: str, n: int, what: str) -> list[str]:
     if len(items) != n or not all(items):
         raise LocalGroupError(f"--{what} {value!r}: give one value or exactly {n} (one per rank)")
     return items
-
-
-def _tail(path: Path, n: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return "(no log)"
 
 
 class LocalWorkers:
@@ -86,20 +80,12 @@ class LocalWorkers:
         return self.group.poll()
 
     def diagnose(self) -> str | None:
-        """Which worker exited and the tail of its log, or None while all run."""
-        gone = self.group.poll()
-        if gone is None:
-            return None
-        name, code = gone
-        log = _tail(self.log_dir / f"{name}.log")
-        return f"worker {name} exited with code {code}; its log ends:\n{log}"
+        """Which workers exited and the tail of their logs, or None while all run."""
+        return self.group.diagnose()
 
     def shutdown(self, wait_s: float = 3.0) -> None:
         """Gives workers told to stop `wait_s` to exit on their own, then brings down the rest."""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.group.procs):
-            time.sleep(0.05)
-        self.group.shutdown()
+        self.group.shutdown(wait_s)
 
 
 def launch_local_tp(
@@ -119,10 +105,10 @@ def launch_local_tp(
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
     `workers` may be started beforehand (to start several groups' processes at once). An idle
-    group pings its workers every `keepalive_s` (default a quarter of the op timeout; None: never)
-    so they outlive pauses between steps longer than the op timeout."""
+    group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
+    never) so they outlive pauses between steps longer than the op timeout."""
     if keepalive_s is not None and keepalive_s < 0:
-        keepalive_s = op_timeout / 4
+        keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
     devices = devices or ["cpu"] * tp
     if workers is None:

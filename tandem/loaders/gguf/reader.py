@@ -15,6 +15,10 @@ wraps. `GuardedReader` wraps the reader's private primitives (`_get`, `_get_str`
     a tensor: <= 4 dims, a type id that exists, whole blocks per row, offset aligned, its bytes
     inside the file (products in Python ints, never wrapped)
 
+`_get` also hands out one plain ndarray per read instead of gguf-py's chain of `np.memmap` views:
+the reader keeps a view per metadata element, and for SmolLM2's 49k-token vocabulary that is 41 MB
+instead of 248 MB of Python objects.
+
 The file is mapped copy-on-write (`mode="c"`): tensors are zero-copy, writable-typed views of the
 page cache (torch takes them without a copy or a warning), and nothing is ever written back.
 """

@@ -168,7 +168,7 @@ def _tokenizer(w: GGUFWriter, c: ModelConfig, tok: HFTokenizer, cfg: dict[str, A
         types.append(TokenType.CONTROL if t in special else kind)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 split regex
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)

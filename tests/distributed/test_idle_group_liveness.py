@@ -1,0 +1,111 @@
+"""An idle tensor-parallel group whose op timeout is shorter than any fixed keepalive stays alive
+(its pings follow the op timeout), and a worker that hangs while the group idles (SIGSTOP) is
+seen within op_timeout + 2 keepalive intervals: /health's source turns unhealthy. A real head
+(`build_serving_engine` over a RING_CONFIG, as `tandem serve --ring-config` runs it) and a real
+`tandem worker` process on loopback, over TCP as between two machines (same-host shared memory
+off; its wait is bounded by the op timeout on its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tandem.cluster.ring_config import keepalive_interval
+from tandem.engine.sampling_params import SamplingParams
+from tandem.loaders.make import make_model_dir
+
+OP_TIMEOUT_S = (
+    4.0  # well below the 5 s keepalive the server used to ping at, whatever the op timeout
+)
+
+
+def _ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _ring_configs(tmp: Path) -> list[Path]:
+    p0, p1, master = _ports(3)
+    secret = secrets.token_hex(32)
+    files = []
+    for rank, (port, right) in enumerate([(p0, p1), (p1, p0)]):
+        cfg = {
+            "rank": rank, "world_size": 2, "port": port, "right_ip": "127.0.0.1",
+            "right_port": right, "master_ip": None if rank == 0 else "127.0.0.1",
+            "master_port": master, "secret": secret, "cluster_id": "idle",
+            "op_timeout": OP_TIMEOUT_S, "handshake_timeout": 60,
+        }  # fmt: skip
+        f = tmp / f"ring{rank}.json"
+        f.write_text(json.dumps(cfg))
+        files.append(f)
+    return files
+
+
+def _generate(engine, n: int = 4) -> tuple:
+    done: dict = {}
+    ev = threading.Event()
+
+    def on_done(c, e):
+        done["result"] = (c, e)
+        ev.set()
+
+    engine.generate(
+        [1, 2, 3], SamplingParams(max_tokens=n, temperature=0), (), lambda d: None, on_done
+    )
+    assert ev.wait(30), "generation hung"
+    return done["result"]
+
+
+def test_an_idle_group_outlives_a_short_op_timeout_and_a_hung_worker_is_seen_in_bound(
+    tmp_path, monkeypatch
+) -> None:
+    from tandem.cli.engine_factory import build_serving_engine
+
+    model = tmp_path / "m"
+    make_model_dir(model, "tiny-llama", seed=0)
+    ring0, ring1 = _ring_configs(tmp_path)
+    monkeypatch.setenv("TANDEM_SHM", "0")
+    env = {**os.environ, "RING_CONFIG": str(ring1), "TANDEM_SHM": "0"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tandem", "worker", "--model", str(model)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    close = None
+    try:
+        engine, close = build_serving_engine(model, ring_config=ring0, max_seq_len=64)
+        assert _generate(engine)[1] is None
+        time.sleep(2 * OP_TIMEOUT_S)  # idle two op timeouts: only the pings keep it whole
+        completion, error = _generate(engine)
+        assert error is None and completion.completion_tokens == 4, error
+        assert worker.poll() is None and engine.health()[0]
+
+        worker.send_signal(signal.SIGSTOP)  # hung, not dead: its sockets stay open
+        t0 = time.monotonic()
+        bound = OP_TIMEOUT_S + 2 * keepalive_interval(OP_TIMEOUT_S)
+        while engine.health()[0] and time.monotonic() - t0 < bound + 10:
+            time.sleep(0.05)
+        seen_after = time.monotonic() - t0
+        ok, why = engine.health()
+        assert not ok and seen_after < bound + 2.0, (seen_after, bound, why)
+        assert "progress" in why or "timeout" in why.lower() or "closed" in why, why
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        worker.kill()
+        worker.wait(10)
+        if close is not None:
+            close()
