@@ -162,6 +162,21 @@ def test_linear_rope_scaling_and_llama3_frequency_factors_reach_the_rope(tmp_pat
     torch.testing.assert_close(rope_inv_freq(got3), rope_inv_freq(l3), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("qtype", ["F32", "BF16"])
+def test_an_hf_directory_written_as_a_dense_gguf_loads_to_the_directory_logits(tmp_path, qtype):
+    """The presets' weights are bfloat16 values, so F32 and BF16 files hold them exactly: the
+    GGUF model (dense parameters, q/k permuted and back) is the directory's model bit for bit."""
+    from tandem.loaders.gguf.writer import write_model_dir_gguf
+    from tandem.loaders.make import make_model_dir
+
+    make_model_dir(tmp_path / "hf", "tiny-llama-untied", seed=2)
+    (f,) = write_model_dir_gguf(tmp_path / "hf", tmp_path / "m.gguf", qtype)
+    src = GGUFModel(f)
+    assert {i.dtype for i in src.manifest.values()} == {"F32", qtype}
+    model = load_model(src)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert torch.equal(logits(model), logits(load_model(open_model(tmp_path / "hf"))))
+
 
 def test_k_quants_fall_back_like_llama_cpp_where_rows_are_not_whole_superblocks():
     from tandem.loaders.gguf.writer import K_MIX, tensor_type
