@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,9 +244,10 @@ class GGUFModel:
 
         With `dim`, only the half-open slice `[start, end)` of that dimension (in elements):
             dim 0  rows: a zero-copy view of the mapped file; for a llama q/k the slice must be
-                   whole heads, and only its own rows are un-permuted (a copy of those rows)
-            dim 1  columns: `start` and `end` multiples of the type's block size; a contiguous
-                   copy of exactly those bytes of every row
+                   whole heads, read with pread and un-permuted (a copy of its own rows only)
+            dim 1  columns: `start` and `end` multiples of the type's block size; exactly those
+                   bytes of every row, read with pread (not through the mapping, so the
+                   tensor's other bytes never become this process's resident pages)
         Never the whole tensor: a shard reads only its own blocks."""
         info = self.info(name)
         raw = self._view(info)
@@ -264,12 +266,14 @@ class GGUFModel:
                     f"{info.file}: rows [{start}, {end}) of {info.gguf_name!r} are not whole "
                     f"heads of {hd} (its rows are permuted per head)"
                 )
+            rb = raw.shape[1]
+            part = _pread_rows(info, start, end, 0, rb)  # not through the mapping: no page kept
             return unpermute_rows(part, (end - start) // hd)
         if dim == 1:
             t = BY_ID[info.type_id]
             self._check_range(info, start, end, cols, t.block_size, "columns")
             b0, b1 = start // t.block_size * t.block_bytes, end // t.block_size * t.block_bytes
-            part = raw[:, b0:b1].contiguous()  # (rows, (end - start) / bs * bb): a copy
+            part = _pread_rows(info, 0, rows, b0, b1)  # (rows, (end - start) / bs * bb)
             return part if heads is None else unpermute_rows(part, heads)
         raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0 or 1)")
 
@@ -362,6 +366,27 @@ class GGUFModel:
         """Drops this object's references to the mappings; tensors already handed out keep
         theirs alive."""
         self.readers = []
+
+
+def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> torch.Tensor:
+    """Bytes `[b0, b1)` of rows `[r0, r1)` of a 2-D tensor, read with pread into a new uint8
+    (r1 - r0, b1 - b0) tensor: exactly those bytes, and none of the tensor's other pages become
+    this process's resident memory (a copy through the mapping would keep every page of every
+    row it crosses mapped and resident)."""
+    rb = info.nbytes // info.shape[0]
+    out = np.empty((r1 - r0, b1 - b0), dtype=np.uint8)
+    with open(info.file, "rb", buffering=0) as f:
+        fd = f.fileno()
+        if b0 == 0 and b1 == rb:  # whole rows: one contiguous read
+            n = os.preadv(fd, [out], info.offset + r0 * rb)
+            if n != out.nbytes:
+                raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+        else:
+            for i, r in enumerate(range(r0, r1)):
+                n = os.preadv(fd, [out[i]], info.offset + r * rb + b0)
+                if n != b1 - b0:
+                    raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+    return torch.from_numpy(out)
 
 
 def _type_name(type_id: int) -> str:
