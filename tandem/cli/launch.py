@@ -42,7 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default=None, help="model directory (default: the built-in model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory or FILE.gguf (default: SmolLM2 GGUF if installed, else the built-in model)",
+    )
     add_engine_args(p)
     p.add_argument("--no-demo", action="store_true", help="skip the demo completion")
     p.add_argument("--demo-prompt", default=None, help="text the demo completion continues")
@@ -56,13 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def default_model_dir(console: Console) -> tuple[Path, str]:
-    """(model directory, demo prompt): the built-in model if this install has it, else a small
-    random preset made once and cached (so the command still shows the machinery working)."""
-    from tandem.builtin import BUILTIN_PROMPT, BuiltinModelMissingError
-    from tandem.builtin import default_model_dir as builtin_dir
+    """(model path, demo prompt): SmolLM2's GGUF or the built-in model (`builtin.default_model`)
+    if this install has one, else a small random preset made once and cached (so the command
+    still shows the machinery working)."""
+    from tandem.builtin import BuiltinModelMissingError, default_model
 
     try:
-        return builtin_dir(), BUILTIN_PROMPT
+        return default_model()
     except BuiltinModelMissingError as e:
         console.print(f"[yellow]{e}[/yellow]")
     cache = Path.home() / ".cache" / "tandem" / "models" / FALLBACK_PRESET
@@ -110,15 +114,9 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
     else:
         model, demo_prompt = default_model_dir(console)
     demo_prompt = args.demo_prompt or demo_prompt
-    from tandem.loaders.source import GGUFShardingUnsupportedError, is_gguf, require_shardable
+    from tandem.loaders.source import is_gguf
 
-    if is_gguf(model):
-        if args.tp > 1:
-            try:
-                require_shardable(model)
-            except GGUFShardingUnsupportedError as e:
-                raise LaunchError(str(e)) from None
-    elif not (model / "config.json").is_file():
+    if not is_gguf(model) and not (model / "config.json").is_file():
         raise LaunchError(f"{model}: not a model directory (no config.json) or GGUF file")
     check_port_free(args.host, args.port)
     argv = [sys.executable, "-m", "tandem", "serve", "--model", str(model)]

@@ -44,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan", help="predict decode tok/s for each TP/PP layout and pick one", description=__doc__
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a model directory (config.json)")
+    src.add_argument(
+        "--model",
+        help="a model directory (config.json) or a GGUF file (shows its block-rounded TP shards)",
+    )
     src.add_argument("--preset", help="a built-in model shape, e.g. qwen3-0.6b")
     p.add_argument("--node", action="append", default=[], help="NAME:TIME[@HOST], repeatable")
     p.add_argument(
@@ -116,7 +119,43 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(render_table(preds, nodes, link))
     print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
+    tp = preds[0].layout.tp
+    if args.model and tp > 1:
+        print("\n" + render_shards(_shard_plan(args.model, tp)))
     return 0
+
+
+def _shard_plan(model: str, tp: int):
+    """The TP plan of `model` at `tp` ranks, rounded to its weights' blocks."""
+    from tandem.loaders.source import open_model
+    from tandem.parallel.plan import plan_for_source
+
+    return plan_for_source(open_model(model), tp)
+
+
+def render_shards(plan) -> str:
+    """Each rank's block-rounded shares, and o_proj's split (its fallback named when taken)."""
+    n = plan.world_size
+    lines = [
+        f"tp={n} shards (o_proj contraction in blocks of {plan.o_block}, down_proj of "
+        f"{plan.down_block}; MLP rows in blocks of {plan.mlp_align})"
+    ]
+    if plan.o_split == "gather":
+        lines.append(
+            "  o_proj: its q-head edges are not on its blocks -> fallback 'gather': all-gather "
+            "the attention output, split o_proj's contraction on block-aligned columns"
+        )
+    else:
+        lines.append("  o_proj: split on the ranks' q heads (edges on its blocks)")
+    for r in range(n):
+        kv, q, o = plan.kv_heads[r], plan.q_heads(r), plan.o_columns(r)
+        mlp, voc = plan.intermediate[r], plan.vocab[r]
+        lines.append(
+            f"  rank {r}: kv heads [{kv.start}, {kv.end}) q heads [{q.start}, {q.end}) "
+            f"o_proj cols [{o.start}, {o.end}) mlp rows [{mlp.start}, {mlp.end}) "
+            f"vocab [{voc.start}, {voc.end})"
+        )
+    return "\n".join(lines)
 
 
 def _probe_local(config, k: int, node: NodeSpec, link: LinkSpec) -> tuple[tuple[int, float], ...]:
@@ -171,11 +210,16 @@ def render_table(preds: list[Prediction], nodes: list[NodeSpec], link: LinkSpec)
 
 def _load_config(args: argparse.Namespace):
     from tandem.config import ConfigError, ModelConfig
+    from tandem.loaders.safetensors_dir import ModelFileError
 
     if args.model:
+        from tandem.loaders.source import is_gguf, open_model
+
         try:
+            if is_gguf(args.model):
+                return open_model(args.model).config
             return ModelConfig.from_dir(args.model)
-        except ConfigError as e:
+        except (ConfigError, ModelFileError) as e:
             raise PlanModelError(str(e)) from None
     from tandem.models.presets import UnknownPresetError, get_preset
 

@@ -60,7 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default=None, help="a model directory (default: the built-in model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a model directory or FILE.gguf (default: SmolLM2 GGUF if installed, else the built-in model)",
+    )
     add_engine_args(p)
     p.add_argument(
         "--ring-config",
@@ -117,9 +121,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     if args.model is None:
-        from tandem.builtin import default_model_dir
+        from tandem.builtin import default_model
 
-        args.model = str(default_model_dir())
+        args.model = str(default_model()[0])
     model_dir = Path(args.model)
     if not ((model_dir / "config.json").is_file() or is_gguf(model_dir)):
         raise ServeError(f"{model_dir}: not a model directory (no config.json) or GGUF file")

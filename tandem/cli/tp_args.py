@@ -48,12 +48,10 @@ def tp_executor(args: argparse.Namespace, max_seq_len: int, max_batch: int = 1) 
     if os.environ.get("RING_CONFIG"):
         from tandem.comm import from_env
         from tandem.engine.tp.setup import start_head
-        from tandem.loaders.safetensors_dir import ModelDir
-        from tandem.loaders.source import require_shardable
+        from tandem.loaders.source import open_model
 
-        require_shardable(args.model)  # before joining the ring
         comm = MeteredCommunicator(
-            from_env(model_fingerprint=ModelDir(Path(args.model)).fingerprint())
+            from_env(model_fingerprint=open_model(Path(args.model)).fingerprint())
         )
         if comm.world_size != args.tp or comm.rank != 0:
             raise SystemExit(

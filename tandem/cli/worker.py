@@ -19,7 +19,6 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.engine.tp.setup import DTYPES, run_worker
-from tandem.loaders.source import GGUFShardingUnsupportedError, require_shardable
 
 DEFAULT_OP_TIMEOUT_S = 60.0
 
@@ -90,11 +89,6 @@ def secret_from_env() -> bytes | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
-    try:
-        require_shardable(args.model)  # before joining any ring
-    except GGUFShardingUnsupportedError as e:
-        print(f"tandem worker: error: {e}", file=sys.stderr)
-        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.peers is not None:

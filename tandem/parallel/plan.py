@@ -23,6 +23,18 @@ The partitioned dimensions of a Llama-family model:
   - MLP: intermediate rows, in blocks of `mlp_align` (the largest of 64, 32, ..., 1 that divides the
     intermediate size and leaves at least one block per rank).
   - vocabulary: embedding rows and LM-head rows, in blocks of `vocab_align` chosen the same way.
+
+Block-quantized weights (GGUF) constrain only the row-parallel layers, whose contraction is split:
+a column-parallel split (q/k/v, gate/up, embedding, LM head) cuts output rows, and every row is
+whole blocks, so any row split keeps whole blocks. A row-parallel shard edge must fall on a block
+boundary of that tensor's type (`down_block`, `o_block`: 32 elements, or 256 for the K-quants):
+  - down_proj: `mlp_align = lcm(choose_align(I, N), down_block)`.
+  - o_proj: its contraction edges are query-head boundaries `q.start * head_dim`. When every edge
+    is a multiple of `o_block`, `o_split = "heads"` (o_proj columns = the rank's q rows). When one
+    is not (SmolLM2's 9 heads of 64 at TP=2 with a K-quant o_proj: 384 % 256 != 0), the plan
+    falls back to `o_split = "gather"`: the attention output (B, T, H hd) is all-gathered and
+    rank r contracts o_proj's columns `o_cols[r]`, a weighted split of `[0, H hd)` in blocks of
+    `o_block`, followed by the usual all-reduce. Same math; only the summation order differs.
 """
 
 from __future__ import annotations
@@ -117,6 +129,10 @@ class TPPlan:
     vocab: tuple[Span, ...]
     mlp_align: int
     vocab_align: int
+    o_split: str = "heads"  # "heads" or "gather" (module docstring)
+    o_cols: tuple[Span, ...] = ()  # o_proj contraction columns per rank
+    o_block: int = 1
+    down_block: int = 1
 
     @property
     def q_per_kv(self) -> int:
@@ -135,6 +151,10 @@ class TPPlan:
         q = self.q_heads(rank)
         return Span(q.start * self.head_dim, q.end * self.head_dim)
 
+    def o_columns(self, rank: int) -> Span:
+        """Columns of `o_proj.weight` owned by `rank` (its q rows unless `o_split == "gather"`)."""
+        return self.o_cols[rank] if self.o_cols else self.q_rows(rank)
+
     def kv_rows(self, rank: int) -> Span:
         """Rows of `k_proj.weight` and `v_proj.weight` owned by `rank`."""
         kv = self.kv_heads[rank]
@@ -150,8 +170,12 @@ def make_tp_plan(
     intermediate_size: int,
     vocab_size: int,
     weights: tuple[float, ...] | None = None,
+    o_block: int = 1,
+    down_block: int = 1,
 ) -> TPPlan:
-    """The plan for `world_size` ranks; equal weights unless `weights` is given (one per rank)."""
+    """The plan for `world_size` ranks; equal weights unless `weights` is given (one per rank).
+    `o_block` / `down_block`: the block size (elements) of o_proj's / down_proj's contraction
+    (1 for dense weights)."""
     if world_size < 1:
         raise TPPlanError(f"world size must be >= 1, got {world_size}")
     weights = (1.0,) * world_size if weights is None else tuple(float(w) for w in weights)
@@ -165,8 +189,13 @@ def make_tp_plan(
             f"least one, so use at most {n_heads} tensor-parallel ranks"
         )
     kv_heads, q_heads = _split_attention(world_size, n_heads, n_kv_heads, weights)
-    mlp_align = choose_align(intermediate_size, world_size)
+    mlp_align = math.lcm(choose_align(intermediate_size, world_size), down_block)
     vocab_align = choose_align(vocab_size, world_size)
+    q_cols = tuple(Span(s.start * head_dim, s.end * head_dim) for s in q_heads)
+    o_split, o_cols = "heads", q_cols
+    if any(s.start % o_block for s in q_cols):
+        o_split = "gather"
+        o_cols = split_by_weights(n_heads * head_dim, weights, o_block, "o_proj contraction")
     return TPPlan(
         world_size=world_size,
         weights=weights,
@@ -179,6 +208,10 @@ def make_tp_plan(
         vocab=split_by_weights(vocab_size, weights, vocab_align, "vocabulary"),
         mlp_align=mlp_align,
         vocab_align=vocab_align,
+        o_split=o_split,
+        o_cols=o_cols,
+        o_block=o_block,
+        down_block=down_block,
     )
 
 
@@ -208,7 +241,12 @@ def _split_attention(
 
 
 def plan_for_config(
-    config: Any, world_size: int, weights: tuple[float, ...] | None = None
+    config: Any,
+    world_size: int,
+    weights: tuple[float, ...] | None = None,
+    *,
+    o_block: int = 1,
+    down_block: int = 1,
 ) -> TPPlan:
     """`make_tp_plan` from a `ModelConfig` (fields named like HF's config.json)."""
     n_heads = config.num_attention_heads
@@ -221,4 +259,31 @@ def plan_for_config(
         intermediate_size=config.intermediate_size,
         vocab_size=config.vocab_size,
         weights=weights,
+        o_block=o_block,
+        down_block=down_block,
     )
+
+
+def contraction_blocks(source: Any) -> dict[str, int]:
+    """`{"o_block": b_o, "down_block": b_d}`: the largest block size (elements) of any layer's
+    o_proj / down_proj weight in `source` (a model source whose `manifest` infos carry a GGUF
+    `type_id`); 1 for a dense source."""
+    from tandem.models.quant.blocks import BY_ID
+
+    out = {"o_block": 1, "down_block": 1}
+    for name, info in getattr(source, "manifest", {}).items():
+        t = BY_ID.get(getattr(info, "type_id", -1))
+        if t is None:
+            continue
+        if name.endswith("self_attn.o_proj.weight"):
+            out["o_block"] = max(out["o_block"], t.block_size)
+        elif name.endswith("mlp.down_proj.weight"):
+            out["down_block"] = max(out["down_block"], t.block_size)
+    return out
+
+
+def plan_for_source(
+    source: Any, world_size: int, weights: tuple[float, ...] | None = None
+) -> TPPlan:
+    """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights."""
+    return plan_for_config(source.config, world_size, weights, **contraction_blocks(source))

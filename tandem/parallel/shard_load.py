@@ -7,11 +7,17 @@ materialized on a rank:
 
     q_proj.{weight,bias}            dim 0, the rank's query-head rows     [a g hd, b g hd)
     k_proj, v_proj .{weight,bias}   dim 0, the rank's kv-head rows        [a hd, b hd)
-    o_proj.weight                   dim 1, the rank's query-head columns  [a g hd, b g hd)
+    o_proj.weight                   dim 1, `plan.o_columns(r)`: the rank's query-head columns
+                                    [a g hd, b g hd), or its block-aligned columns ("gather")
     gate_proj, up_proj .{w,b}       dim 0, the rank's intermediate rows
     down_proj.weight                dim 1, the rank's intermediate columns
     embed_tokens.weight, lm_head    dim 0, the rank's vocabulary rows
     everything else (norms, o/down biases)   replicated
+
+A GGUF source's quantized tensors fill the layers' `quant` modules with the same slices, read as
+blocks (`GGUFModel.blocks(name, dim, start, end)`: a row slice is a view of the mapped file, a
+column slice a copy of exactly the rank's bytes of every row); nothing is dequantized at load time
+and the rest of each tensor is never read. A tied LM head shares the embedding's blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from tandem.models.quant.linear import QuantEmbedding, QuantLinear
 from tandem.parallel.plan import TPPlan
 
 
@@ -47,7 +54,7 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
         s = plan.kv_rows(rank)
         return (0, s.start, s.end)
     if module == "o_proj" and leaf == "weight":
-        s = plan.q_rows(rank)
+        s = plan.o_columns(rank)
         return (1, s.start, s.end)
     if module in ("gate_proj", "up_proj"):
         s = plan.intermediate[rank]
@@ -61,10 +68,47 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
     return None
 
 
+def quant_types(source: object) -> dict[str, int]:
+    """Checkpoint name -> GGUF block type of every quantized tensor of `source` (`{}` for a
+    dense source): what `shard_transformer(qtypes=...)` builds over blocks."""
+    manifest = getattr(source, "manifest", {})
+    return {n: i.type_id for n, i in manifest.items() if getattr(i, "quantized", False)}
+
+
+def _load_quant(model: nn.Module, reader, plan: TPPlan, rank: int) -> int:
+    """Fills every layer's `quant` module with this rank's blocks; returns the bytes read."""
+    device = next(p.device for p in model.parameters() if not p.is_meta)
+    shared: dict[str, torch.Tensor] = {}  # checkpoint name -> blocks (a tied head: once)
+    nbytes = 0
+    for mname, mod in model.named_modules():
+        q = getattr(mod, "quant", None)
+        if not isinstance(q, (QuantLinear, QuantEmbedding)):
+            continue
+        source = model.checkpoint_name(mname + ".weight")
+        spec = slice_spec(mname + ".weight", plan, rank)
+        blocks = shared.get(source)
+        if blocks is None:
+            info = reader.info(source)
+            if info.type_id != q.qtype:
+                raise ShardLoadError(f"{mname}: built for type {q.qtype}, {source} is {info.dtype}")
+            blocks = reader.blocks(source) if spec is None else reader.blocks(source, *spec)
+            blocks = shared[source] = blocks.to(device)
+            nbytes += blocks.numel()
+        if tuple(blocks.shape) != tuple(q.qweight.shape):
+            raise ShardLoadError(
+                f"{mname}: blocks {spec} of {source} have shape {tuple(blocks.shape)}, the "
+                f"rank-{rank} shard needs {tuple(q.qweight.shape)}"
+            )
+        q.qweight = blocks
+    return nbytes
+
+
 def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -> int:
     """Fills every parameter of a `shard_transformer` model from `reader`, one slice read each
-    (tied parameters once), converting to the parameter's dtype. Returns the bytes read."""
-    nbytes = 0
+    (tied parameters once), converting to the parameter's dtype, and every quantized layer with
+    its blocks (module docstring). Returns the bytes read."""
+    quantized = hasattr(reader, "blocks")
+    nbytes = _load_quant(model, reader, plan, rank) if quantized else 0
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters are listed once
             source = model.checkpoint_name(name)
@@ -78,7 +122,7 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
             p.copy_(t)
             nbytes += t.numel() * t.element_size()
             del t
-            close = getattr(reader, "close", None)
+            close = None if quantized else getattr(reader, "close", None)
             if close is not None:
                 # drop the file mapping: a column slice touches every page of its tensor, and
                 # mapped pages count as this process's resident memory while the file stays open

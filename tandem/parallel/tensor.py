@@ -5,9 +5,17 @@ Notation: `X` is the input (..., in), a linear layer computes `Y = X A^T + b` wi
 (out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Span` `[start, end)` of one dimension (`parallel.apportion`).
 Every product goes through `tandem.kernels.linear.linear`, the single-node model's decode kernel
 (oneDNN for float32 on x86 CPUs, `F.linear` elsewhere), so a shard multiplies as the monolith does.
+
+A layer built with `qtype` (a GGUF block type) holds no dense weight: its shard stays in the
+file's blocks as `quant` (a `QuantLinear` / `QuantEmbedding` over the rank's blocks only, filled
+by `shard_load`), and it multiplies as the single-node GGUF model does (dequantize in the input's
+dtype, `F.linear`). A column shard is a row slice of whole blocks; a row-parallel shard's columns
+start and end on block boundaries (the plan guarantees it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +23,30 @@ from torch import nn
 
 from tandem.comm.base import Communicator
 from tandem.kernels.linear import linear
+from tandem.models.quant.blocks import layout
+from tandem.models.quant.linear import QuantEmbedding, QuantLinear
+
+
+def _placeholder(qtype: int, rows: int, cols: int) -> torch.Tensor:
+    """Meta uint8 blocks (rows, row_bytes(cols)) that `shard_load` replaces with the file's."""
+    return torch.empty((rows, layout(qtype).row_bytes(cols)), dtype=torch.uint8, device="meta")
+
+
+def _quant_linear(q: QuantLinear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`QuantLinear.forward` with the parallel layer's own bias: X deq(W)^T (+ b) in x.dtype."""
+    return F.linear(x, q.dequantized(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+@dataclass(frozen=True)
+class GatheredInput:
+    """o_proj's "gather" split (`TPPlan.o_split`): this rank's input is columns `[x_start,
+    x_end)` of the full (..., total) activation, and it contracts columns `[c_start, c_end)`."""
+
+    x_start: int
+    x_end: int
+    total: int
+    c_start: int
+    c_end: int
 
 
 class ColumnParallelLinear(nn.Module):
@@ -28,17 +60,37 @@ class ColumnParallelLinear(nn.Module):
     across ranks; equal to the monolith up to how the GEMM kernel blocks a narrower output).
     """
 
-    def __init__(self, in_features: int, out_local: int, bias: bool, *, device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_local: int,
+        bias: bool,
+        *,
+        qtype: int | None = None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_local
-        self.weight = nn.Parameter(torch.empty(out_local, in_features, device=device, dtype=dtype))
+        self.quant = None
+        if qtype is None:
+            self.weight = nn.Parameter(
+                torch.empty(out_local, in_features, device=device, dtype=dtype)
+            )
+        else:
+            self.weight = None
+            self.quant = QuantLinear(
+                qtype, in_features, out_local, _placeholder(qtype, out_local, in_features)
+            )
         self.bias = (
             nn.Parameter(torch.empty(out_local, device=device, dtype=dtype)) if bias else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., in) -> (..., out_local)
+        if self.quant is not None:
+            return _quant_linear(self.quant, x, self.bias)
         return linear(x, self.weight, self.bias)
 
 
@@ -59,6 +111,8 @@ class RowParallelLinear(nn.Module):
         bias: bool,
         comm: Communicator,
         *,
+        qtype: int | None = None,
+        gather: GatheredInput | None = None,
         device=None,
         dtype=None,
     ):
@@ -66,15 +120,42 @@ class RowParallelLinear(nn.Module):
         self.comm = comm
         self.in_features = in_local
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_local, device=device, dtype=dtype))
+        self.gather = gather
+        self.quant = None
+        if qtype is None:
+            self.weight = nn.Parameter(
+                torch.empty(out_features, in_local, device=device, dtype=dtype)
+            )
+        else:
+            self.weight = None
+            self.quant = QuantLinear(
+                qtype, in_local, out_features, _placeholder(qtype, out_features, in_local)
+            )
         self.bias = (
             nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         )
 
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quant is not None:
+            return _quant_linear(self.quant, x, bias)
+        return linear(x, self.weight, bias)
+
+    def _gathered(self, x: torch.Tensor) -> torch.Tensor:
+        """The "gather" fallback's input: every rank writes its columns into a zero (..., total)
+        tensor and the all-reduce sums them (x + 0 = x exactly: an all-gather of unequal parts),
+        then this rank keeps its block-aligned contraction columns."""
+        g = self.gather
+        full = x.new_zeros((*x.shape[:-1], g.total))  # (..., H*hd)
+        full[..., g.x_start : g.x_end] = x
+        full = self.comm.all_reduce_sum(full)
+        return full[..., g.c_start : g.c_end].contiguous()  # (..., in_local)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.comm.world_size == 1:
-            return linear(x, self.weight, self.bias)  # the monolith's kernel
-        partial = linear(x, self.weight)  # (..., in_local) -> (..., out)
+            return self._matmul(x, self.bias)  # the monolith's kernel
+        if self.gather is not None:
+            x = self._gathered(x)
+        partial = self._matmul(x, None)  # (..., in_local) -> (..., out)
         y = self.comm.all_reduce_sum(partial)
         return y if self.bias is None else y + self.bias
 
@@ -96,6 +177,7 @@ class VocabParallelEmbedding(nn.Module):
         dim: int,
         comm: Communicator,
         *,
+        qtype: int | None = None,
         device=None,
         dtype=None,
     ):
@@ -104,16 +186,25 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = vocab_start
         self.vocab_end = vocab_end
         self.embedding_dim = dim
-        self.weight = nn.Parameter(
-            torch.empty(vocab_end - vocab_start, dim, device=device, dtype=dtype)
-        )
+        rows = vocab_end - vocab_start
+        self.quant = None
+        if qtype is None:
+            self.weight = nn.Parameter(torch.empty(rows, dim, device=device, dtype=dtype))
+        else:
+            self.weight = None
+            self.quant = QuantEmbedding(
+                qtype, rows, dim, _placeholder(qtype, rows, dim), dtype or torch.float32
+            )
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight) if self.quant is None else self.quant(ids)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.comm.world_size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
-        rows = F.embedding(local, self.weight)  # (B, T) -> (B, T, dim)
+        rows = self._lookup(local)  # (B, T) -> (B, T, dim)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
         return self.comm.all_reduce_sum(rows)
 
@@ -138,6 +229,7 @@ class VocabParallelLMHead(nn.Module):
         comm: Communicator,
         *,
         weight: nn.Parameter | None = None,
+        qtype: int | None = None,
         device=None,
         dtype=None,
     ):
@@ -145,14 +237,25 @@ class VocabParallelLMHead(nn.Module):
         self.comm = comm
         self.vocab_start = vocab_start
         self.vocab_end = vocab_end
-        if weight is None:
+        self.quant = None
+        if qtype is not None:
+            rows = vocab_end - vocab_start
+            self.quant = QuantLinear(qtype, dim, rows, _placeholder(qtype, rows, dim))
+            weight = None
+        elif weight is None:
             weight = nn.Parameter(
                 torch.empty(vocab_end - vocab_start, dim, device=device, dtype=dtype)
             )
         self.weight = weight
 
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        # (..., dim) -> (..., v_local)
+        if self.quant is not None:
+            return _quant_linear(self.quant, h, None)
+        return linear(h, self.weight)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor | None:
-        local = linear(h, self.weight)  # (..., dim) -> (..., v_local)
+        local = self._logits(h)  # (..., dim) -> (..., v_local)
         if self.comm.world_size == 1:
             return local
         # float32 travels the (float32) wire losslessly whatever each rank computes in, so a
@@ -172,7 +275,7 @@ class VocabParallelLMHead(nn.Module):
         The pairs meet in one small all-reduce rather than a gather: rank r writes its pair into
         slots [2r, 2r+2) of a zero tensor (..., 2p), and since x + 0 = x exactly, the sum is the
         rank-ordered pairs, on the latency-optimal path the layers' all-reduces already take."""
-        local = linear(h, self.weight).float()  # (..., dim) -> (..., v_local)
+        local = self._logits(h).float()  # (..., dim) -> (..., v_local)
         n, r = self.comm.world_size, self.comm.rank
         if n == 1:
             return local.argmax(-1)

@@ -12,11 +12,18 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
     LM head    lm_head                -> VocabParallelLMHead (logits to rank 0 only; tied -> shared)
     norms                             -> replicated
 
+A quantized source passes `qtypes` (checkpoint name -> GGUF block type of each quantized tensor):
+those layers are built over their blocks (`tensor` module docstring) and `shard_load` fills them.
+With the plan's `o_split == "gather"`, o_proj contracts `plan.o_columns(r)` of the gathered
+attention output instead of the rank's own heads.
+
 A pipeline stage passes its `layer_range` and whether it holds the embedding and the head; the
 layers keep their global indices.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -28,6 +35,7 @@ from tandem.models.rope import RotaryEmbedding
 from tandem.parallel.plan import TPPlan
 from tandem.parallel.tensor import (
     ColumnParallelLinear,
+    GatheredInput,
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabParallelLMHead,
@@ -50,8 +58,10 @@ def shard_transformer(
     with_head: bool = True,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    qtypes: Mapping[str, int] | None = None,
 ) -> Transformer:
     """This rank's (`comm.rank`) shard of the model, parameters allocated but not loaded."""
+    qt = dict(qtypes or {})
     if plan.world_size != comm.world_size:
         raise TransformError(f"plan for {plan.world_size} ranks, communicator of {comm.world_size}")
     if with_head and comm.world_size > 1 and config.vocab_size > MAX_EXACT_VOCAB:
@@ -66,26 +76,61 @@ def shard_transformer(
         model = Transformer(config, layer_range, with_embed, with_head)
     model.rope = RotaryEmbedding(config)  # built under meta above; its tables live on the host
     q, kv, inter, vocab = plan.q_rows(r), plan.kv_rows(r), plan.intermediate[r], plan.vocab[r]
-    for layer in model.model.layers.values():
+    oc = plan.o_columns(r)
+    gather = None
+    if plan.o_split == "gather":
+        gather = GatheredInput(q.start, q.end, plan.n_heads * plan.head_dim, oc.start, oc.end)
+    for i, layer in model.model.layers.items():
+        p = f"model.layers.{i}."
+
+        def col(name: str, out: int, bias: bool, p: str = p) -> ColumnParallelLinear:
+            qtype = qt.get(p + name + ".weight")
+            return ColumnParallelLinear(D, out, bias, qtype=qtype, device=meta)
+
         attn = layer.self_attn
-        attn.q_proj = ColumnParallelLinear(D, q.size, config.qkv_bias, device=meta)
-        attn.k_proj = ColumnParallelLinear(D, kv.size, config.qkv_bias, device=meta)
-        attn.v_proj = ColumnParallelLinear(D, kv.size, config.qkv_bias, device=meta)
-        attn.o_proj = RowParallelLinear(q.size, D, config.o_bias, comm, device=meta)
+        attn.q_proj = col("self_attn.q_proj", q.size, config.qkv_bias)
+        attn.k_proj = col("self_attn.k_proj", kv.size, config.qkv_bias)
+        attn.v_proj = col("self_attn.v_proj", kv.size, config.qkv_bias)
+        attn.o_proj = RowParallelLinear(
+            oc.size,
+            D,
+            config.o_bias,
+            comm,
+            qtype=qt.get(p + "self_attn.o_proj.weight"),
+            gather=gather,
+            device=meta,
+        )
         attn.n_heads = plan.q_heads(r).size
         attn.n_kv_heads = plan.kv_heads[r].size
         mlp = layer.mlp
-        mlp.gate_proj = ColumnParallelLinear(D, inter.size, config.mlp_bias, device=meta)
-        mlp.up_proj = ColumnParallelLinear(D, inter.size, config.mlp_bias, device=meta)
-        mlp.down_proj = RowParallelLinear(inter.size, D, config.mlp_bias, comm, device=meta)
+        mlp.gate_proj = col("mlp.gate_proj", inter.size, config.mlp_bias)
+        mlp.up_proj = col("mlp.up_proj", inter.size, config.mlp_bias)
+        mlp.down_proj = RowParallelLinear(
+            inter.size,
+            D,
+            config.mlp_bias,
+            comm,
+            qtype=qt.get(p + "mlp.down_proj.weight"),
+            device=meta,
+        )
     if with_embed:
         model.model.embed_tokens = VocabParallelEmbedding(
-            vocab.start, vocab.end, D, comm, device=meta
+            vocab.start,
+            vocab.end,
+            D,
+            comm,
+            qtype=qt.get("model.embed_tokens.weight"),
+            device=meta,
+            dtype=dtype,
         )
     if with_head:
-        model.lm_head = VocabParallelLMHead(vocab.start, vocab.end, D, comm, device=meta)
+        head_qtype = qt.get(model.checkpoint_name("lm_head.weight"))
+        model.lm_head = VocabParallelLMHead(
+            vocab.start, vocab.end, D, comm, qtype=head_qtype, device=meta
+        )
     _materialize(model, torch.device(device), dtype)
-    if with_head and with_embed and config.tie_word_embeddings:
+    tied = with_head and with_embed and config.tie_word_embeddings
+    if tied and model.lm_head.quant is None:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
 

@@ -10,10 +10,14 @@ import sys
 import pytest
 from builtin_golden import GOLDEN_IDS, GOLDEN_TOKENS
 
+from tandem.builtin import BUILTIN_PROMPT, default_model_dir
+
 
 def generate_json(*layout: str) -> dict:
-    """`tandem generate` with no model and no prompt (the built-in defaults), greedy."""
+    """`tandem generate` on the built-in model and prompt (named: the default is SmolLM2 when
+    installed), greedy."""
     cmd = [sys.executable, "-m", "tandem", "generate", "--json", "--threads", "1"]
+    cmd += ["--model", str(default_model_dir()), "--prompt", BUILTIN_PROMPT]
     cmd += ["--dtype", "float32"]  # a layout change keeps greedy output only in f32
     cmd += ["--max-tokens", str(GOLDEN_TOKENS), "--ignore-eos", *layout]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)

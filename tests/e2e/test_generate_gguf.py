@@ -1,6 +1,6 @@
 """`tandem generate --model FILE.gguf`: the CLI runs a GGUF file (weights in their blocks) with the
-in-process reference's greedy ids, single-node and as a pipeline whose stages hold whole layers;
-tensor parallelism over it is refused in one line before any rank starts."""
+in-process reference's greedy ids, single-node, as a pipeline whose stages hold whole layers,
+tensor-parallel (each rank holding its own blocks) and as a grid with a TP stage."""
 
 import json
 import subprocess
@@ -53,16 +53,8 @@ def test_generate_on_a_gguf_file_prints_the_reference_ids_single_node_and_at_pp2
 
 
 @pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2", "--layout", "2,1")])
-def test_tensor_parallelism_over_a_gguf_file_is_a_one_line_error(gguf, layout):
-    out = cli(gguf, *layout, ok=False)
-    assert out.returncode != 0
-    assert "over a GGUF model is not supported yet" in out.stderr
-    assert "Traceback" not in out.stderr, out.stderr[-2000:]
-
-
-def test_a_worker_for_a_gguf_file_refuses_before_joining_any_ring(gguf):
-    cmd = [sys.executable, "-m", "tandem", "worker", "--model", str(gguf), "--rank", "1"]
-    cmd += ["--world-size", "2", "--peers", "127.0.0.1:9,127.0.0.1:9"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert "tensor parallelism over a GGUF model is not supported yet" in out.stderr
+def test_tensor_parallel_generate_over_a_gguf_file_prints_the_reference_ids(gguf, layout):
+    model = load_model(open_model(gguf))
+    ex = LocalExecutor(model, max_batch=1, max_seq_len=len(PROMPT) + NEW)
+    (want,) = generate(ex, [PROMPT], SamplingParams(max_tokens=NEW, temperature=0.0))
+    assert cli(gguf, *layout, "--dtype", "float32")["token_ids"] == want.token_ids

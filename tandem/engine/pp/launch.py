@@ -43,7 +43,7 @@ from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_liste
 from tandem.engine.pp.worker import DTYPES, READY
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
-from tandem.loaders.source import open_model, require_shardable
+from tandem.loaders.source import open_model
 from tandem.parallel.partition import validate_ranges
 
 
@@ -94,8 +94,6 @@ def launch_pipeline(
     all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
     hosts of `tandem bench`)."""
     md = open_model(model_dir)
-    if any(s.tp > 1 for s in stages):
-        require_shardable(md, "a tensor-parallel pipeline stage")
     cfg = md.config
     validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
     layout = [s.tp for s in stages]

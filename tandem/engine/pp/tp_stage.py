@@ -13,11 +13,10 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.comm.ring import RingCommunicator
-from tandem.loaders.safetensors_dir import ModelDir
-from tandem.loaders.source import require_shardable
+from tandem.loaders.source import ModelSource
 from tandem.models.llama import Transformer
-from tandem.parallel.plan import plan_for_config
-from tandem.parallel.shard_load import load_shard
+from tandem.parallel.plan import plan_for_source
+from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
 from tandem.transport.endpoints import Listener
 from tandem.transport.handshake import Identity
@@ -56,7 +55,7 @@ def form_stage_ring(
 
 
 def load_tp_stage(
-    md: ModelDir,
+    md: ModelSource,
     layer_range: tuple[int, int],
     comm: Communicator,
     *,
@@ -65,8 +64,7 @@ def load_tp_stage(
     device: str = "cpu",
 ) -> Transformer:
     """This rank's shard of layers `[start, end)`, loaded slice by slice."""
-    require_shardable(md, "a tensor-parallel pipeline stage")
-    plan = plan_for_config(md.config, comm.world_size, weights)
+    plan = plan_for_source(md, comm.world_size, weights)
     model = shard_transformer(
         md.config,
         plan,
@@ -76,6 +74,7 @@ def load_tp_stage(
         with_head=False,
         device=device,
         dtype=dtype,
+        qtypes=quant_types(md),
     ).eval()
     load_shard(model, md, plan, comm.rank)
     return model

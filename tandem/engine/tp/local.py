@@ -24,7 +24,6 @@ from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.setup import start_head
-from tandem.loaders.source import require_shardable
 
 
 class LocalGroupError(RuntimeError):
@@ -108,7 +107,6 @@ def launch_local_tp(
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
     never) so they outlive pauses between steps longer than the op timeout."""
-    require_shardable(model_dir)  # before any worker starts
     if keepalive_s is not None and keepalive_s < 0:
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp

@@ -29,10 +29,9 @@ from tandem.comm.base import Communicator
 from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
-from tandem.loaders.safetensors_dir import ModelDir
-from tandem.loaders.source import require_shardable
-from tandem.parallel.plan import TPPlan, plan_for_config
-from tandem.parallel.shard_load import load_shard
+from tandem.loaders.source import ModelSource, open_model
+from tandem.parallel.plan import TPPlan, plan_for_source
+from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
 
 MAGIC = 0x54414E44534554  # "TANDSET"
@@ -141,7 +140,7 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
 
 
 def rank_facts(
-    md: ModelDir, plan: TPPlan, ranks: list[RankInfo], head_device: str
+    md: ModelSource, plan: TPPlan, ranks: list[RankInfo], head_device: str
 ) -> list[ci.RankFacts]:
     """The cluster view's static facts of each rank of a TP group holding every layer. Only the
     head (this process) is marked local; a launcher that started its workers marks them."""
@@ -171,14 +170,19 @@ def rank_facts(
 
 
 def build_shard(
-    md: ModelDir, comm: Communicator, layout: GroupLayout, dtype: str, device: str
+    md: ModelSource, comm: Communicator, layout: GroupLayout, dtype: str, device: str
 ) -> ShardRunner:
     """This rank's shard, loaded slice by slice, with its own KV cache."""
     if dtype not in DTYPES:
         raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    plan = plan_for_config(md.config, comm.world_size, layout.weights)
+    plan = plan_for_source(md, comm.world_size, layout.weights)
     model = shard_transformer(
-        md.config, plan, comm, device=device, dtype=getattr(torch, dtype)
+        md.config,
+        plan,
+        comm,
+        device=device,
+        dtype=getattr(torch, dtype),
+        qtypes=quant_types(md),
     ).eval()
     load_shard(model, md, plan, comm.rank)
     md.close()
@@ -199,10 +203,9 @@ def start_head(
     diagnose: Callable[[], str | None] | None = None,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
-    require_shardable(model_dir)
-    md = ModelDir(model_dir)
+    md = open_model(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
-    plan_for_config(md.config, comm.world_size, weights)  # fail before any worker loads
+    plan_for_source(md, comm.world_size, weights)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
     layout = GroupLayout(comm.world_size, weights, max_batch, seq, md.fingerprint())
     layout = agree_layout(comm, layout, md.fingerprint())
@@ -219,7 +222,7 @@ def start_head(
     )
     ex.ranks = ranks
     ex.layout = layout
-    plan = plan_for_config(md.config, comm.world_size, layout.weights)
+    plan = plan_for_source(md, comm.world_size, layout.weights)
     ex.facts = rank_facts(md, plan, ranks, device)
     return ex
 
@@ -228,8 +231,7 @@ def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
-    require_shardable(model_dir)
-    md = ModelDir(model_dir)
+    md = open_model(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
     exchange_rank_info(comm, dtype, device)
     runner = build_shard(md, comm, layout, dtype, device)

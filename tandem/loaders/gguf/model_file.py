@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,10 @@ class GGUFMissingTensorError(GGUFError, MissingTensorError):
 
 class GGUFShapeError(GGUFError, TensorShapeError):
     """A tensor whose shape disagrees with the one the metadata implies."""
+
+
+class GGUFSliceError(GGUFError, ValueError):
+    """A slice read outside the tensor, or off its block (or head) boundaries."""
 
 
 @dataclass(frozen=True)
@@ -231,13 +236,58 @@ class GGUFModel:
         c = self.config
         return permuted_heads(name, c.num_attention_heads, c.num_key_value_heads)
 
-    def blocks(self, name: str) -> torch.Tensor:
+    def blocks(
+        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+    ) -> torch.Tensor:
         """Quantized parameter `name` as uint8 blocks (rows, row_bytes), HF row order: a view
-        of the mapped file, or an un-permuted copy for a llama q/k (module docstring)."""
+        of the mapped file, or an un-permuted copy for a llama q/k (module docstring).
+
+        With `dim`, only the half-open slice `[start, end)` of that dimension (in elements):
+            dim 0  rows: a zero-copy view of the mapped file; for a llama q/k the slice must be
+                   whole heads, read with pread and un-permuted (a copy of its own rows only)
+            dim 1  columns: `start` and `end` multiples of the type's block size; exactly those
+                   bytes of every row, read with pread (not through the mapping, so the
+                   tensor's other bytes never become this process's resident pages)
+        Never the whole tensor: a shard reads only its own blocks."""
         info = self.info(name)
         raw = self._view(info)
         heads = self._heads(name)
-        return raw if heads is None else unpermute_rows(raw, heads)
+        if dim is None:
+            return raw if heads is None else unpermute_rows(raw, heads)
+        rows, cols = info.shape
+        if dim == 0:
+            self._check_range(info, start, end, rows, 1, "rows")
+            part = raw[start:end]
+            if heads is None:
+                return part
+            hd = rows // heads
+            if start % hd or end % hd:
+                raise GGUFSliceError(
+                    f"{info.file}: rows [{start}, {end}) of {info.gguf_name!r} are not whole "
+                    f"heads of {hd} (its rows are permuted per head)"
+                )
+            rb = raw.shape[1]
+            part = _pread_rows(info, start, end, 0, rb)  # not through the mapping: no page kept
+            return unpermute_rows(part, (end - start) // hd)
+        if dim == 1:
+            t = BY_ID[info.type_id]
+            self._check_range(info, start, end, cols, t.block_size, "columns")
+            b0, b1 = start // t.block_size * t.block_bytes, end // t.block_size * t.block_bytes
+            part = _pread_rows(info, 0, rows, b0, b1)  # (rows, (end - start) / bs * bb)
+            return part if heads is None else unpermute_rows(part, heads)
+        raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0 or 1)")
+
+    @staticmethod
+    def _check_range(info: GGUFTensorInfo, start, end, size: int, align: int, what: str) -> None:
+        if start is None or end is None or not 0 <= start < end <= size:
+            raise GGUFSliceError(
+                f"{info.file}: {what} [{start}, {end}) outside {info.gguf_name!r}'s {size}"
+            )
+        if start % align or end % align:
+            raise GGUFSliceError(
+                f"{info.file}: {what} [{start}, {end}) of {info.gguf_name!r} ({info.dtype}) do "
+                f"not fall on its {align}-element block boundaries"
+            )
 
     def _dense(self, info: GGUFTensorInfo, name: str) -> torch.Tensor:
         raw = self._view(info)
@@ -252,13 +302,29 @@ class GGUFModel:
             return raw.reshape(-1).view(dtype).view(info.shape)
         return dequantize(raw.reshape(-1, raw.shape[-1]), info.type_id).view(info.shape)
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(
+        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+    ) -> torch.Tensor:
         """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
-        un-permuted), a quantized tensor dequantized to float32 (a new tensor)."""
+        un-permuted), a quantized tensor dequantized to float32 (a new tensor). With `dim`, the
+        slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized)."""
         info = self.info(name)
+        if dim is not None and info.quantized:
+            return dequantize(self.blocks(name, dim, start, end), info.type_id)
         t = self._dense(info, info.gguf_name)
         heads = self._heads(name)
-        return t if heads is None else unpermute_rows(t, heads)
+        if dim is None:
+            return t if heads is None else unpermute_rows(t, heads)
+        self._check_range(info, start, end, info.shape[dim], 1, "elements")
+        part = t.narrow(dim, start, end - start)
+        if heads is None:
+            return part
+        if dim == 1:
+            return unpermute_rows(part, heads)
+        hd = info.shape[0] // heads
+        if start % hd or end % hd:
+            raise GGUFSliceError(f"{info.file}: rows [{start}, {end}) are not whole heads of {hd}")
+        return unpermute_rows(part, (end - start) // hd)
 
     # ---- identity and companions ----------------------------------------------------------
 
@@ -300,6 +366,27 @@ class GGUFModel:
         """Drops this object's references to the mappings; tensors already handed out keep
         theirs alive."""
         self.readers = []
+
+
+def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> torch.Tensor:
+    """Bytes `[b0, b1)` of rows `[r0, r1)` of a 2-D tensor, read with pread into a new uint8
+    (r1 - r0, b1 - b0) tensor: exactly those bytes, and none of the tensor's other pages become
+    this process's resident memory (a copy through the mapping would keep every page of every
+    row it crosses mapped and resident)."""
+    rb = info.nbytes // info.shape[0]
+    out = np.empty((r1 - r0, b1 - b0), dtype=np.uint8)
+    with open(info.file, "rb", buffering=0) as f:
+        fd = f.fileno()
+        if b0 == 0 and b1 == rb:  # whole rows: one contiguous read
+            n = os.preadv(fd, [out], info.offset + r0 * rb)
+            if n != out.nbytes:
+                raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+        else:
+            for i, r in enumerate(range(r0, r1)):
+                n = os.preadv(fd, [out[i]], info.offset + r * rb + b0)
+                if n != b1 - b0:
+                    raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+    return torch.from_numpy(out)
 
 
 def _type_name(type_id: int) -> str:
