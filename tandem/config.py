@@ -250,6 +250,7 @@ class ModelConfig:
         s = self.rope_scaling
         if s is not None:
             values["rope_scaling.factor"] = s.factor
+        if s is not None and s.rope_type == "llama3":  # linear scaling reads only the factor
             values["rope_scaling.low_freq_factor"] = s.low_freq_factor
             values["rope_scaling.high_freq_factor"] = s.high_freq_factor
             _check_int(
@@ -260,7 +261,7 @@ class ModelConfig:
             lo, hi = FLOAT_RANGES[name]
             if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
                 raise ConfigFieldError(name, v, f"[{lo:g}, {hi:g}] (finite)")
-        if s is not None and not s.high_freq_factor > s.low_freq_factor:
+        if s is not None and s.rope_type == "llama3" and not s.high_freq_factor > s.low_freq_factor:
             raise ConfigFieldError(
                 "rope_scaling.high_freq_factor", s.high_freq_factor,
                 f"(low_freq_factor = {s.low_freq_factor:g}, 1024]",
