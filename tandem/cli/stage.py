@@ -40,6 +40,9 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="per-op link timeout, seconds")
     p.add_argument("--idle-timeout", type=float, default=3600.0, help="leave after this long idle")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    p.add_argument(
+        "--kernels", default="auto", help="auto (the fast path) or torch (the reference modules)"
+    )
     p.set_defaults(func=run)
 
 

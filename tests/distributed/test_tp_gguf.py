@@ -71,7 +71,8 @@ def smol_groups():
     layouts = {"tp2": (SMOL, 2, {}), "tp3": (SMOL, 3, {}), "tp2w": (SMOL, 2, {"weights": (2, 1)})}
     # every rank on the reference quantized modules, as the single-node reference below: TP
     # shards do not take the native quantized kernels yet, and their int8 activations would
-    # move a PP stage's logits by more than the sharding does
+    # move a PP stage's logits by more than the sharding does. The PP head lives in this
+    # process, whose native library may already be loaded: it is told so explicitly.
     mp = pytest.MonkeyPatch()
     mp.setenv("TANDEM_NATIVE", "0")
     groups = launch_concurrently(layouts, max_batch=1, max_seq_len=64, threads=1)
@@ -83,6 +84,7 @@ def smol_groups():
             max_batch=1,
             max_seq_len=64,
             threads=1,
+            kernels="torch",
         )
         groups["grid"] = launch_pipeline(
             SMOL,
@@ -90,6 +92,7 @@ def smol_groups():
             max_batch=1,
             max_seq_len=64,
             threads=1,
+            kernels="torch",
         )
         mp.undo()
         yield groups

@@ -87,12 +87,14 @@ def launch_pipeline(
     threads: int = 0,
     addresses: Sequence[str] | None = None,
     argv_prefix: Callable[[int], list[str]] | None = None,
+    kernels: str = "auto",
 ) -> PipelineExecutor:
     """Starts the stage processes and returns the head's `PipelineExecutor` (close it to stop them).
 
     `addresses[g]` is the address global rank g binds and is reached at (default 127.0.0.1 for
     all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
-    hosts of `tandem bench`)."""
+    hosts of `tandem bench`); `kernels` is every TP=1 stage's `tandem.kernels.prepare` choice
+    ("torch": the reference modules, as a single node built with `kernels="torch"`)."""
     md = open_model(model_dir)
     cfg = md.config
     validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
@@ -144,7 +146,7 @@ def launch_pipeline(
                     "--cluster-id", cluster_id, "--dtype", spec.dtype, "--device", spec.device,
                     "--wire-dtype", wire_dtype, "--max-batch", str(max_batch),
                     "--max-seq-len", str(max_seq_len), "--timeout", str(timeout),
-                    "--threads", str(threads),
+                    "--threads", str(threads), "--kernels", kernels,
                 ]  # fmt: skip
                 argv += ["--listen", f"{addr(g)}:0", "--tp-listen", f"{addr(g)}:0"]
                 if last:
@@ -173,7 +175,7 @@ def launch_pipeline(
         ex = _build_head(
             md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
-            timeout=timeout, microbatches=microbatches,
+            timeout=timeout, microbatches=microbatches, kernels=kernels,
         )  # fmt: skip
         pids = {0: os.getpid(), **{g: p.pid for g, p in procs.items()}}
         hosts = {g: addr(g) for g in pids} if addresses is not None else {}
@@ -203,6 +205,7 @@ def _build_head(
     wire_dtype,
     timeout,
     microbatches,
+    kernels,
 ) -> PipelineExecutor:
     s0 = stages[0]
     dtype = DTYPES[s0.dtype]
@@ -223,7 +226,7 @@ def _build_head(
     # at TP > 1 stage 0's layers are sharded (below); the head keeps only embedding and LM head
     head_layers = r0 if s0.tp == 1 else (r0[0], r0[0])
     embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=head_layers)
-    prepare(embed_head)  # the single-node fast path (tandem.kernels)
+    prepare(embed_head, kernel=kernels)  # the single-node fast path (tandem.kernels)
     if s0.tp == 1:
         stage0 = StageRunner(embed_head, max_batch, max_seq_len)
     else:

@@ -59,6 +59,7 @@ class StageOptions:
     timeout: float = 120.0  # per-op link timeout, seconds
     idle_timeout: float = 3600.0  # leave after this long idle
     threads: int = 0  # torch threads (0: leave the default)
+    kernels: str = "auto"  # tandem.kernels.prepare's choice; "torch": the reference modules
 
 
 def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int], ring):
@@ -73,7 +74,7 @@ def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int]
             with_embed=False,
             with_head=False,
         )
-        prepare(model)  # the single-node fast path (tandem.kernels)
+        prepare(model, kernel=args.kernels)  # the single-node fast path (tandem.kernels)
         return model, None
     right = args.tp_right if args.tp_right != "-" else sys.stdin.readline().strip()
     comm = form_stage_ring(
