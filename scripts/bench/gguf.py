@@ -169,10 +169,10 @@ def worker(a: argparse.Namespace) -> None:
         return dt
 
     def decode() -> float:
-        tok = int(ex.run(Step((StepSequence(0, (11,), 0),), greedy=True))[0])
+        tok = int(ex.run(Step((StepSequence(0, (11,), 0),), greedy=True)).ids()[0])
         t0 = time.perf_counter()
         for i in range(a.decode):
-            tok = int(ex.run(Step((StepSequence(0, (tok,), 1 + i),), greedy=True))[0])
+            tok = int(ex.run(Step((StepSequence(0, (tok,), 1 + i),), greedy=True)).ids()[0])
         dt = time.perf_counter() - t0
         ex.release([0])
         return dt

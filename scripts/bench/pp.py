@@ -60,14 +60,15 @@ def run_streams(ex, ps: list[list[int]], decode: int, base: int) -> dict:
     """Greedy prefill of every prompt together, then `decode` batched decode steps."""
     ids = [base + i for i in range(len(ps))]
     t0 = time.perf_counter()
-    logits = ex.run(Step(tuple(StepSequence(i, tuple(p), 0) for i, p in zip(ids, ps))))
+    logits = ex.run(Step(tuple(StepSequence(i, tuple(p), 0) for i, p in zip(ids, ps)))).logits
     ttft = time.perf_counter() - t0
     pos = [len(p) for p in ps]
     b0 = wire_bytes(ex)
     t1 = time.perf_counter()
     for _ in range(decode):
         nxt = logits.argmax(-1).tolist()
-        logits = ex.run(Step(tuple(StepSequence(i, (t,), q) for i, t, q in zip(ids, nxt, pos))))
+        step = Step(tuple(StepSequence(i, (t,), q) for i, t, q in zip(ids, nxt, pos)))
+        logits = ex.run(step).logits
         pos = [q + 1 for q in pos]
     dt = time.perf_counter() - t1
     moved = wire_bytes(ex) - b0

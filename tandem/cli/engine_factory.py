@@ -152,7 +152,7 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
     with console.status(
         f"agreeing on the model with {comm.world_size - 1} worker(s), loading shards"
     ):
-        ex = start_head(
+        return start_head(
             model_dir,
             metered,
             max_batch=max_batch,
@@ -160,10 +160,8 @@ def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_le
             dtype=dtype,
             device=device,
             keepalive_s=keepalive_s,
+            join_rtt_ms=join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size),
         )
-    ex.comm_stats = metered.stats
-    ex.join_rtt_ms = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
-    return ex
 
 
 def join_rtts(text: str, world_size: int) -> dict[int, float]:
@@ -183,40 +181,6 @@ def join_rtts(text: str, world_size: int) -> dict[int, float]:
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
             out[int(k)] = float(v)
     return out
-
-
-def executor_health(executor) -> Callable[[], tuple[bool, str]]:
-    """Whole while the executor has not recorded a failure (a dead or hung rank)."""
-
-    def health() -> tuple[bool, str]:
-        own = getattr(executor, "health", None)
-        if callable(own):
-            return own()
-        failure = getattr(executor, "_failure", None) or getattr(executor, "_failed", None)
-        if failure:
-            return False, str(failure)
-        return True, "ok"
-
-    return health
-
-
-def executor_stats(executor) -> Callable[[], dict[str, float]]:
-    """Collective time and bytes on the wire, from whichever counters the executor keeps."""
-
-    def stats() -> dict[str, float]:
-        out: dict[str, float] = {}
-        comm = getattr(executor, "comm_stats", None)
-        if comm is not None:
-            out["collectives"] = comm.collectives
-            out["collective_seconds"] = comm.seconds
-            out["wire_bytes"] = comm.bytes_moved
-        sent = getattr(executor, "bytes_sent", None)
-        if isinstance(sent, int):
-            received = getattr(executor, "bytes_received", 0)
-            out["wire_bytes"] = out.get("wire_bytes", 0) + sent + received
-        return out
-
-    return stats
 
 
 def build_serving_engine(
@@ -261,8 +225,6 @@ def build_serving_engine(
         tokenizer,
         name or model_dir.resolve().name.removesuffix(".gguf"),
         chat_template=chat,
-        health=executor_health(executor),
-        executor_stats=executor_stats(executor),
     )
     scheduler.start()
 

@@ -47,11 +47,10 @@ def describe_stages(stages) -> list[dict]:
 def build_pipeline_executor(
     args: argparse.Namespace, config, *, max_batch: int, max_seq_len: int, dtype: str, device: str
 ):
-    """The `PipelineExecutor` for the options in `args` (its `close()` stops the stage processes);
-    `stages` describes the grid, for reports."""
+    """The `PipelineExecutor` for the options in `args` (its `close()` stops the stage processes)."""
     layout = parse_layout(args.layout, args.pp, getattr(args, "tp", 1) or 1)
     stages = plan_stages(config, layout, pp_weights=args.pp_weights, dtype=dtype, device=device)
-    ex = launch_pipeline(
+    return launch_pipeline(
         args.model,
         stages,
         max_batch=max_batch,
@@ -61,8 +60,6 @@ def build_pipeline_executor(
         # one OpenMP pool per process, sized so the ranks do not oversubscribe this machine's cores
         threads=args.threads or local_threads(sum(layout)),
     )
-    ex.stages = describe_stages(stages)
-    return ex
 
 
 def pipeline_report(executor, tokens: int) -> dict:
@@ -70,7 +67,7 @@ def pipeline_report(executor, tokens: int) -> dict:
     wire = executor.bytes_sent + executor.bytes_received
     hops = executor.stage_hops
     return {
-        "stages": getattr(executor, "stages", None),
+        "stages": describe_stages(executor.stages),
         "wire_dtype": executor.wire_dtype,
         "wire_bytes": wire,
         "wire_bytes_per_token": round(wire / max(1, tokens), 1),

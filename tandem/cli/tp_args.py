@@ -58,7 +58,7 @@ def tp_executor(args: argparse.Namespace, max_seq_len: int, max_batch: int = 1) 
                 f"RING_CONFIG describes rank {comm.rank} of {comm.world_size}; the head is rank 0 "
                 f"and --tp must equal the world size"
             )
-        ex = start_head(
+        return start_head(
             args.model,
             comm,
             weights=weights,
@@ -68,8 +68,6 @@ def tp_executor(args: argparse.Namespace, max_seq_len: int, max_batch: int = 1) 
             device=devices[0],
             keepalive_s=args.op_timeout / 4,
         )
-        ex.comm_stats = comm.stats
-        return ex
     # the head and its workers share this machine's cores (cli.threads: full pools per rank
     # oversubscribe them)
     threads = threads or local_threads(args.tp)

@@ -172,16 +172,14 @@ def launch_pipeline(
                 procs[g].stdin.write(f"{down}\n{ring}\n".encode())
                 procs[g].stdin.flush()
         head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
-        ex = _build_head(
-            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
-            max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
-            timeout=timeout, microbatches=microbatches, kernels=kernels,
-        )  # fmt: skip
         pids = {0: os.getpid(), **{g: p.pid for g, p in procs.items()}}
         hosts = {g: addr(g) for g in pids} if addresses is not None else {}
-        ex.grid = [list(r) for r in ranks]
-        ex.facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
-        return ex
+        facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
+        return _build_head(
+            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
+            max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
+            timeout=timeout, microbatches=microbatches, kernels=kernels, facts=facts,
+        )  # fmt: skip
     except BaseException:
         head_listener.close()
         group.shutdown()
@@ -206,6 +204,7 @@ def _build_head(
     timeout,
     microbatches,
     kernels,
+    facts,
 ) -> PipelineExecutor:
     s0 = stages[0]
     dtype = DTYPES[s0.dtype]
@@ -255,7 +254,7 @@ def _build_head(
         if comm is not None:
             comm.close()
 
-    ex = PipelineExecutor(
+    return PipelineExecutor(
         embed_head,
         stage0,
         to_next=to_next,
@@ -269,7 +268,9 @@ def _build_head(
         microbatches=microbatches,
         diagnose=lambda: group.diagnose(wait_s=1.0, lines=3),
         on_close=on_close,
+        stages=stages,
+        grid=[list(r) for r in ranks],
+        facts=facts,
+        worker_pids=group.rank_pids(),
+        worker_procs=list(group.procs),
     )
-    ex.worker_pids = group.rank_pids()
-    ex.worker_procs = list(group.procs)
-    return ex

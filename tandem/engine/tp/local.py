@@ -14,7 +14,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +77,10 @@ class LocalWorkers:
     def exited(self) -> tuple[str, int] | None:
         """(name, exit code) of a worker that has exited, or None while all run."""
         return self.group.poll()
+
+    def pids(self) -> frozenset[int]:
+        """The worker processes' pids."""
+        return frozenset(p.pid for p in self.group.procs)
 
     def diagnose(self) -> str | None:
         """Which workers exited and the tail of their logs, or None while all run."""
@@ -180,6 +183,7 @@ def form_local_group(
             on_close=workers.shutdown,
             keepalive_s=keepalive_s,
             diagnose=workers.diagnose,
+            local_workers=workers,
         )
     except BaseException as e:
         why = workers.diagnose()
@@ -187,11 +191,6 @@ def form_local_group(
         if why is not None and not isinstance(e, KeyboardInterrupt):
             raise LocalGroupError(f"the local TP group failed to form: {e}\n{why}") from e
         raise
-    ex.comm_stats = metered.stats
-    ex.log_dir = workers.log_dir
-    ex.local_workers = workers
-    ours = {p.pid for p in workers.group.procs}
-    ex.facts = [replace(f, local=f.local or f.pid in ours) for f in ex.facts]
     return ex
 
 

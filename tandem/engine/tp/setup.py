@@ -20,8 +20,9 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
+
+if TYPE_CHECKING:
+    from tandem.engine.tp.local import LocalWorkers
 
 MAGIC = 0x54414E44534554  # "TANDSET"
 VERSION = 2  # 2: rank info carries pid and host name
@@ -201,8 +205,13 @@ def start_head(
     on_close: Callable[[], None] | None = None,
     keepalive_s: float | None = None,
     diagnose: Callable[[], str | None] | None = None,
+    local_workers: LocalWorkers | None = None,
+    join_rtt_ms: dict[int, float] | None = None,
 ) -> TPExecutor:
-    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
+    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
+    `local_workers`: the worker processes when this process started them (their ranks are shown as
+    local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
+    to the head when it joined, for `describe`."""
     md = open_model(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
     plan_for_source(md, comm.world_size, weights)  # fail before any worker loads
@@ -212,19 +221,24 @@ def start_head(
     ranks = exchange_rank_info(comm, dtype, device)
     runner = build_shard(md, comm, layout, dtype, device)
     comm.barrier()  # every shard loaded
-    ex = TPExecutor(
+    plan = plan_for_source(md, comm.world_size, layout.weights)
+    facts = rank_facts(md, plan, ranks, device)
+    if local_workers is not None:
+        ours = local_workers.pids()
+        facts = [replace(f, local=f.local or f.pid in ours) for f in facts]
+    return TPExecutor(
         runner,
         comm,
         md.config.vocab_size,
         on_close=on_close,
         keepalive_s=keepalive_s,
         diagnose=diagnose,
+        facts=facts,
+        ranks=ranks,
+        layout=layout,
+        local_workers=local_workers,
+        join_rtt_ms=join_rtt_ms,
     )
-    ex.ranks = ranks
-    ex.layout = layout
-    plan = plan_for_source(md, comm.world_size, layout.weights)
-    ex.facts = rank_facts(md, plan, ranks, device)
-    return ex
 
 
 def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
