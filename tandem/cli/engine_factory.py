@@ -23,6 +23,7 @@ from tandem.cli.threads import local_threads
 from tandem.config import ModelConfig
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import ModelSource, open_model
 
@@ -77,6 +78,11 @@ def build_executor(
     `ring_config`, this process is rank 0 of a TP group whose workers run on other machines.
     `source`: the model already opened at `model_dir` (a single-node GGUF model is loaded from
     it rather than parsed again)."""
+    if isinstance(source, QuantizedModelDir) and (tp * pp > 1 or ring_config is not None):
+        raise LayoutUnavailable(
+            "--quantize runs on one node; for --tp / --pp write the file once with "
+            "`tandem quantize MODEL_DIR OUT.gguf --type ...` and serve OUT.gguf"
+        )
     if ring_config is not None:
         return _remote_tp_head(
             model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
@@ -95,7 +101,7 @@ def build_executor(
                 task = bar.add_task("loading weights", total=md.total_bytes)
                 md.on_read = lambda n: bar.advance(task, n)
                 model = load_model(md, dtype=DTYPES[dtype], device=device)
-        else:  # GGUF: the weights stay mapped in their blocks; there is little to wait for
+        else:  # GGUF (the weights stay mapped in their blocks), or quantized as it loads
             md = source
             model = load_model(md, dtype=DTYPES[dtype], device=device)
         return LocalExecutor(
@@ -195,10 +201,12 @@ def build_serving_engine(
     name: str | None = None,
     console: Console | None = None,
     ring_config: Path | None = None,
+    quantize: str | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
-    """A started engine and the function that stops it (scheduler first, then the executor)."""
+    """A started engine and the function that stops it (scheduler first, then the executor).
+    `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads."""
     console = console or Console(stderr=True)
-    source = open_model(model_dir)
+    source = open_model(model_dir, quantize)
     config = source.config
     seq_len = min(max_seq_len or 2048, config.max_position_embeddings)
     tokenizer = source.tokenizer()

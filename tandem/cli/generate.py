@@ -23,6 +23,7 @@ from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.gguf.quantized_dir import QTYPES, QuantizeChoiceError, QuantizedModelDir
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelFileError
 from tandem.loaders.source import open_model
@@ -58,6 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default="auto",
         help=f"auto or one of {', '.join(DTYPE_NAMES)}; with --tp one per rank, e.g. bfloat16,float16",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=sorted(QTYPES),
+        help="quantize a safetensors model's matrices as it loads (one node; same kernels as GGUF)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -97,20 +104,25 @@ def run(args: argparse.Namespace) -> int:
         args.prompt = prompt
     tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
     try:
-        source = open_model(args.model)
+        if args.quantize and (args.tp > 1 or wants_pipeline(args)):
+            raise QuantizeChoiceError(
+                "--quantize runs on one node; for --tp / --pp write the file once with "
+                "`tandem quantize MODEL_DIR OUT.gguf --type ...` and pass OUT.gguf"
+            )
+        source = open_model(args.model, args.quantize)
         tokenizer = source.tokenizer()
         ids = prompt_ids(args, tokenizer, source.config.vocab_size)
-    except (PromptError, ModelFileError, ConfigError) as e:
+    except (PromptError, ModelFileError, ConfigError, QuantizeChoiceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = source.config
-    gguf = isinstance(source, GGUFModel)
+    gguf = isinstance(source, (GGUFModel, QuantizedModelDir))
     if tp:  # one dtype and one device per rank
         dtypes, devices = resolve_ranks(args)
         dtype, device = ",".join(dtypes), ",".join(devices)
     else:
         device = resolve_device(args.device)
-        # a GGUF file's weights are dequantized exactly; float32 keeps them so by default
+        # quantized weights are dequantized exactly; float32 keeps them so by default
         dtype = (
             torch.float32 if gguf and args.dtype == "auto" else resolve_dtype(args.dtype, device)
         )
