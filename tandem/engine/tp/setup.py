@@ -29,6 +29,7 @@ import torch
 from tandem.comm.base import Communicator
 from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.plan import TPPlan, plan_for_source
@@ -193,6 +194,26 @@ def build_shard(
     return ShardRunner(model, layout.max_batch, layout.max_seq_len)
 
 
+def admit(
+    comm: Communicator,
+    runner: ShardRunner,
+    ranks: list[RankInfo],
+    md: ModelSource | None,
+    plan: TPPlan | None,
+) -> None:
+    """Collective, after every shard is loaded: the numerical conformance check
+    (`tandem.engine.tp.conformance`); the head passes its model source and plan and judges. A rank
+    whose kernels miss the head's float64 reference fails the group on every rank."""
+    check_conformance(
+        comm,
+        runner.model,
+        md=md,
+        plan=plan,
+        dtypes=[r.dtype for r in ranks],
+        devices=[r.device for r in ranks],
+    )
+
+
 def start_head(
     model_dir: str | Path,
     comm: Communicator,
@@ -222,6 +243,11 @@ def start_head(
     runner = build_shard(md, comm, layout, dtype, device)
     comm.barrier()  # every shard loaded
     plan = plan_for_source(md, comm.world_size, layout.weights)
+    ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
+    try:
+        admit(comm, runner, ranks, ref, plan)
+    finally:
+        ref.close()
     facts = rank_facts(md, plan, ranks, device)
     if local_workers is not None:
         ours = local_workers.pids()
@@ -247,7 +273,8 @@ def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device:
 
     md = open_model(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
-    exchange_rank_info(comm, dtype, device)
+    ranks = exchange_rank_info(comm, dtype, device)
     runner = build_shard(md, comm, layout, dtype, device)
     comm.barrier()
+    admit(comm, runner, ranks, None, None)
     return serve(runner, BroadcastSource(comm))
