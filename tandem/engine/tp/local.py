@@ -105,11 +105,13 @@ def launch_local_tp(
     threads: int | None = None,
     keepalive_s: float | None = -1.0,
     workers: LocalWorkers | None = None,
+    attn_ranks: int | None = None,
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
-    never) so they outlive pauses between steps longer than the op timeout."""
+    never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
+    attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`)."""
     if keepalive_s is not None and keepalive_s < 0:
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
@@ -135,6 +137,7 @@ def launch_local_tp(
         op_timeout=op_timeout,
         handshake_timeout=handshake_timeout,
         keepalive_s=keepalive_s,
+        attn_ranks=attn_ranks,
     )
 
 
@@ -150,6 +153,7 @@ def form_local_group(
     op_timeout: float,
     handshake_timeout: float,
     keepalive_s: float | None,
+    attn_ranks: int | None = None,
 ) -> TPExecutor:
     """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard.
     Any failure shuts the workers down before it is raised."""
@@ -184,6 +188,7 @@ def form_local_group(
             keepalive_s=keepalive_s,
             diagnose=workers.diagnose,
             local_workers=workers,
+            attn_ranks=attn_ranks,
         )
     except BaseException as e:
         why = workers.diagnose()

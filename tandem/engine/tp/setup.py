@@ -6,8 +6,8 @@ Every rank then checks that it holds the same model (the fingerprint of config +
 a mismatch fails on every rank at once, naming the ranks that differ. Then each rank builds its
 shard and reads only its own slices (`tandem.parallel.shard_load`).
 
-    setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len, 0, 0, 0,
-                                      fingerprint as 4 int64 words]
+    setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len,
+                                      attn_ranks, 0, 0, fingerprint as 4 int64 words]
     weights (float32, world_size)     the plan's weights, as every rank will use them
     rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
                                       and host name (HOST_BYTES of UTF-8, zero-padded), for
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from tandem.engine.tp.local import LocalWorkers
 
 MAGIC = 0x54414E44534554  # "TANDSET"
-VERSION = 2  # 2: rank info carries pid and host name
+VERSION = 3  # 2: rank info carries pid and host name; 3: attention ranks in the setup frame
 SETUP_LEN = 12
 HOST_BYTES = 64
 DTYPES = ("float32", "bfloat16", "float16")
@@ -58,6 +58,11 @@ class GroupLayout:
     max_batch: int
     max_seq_len: int
     fingerprint: str
+    attn_ranks: int = 0  # attention on the first A ranks only (`TPPlan.attn_ranks`); 0: all
+
+    def plan(self, md: ModelSource) -> TPPlan:
+        """The group's TP plan for `md` (every rank computes the same one)."""
+        return plan_for_source(md, self.world_size, self.weights, self.attn_ranks or None)
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,8 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
     frame = torch.zeros(SETUP_LEN, dtype=torch.int64)
     if head:
         assert layout is not None
-        vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len, 0, 0, 0]
+        vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len]
+        vals += [layout.attn_ranks, 0, 0]
         frame = torch.tensor(vals + _fp_words(layout.fingerprint), dtype=torch.int64)
     frame = comm.broadcast(frame, 0)
     if int(frame[0]) != MAGIC:
@@ -110,7 +116,9 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
             f"manifest), the protocol version or the group size: every rank must hold the same "
             f"model directory and run the same tandem version"
         )
-    return GroupLayout(n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint)
+    return GroupLayout(
+        n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint, int(frame[5])
+    )
 
 
 def _host_words(host: str) -> list[int]:
@@ -180,7 +188,7 @@ def build_shard(
     """This rank's shard, loaded slice by slice, with its own KV cache."""
     if dtype not in DTYPES:
         raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    plan = plan_for_source(md, comm.world_size, layout.weights)
+    plan = layout.plan(md)
     model = shard_transformer(
         md.config,
         plan,
@@ -228,6 +236,7 @@ def start_head(
     diagnose: Callable[[], str | None] | None = None,
     local_workers: LocalWorkers | None = None,
     join_rtt_ms: dict[int, float] | None = None,
+    attn_ranks: int | None = None,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
@@ -235,14 +244,16 @@ def start_head(
     to the head when it joined, for `describe`."""
     md = open_model(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
-    plan_for_source(md, comm.world_size, weights)  # fail before any worker loads
+    plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
-    layout = GroupLayout(comm.world_size, weights, max_batch, seq, md.fingerprint())
+    layout = GroupLayout(
+        comm.world_size, weights, max_batch, seq, md.fingerprint(), attn_ranks or 0
+    )
     layout = agree_layout(comm, layout, md.fingerprint())
     ranks = exchange_rank_info(comm, dtype, device)
     runner = build_shard(md, comm, layout, dtype, device)
     comm.barrier()  # every shard loaded
-    plan = plan_for_source(md, comm.world_size, layout.weights)
+    plan = layout.plan(md)
     ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
     try:
         admit(comm, runner, ranks, ref, plan)
