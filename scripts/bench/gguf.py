@@ -148,12 +148,13 @@ def worker(a: argparse.Namespace) -> None:
     """One tandem process: load, warm up, one prefill and one decode measurement, JSON out."""
     import torch
 
+    from tandem.devices import DTYPE_NAMES
     from tandem.engine.executor import Step, StepSequence
     from tandem.engine.local import LocalExecutor
     from tandem.kernels import native
 
     torch.set_num_threads(a.threads)
-    dtype = getattr(torch, a.dtype)
+    dtype = DTYPE_NAMES[a.dtype]
     ex = LocalExecutor.from_dir(
         a.worker, dtype=dtype, max_batch=1, max_seq_len=a.prompt + 8 + a.decode
     )

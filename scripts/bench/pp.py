@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from tandem.devices import DTYPE_NAMES
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.pp.generate import generate_pipelined
 from tandem.engine.pp.launch import launch_pipeline
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         if layout == "single":
             from tandem.engine.local import LocalExecutor
 
-            model = load_model(ModelDir(model_dir), dtype=getattr(torch, a.dtype))
+            model = load_model(ModelDir(model_dir), dtype=DTYPE_NAMES[a.dtype])
             ex = LocalExecutor(model, max_batch=a.streams, max_seq_len=seq)
         elif layout == "tp2":
             ex = launch_local_tp(

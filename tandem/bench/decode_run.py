@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from tandem.bench.timing import prompt_ids, time_greedy
+from tandem.devices import DTYPE_NAMES
 
 
 class DecodeRunError(RuntimeError):
@@ -34,12 +35,10 @@ def _phase_gate(name: str) -> None:
 
 
 def _single(args: argparse.Namespace):
-    from tandem.engine.local import LocalExecutor
+    from tandem.engine.build import Layout, Limits, build_executor
 
-    ex = LocalExecutor.from_dir(
-        args.model, dtype=getattr(torch, args.dtype), max_batch=2, max_seq_len=args.max_seq_len
-    )
-    return ex, None
+    layout = Layout(dtypes=(DTYPE_NAMES[args.dtype],))
+    return build_executor(args.model, layout, Limits(2, args.max_seq_len)), None
 
 
 def _tp(args: argparse.Namespace):

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess
+from tandem.devices import DTYPE_NAMES
 from tandem.engine.cluster_info import pipeline_facts
 from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.pp.layout import StageSpec
@@ -40,7 +41,7 @@ from tandem.engine.pp.links import (
 )
 from tandem.engine.pp.stage import StageRunner
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
-from tandem.engine.pp.worker import DTYPES, READY
+from tandem.engine.pp.worker import READY
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
@@ -207,7 +208,7 @@ def _build_head(
     facts,
 ) -> PipelineExecutor:
     s0 = stages[0]
-    dtype = DTYPES[s0.dtype]
+    dtype = DTYPE_NAMES[s0.dtype]
     r0 = (s0.layers.start, s0.layers.end)
     box: dict = {}
     n = len(stages)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.devices import DTYPE_NAMES
 from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.conformance import check_conformance
@@ -43,7 +44,7 @@ MAGIC = 0x54414E44534554  # "TANDSET"
 VERSION = 3  # 2: rank info carries pid and host name; 3: attention ranks in the setup frame
 SETUP_LEN = 12
 HOST_BYTES = 64
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code: index here
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
 
@@ -137,7 +138,7 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
     kind = torch.device(device).type
     mine = torch.tensor(
         [
-            DTYPES.index(dtype),
+            DTYPE_CODES.index(dtype),
             DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
             torch.get_num_threads(),
             os.getpid(),
@@ -147,7 +148,9 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
     )
     rows = comm.all_gather(mine[None], 0).tolist()
     return [
-        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host))
+        RankInfo(
+            r, DTYPE_CODES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host)
+        )
         for r, (d, k, t, pid, *host) in enumerate(rows)
     ]
 
@@ -186,15 +189,15 @@ def build_shard(
     md: ModelSource, comm: Communicator, layout: GroupLayout, dtype: str, device: str
 ) -> ShardRunner:
     """This rank's shard, loaded slice by slice, with its own KV cache."""
-    if dtype not in DTYPES:
-        raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype not in DTYPE_NAMES:
+        raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
     plan = layout.plan(md)
     model = shard_transformer(
         md.config,
         plan,
         comm,
         device=device,
-        dtype=getattr(torch, dtype),
+        dtype=DTYPE_NAMES[dtype],
         qtypes=quant_types(md),
     ).eval()
     load_shard(model, md, plan, comm.rank)
