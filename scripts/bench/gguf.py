@@ -32,6 +32,9 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
+# This file is named gguf.py: run as a script, its folder leads sys.path and would shadow gguf-py.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 QWEN_TYPES = ("F32", "BF16", "Q8_0", "Q4_0", "Q4_K_M")
 WORK = Path.home() / ".cache" / "tandem-bench-gguf"
 
