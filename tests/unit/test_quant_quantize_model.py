@@ -93,3 +93,33 @@ def test_quantize_refuses_a_gguf_file_and_an_unknown_type(pair, hf_dir):
         open_model(src.path, "q4_k")
     with pytest.raises(QuantizeChoiceError, match="q8_0, q4_0, q4_k"):
         QuantizedModelDir(ModelDir(hf_dir), "q3_k")
+
+
+def test_serve_quantizes_at_load_and_answers_with_the_files_greedy_text(hf_dir, tmp_path):
+    """`tandem serve --model DIR --quantize q4_k`'s engine (built as the command builds it)."""
+    import threading
+
+    from tandem.cli.engine_factory import build_serving_engine
+    from tandem.engine.generate import generate
+    from tandem.engine.local import LocalExecutor
+    from tandem.engine.sampling_params import SamplingParams
+
+    (f,) = write_model_dir_gguf(hf_dir, tmp_path / "m.gguf", "Q4_K")
+    ex = LocalExecutor(load_model(GGUFModel(f)), max_batch=1, max_seq_len=64)
+    (want,) = generate(ex, [[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0.0))
+    engine, close = build_serving_engine(hf_dir, quantize="q4_k", max_seq_len=64, max_batch=1)
+    done, result = threading.Event(), {}
+    try:
+        engine.generate(
+            [5, 6, 7],
+            SamplingParams(max_tokens=6, temperature=0.0),
+            (),
+            lambda d: None,
+            lambda c, e: (result.update(c=c, e=e), done.set()),
+        )
+        assert done.wait(60), "generation hung"
+    finally:
+        close()
+    c = result["c"]
+    assert result["e"] is None and c.completion_tokens >= 1
+    assert c.text == engine.tokenizer.decode(want.token_ids[: c.completion_tokens])
