@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -95,6 +96,7 @@ def build_serving_engine(
     console: Console | None = None,
     ring_config: Path | None = None,
     quantize: str | None = None,
+    attn_ranks: int | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads."""
@@ -105,7 +107,7 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
-    layout = serving_layout(tp, pp, dtype, device, ring_config)
+    layout = replace(serving_layout(tp, pp, dtype, device, ring_config), attn_ranks=attn_ranks)
     if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
         raise LayoutUnavailable(
             "--quantize runs on one node; for --tp / --pp write the file once with "
