@@ -20,10 +20,16 @@ from rich.progress import (
 
 from tandem.cli.threads import local_threads
 from tandem.devices import DTYPE_NAMES
-from tandem.engine.build import BuildHooks, Layout, LayoutUnavailable, Limits, build_executor
+from tandem.engine.build import (
+    BuildHooks,
+    Layout,
+    LayoutUnavailable,
+    Limits,
+    build_executor,
+    per_rank,
+)
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
-from tandem.engine.tp.local import per_rank
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model

@@ -16,9 +16,8 @@ import torch
 
 from tandem.cli.threads import local_threads
 from tandem.devices import resolve_device, resolve_dtype
-from tandem.engine.build import Layout
+from tandem.engine.build import Layout, per_rank
 from tandem.engine.pp.layout import parse_layout
-from tandem.engine.tp.local import per_rank
 from tandem.parallel.plan import parse_weights
 
 

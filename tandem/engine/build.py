@@ -33,6 +33,16 @@ class LayoutUnavailable(RuntimeError):
     """A layout this build cannot run, or that does not fit the model or the ring."""
 
 
+def per_rank(value: str, n: int, what: str) -> list[str]:
+    """`"bfloat16"` -> that value for every rank; `"bfloat16,float16"` -> one per rank."""
+    items = [v.strip() for v in value.split(",")]
+    if len(items) == 1:
+        return items * n
+    if len(items) != n or not all(items):
+        raise LayoutUnavailable(f"--{what} {value!r}: give one value or exactly {n} (one per rank)")
+    return items
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one model is laid out over ranks.
