@@ -34,26 +34,41 @@ def search_scale_min(
     def levels(inv_step: np.ndarray) -> np.ndarray:
         return np.clip(np.rint(inv_step[:, None] * centred), 0, nmax)
 
-    def error(s: np.ndarray, mn: np.ndarray, q: np.ndarray) -> np.ndarray:
-        return (w * (s[:, None] * q + mn[:, None] - x) ** 2).sum(axis=1)
+    sum_xx = (w * x * x).sum(axis=1).astype(np.float64)
+    sum_w, sum_x = sum_w.astype(np.float64), sum_x.astype(np.float64)
 
-    s = span / nmax
+    def sums(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """sum w q, sum w q^2, sum w q x per row, in float64 for the closed forms below."""
+        wq = w * q
+        return (
+            wq.sum(axis=1, dtype=np.float64),
+            (wq * q).sum(axis=1, dtype=np.float64),
+            (wq * x).sum(axis=1, dtype=np.float64),
+        )
+
+    def error(s, mn, sl, sl2, sxl) -> np.ndarray:
+        """sum w (s q + mn - x)^2, expanded over the row sums (no pass over the values)."""
+        return (
+            s * s * sl2 + 2 * s * mn * sl + mn * mn * sum_w - 2 * s * sxl - 2 * mn * sum_x + sum_xx
+        )
+
+    s = (span / nmax).astype(np.float64)
     best_q = levels(nmax / span)
-    best_s, best_min = s, lo
-    best = error(s, lo, best_q)
+    best_s, best_min = s, lo.astype(np.float64)
+    best = error(s, best_min, *sums(best_q))
     with np.errstate(divide="ignore", invalid="ignore"):
         for k in range(nstep + 1):
             q = levels((rmin + rdelta * k + nmax) / span)
-            sl, sl2, sxl = (w * q).sum(axis=1), (w * q * q).sum(axis=1), (w * q * x).sum(axis=1)
+            sl, sl2, sxl = sums(q)
             det = sum_w * sl2 - sl * sl
             s = (sum_w * sxl - sum_x * sl) / det
             mn = (sl2 * sum_x - sl * sxl) / det
             pos = mn > 0
             s = np.where(pos, sxl / sl2, s)
             mn = np.where(pos, 0.0, mn)
-            cur = error(s, mn, q)
+            cur = error(s, mn, sl, sl2, sxl)
             take = (det > 0) & (cur < best)
-            best_q = np.where(take[:, None], q, best_q)
+            np.copyto(best_q, q, where=take[:, None])
             best_s, best_min = np.where(take, s, best_s), np.where(take, mn, best_min)
             best = np.where(take, cur, best)
     best_s = np.where(flat, 0.0, best_s).astype(np.float32)
