@@ -72,11 +72,14 @@ def build_executor(
     console: Console,
     ring_config: Path | None = None,
     source: ModelSource | None = None,
+    reform_timeout: float = 0.0,
 ):
     """The executor for the layout; its `close()` brings down whatever it started. With
     `ring_config`, this process is rank 0 of a TP group whose workers run on other machines.
     `source`: the model already opened at `model_dir` (a single-node GGUF model is loaded from
-    it rather than parsed again)."""
+    it rather than parsed again). `reform_timeout` > 0: a local group that loses a rank is formed
+    again (new processes, a new epoch) within that many seconds and the scheduler replays
+    (`tandem.engine.recovery`); 0: the first loss ends it."""
     if ring_config is not None:
         return _remote_tp_head(
             model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
@@ -110,26 +113,36 @@ def build_executor(
     threads = local_threads(tp * pp)
     torch.set_num_threads(threads)
     with console.status(f"starting {tp * pp} ranks, loading their shards, forming the group..."):
+        from tandem.engine.recovery import with_recovery
+
         if pp == 1:
             from tandem.engine.tp.local import launch_local_tp
 
-            return launch_local_tp(
-                model_dir,
-                tp,
-                dtypes=dtypes,
-                devices=devices,
-                max_batch=max_batch,
-                max_seq_len=max_seq_len,
-                threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
-            )
+            def build_tp(epoch: int):
+                return launch_local_tp(
+                    model_dir,
+                    tp,
+                    dtypes=dtypes,
+                    devices=devices,
+                    max_batch=max_batch,
+                    max_seq_len=max_seq_len,
+                    threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
+                    epoch=epoch,
+                )
+
+            return with_recovery(build_tp, reform_timeout)
         from tandem.engine.pp.launch import launch_pipeline
         from tandem.engine.pp.layout import plan_stages
 
         # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
         stages = plan_stages(config, [tp] * pp, dtype=",".join(dtypes), device=",".join(devices))
-        return launch_pipeline(
-            model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
-        )
+
+        def build_pp(epoch: int):  # each pipeline has its own random cluster id: a new epoch
+            return launch_pipeline(
+                model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
+            )
+
+        return with_recovery(build_pp, reform_timeout)
 
 
 def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_len, console):
@@ -214,6 +227,9 @@ def executor_stats(executor) -> Callable[[], dict[str, float]]:
         if isinstance(sent, int):
             received = getattr(executor, "bytes_received", 0)
             out["wire_bytes"] = out.get("wire_bytes", 0) + sent + received
+        recovery = getattr(executor, "recovery_stats", None)
+        if callable(recovery):
+            out.update(recovery())
         return out
 
     return stats
@@ -231,6 +247,7 @@ def build_serving_engine(
     name: str | None = None,
     console: Console | None = None,
     ring_config: Path | None = None,
+    reform_timeout: float = 0.0,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor)."""
     console = console or Console(stderr=True)
@@ -252,6 +269,7 @@ def build_serving_engine(
         console=console,
         ring_config=ring_config,
         source=source,
+        reform_timeout=reform_timeout,
     )
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)

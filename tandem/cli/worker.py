@@ -18,6 +18,7 @@ import sys
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.engine.tp.local import cluster_id_for
 from tandem.engine.tp.setup import DTYPES, run_worker
 
 DEFAULT_OP_TIMEOUT_S = 60.0
@@ -38,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--op-timeout", type=float, default=DEFAULT_OP_TIMEOUT_S)
     p.add_argument("--handshake-timeout", type=float, default=120.0)
     p.add_argument("--threads", type=int, help="torch CPU threads for this rank")
+    p.add_argument(
+        "--epoch", type=int, default=0, help="the group's epoch (a group re-formed after a loss)"
+    )
     p.set_defaults(func=run)
 
 
@@ -102,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             secret_from_env(),
             op_timeout=args.op_timeout,
             handshake_timeout=args.handshake_timeout,
+            cluster_id=cluster_id_for(args.epoch),
         )
     elif os.environ.get("RING_CONFIG"):
         from tandem import comm as comm_pkg

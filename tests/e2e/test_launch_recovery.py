@@ -1,0 +1,71 @@
+"""`tandem launch --tp 2` survives a SIGKILLed worker in the middle of 4 streaming greedy requests:
+the head starts a new worker, re-forms the group under a new epoch, replays the sequences in
+flight, and every stream completes with the text of an uninterrupted run. Real processes on
+loopback; timings are printed by scripts/bench/recovery.py, never asserted here."""
+
+import signal
+
+import pytest
+from serve_support import TANDEM, kill_tree, make_model, metric, spawn, wait_healthy
+
+from tandem.bench.fault_drill import health, run_drill, worker_pids
+from tandem.cluster.launcher import free_ports
+
+PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    model = make_model(tmp_path_factory.mktemp("recovery") / "model")
+    (port,) = free_ports(1)
+    argv = [*TANDEM, "launch", "--model", str(model), "--tp", "2", "--port", str(port)]
+    proc = spawn([*argv, "--no-demo", "--max-batch", "4", "--reform-timeout", "120"])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base)
+        yield proc, base
+    finally:
+        kill_tree(proc)
+
+
+def _server_pid(proc):
+    """`tandem launch` runs the head as `tandem serve`, whose children are the workers."""
+    import psutil
+
+    for c in psutil.Process(proc.pid).children():
+        if "serve" in c.cmdline():
+            return c.pid
+    raise AssertionError("no `tandem serve` below `tandem launch`")
+
+
+# ~65 s on 2 shared cores: `tandem launch` brings up a head and a worker, then a third process
+# (the replacement worker) starts, loads its shard and joins while 4 streams wait
+@pytest.mark.slow
+def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
+    launched,
+):
+    proc, base = launched
+    server = _server_pid(proc)
+    quiet = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=None, timeout_s=120)
+    assert [s.error for s in quiet.streams] == [None] * 4
+    assert all(s.finish_reason == "length" for s in quiet.streams)
+    before = worker_pids(server)
+
+    drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGKILL)
+
+    assert drill.victim_pid in before and drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    assert all(s.finish_reason == "length" for s in drill.streams)
+    # /health: 503 saying why while the group re-formed, 200 once it had
+    assert drill.detect_s is not None and drill.whole_s is not None
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert all(r.startswith("re-forming") for r in reasons), reasons
+    assert health(base)[0] == 200 and proc.poll() is None
+    # the supervisor replaced the killed worker; the old one is gone
+    after = worker_pids(server)
+    assert len(after) == 1 and drill.victim_pid not in after
+    assert metric(base, "tandem_group_failures_total") == 1
+    assert metric(base, "tandem_group_reforms_total") == 1
+    assert metric(base, "tandem_replayed_sequences_total") == 4
