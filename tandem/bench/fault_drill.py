@@ -5,7 +5,7 @@ what the server said meanwhile (for `scripts/bench/recovery.py` and the e2e reco
     t_fault      the signal was sent (monotonic seconds; every figure below is relative to it)
     detect_s     /health first answered 503
     whole_s      /health answered 200 again (the group re-formed)
-    resume_s     the first text of any stream after the fault (the replay's first token)
+    resume_s     the first text of any stream after /health said 503 (the replay's first token)
     done_s       every stream finished
 """
 
@@ -59,9 +59,10 @@ class DrillResult:
 
     @property
     def resume_s(self) -> float | None:
-        if self.t_fault is None:
+        d = self.detect_s
+        if self.t_fault is None or d is None:
             return None
-        after = [t - self.t_fault for s in self.streams for t in s.times if t > self.t_fault]
+        after = [t - self.t_fault for s in self.streams for t in s.times if t > self.t_fault + d]
         return min(after) if after else None
 
     @property

@@ -73,13 +73,15 @@ def build_executor(
     ring_config: Path | None = None,
     source: ModelSource | None = None,
     reform_timeout: float = 0.0,
+    op_timeout: float | None = None,
 ):
     """The executor for the layout; its `close()` brings down whatever it started. With
     `ring_config`, this process is rank 0 of a TP group whose workers run on other machines.
     `source`: the model already opened at `model_dir` (a single-node GGUF model is loaded from
     it rather than parsed again). `reform_timeout` > 0: a local group that loses a rank is formed
     again (new processes, a new epoch) within that many seconds and the scheduler replays
-    (`tandem.engine.recovery`); 0: the first loss ends it."""
+    (`tandem.engine.recovery`); 0: the first loss ends it. `op_timeout`: a local group's bound
+    on one collective or pipeline hop (None: each launcher's default)."""
     if ring_config is not None:
         return _remote_tp_head(
             model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
@@ -128,6 +130,7 @@ def build_executor(
                     max_seq_len=max_seq_len,
                     threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
                     epoch=epoch,
+                    **({} if op_timeout is None else {"op_timeout": op_timeout}),
                 )
 
             return with_recovery(build_tp, reform_timeout)
@@ -139,7 +142,12 @@ def build_executor(
 
         def build_pp(epoch: int):  # each pipeline has its own random cluster id: a new epoch
             return launch_pipeline(
-                model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
+                model_dir,
+                stages,
+                max_batch=max_batch,
+                max_seq_len=max_seq_len,
+                threads=threads,
+                **({} if op_timeout is None else {"timeout": op_timeout}),
             )
 
         return with_recovery(build_pp, reform_timeout)
@@ -248,6 +256,7 @@ def build_serving_engine(
     console: Console | None = None,
     ring_config: Path | None = None,
     reform_timeout: float = 0.0,
+    op_timeout: float | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor)."""
     console = console or Console(stderr=True)
@@ -270,6 +279,7 @@ def build_serving_engine(
         ring_config=ring_config,
         source=source,
         reform_timeout=reform_timeout,
+        op_timeout=op_timeout,
     )
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)

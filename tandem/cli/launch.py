@@ -141,6 +141,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         "max_seq_len",
         "served_model_name",
         "reform_timeout",
+        "op_timeout",
     ):
         value = getattr(args, flag)
         if value is not None:

@@ -52,6 +52,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="context per sequence")
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
     p.add_argument(
+        "--op-timeout",
+        type=float,
+        default=None,
+        help="seconds a local group's collective (or pipeline hop) may take before the rank it "
+        "waits on counts as hung (default 60 for TP, 120 for PP)",
+    )
+    p.add_argument(
         "--reform-timeout",
         type=float,
         default=0.0,
@@ -160,6 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
                 name=args.served_model_name,
                 ring_config=ring_config,
                 reform_timeout=args.reform_timeout,
+                op_timeout=args.op_timeout,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

@@ -120,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
     if comm.rank == 0:
         raise WorkerArgsError("rank 0 is the head: run `tandem generate` or `tandem serve` there")
     try:
-        steps = run_worker(args.model, comm, dtype=args.dtype, device=args.device)
+        steps = run_worker(
+            args.model,
+            comm,
+            dtype=args.dtype,
+            device=args.device,
+            setup_timeout=args.handshake_timeout if args.peers is not None else None,
+        )
     finally:
         comm.close()
     print(f"worker rank {comm.rank}: {steps} steps, head said stop", file=sys.stderr)

@@ -235,10 +235,14 @@ class RecoveringExecutor:
         c.failures += 1
         log.warning("the group of epoch %d broke: %s; re-forming", self.epoch, self._reforming)
         broken = self._current
+        t_close = time.monotonic()
         try:
             broken.close()  # every survivor leaves the old epoch; the supervisor ends the rest
         except Exception as e:  # noqa: BLE001 - a broken group may fail to close cleanly
             log.warning("closing the broken group: %s", e)
+        log.warning(
+            "the group of epoch %d is closed (%.1f s)", self.epoch, time.monotonic() - t_close
+        )
         deadline = t_seen + self.deadline_s
         last: BaseException | None = None
         while time.monotonic() < deadline and not self._stop.is_set():

@@ -1,7 +1,8 @@
-"""`tandem launch --tp 2` survives a SIGKILLed worker in the middle of 4 streaming greedy requests:
-the head starts a new worker, re-forms the group under a new epoch, replays the sequences in
-flight, and every stream completes with the text of an uninterrupted run. Real processes on
-loopback; timings are printed by scripts/bench/recovery.py, never asserted here."""
+"""`tandem launch --tp 2` survives a SIGKILLed (then a SIGSTOPped) worker in the middle of 4
+streaming greedy requests: the head starts a new worker, re-forms the group under a new epoch,
+replays the sequences in flight, and every stream completes with the text of an uninterrupted run.
+Real processes on loopback; timings are printed by scripts/bench/recovery.py, never asserted
+here."""
 
 import signal
 
@@ -13,6 +14,7 @@ from tandem.cluster.launcher import free_ports
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
 MAX_TOKENS = 48
+OP_TIMEOUT_S = 5  # a SIGSTOPped worker counts as hung after this long inside a step
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +22,8 @@ def launched(tmp_path_factory):
     model = make_model(tmp_path_factory.mktemp("recovery") / "model")
     (port,) = free_ports(1)
     argv = [*TANDEM, "launch", "--model", str(model), "--tp", "2", "--port", str(port)]
-    proc = spawn([*argv, "--no-demo", "--max-batch", "4", "--reform-timeout", "120"])
+    argv += ["--no-demo", "--max-batch", "4", "--reform-timeout", "120"]
+    proc = spawn([*argv, "--op-timeout", str(OP_TIMEOUT_S)])
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, base)
@@ -39,24 +42,34 @@ def _server_pid(proc):
     raise AssertionError("no `tandem serve` below `tandem launch`")
 
 
-# ~65 s on 2 shared cores: `tandem launch` brings up a head and a worker, then a third process
-# (the replacement worker) starts, loads its shard and joins while 4 streams wait
-@pytest.mark.slow
-def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
-    launched,
-):
+@pytest.fixture(scope="module")
+def quiet(launched):
+    """The uninterrupted run's streams."""
+    proc, base = launched
+    res = run_drill(base, _server_pid(proc), PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in res.streams] == [None] * 4
+    assert all(s.finish_reason == "length" for s in res.streams)
+    return [s.text for s in res.streams]
+
+
+COUNTERS = (
+    "tandem_group_failures_total",
+    "tandem_group_reforms_total",
+    "tandem_replayed_sequences_total",
+)
+
+
+def _drill_replays_every_stream(launched, quiet, sig):
     proc, base = launched
     server = _server_pid(proc)
-    quiet = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=None, timeout_s=120)
-    assert [s.error for s in quiet.streams] == [None] * 4
-    assert all(s.finish_reason == "length" for s in quiet.streams)
     before = worker_pids(server)
+    counts = [metric(base, name) for name in COUNTERS]
 
-    drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGKILL)
+    drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=sig, timeout_s=240)
 
     assert drill.victim_pid in before and drill.in_flight_at_fault == 4
     assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
-    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    assert [s.text for s in drill.streams] == quiet
     assert all(s.finish_reason == "length" for s in drill.streams)
     # /health: 503 saying why while the group re-formed, 200 once it had
     assert drill.detect_s is not None and drill.whole_s is not None
@@ -66,6 +79,20 @@ def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_qu
     # the supervisor replaced the killed worker; the old one is gone
     after = worker_pids(server)
     assert len(after) == 1 and drill.victim_pid not in after
-    assert metric(base, "tandem_group_failures_total") == 1
-    assert metric(base, "tandem_group_reforms_total") == 1
-    assert metric(base, "tandem_replayed_sequences_total") == 4
+    grown = [metric(base, name) - n for name, n in zip(COUNTERS, counts)]
+    assert grown == [1, 1, 4]  # one failure, one re-form, 4 sequences replayed
+
+
+# ~65 s on 2 shared cores: `tandem launch` brings up a head and a worker, then a third process
+# (the replacement worker) starts, loads its shard and joins while 4 streams wait
+@pytest.mark.slow
+def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
+    launched, quiet
+):
+    _drill_replays_every_stream(launched, quiet, signal.SIGKILL)
+
+
+# ~30 s more: the hung worker is seen at the op timeout, then replaced as above
+@pytest.mark.slow
+def test_sigstopped_tp_worker_mid_stream_is_seen_at_the_op_timeout_and_replaced(launched, quiet):
+    _drill_replays_every_stream(launched, quiet, signal.SIGSTOP)

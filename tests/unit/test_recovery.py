@@ -214,3 +214,53 @@ def test_a_rank_of_an_earlier_epoch_is_refused_at_the_handshake():
     lis.close()
     assert isinstance(out.get("error"), ConnectTimeoutError)
     assert cluster_id_for(0) == "tandem-tp"  # epoch 0 keeps the id every existing rank speaks
+
+
+def _ring_pair(op_timeout):
+    from tandem.cluster.launcher import free_ports
+    from tandem.comm.ring import RingCommunicator
+
+    ports = free_ports(2)
+    out: dict = {}
+
+    def make(rank):
+        out[rank] = RingCommunicator.create(
+            rank,
+            2,
+            right=("127.0.0.1", ports[1 - rank]),
+            listen=("127.0.0.1", ports[rank]),
+            secret=b"s",
+            op_timeout=op_timeout,
+            handshake_timeout=10,
+        )
+
+    ths = [threading.Thread(target=make, args=(r,), daemon=True) for r in (0, 1)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(20)
+    return out[0], out[1]
+
+
+def test_setup_ops_wait_for_a_slow_loader_past_the_op_timeout_and_steps_do_not():
+    from tandem.comm.metered import MeteredCommunicator
+    from tandem.engine.tp.setup import setup_bound
+
+    head, worker = _ring_pair(op_timeout=0.3)
+    try:
+        metered = MeteredCommunicator(head)
+
+        def slow_loader():
+            time.sleep(1.0)  # loading its shard for longer than a step may take
+            worker.barrier()
+
+        th = threading.Thread(target=slow_loader, daemon=True)
+        th.start()
+        with setup_bound(metered, 10.0):
+            metered.barrier()  # waits the second out
+        th.join(10)
+        with pytest.raises(TimeoutError):  # the step bound is back: a silent peer times out
+            metered.barrier()
+    finally:
+        head.close()
+        worker.close()

@@ -193,6 +193,7 @@ def form_local_group(
             on_close=workers.shutdown,
             keepalive_s=keepalive_s,
             diagnose=workers.diagnose,
+            setup_timeout=handshake_timeout,
         )
     except BaseException as e:
         why = workers.diagnose()

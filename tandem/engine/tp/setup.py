@@ -16,10 +16,11 @@ shard and reads only its own slices (`tandem.parallel.shard_load`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,6 +190,23 @@ def build_shard(
     return ShardRunner(model, layout.max_batch, layout.max_seq_len)
 
 
+@contextlib.contextmanager
+def setup_bound(comm: Communicator, seconds: float | None) -> Iterator[None]:
+    """Within the block every op of `comm` may wait `seconds` (when given and the backend can
+    change its bound): setup waits for the slowest rank to load its shard, which a step's op
+    timeout (a few seconds, to see a hung rank soon) does not bound."""
+    inner = getattr(comm, "inner", comm)  # a MeteredCommunicator's backend
+    set_bound = getattr(inner, "set_op_timeout", None)
+    if seconds is None or not callable(set_bound):
+        yield
+        return
+    old = set_bound(seconds)
+    try:
+        yield
+    finally:
+        set_bound(old)
+
+
 def start_head(
     model_dir: str | Path,
     comm: Communicator,
@@ -201,17 +219,20 @@ def start_head(
     on_close: Callable[[], None] | None = None,
     keepalive_s: float | None = None,
     diagnose: Callable[[], str | None] | None = None,
+    setup_timeout: float | None = None,
 ) -> TPExecutor:
-    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
+    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
+    `setup_timeout`: the bound on each setup op (`setup_bound`; None: the op timeout)."""
     md = open_model(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
     plan_for_source(md, comm.world_size, weights)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
     layout = GroupLayout(comm.world_size, weights, max_batch, seq, md.fingerprint())
-    layout = agree_layout(comm, layout, md.fingerprint())
-    ranks = exchange_rank_info(comm, dtype, device)
-    runner = build_shard(md, comm, layout, dtype, device)
-    comm.barrier()  # every shard loaded
+    with setup_bound(comm, setup_timeout):
+        layout = agree_layout(comm, layout, md.fingerprint())
+        ranks = exchange_rank_info(comm, dtype, device)
+        runner = build_shard(md, comm, layout, dtype, device)
+        comm.barrier()  # every shard loaded
     ex = TPExecutor(
         runner,
         comm,
@@ -227,13 +248,21 @@ def start_head(
     return ex
 
 
-def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
+def run_worker(
+    model_dir: str | Path,
+    comm: Communicator,
+    *,
+    dtype: str,
+    device: str,
+    setup_timeout: float | None = None,
+) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
     md = open_model(model_dir)
-    layout = agree_layout(comm, None, md.fingerprint())
-    exchange_rank_info(comm, dtype, device)
-    runner = build_shard(md, comm, layout, dtype, device)
-    comm.barrier()
+    with setup_bound(comm, setup_timeout):
+        layout = agree_layout(comm, None, md.fingerprint())
+        exchange_rank_info(comm, dtype, device)
+        runner = build_shard(md, comm, layout, dtype, device)
+        comm.barrier()
     return serve(runner, BroadcastSource(comm))
