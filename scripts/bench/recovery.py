@@ -1,10 +1,10 @@
 """Detection, re-form and replay times when a TP worker is killed under `tandem launch`.
 
-    .venv/bin/python scripts/bench/recovery.py [--model DIR | --preset tiny-qwen3] [--tp 2]
+    .venv/bin/python scripts/bench/recovery.py [--model DIR | --preset tiny-qwen3] [--tp 2] [--pp 1]
                                                [--streams 4] [--max-tokens 96] [--cycles 3]
-                                               [--signal KILL] [--prompt-words 0]
+                                               [--signal KILL] [--op-timeout S] [--prompt-words 0]
 
-Starts `tandem launch --tp N` on loopback, runs `streams` concurrent streaming greedy completions
+Starts `tandem launch --tp N --pp M` on loopback, runs `streams` concurrent streaming greedy completions
 once without a fault (the reference texts), then `cycles` times: the same streams, and once each
 has 4 chunks, the signal to one worker. Per cycle it prints, from the signal: when /health first
 said 503 (detect), when it said 200 again (re-formed: a new worker started, its shard loaded, the
@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--preset", default="tiny-qwen3")
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--op-timeout", type=float, default=None, help="bound on a hung rank (STOP)")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--cycles", type=int, default=3)
@@ -68,7 +70,10 @@ def main() -> int:
     (port,) = free_ports(1)
     base = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "tandem", "launch", "--model", model, "--tp", str(args.tp)]
-    argv += ["--port", str(port), "--no-demo", "--max-batch", str(max(args.streams, 1))]
+    argv += ["--pp", str(args.pp), "--port", str(port), "--no-demo"]
+    argv += ["--max-batch", str(max(args.streams, 1))]
+    if args.op_timeout is not None:
+        argv += ["--op-timeout", str(args.op_timeout)]
     group = ProcessGroup([RankProcess("launch", argv)], log_dir=tmp / "logs")
     prefix = " ".join(["word"] * args.prompt_words)
     prompts = [f"{prefix} {p}".strip() for p in (PROMPTS * args.streams)[: args.streams]]
@@ -109,6 +114,7 @@ def main() -> int:
 
     summary = {
         "tp": args.tp,
+        "pp": args.pp,
         "signal": args.signal,
         "streams": args.streams,
         "prompt_words": args.prompt_words,

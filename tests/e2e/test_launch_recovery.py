@@ -18,10 +18,13 @@ OP_TIMEOUT_S = 5  # a SIGSTOPped worker counts as hung after this long inside a 
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    model = make_model(tmp_path_factory.mktemp("recovery") / "model")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("recovery") / "model")
+
+
+def _launch(model, layout):
     (port,) = free_ports(1)
-    argv = [*TANDEM, "launch", "--model", str(model), "--tp", "2", "--port", str(port)]
+    argv = [*TANDEM, "launch", "--model", str(model), *layout, "--port", str(port)]
     argv += ["--no-demo", "--max-batch", "4", "--reform-timeout", "120"]
     proc = spawn([*argv, "--op-timeout", str(OP_TIMEOUT_S)])
     base = f"http://127.0.0.1:{port}"
@@ -30,6 +33,16 @@ def launched(tmp_path_factory):
         yield proc, base
     finally:
         kill_tree(proc)
+
+
+@pytest.fixture(scope="module")
+def launched(model):
+    yield from _launch(model, ["--tp", "2"])
+
+
+@pytest.fixture(scope="module")
+def launched_pp(model):
+    yield from _launch(model, ["--tp", "1", "--pp", "2"])
 
 
 def _server_pid(proc):
@@ -42,14 +55,18 @@ def _server_pid(proc):
     raise AssertionError("no `tandem serve` below `tandem launch`")
 
 
-@pytest.fixture(scope="module")
-def quiet(launched):
+def _quiet(launched):
     """The uninterrupted run's streams."""
     proc, base = launched
     res = run_drill(base, _server_pid(proc), PROMPTS, max_tokens=MAX_TOKENS, sig=None)
     assert [s.error for s in res.streams] == [None] * 4
     assert all(s.finish_reason == "length" for s in res.streams)
     return [s.text for s in res.streams]
+
+
+@pytest.fixture(scope="module")
+def quiet(launched):
+    return _quiet(launched)
 
 
 COUNTERS = (
@@ -96,3 +113,11 @@ def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_qu
 @pytest.mark.slow
 def test_sigstopped_tp_worker_mid_stream_is_seen_at_the_op_timeout_and_replaced(launched, quiet):
     _drill_replays_every_stream(launched, quiet, signal.SIGSTOP)
+
+
+# ~70 s on 2 shared cores: its own `tandem launch` (a head and a stage process), then a new stage
+@pytest.mark.slow
+def test_a_sigkilled_pipeline_stage_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
+    launched_pp,
+):
+    _drill_replays_every_stream(launched_pp, _quiet(launched_pp), signal.SIGKILL)
