@@ -9,7 +9,8 @@ once without a fault (the reference texts), then `cycles` times: the same stream
 has 4 chunks, the signal to one worker. Per cycle it prints, from the signal: when /health first
 said 503 (detect), when it said 200 again (re-formed: a new worker started, its shard loaded, the
 ring formed under a new epoch), when the first replayed token reached a client (resume), when
-every stream had finished, and whether every text equals the reference. JSON on the last line.
+every stream had finished, and whether every text equals the reference; and the run without a
+fault's time to first text (what a replay's prefill is to be compared with). JSON on the last line.
 `--prompt-words N` prefixes each prompt with N words, to time the replay of a long context.
 """
 
@@ -79,6 +80,7 @@ def main() -> int:
     prompts = [f"{prefix} {p}".strip() for p in (PROMPTS * args.streams)[: args.streams]]
     cycles = []
     baseline_rss_mb = None
+    quiet = None
     try:
         group.start()
         deadline = time.monotonic() + 600
@@ -89,6 +91,8 @@ def main() -> int:
         server = _server_pid(group.procs[0].pid)
         quiet = run_drill(base, server, prompts, max_tokens=args.max_tokens, sig=None)
         ref = [s.text for s in quiet.streams]
+        if any(s.error for s in quiet.streams):
+            raise RuntimeError(f"the run without a fault failed: {quiet.streams[0].error}")
         baseline_rss_mb = round(psutil.Process(server).memory_info().rss / 2**20, 1)
         for i in range(args.cycles):
             d = run_drill(base, server, prompts, max_tokens=args.max_tokens, sig=sig)
@@ -122,6 +126,7 @@ def main() -> int:
         "median_detect_s": med("detect_s"),
         "median_reformed_s": med("reformed_s"),
         "median_resume_s": med("resume_s"),
+        "quiet_ttft_s": round(quiet.ttft_s, 3) if quiet and quiet.ttft_s else None,
         "all_texts_equal": all(c["texts_equal"] for c in cycles),
         "head_rss_mb_baseline": baseline_rss_mb,
         "head_rss_mb_last": cycles[-1]["head_rss_mb"] if cycles else None,

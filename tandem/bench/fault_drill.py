@@ -38,6 +38,7 @@ class StreamResult:
 class DrillResult:
     streams: list[StreamResult]
     health: list[tuple[float, int, str]]  # (t - t_fault, status, detail)
+    t_start: float = 0.0  # the requests were sent
     victim_pid: int | None = None
     t_fault: float | None = None
     in_flight_at_fault: int = 0
@@ -47,6 +48,12 @@ class DrillResult:
             if code == status and t >= after:
                 return t
         return None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """From the requests to the first text of any stream."""
+        firsts = [s.times[0] - self.t_start for s in self.streams if s.times]
+        return min(firsts) if firsts else None
 
     @property
     def detect_s(self) -> float | None:
@@ -84,12 +91,23 @@ def health(base: str) -> tuple[int, str]:
         return 0, ""
 
 
+def served_model(base: str) -> str:
+    """The model id the server answers to (GET /v1/models)."""
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
 def stream_completion(
-    base: str, prompt: str, max_tokens: int, out: StreamResult, timeout_s: float = 300.0
+    base: str,
+    prompt: str,
+    max_tokens: int,
+    out: StreamResult,
+    timeout_s: float = 300.0,
+    model: str = "model",
 ) -> None:
     """POST /v1/completions (greedy, streamed, EOS ignored), filling `out` as chunks arrive."""
     body = {
-        "model": "model",
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -153,15 +171,17 @@ def run_drill(
     first worker below `server_pid` (None: no fault, the uninterrupted run); returns when every
     stream has finished (or `timeout_s`)."""
     streams = [StreamResult() for _ in prompts]
+    model = served_model(base)
     threads = [
         threading.Thread(
-            target=stream_completion, args=(base, p, max_tokens, s, timeout_s), daemon=True
+            target=stream_completion, args=(base, p, max_tokens, s, timeout_s, model), daemon=True
         )
         for p, s in zip(prompts, streams)
     ]
+    t_start = time.monotonic()
     for th in threads:
         th.start()
-    res = DrillResult(streams, [])
+    res = DrillResult(streams, [], t_start)
     deadline = time.monotonic() + timeout_s
     while sig is not None and res.t_fault is None and time.monotonic() < deadline:
         if all(len(s.times) >= after_chunks or s.done for s in streams):

@@ -24,6 +24,7 @@ if the re-form fails they fail with the reason, as every running one does.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import threading
@@ -59,6 +60,37 @@ class RecoveryCounts:
     reforms: int = 0  # groups formed again
     reform_failures: int = 0  # build attempts that failed
     last_reform_s: float | None = None  # from the failure seen to a new group whole
+
+
+class _Lost:
+    """Stands in for a broken group while the next one forms: what it looked like, and why it
+    broke; it runs nothing. Holds none of the broken group's memory."""
+
+    def __init__(self, broken: Any, why: str) -> None:
+        try:
+            self._desc = dict(broken.describe())
+        except Exception:  # noqa: BLE001 - a broken group may not describe itself
+            self._desc = {}
+        self._why = why or "the group broke"
+        self.vocab_size, self.max_seq_len = broken.vocab_size, broken.max_seq_len
+        self.max_batch = broken.max_batch
+
+    def run(self, *args: Any) -> Any:
+        raise ReformFailed(f"the group is being re-formed: {self._why}")
+
+    submit = collect = run
+
+    def release(self, seq_ids: list[int]) -> None:
+        pass  # its caches went with it
+
+    def health(self) -> tuple[bool, str]:
+        return False, self._why
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._desc)
+
+    def close(self) -> None:
+        pass
 
 
 def _whole(ex: Any, unknown: bool = True) -> bool:
@@ -107,35 +139,14 @@ class RecoveringExecutor:
     # ---- the Executor face ---------------------------------------------------------------------
 
     def run(self, step: Step) -> torch.Tensor:
-        ex = self._usable()
-        try:
-            return ex.run(step)
-        except Exception as e:
-            if _whole(ex, unknown=False):
-                raise  # a step the group refused; it is still whole
-            self._await_reform(ex, f"{type(e).__name__}: {e}")
-            raise ExecutorReformed(self._reformed_msg()) from e
+        return self._guarded("run", step)
 
     def submit(self, step: Step) -> int:
         """Pipelines only (the caller checks `num_stages`): as `run`, for `submit`."""
-        ex = self._usable()
-        try:
-            return ex.submit(step)
-        except Exception as e:
-            if _whole(ex, unknown=False):
-                raise
-            self._await_reform(ex, f"{type(e).__name__}: {e}")
-            raise ExecutorReformed(self._reformed_msg()) from e
+        return self._guarded("submit", step)
 
     def collect(self) -> tuple[int, torch.Tensor]:
-        ex = self._usable()
-        try:
-            return ex.collect()
-        except Exception as e:
-            if _whole(ex, unknown=False):
-                raise
-            self._await_reform(ex, f"{type(e).__name__}: {e}")
-            raise ExecutorReformed(self._reformed_msg()) from e
+        return self._guarded("collect")
 
     def release(self, seq_ids: list[int]) -> None:
         ex = self._current
@@ -189,27 +200,42 @@ class RecoveringExecutor:
 
     # ---- recovery ------------------------------------------------------------------------------
 
-    def _usable(self) -> Any:
-        """The current group, or ExecutorReformed when it changed since the caller last ran."""
+    def _guarded(self, method: str, *args: Any) -> Any:
+        """`current.method(*args)`; a group that broke is re-formed (ExecutorReformed) first."""
+        ex, epoch = self._usable()
+        try:
+            return getattr(ex, method)(*args)
+        except Exception as e:
+            if _whole(ex, unknown=False):
+                raise  # a step the group refused; it is still whole
+            why = f"{type(e).__name__}: {e}"
+        del ex  # the broken group is freed before the new one loads, not after
+        self._await_reform(epoch, why)
+        raise ExecutorReformed(self._reformed_msg())
+
+    def _usable(self) -> tuple[Any, int]:
+        """(the current group, its epoch), or ExecutorReformed when it changed since the caller
+        last ran."""
         if self._given_up is not None:
             raise ReformFailed(str(self._given_up))
         if self._reforming is not None or not _whole(self._current):
-            self._await_reform(self._current, self._reforming or "the group is not whole")
+            self._await_reform(self.epoch, self._reforming or "the group is not whole")
         if self._seen_epoch != self.epoch:
             raise ExecutorReformed(self._reformed_msg())
-        return self._current
+        return self._current, self.epoch
 
     def _reformed_msg(self) -> str:
         self._seen_epoch = self.epoch
         return f"the group was re-formed (epoch {self.epoch}); replay every sequence in flight"
 
-    def _await_reform(self, broken: Any, why: str) -> None:
-        """Blocks until `broken` is replaced (returns) or the re-form gave up (ReformFailed)."""
+    def _await_reform(self, epoch: int, why: str) -> None:
+        """Blocks until the group of `epoch` is replaced (returns) or the re-form gave up
+        (ReformFailed)."""
         with self._changed:
-            if self._current is broken and self._reforming is None:
+            if self.epoch == epoch and self._reforming is None:
                 self._reforming = why
             self._kick.set()
-            while self._current is broken and self._given_up is None:
+            while self.epoch == epoch and self._given_up is None:
                 self._changed.wait(0.5)
                 if self._stop.is_set():
                     raise ReformFailed("the executor was closed during a re-form")
@@ -236,22 +262,29 @@ class RecoveringExecutor:
         log.warning("the group of epoch %d broke: %s; re-forming", self.epoch, self._reforming)
         broken = self._current
         t_close = time.monotonic()
+        self._current = _Lost(broken, self._reforming or "")
         try:
             broken.close()  # every survivor leaves the old epoch; the supervisor ends the rest
         except Exception as e:  # noqa: BLE001 - a broken group may fail to close cleanly
             log.warning("closing the broken group: %s", e)
+        # its shard and caches go now, before the new group loads (a failure's traceback keeps
+        # the executor in a reference cycle that only the collector frees)
+        del broken
+        gc.collect()
         log.warning(
             "the group of epoch %d is closed (%.1f s)", self.epoch, time.monotonic() - t_close
         )
         deadline = t_seen + self.deadline_s
         last: BaseException | None = None
-        while time.monotonic() < deadline and not self._stop.is_set():
+        while not self._stop.is_set():  # at least one attempt, then retries until the deadline
             try:
                 fresh = self._build(self.epoch + 1)
             except Exception as e:  # noqa: BLE001 - retried until the deadline
                 last = e
                 c.reform_failures += 1
                 log.warning("re-forming epoch %d failed: %s", self.epoch + 1, e)
+                if time.monotonic() + self.retry_s >= deadline:
+                    break
                 self._stop.wait(self.retry_s)
                 continue
             if self._stop.is_set():  # closed while this group formed: it is not wanted

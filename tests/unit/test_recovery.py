@@ -151,6 +151,30 @@ def test_a_group_broken_while_idle_is_reformed_and_health_says_so_meanwhile():
         ex.close()
 
 
+def test_the_broken_group_is_freed_before_the_new_one_is_built():
+    import gc
+    import weakref
+
+    refs = []
+    alive_at_build = []
+
+    def build(epoch):
+        if epoch > 0:
+            gc.collect()
+            alive_at_build.append(refs[0]() is not None)
+        ex = BreakingExecutor(epoch, fail_after=3 if epoch == 0 else None)
+        refs.append(weakref.ref(ex))
+        return ex
+
+    ex = with_recovery(build, deadline_s=10)
+    try:
+        outs = _serve(Scheduler(ex), PROMPTS[:2], max_tokens=6, temperature=0)
+        assert all(o["reason"] == "length" for o in outs)
+        assert alive_at_build == [False]  # its shard and caches were gone when epoch 1 loaded
+    finally:
+        ex.close()
+
+
 def test_requests_fail_with_the_reason_when_the_group_cannot_reform_in_time():
     def build(epoch):
         if epoch > 0:
