@@ -126,6 +126,7 @@ class RecoveringExecutor:
         self.epoch = 0
         self.counts = RecoveryCounts()
         self._seen_epoch = 0  # the epoch the caller's sequence state belongs to
+        self._calls = 0  # calls into the current group under way (each holds a reference)
         self._given_up: BaseException | None = None
         self._reforming: str | None = None  # why, while a re-form is under way
         self._kick = threading.Event()
@@ -203,13 +204,20 @@ class RecoveringExecutor:
     def _guarded(self, method: str, *args: Any) -> Any:
         """`current.method(*args)`; a group that broke is re-formed (ExecutorReformed) first."""
         ex, epoch = self._usable()
+        with self._changed:
+            self._calls += 1
         try:
-            return getattr(ex, method)(*args)
-        except Exception as e:
-            if _whole(ex, unknown=False):
-                raise  # a step the group refused; it is still whole
-            why = f"{type(e).__name__}: {e}"
-        del ex  # the broken group is freed before the new one loads, not after
+            try:
+                return getattr(ex, method)(*args)
+            except Exception as e:
+                if _whole(ex, unknown=False):
+                    raise  # a step the group refused; it is still whole
+                why = f"{type(e).__name__}: {e}"
+            del ex  # the broken group is freed before the new one loads, not after
+        finally:
+            with self._changed:
+                self._calls -= 1
+                self._changed.notify_all()
         self._await_reform(epoch, why)
         raise ExecutorReformed(self._reformed_msg())
 
@@ -267,9 +275,12 @@ class RecoveringExecutor:
             broken.close()  # every survivor leaves the old epoch; the supervisor ends the rest
         except Exception as e:  # noqa: BLE001 - a broken group may fail to close cleanly
             log.warning("closing the broken group: %s", e)
-        # its shard and caches go now, before the new group loads (a failure's traceback keeps
-        # the executor in a reference cycle that only the collector frees)
+        # its shard and caches go now, before the new group loads: once the call that saw it
+        # fail has let go (closed, it fails at once), and through the collector (a failure's
+        # traceback keeps the executor in a reference cycle)
         del broken
+        with self._changed:
+            self._changed.wait_for(lambda: self._calls == 0, timeout=10.0)
         gc.collect()
         log.warning(
             "the group of epoch %d is closed (%.1f s)", self.epoch, time.monotonic() - t_close
