@@ -33,9 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from tandem.engine.executor import Step
+from tandem.engine.executor import Step, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +87,9 @@ class _Lost:
     def describe(self) -> dict[str, Any]:
         return dict(self._desc)
 
+    def stats(self) -> dict[str, float]:
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -139,14 +140,14 @@ class RecoveringExecutor:
 
     # ---- the Executor face ---------------------------------------------------------------------
 
-    def run(self, step: Step) -> torch.Tensor:
+    def run(self, step: Step) -> StepResult:
         return self._guarded("run", step)
 
     def submit(self, step: Step) -> int:
         """Pipelines only (the caller checks `num_stages`): as `run`, for `submit`."""
         return self._guarded("submit", step)
 
-    def collect(self) -> tuple[int, torch.Tensor]:
+    def collect(self) -> tuple[int, StepResult]:
         return self._guarded("collect")
 
     def release(self, seq_ids: list[int]) -> None:
@@ -177,14 +178,18 @@ class RecoveringExecutor:
         desc["epoch"] = self.epoch
         return desc
 
-    def recovery_stats(self) -> dict[str, float]:
-        """Counters for /metrics."""
+    def stats(self) -> dict[str, float]:
+        """The current group's counters (they start again at 0 in each epoch) and the
+        recovery's own, for /metrics."""
+        own = getattr(self._current, "stats", None)
+        out = dict(own()) if callable(own) else {}
         c = self.counts
-        return {
-            "group_failures": c.failures,
-            "group_reforms": c.reforms,
-            "group_reform_attempts_failed": c.reform_failures,
-        }
+        out.update(
+            group_failures=c.failures,
+            group_reforms=c.reforms,
+            group_reform_attempts_failed=c.reform_failures,
+        )
+        return out
 
     def close(self) -> None:
         self._stop.set()

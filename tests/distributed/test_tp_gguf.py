@@ -12,6 +12,7 @@ import pytest
 import torch
 from tp_support import greedy_steps, launch_concurrently
 
+from tandem.engine.executor import StepResult
 from tandem.engine.pp.launch import launch_pipeline
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.runner import ShardRunner
@@ -39,7 +40,7 @@ class SingleNode:
         self.runner = ShardRunner(load_model(open_model(path)), 1, 128)
 
     def run(self, step):
-        return self.runner.forward(step)
+        return StepResult.of(step, self.runner.forward(step))
 
     def release(self, ids):
         self.runner.release(ids)
