@@ -56,8 +56,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--op-timeout",
         type=float,
         default=None,
-        help="seconds a local group's collective (or pipeline hop) may take before the rank it "
-        "waits on counts as hung (default 60 for TP, 120 for PP)",
+        help="seconds a local TP group's collective may take before the rank it waits on counts "
+        "as hung (default 60)",
     )
     p.add_argument(
         "--reform-timeout",
