@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -103,6 +103,7 @@ def build_serving_engine(
     console: Console | None = None,
     ring_config: Path | None = None,
     quantize: str | None = None,
+    attn_ranks: int | None = None,
     reform_timeout: float = 0.0,
     op_timeout: float | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
@@ -118,7 +119,9 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
-    layout = serving_layout(tp, pp, dtype, device, ring_config, op_timeout)
+    layout = replace(
+        serving_layout(tp, pp, dtype, device, ring_config, op_timeout), attn_ranks=attn_ranks
+    )
     if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
         raise LayoutUnavailable(
             "--quantize runs on one node; for --tp / --pp write the file once with "
@@ -137,7 +140,7 @@ def build_serving_engine(
         limits = Limits(max_batch, seq_len)
 
         def build(epoch: int):  # epoch > 0: formed again after a loss, from its own processes
-            again = dataclasses.replace(hooks, epoch=epoch) if epoch else hooks
+            again = replace(hooks, epoch=epoch) if epoch else hooks
             return build_executor(model_dir, layout, limits, again)
 
         local_group = layout.world_size > 1 and ring_config is None

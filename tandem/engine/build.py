@@ -45,7 +45,8 @@ class Layout:
     `wire_dtype`: the hidden state between stages. `ring_config`: this process is rank 0 of the TP
     group that file describes, its workers started elsewhere. `threads`: this process's CPU
     threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
-    take."""
+    take. `attn_ranks`: attention on the first A ranks of a one-stage TP group, the MLP on all
+    (`parallel.plan`; None: every rank)."""
 
     stage_tp: tuple[int, ...] = (1,)
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
@@ -57,6 +58,7 @@ class Layout:
     ring_config: Path | None = None
     threads: int | None = None
     op_timeout: float = 60.0
+    attn_ranks: int | None = None
 
     def __post_init__(self) -> None:
         if not self.stage_tp or min(self.stage_tp) < 1:
@@ -70,6 +72,11 @@ class Layout:
         bad = [d for d in self.dtypes if d not in DTYPE_NAMES.values()]
         if bad:
             raise LayoutUnavailable(f"dtype {bad[0]}: choose one of {', '.join(DTYPE_NAMES)}")
+        if self.attn_ranks is not None and (self.pp > 1 or not 1 <= self.attn_ranks <= self.tp):
+            raise LayoutUnavailable(
+                f"--attn-ranks {self.attn_ranks}: a one-stage TP group of {self.tp} ranks takes "
+                f"1 to {self.tp}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -140,6 +147,7 @@ def build_executor(
                 model,
                 layout.tp,
                 weights=layout.tp_weights,
+                attn_ranks=layout.attn_ranks,
                 dtypes=layout.dtype_names(),
                 devices=layout.device_names(),
                 max_batch=limits.max_batch,
@@ -214,6 +222,7 @@ def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHoo
             model,
             metered,
             weights=layout.tp_weights,
+            attn_ranks=layout.attn_ranks,
             max_batch=limits.max_batch,
             max_seq_len=limits.max_seq_len,
             dtype=layout.dtype_names()[0],
