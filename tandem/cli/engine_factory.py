@@ -28,6 +28,7 @@ from tandem.engine.build import (
     build_executor,
     per_rank,
 )
+from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
@@ -62,10 +63,15 @@ class _ProgressDir(ModelDir):
 
 
 def serving_layout(
-    tp: int, pp: int, dtype: str, device: str, ring_config: Path | None = None
+    tp: int,
+    pp: int,
+    dtype: str,
+    device: str,
+    ring_config: Path | None = None,
+    op_timeout: float | None = None,
 ) -> Layout:
-    """`--tp`, `--pp`, `--dtype` and `--device` (one value, or one per rank) as a `Layout`. Ranks
-    that share this machine split its cores (`tandem.cli.threads`)."""
+    """`--tp`, `--pp`, `--dtype`, `--device` (one value, or one per rank) and `--op-timeout` as a
+    `Layout`. Ranks that share this machine split its cores (`tandem.cli.threads`)."""
     if ring_config is not None:
         names, devices = [dtype], [device]
         stage_tp: tuple[int, ...] = (1,)
@@ -86,6 +92,7 @@ def serving_layout(
         # The ranks share this machine's cores: oversubscribed OpenMP pools spin against each
         # other and every collective waits for a descheduled peer.
         threads=local_threads(world) if ring_config is None and world > 1 else None,
+        **({} if op_timeout is None else {"op_timeout": op_timeout}),
     )
 
 
@@ -103,9 +110,14 @@ def build_serving_engine(
     ring_config: Path | None = None,
     quantize: str | None = None,
     attn_ranks: int | None = None,
+    reform_timeout: float = 0.0,
+    op_timeout: float | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
-    `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads."""
+    `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
+    `reform_timeout` > 0: a local group that loses a rank is formed again (new processes, a new
+    epoch) within that many seconds and the scheduler replays (`tandem.engine.recovery`); 0: the
+    first loss ends it. `op_timeout`: a local TP group's bound on one collective."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     config = source.config
@@ -113,7 +125,9 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
-    layout = replace(serving_layout(tp, pp, dtype, device, ring_config), attn_ranks=attn_ranks)
+    layout = replace(
+        serving_layout(tp, pp, dtype, device, ring_config, op_timeout), attn_ranks=attn_ranks
+    )
     if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
         raise LayoutUnavailable(
             "--quantize runs on one node; for --tp / --pp write the file once with "
@@ -129,7 +143,14 @@ def build_serving_engine(
             )
     else:  # a GGUF file's weights stay mapped in their blocks: there is little to wait for
         hooks = BuildHooks(status=lambda text: console.status(text + "..."), source=source)
-        executor = build_executor(model_dir, layout, Limits(max_batch, seq_len), hooks)
+        limits = Limits(max_batch, seq_len)
+
+        def build(epoch: int):  # epoch > 0: formed again after a loss, from its own processes
+            again = replace(hooks, epoch=epoch) if epoch else hooks
+            return build_executor(model_dir, layout, limits, again)
+
+        local_group = layout.world_size > 1 and ring_config is None
+        executor = with_recovery(build, reform_timeout if local_group else 0.0)
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None

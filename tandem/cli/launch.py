@@ -4,8 +4,11 @@
 
 Brings up the head (`tandem serve`) and its ranks as local processes on loopback for the model (the
 built-in model when none is given), waits until the cluster is whole, streams one demo completion
-(the model continuing a prompt), then serves until Ctrl-C. Ctrl-C, SIGTERM, a rank that exits or a
-cluster that turns unhealthy shut every process down: none is left behind and every port is freed.
+(the model continuing a prompt), then serves until Ctrl-C. A TP or PP rank that dies is started
+again by the head, which re-forms the group under a new epoch and replays the requests in flight
+(`--reform-timeout`, `tandem.engine.recovery`); while it does, /health is 503 "re-forming ...".
+Ctrl-C, SIGTERM, a head that exits or a cluster that cannot re-form (/health 503 for any other
+reason) shut every process down: none is left behind and every port is freed.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from tandem.cluster.launcher import (
     check_port_free,
     sigterm_as_keyboard_interrupt,
 )
+from tandem.engine.recovery import REFORMING
 
 DEFAULT_DEMO_PROMPT = "Once upon a time"
 FALLBACK_PRESET = "tiny-qwen3"
+DEFAULT_REFORM_TIMEOUT_S = 120.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-dir", default=None, help="write each rank's output here instead of the terminal"
     )
-    p.set_defaults(func=run, tp=2)  # a cluster by default: two ranks on loopback
+    # a cluster by default: two ranks on loopback, re-formed when one of them dies
+    p.set_defaults(func=run, tp=2, reform_timeout=DEFAULT_REFORM_TIMEOUT_S)
 
 
 def default_model_dir(console: Console) -> tuple[Path, str]:
@@ -89,7 +95,11 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, dict]:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
-        return e.code, {}
+        try:
+            body = json.loads(e.read() or b"{}")
+        except (OSError, ValueError):
+            body = {}
+        return e.code, body if isinstance(body, dict) else {}
     except (urllib.error.URLError, OSError, ValueError):
         return 0, {}
 
@@ -130,6 +140,8 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         "max_batch",
         "max_seq_len",
         "served_model_name",
+        "reform_timeout",
+        "op_timeout",
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -157,13 +169,15 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         if not args.no_demo:
             _demo(console, base, name, demo_prompt, args.api_key)
         console.print("serving; Ctrl-C to stop every rank")
-        gone = group.wait(until=lambda: _get(f"{base}/health")[0] == 503, interval_s=1.0)
+        gone = group.wait(until=lambda: _down_for_good(base), interval_s=1.0)
         if gone is not None:
             console.print(
                 f"[red]{gone[0]} exited with code {gone[1]}: shutting the cluster down[/red]"
             )
             return 1
-        console.print("[red]the cluster is no longer whole (/health 503): shutting it down[/red]")
+        console.print(
+            "[red]the cluster is down and cannot re-form (/health 503): shutting it down[/red]"
+        )
         return 1
     except KeyboardInterrupt:
         console.print("stopping every rank")
@@ -174,6 +188,12 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         group.shutdown()
+
+
+def _down_for_good(base: str) -> bool:
+    """/health is 503 for a reason other than a re-form under way."""
+    code, body = _get(f"{base}/health")
+    return code == 503 and not str(body.get("detail", "")).startswith(REFORMING)
 
 
 def _wait_whole(console: Console, group: ProcessGroup, base: str, n: int, timeout_s: float):

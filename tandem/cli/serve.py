@@ -53,6 +53,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per step")
     p.add_argument("--max-seq-len", type=int, default=None, help="context per sequence")
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
+    p.add_argument(
+        "--op-timeout",
+        type=float,
+        default=None,
+        help="seconds a local TP group's collective may take before the rank it waits on counts "
+        "as hung (default 60)",
+    )
+    p.add_argument(
+        "--reform-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a local TP/PP group that lost a rank has to re-form (new processes, new "
+        "epoch; requests in flight are replayed) before requests fail; 0: a lost rank ends "
+        "it (serve's default; launch's is 120)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -162,6 +177,8 @@ def _serve(args: argparse.Namespace) -> int:
                 ring_config=ring_config,
                 quantize=args.quantize,
                 attn_ranks=args.attn_ranks,
+                reform_timeout=args.reform_timeout,
+                op_timeout=args.op_timeout,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

@@ -19,6 +19,7 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.devices import DTYPE_NAMES
+from tandem.engine.tp.local import cluster_id_for
 from tandem.engine.tp.setup import run_worker
 
 DEFAULT_OP_TIMEOUT_S = 60.0
@@ -41,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--op-timeout", type=float, default=DEFAULT_OP_TIMEOUT_S)
     p.add_argument("--handshake-timeout", type=float, default=120.0)
     p.add_argument("--threads", type=int, help="torch CPU threads for this rank")
+    p.add_argument(
+        "--epoch", type=int, default=0, help="the group's epoch (a group re-formed after a loss)"
+    )
     p.set_defaults(func=run)
 
 
@@ -105,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             secret_from_env(),
             op_timeout=args.op_timeout,
             handshake_timeout=args.handshake_timeout,
+            cluster_id=cluster_id_for(args.epoch),
         )
     elif os.environ.get("RING_CONFIG"):
         from tandem import comm as comm_pkg
@@ -118,7 +123,13 @@ def run(args: argparse.Namespace) -> int:
     if comm.rank == 0:
         raise WorkerArgsError("rank 0 is the head: run `tandem generate` or `tandem serve` there")
     try:
-        steps = run_worker(args.model, comm, dtype=args.dtype, device=args.device)
+        steps = run_worker(
+            args.model,
+            comm,
+            dtype=args.dtype,
+            device=args.device,
+            setup_timeout=args.handshake_timeout if args.peers is not None else None,
+        )
     finally:
         comm.close()
     print(f"worker rank {comm.rank}: {steps} steps, head said stop", file=sys.stderr)

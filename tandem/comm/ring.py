@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from tandem.cluster.ring_config import check_timeout
 from tandem.comm import algorithms as alg
 from tandem.comm.ring_form import form_ring, same_host_cap
 from tandem.comm.ring_link import RingLink
@@ -124,6 +125,15 @@ class RingCommunicator:
             small_max_bytes=small_max_bytes,
             same_host_pair=pair,
         )
+
+    def set_op_timeout(self, seconds: float) -> float:
+        """Sets the no-progress bound of every later op on both links (the same-host road waits
+        on the left one); returns the previous bound. For phases that wait on a peer's work
+        rather than a step, e.g. a group's setup waiting for the slowest rank to load."""
+        check_timeout("op_timeout", seconds, "ring")
+        old = self._link.left.ts.timeout
+        self._link.left.ts.timeout = self._link.right.ts.timeout = seconds
+        return old
 
     @property
     def same_host(self) -> bool:

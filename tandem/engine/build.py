@@ -130,10 +130,12 @@ def _quiet(_text: str) -> AbstractContextManager[None]:
 class BuildHooks:
     """What the caller shows while the executor forms: `status(text)` a context manager around each
     wait; `source` the model already opened (a single device loads from it, e.g. one that reports
-    its reads to a progress bar)."""
+    its reads to a progress bar); `epoch` > 0: the group is formed again after losing a rank
+    (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id."""
 
     status: Callable[[str], AbstractContextManager[None]] = field(default=_quiet)
     source: ModelSource | None = None
+    epoch: int = 0
 
 
 def build_executor(
@@ -162,6 +164,7 @@ def build_executor(
                 max_seq_len=limits.max_seq_len,
                 op_timeout=layout.op_timeout,
                 threads=layout.threads,  # an idle group pings every keepalive_interval(op_timeout)
+                epoch=hooks.epoch,
             )
     from tandem.engine.pp.launch import launch_pipeline
     from tandem.engine.pp.layout import plan_stages

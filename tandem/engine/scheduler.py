@@ -12,7 +12,10 @@ Failures are contained: what goes wrong with one request (a seed torch refuses, 
 sample from, a callback that raises) finishes that request with "error" and the loop goes on; an
 executor failure fails every request (the group is broken); and if the loop itself dies, every
 waiting request is failed and `failure` says why, so health checks turn unhealthy instead of
-requests hanging.
+requests hanging. An executor that re-formed its group after losing a rank
+(`tandem.engine.recovery`) raises `ExecutorReformed`: every KV cache is gone, so each running
+sequence is replayed (its cache length set to 0, prompt + tokens so far prefilled again) and
+its stream goes on.
 
 Positions: for a sequence with `cached` tokens in the executor's KV cache, the next chunk starts at
 `start_pos = cached`; a decode step feeds the last sampled token at position len(tokens) - 1.
@@ -32,6 +35,7 @@ import torch
 
 from tandem.engine.executor import Executor, Pipelined, Step, StepResult, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
+from tandem.engine.recovery import ExecutorReformed
 from tandem.engine.sampling_params import SamplingParams, make_generator
 
 log = logging.getLogger(__name__)
@@ -101,6 +105,7 @@ class SchedulerStats:
     decode_seconds: float = 0.0  # steps that carried no prefill: the per-token decode latency
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     decode_latency: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
+    replayed_sequences: int = 0  # sequences prefilled again after their executor re-formed
 
 
 class Scheduler:
@@ -221,6 +226,9 @@ class Scheduler:
         try:
             greedy = all(r.req.params.greedy for r in rows)  # then (B,) argmax ids come back
             result = self.executor.run(Step(sequences=seqs, greedy=greedy))
+        except ExecutorReformed:
+            self._replay()
+            return True
         except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
             self._fail_all(e)
             return False
@@ -248,6 +256,9 @@ class Scheduler:
                 return False
             tag, rows, seqs, prefill_tokens, t0 = self._inflight.popleft()
             got, result = ex.collect()
+        except ExecutorReformed:
+            self._replay()
+            return True
         except Exception as e:
             self._fail_all(e)
             return False
@@ -362,6 +373,16 @@ class Scheduler:
             r.req.on_finish(reason, error)
         except Exception:  # a broken callback must not take the loop down
             pass
+
+    def _replay(self) -> None:
+        """The executor's caches are empty (a re-formed group): every running sequence starts
+        over at position 0 with the tokens it holds, so the next steps prefill them again."""
+        self._inflight.clear()
+        for r in self._running:
+            r.cached = 0
+            r.busy = False
+        self.stats.replayed_sequences += len(self._running)
+        log.warning("replaying %d sequence(s) on the re-formed executor", len(self._running))
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:

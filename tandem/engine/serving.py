@@ -188,6 +188,7 @@ class ServingEngine:
             "generated_tokens": s.generated_tokens,
             "steps": s.steps,
             "step_seconds": s.step_seconds,
+            "replayed_sequences": s.replayed_sequences,
             "ttft": s.ttft.snapshot(),
             "decode_latency": s.decode_latency.snapshot(),
             "executor": executor,

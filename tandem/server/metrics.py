@@ -16,6 +16,12 @@ EXECUTOR_METRICS = {
         "tandem_stage_transfer_seconds_total",
         "Seconds moving pipeline activations.",
     ),
+    "group_failures": ("tandem_group_failures_total", "Groups that lost a rank (failures)."),
+    "group_reforms": ("tandem_group_reforms_total", "Groups formed again after a failure."),
+    "group_reform_attempts_failed": (
+        "tandem_group_reform_attempts_failed_total",
+        "Attempts to re-form a group that failed (retried until the deadline).",
+    ),
 }
 
 
@@ -59,6 +65,12 @@ def render_metrics(
     lines += _single("tandem_steps_total", "counter", "Batched forward steps run.", m["steps"])
     lines += _single(
         "tandem_step_seconds_total", "counter", "Seconds inside forward steps.", m["step_seconds"]
+    )
+    lines += _single(
+        "tandem_replayed_sequences_total",
+        "counter",
+        "Sequences prefilled again from their tokens after their group re-formed.",
+        m.get("replayed_sequences", 0),
     )
     lines += _single("tandem_requests_running", "gauge", "Requests in the batch.", m["running"])
     lines += _single("tandem_requests_waiting", "gauge", "Requests queued.", m["waiting"])

@@ -29,10 +29,11 @@ def model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("launch") / "model")
 
 
-def _launch(model, port, sigint_ignored=False):
+def _launch(model, port, sigint_ignored=False, extra=()):
     """`sigint_ignored`: start it as a non-interactive shell starts a background job, with
     SIGINT ignored, which Ctrl-C must still stop."""
     argv = [*TANDEM, "launch", "--model", str(model), "--tp", str(TP), "--port", str(port)]
+    argv += list(extra)
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return spawn([*argv, "--no-demo"], preexec_fn=ignore)
 
@@ -90,8 +91,9 @@ def test_launch_then_sigint_leaves_no_process_and_frees_the_port(model):
 
 
 def test_a_rank_that_dies_takes_the_whole_cluster_down(model):
+    """Without re-forming (`--reform-timeout 0`); with it, see test_launch_recovery.py."""
     (port,) = free_ports(1)
-    proc = _launch(model, port)
+    proc = _launch(model, port, extra=["--reform-timeout", "0"])
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}")
         children = descendants(proc.pid)

@@ -25,6 +25,12 @@ from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.setup import start_head
 
 
+def cluster_id_for(epoch: int) -> str:
+    """The ring's cluster id in `epoch` (what every rank claims in its handshake, so a rank of an
+    earlier epoch is refused): "tandem-tp", then "tandem-tp/epoch-1", ..."""
+    return "tandem-tp" if epoch == 0 else f"tandem-tp/epoch-{epoch}"
+
+
 class LocalGroupError(RuntimeError):
     """A local worker could not start or died while the group formed."""
 
@@ -44,10 +50,12 @@ class LocalWorkers:
         op_timeout: float,
         handshake_timeout: float,
         threads: int | None,
+        epoch: int = 0,
     ) -> None:
         if tp < 2:
             raise LocalGroupError(f"a local TP group needs at least 2 ranks, got {tp}")
         self.tp = tp
+        self.epoch = epoch
         self.ports = free_ports(tp)
         self.secret = secrets.token_hex(32).encode()
         self.log_dir = Path(tempfile.mkdtemp(prefix="tandem-tp-"))
@@ -60,6 +68,8 @@ class LocalWorkers:
             argv += ["--op-timeout", str(op_timeout), "--handshake-timeout", str(handshake_timeout)]
             if threads:
                 argv += ["--threads", str(threads)]
+            if epoch:
+                argv += ["--epoch", str(epoch)]
             ranks.append(RankProcess(f"rank{r}", argv, {"TANDEM_SECRET": self.secret.decode()}))
         self.group = ProcessGroup(ranks, log_dir=self.log_dir, grace_s=2.0)
         self.group.start()
@@ -96,12 +106,14 @@ def launch_local_tp(
     keepalive_s: float | None = -1.0,
     workers: LocalWorkers | None = None,
     attn_ranks: int | None = None,
+    epoch: int = 0,
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
     never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
-    attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`)."""
+    attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`). `epoch` > 0: a
+    group formed again after a loss (`tandem.engine.recovery`), under its own cluster id."""
     if keepalive_s is not None and keepalive_s < 0:
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
@@ -115,6 +127,7 @@ def launch_local_tp(
             op_timeout=op_timeout,
             handshake_timeout=handshake_timeout,
             threads=threads,
+            epoch=epoch,
         )
     return form_local_group(
         model_dir,
@@ -158,7 +171,7 @@ def form_local_group(
                 right=("127.0.0.1", ports[1]),
                 listen=("127.0.0.1", ports[0]),
                 secret=workers.secret,
-                cluster_id="tandem-tp",
+                cluster_id=cluster_id_for(workers.epoch),
                 op_timeout=op_timeout,
                 handshake_timeout=handshake_timeout,
             ),
@@ -179,6 +192,7 @@ def form_local_group(
             diagnose=workers.diagnose,
             local_workers=workers,
             attn_ranks=attn_ranks,
+            setup_timeout=handshake_timeout,
         )
     except BaseException as e:
         why = workers.diagnose()

@@ -16,10 +16,11 @@ shard and reads only its own slices (`tandem.parallel.shard_load`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -205,6 +206,23 @@ def build_shard(
     return ShardRunner(model, layout.max_batch, layout.max_seq_len)
 
 
+@contextlib.contextmanager
+def setup_bound(comm: Communicator, seconds: float | None) -> Iterator[None]:
+    """Within the block every op of `comm` may wait `seconds` (when given and the backend can
+    change its bound): setup waits for the slowest rank to load its shard, which a step's op
+    timeout (a few seconds, to see a hung rank soon) does not bound."""
+    inner = getattr(comm, "inner", comm)  # a MeteredCommunicator's backend
+    set_bound = getattr(inner, "set_op_timeout", None)
+    if seconds is None or not callable(set_bound):
+        yield
+        return
+    old = set_bound(seconds)
+    try:
+        yield
+    finally:
+        set_bound(old)
+
+
 def admit(
     comm: Communicator,
     runner: ShardRunner,
@@ -240,11 +258,13 @@ def start_head(
     local_workers: LocalWorkers | None = None,
     join_rtt_ms: dict[int, float] | None = None,
     attn_ranks: int | None = None,
+    setup_timeout: float | None = None,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
     local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
-    to the head when it joined, for `describe`."""
+    to the head when it joined, for `describe`; `setup_timeout`: the bound on each setup op
+    (`setup_bound`; None: the op timeout)."""
     md = open_model(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
     plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
@@ -252,16 +272,17 @@ def start_head(
     layout = GroupLayout(
         comm.world_size, weights, max_batch, seq, md.fingerprint(), attn_ranks or 0
     )
-    layout = agree_layout(comm, layout, md.fingerprint())
-    ranks = exchange_rank_info(comm, dtype, device)
-    runner = build_shard(md, comm, layout, dtype, device)
-    comm.barrier()  # every shard loaded
-    plan = layout.plan(md)
-    ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
-    try:
-        admit(comm, runner, ranks, ref, plan)
-    finally:
-        ref.close()
+    with setup_bound(comm, setup_timeout):
+        layout = agree_layout(comm, layout, md.fingerprint())
+        ranks = exchange_rank_info(comm, dtype, device)
+        runner = build_shard(md, comm, layout, dtype, device)
+        comm.barrier()  # every shard loaded
+        plan = layout.plan(md)
+        ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
+        try:
+            admit(comm, runner, ranks, ref, plan)
+        finally:
+            ref.close()
     facts = rank_facts(md, plan, ranks, device)
     if local_workers is not None:
         ours = local_workers.pids()
@@ -281,14 +302,22 @@ def start_head(
     )
 
 
-def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
+def run_worker(
+    model_dir: str | Path,
+    comm: Communicator,
+    *,
+    dtype: str,
+    device: str,
+    setup_timeout: float | None = None,
+) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
     md = open_model(model_dir)
-    layout = agree_layout(comm, None, md.fingerprint())
-    ranks = exchange_rank_info(comm, dtype, device)
-    runner = build_shard(md, comm, layout, dtype, device)
-    comm.barrier()
-    admit(comm, runner, ranks, None, None)
+    with setup_bound(comm, setup_timeout):
+        layout = agree_layout(comm, None, md.fingerprint())
+        ranks = exchange_rank_info(comm, dtype, device)
+        runner = build_shard(md, comm, layout, dtype, device)
+        comm.barrier()
+        admit(comm, runner, ranks, None, None)
     return serve(runner, BroadcastSource(comm))

@@ -1,0 +1,139 @@
+"""Detection, re-form and replay times when a TP worker is killed under `tandem launch`.
+
+    .venv/bin/python scripts/bench/recovery.py [--model DIR | --preset tiny-qwen3] [--tp 2] [--pp 1]
+                                               [--streams 4] [--max-tokens 96] [--cycles 3]
+                                               [--signal KILL] [--op-timeout S] [--prompt-words 0]
+
+Starts `tandem launch --tp N --pp M` on loopback, runs `streams` concurrent streaming greedy completions
+once without a fault (the reference texts), then `cycles` times: the same streams, and once each
+has 4 chunks, the signal to one worker. Per cycle it prints, from the signal: when /health first
+said 503 (detect), when it said 200 again (re-formed: a new worker started, its shard loaded, the
+ring formed under a new epoch), when the first replayed token reached a client (resume), when
+every stream had finished, and whether every text equals the reference; and the run without a
+fault's time to first text (what a replay's prefill is to be compared with). JSON on the last line.
+`--prompt-words N` prefixes each prompt with N words, to time the replay of a long context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tandem.bench.fault_drill import health, run_drill  # noqa: E402
+from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports  # noqa: E402
+
+PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello", "Numbers: 1 2 3"]
+
+
+def _server_pid(launch_pid: int) -> int:
+    for c in psutil.Process(launch_pid).children():
+        if "serve" in c.cmdline():
+            return c.pid
+    raise RuntimeError("no `tandem serve` below `tandem launch`")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--preset", default="tiny-qwen3")
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--op-timeout", type=float, default=None, help="bound on a hung rank (STOP)")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--signal", default="KILL", help="KILL (a dead worker) or STOP (a hung one)")
+    ap.add_argument("--prompt-words", type=int, default=0)
+    args = ap.parse_args()
+    sig = getattr(signal, f"SIG{args.signal}")
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-recovery-"))
+    model = args.model
+    if model is None:
+        import subprocess
+
+        model = str(tmp / "model")
+        subprocess.run(
+            [sys.executable, "-m", "tandem", "make-model", model, "--preset", args.preset],
+            check=True,
+            capture_output=True,
+        )
+    (port,) = free_ports(1)
+    base = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "tandem", "launch", "--model", model, "--tp", str(args.tp)]
+    argv += ["--pp", str(args.pp), "--port", str(port), "--no-demo"]
+    argv += ["--max-batch", str(max(args.streams, 1))]
+    if args.op_timeout is not None:
+        argv += ["--op-timeout", str(args.op_timeout)]
+    group = ProcessGroup([RankProcess("launch", argv)], log_dir=tmp / "logs")
+    prefix = " ".join(["word"] * args.prompt_words)
+    prompts = [f"{prefix} {p}".strip() for p in (PROMPTS * args.streams)[: args.streams]]
+    cycles = []
+    baseline_rss_mb = None
+    quiet = None
+    try:
+        group.start()
+        deadline = time.monotonic() + 600
+        while health(base)[0] != 200:
+            if group.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"launch did not come up; see {tmp / 'logs'}")
+            time.sleep(0.3)
+        server = _server_pid(group.procs[0].pid)
+        quiet = run_drill(base, server, prompts, max_tokens=args.max_tokens, sig=None)
+        ref = [s.text for s in quiet.streams]
+        if any(s.error for s in quiet.streams):
+            raise RuntimeError(f"the run without a fault failed: {quiet.streams[0].error}")
+        baseline_rss_mb = round(psutil.Process(server).memory_info().rss / 2**20, 1)
+        for i in range(args.cycles):
+            d = run_drill(base, server, prompts, max_tokens=args.max_tokens, sig=sig)
+            row = {
+                "cycle": i + 1,
+                "in_flight": d.in_flight_at_fault,
+                "detect_s": d.detect_s,
+                "reformed_s": d.whole_s,
+                "resume_s": d.resume_s,
+                "done_s": d.done_s,
+                "texts_equal": [s.text for s in d.streams] == ref,
+                "errors": [s.error for s in d.streams if s.error],
+                "head_rss_mb": round(psutil.Process(server).memory_info().rss / 2**20, 1),
+            }
+            cycles.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        group.shutdown()
+
+    def med(key: str) -> float | None:
+        vals = [c[key] for c in cycles if c[key] is not None]
+        return round(statistics.median(vals), 3) if vals else None
+
+    summary = {
+        "tp": args.tp,
+        "pp": args.pp,
+        "signal": args.signal,
+        "streams": args.streams,
+        "prompt_words": args.prompt_words,
+        "cycles": len(cycles),
+        "median_detect_s": med("detect_s"),
+        "median_reformed_s": med("reformed_s"),
+        "median_resume_s": med("resume_s"),
+        "quiet_ttft_s": round(quiet.ttft_s, 3) if quiet and quiet.ttft_s else None,
+        "all_texts_equal": all(c["texts_equal"] for c in cycles),
+        "head_rss_mb_baseline": baseline_rss_mb,
+        "head_rss_mb_last": cycles[-1]["head_rss_mb"] if cycles else None,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""`tandem launch --tp 2` survives a SIGKILLed (then a SIGSTOPped) worker in the middle of 4
+streaming greedy requests: the head starts a new worker, re-forms the group under a new epoch,
+replays the sequences in flight, and every stream completes with the text of an uninterrupted run.
+Real processes on loopback; timings are printed by scripts/bench/recovery.py, never asserted
+here."""
+
+import signal
+
+import pytest
+from serve_support import TANDEM, kill_tree, make_model, metric, spawn, wait_healthy
+
+from tandem.bench.fault_drill import health, run_drill, worker_pids
+from tandem.cluster.launcher import free_ports
+
+PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
+MAX_TOKENS = 48
+OP_TIMEOUT_S = 5  # a SIGSTOPped worker counts as hung after this long inside a step
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("recovery") / "model")
+
+
+def _launch(model, layout):
+    (port,) = free_ports(1)
+    argv = [*TANDEM, "launch", "--model", str(model), *layout, "--port", str(port)]
+    argv += ["--no-demo", "--max-batch", "4", "--reform-timeout", "120"]
+    proc = spawn([*argv, "--op-timeout", str(OP_TIMEOUT_S)])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base)
+        yield proc, base
+    finally:
+        kill_tree(proc)
+
+
+@pytest.fixture(scope="module")
+def launched(model):
+    yield from _launch(model, ["--tp", "2"])
+
+
+@pytest.fixture(scope="module")
+def launched_pp(model):
+    yield from _launch(model, ["--tp", "1", "--pp", "2"])
+
+
+def _server_pid(proc):
+    """`tandem launch` runs the head as `tandem serve`, whose children are the workers."""
+    import psutil
+
+    for c in psutil.Process(proc.pid).children():
+        if "serve" in c.cmdline():
+            return c.pid
+    raise AssertionError("no `tandem serve` below `tandem launch`")
+
+
+def _quiet(launched):
+    """The uninterrupted run's streams."""
+    proc, base = launched
+    res = run_drill(base, _server_pid(proc), PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in res.streams] == [None] * 4
+    assert all(s.finish_reason == "length" for s in res.streams)
+    return [s.text for s in res.streams]
+
+
+@pytest.fixture(scope="module")
+def quiet(launched):
+    return _quiet(launched)
+
+
+COUNTERS = (
+    "tandem_group_failures_total",
+    "tandem_group_reforms_total",
+    "tandem_replayed_sequences_total",
+)
+
+
+def _drill_replays_every_stream(launched, quiet, sig):
+    proc, base = launched
+    server = _server_pid(proc)
+    before = worker_pids(server)
+    counts = [metric(base, name) for name in COUNTERS]
+
+    drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=sig, timeout_s=240)
+
+    assert drill.victim_pid in before and drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == quiet
+    assert all(s.finish_reason == "length" for s in drill.streams)
+    # /health: 503 saying why while the group re-formed, 200 once it had
+    assert drill.detect_s is not None and drill.whole_s is not None
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert all(r.startswith("re-forming") for r in reasons), reasons
+    assert health(base)[0] == 200 and proc.poll() is None
+    # the supervisor replaced the killed worker; the old one is gone
+    after = worker_pids(server)
+    assert len(after) == 1 and drill.victim_pid not in after
+    grown = [metric(base, name) - n for name, n in zip(COUNTERS, counts)]
+    assert grown == [1, 1, 4]  # one failure, one re-form, 4 sequences replayed
+
+
+# ~65 s on 2 shared cores: `tandem launch` brings up a head and a worker, then a third process
+# (the replacement worker) starts, loads its shard and joins while 4 streams wait
+@pytest.mark.slow
+def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
+    launched, quiet
+):
+    _drill_replays_every_stream(launched, quiet, signal.SIGKILL)
+
+
+# ~30 s more: the hung worker is seen at the op timeout, then replaced as above
+@pytest.mark.slow
+def test_sigstopped_tp_worker_mid_stream_is_seen_at_the_op_timeout_and_replaced(launched, quiet):
+    _drill_replays_every_stream(launched, quiet, signal.SIGSTOP)
+
+
+# ~70 s on 2 shared cores: its own `tandem launch` (a head and a stage process), then a new stage
+@pytest.mark.slow
+def test_a_sigkilled_pipeline_stage_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
+    launched_pp,
+):
+    _drill_replays_every_stream(launched_pp, _quiet(launched_pp), signal.SIGKILL)
