@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--op-timeout", type=float, default=DEFAULT_OP_TIMEOUT_S)
     p.add_argument("--handshake-timeout", type=float, default=120.0)
     p.add_argument("--threads", type=int, help="torch CPU threads for this rank")
+    p.add_argument(
+        "--kernels", default="auto", help="auto (the fast path) or torch (the reference modules)"
+    )
     p.set_defaults(func=run)
 
 
@@ -115,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if comm.rank == 0:
         raise WorkerArgsError("rank 0 is the head: run `tandem generate` or `tandem serve` there")
     try:
-        steps = run_worker(args.model, comm, dtype=args.dtype, device=args.device)
+        steps = run_worker(
+            args.model, comm, dtype=args.dtype, device=args.device, kernels=args.kernels
+        )
     finally:
         comm.close()
     print(f"worker rank {comm.rank}: {steps} steps, head said stop", file=sys.stderr)

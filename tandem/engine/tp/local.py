@@ -55,6 +55,7 @@ class LocalWorkers:
         op_timeout: float,
         handshake_timeout: float,
         threads: int | None,
+        kernels: list[str] | None = None,
     ) -> None:
         if tp < 2:
             raise LocalGroupError(f"a local TP group needs at least 2 ranks, got {tp}")
@@ -71,6 +72,8 @@ class LocalWorkers:
             argv += ["--op-timeout", str(op_timeout), "--handshake-timeout", str(handshake_timeout)]
             if threads:
                 argv += ["--threads", str(threads)]
+            if kernels:
+                argv += ["--kernels", kernels[r]]
             ranks.append(RankProcess(f"rank{r}", argv, {"TANDEM_SECRET": self.secret.decode()}))
         self.group = ProcessGroup(ranks, log_dir=self.log_dir, grace_s=2.0)
         self.group.start()
@@ -102,8 +105,11 @@ def launch_local_tp(
     threads: int | None = None,
     keepalive_s: float | None = -1.0,
     workers: LocalWorkers | None = None,
+    kernels: str | list[str] = "auto",
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
+    `kernels` is each rank's `tandem.kernels.prepare` choice ("auto" or "torch"; one for every
+    rank, or a list of one per rank: a native rank and a reference rank in one group).
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
     never) so they outlive pauses between steps longer than the op timeout."""
@@ -111,6 +117,7 @@ def launch_local_tp(
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
     devices = devices or ["cpu"] * tp
+    kernels = [kernels] * tp if isinstance(kernels, str) else list(kernels)
     if workers is None:
         workers = LocalWorkers(
             model_dir,
@@ -120,6 +127,7 @@ def launch_local_tp(
             op_timeout=op_timeout,
             handshake_timeout=handshake_timeout,
             threads=threads,
+            kernels=kernels,
         )
     return form_local_group(
         model_dir,
@@ -127,6 +135,7 @@ def launch_local_tp(
         weights=weights,
         dtype=dtypes[0],
         device=devices[0],
+        kernels=kernels[0],
         max_batch=max_batch,
         max_seq_len=max_seq_len,
         op_timeout=op_timeout,
@@ -147,6 +156,7 @@ def form_local_group(
     op_timeout: float,
     handshake_timeout: float,
     keepalive_s: float | None,
+    kernels: str = "auto",
 ) -> TPExecutor:
     """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard.
     Any failure shuts the workers down before it is raised."""
@@ -180,6 +190,7 @@ def form_local_group(
             on_close=workers.shutdown,
             keepalive_s=keepalive_s,
             diagnose=workers.diagnose,
+            kernels=kernels,
         )
     except BaseException as e:
         why = workers.diagnose()

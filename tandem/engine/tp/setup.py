@@ -29,6 +29,7 @@ from tandem.comm.base import Communicator
 from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
+from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
@@ -170,9 +171,17 @@ def rank_facts(
 
 
 def build_shard(
-    md: ModelSource, comm: Communicator, layout: GroupLayout, dtype: str, device: str
+    md: ModelSource,
+    comm: Communicator,
+    layout: GroupLayout,
+    dtype: str,
+    device: str,
+    kernels: str = "auto",
 ) -> ShardRunner:
-    """This rank's shard, loaded slice by slice, with its own KV cache."""
+    """This rank's shard, loaded slice by slice, with its own KV cache, put on `kernels`
+    (`tandem.kernels.prepare`, as a single node: "auto" takes the native quantized kernels over
+    a GGUF shard's blocks, "torch" keeps the reference modules). A rank-local choice: ranks on
+    different kernels agree on the wire (canonical float32 partials)."""
     if dtype not in DTYPES:
         raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     plan = plan_for_source(md, comm.world_size, layout.weights)
@@ -186,6 +195,7 @@ def build_shard(
     ).eval()
     load_shard(model, md, plan, comm.rank)
     md.close()
+    prepare(model, kernel=kernels)  # the parallel layers' `quant` modules onto the native kernels
     return ShardRunner(model, layout.max_batch, layout.max_seq_len)
 
 
@@ -201,6 +211,7 @@ def start_head(
     on_close: Callable[[], None] | None = None,
     keepalive_s: float | None = None,
     diagnose: Callable[[], str | None] | None = None,
+    kernels: str = "auto",
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
     md = open_model(model_dir)
@@ -210,7 +221,7 @@ def start_head(
     layout = GroupLayout(comm.world_size, weights, max_batch, seq, md.fingerprint())
     layout = agree_layout(comm, layout, md.fingerprint())
     ranks = exchange_rank_info(comm, dtype, device)
-    runner = build_shard(md, comm, layout, dtype, device)
+    runner = build_shard(md, comm, layout, dtype, device, kernels)
     comm.barrier()  # every shard loaded
     ex = TPExecutor(
         runner,
@@ -227,13 +238,15 @@ def start_head(
     return ex
 
 
-def run_worker(model_dir: str | Path, comm: Communicator, *, dtype: str, device: str) -> int:
+def run_worker(
+    model_dir: str | Path, comm: Communicator, *, dtype: str, device: str, kernels: str = "auto"
+) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
     md = open_model(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
     exchange_rank_info(comm, dtype, device)
-    runner = build_shard(md, comm, layout, dtype, device)
+    runner = build_shard(md, comm, layout, dtype, device, kernels)
     comm.barrier()
     return serve(runner, BroadcastSource(comm))
