@@ -32,6 +32,7 @@ from tandem.comm.base import Communicator
 from tandem.config import ModelConfig
 from tandem.models.llama import Transformer
 from tandem.models.rope import RotaryEmbedding
+from tandem.models.skeleton import skeleton
 from tandem.parallel.plan import TPPlan
 from tandem.parallel.tensor import (
     ColumnParallelLinear,
@@ -72,7 +73,7 @@ def shard_transformer(
     r = comm.rank
     D = config.hidden_size
     meta = torch.device("meta")
-    with meta:
+    with skeleton():  # the meta device, initializers skipped
         model = Transformer(config, layer_range, with_embed, with_head)
     model.rope = RotaryEmbedding(config)  # built under meta above; its tables live on the host
     q, kv, inter, vocab = plan.q_rows(r), plan.kv_rows(r), plan.intermediate[r], plan.vocab[r]

@@ -22,6 +22,7 @@ from torch import nn
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.models.llama import Transformer
 from tandem.models.quant.linear import QuantEmbedding, QuantLinear
+from tandem.models.skeleton import skeleton
 
 
 def load_gguf_model(
@@ -33,7 +34,7 @@ def load_gguf_model(
     with_embed: bool = True,
     with_head: bool = True,
 ) -> Transformer:
-    with torch.device("meta"):
+    with skeleton():
         model = Transformer(src.config, layer_range, with_embed, with_head)
     blocks: dict[str, torch.Tensor] = {}  # checkpoint name -> its blocks on `device` (tied: once)
 

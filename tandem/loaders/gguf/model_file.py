@@ -49,6 +49,7 @@ from tandem.loaders.tokenizer import Tokenizer
 from tandem.models.llama import Transformer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
 from tandem.models.quant.dequant import dequantize
+from tandem.models.skeleton import skeleton
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -178,7 +179,7 @@ class GGUFModel:
         """Every tensor must feed a parameter of the model the config describes: one it has no
         place for (q/k norms in a llama file, an unknown name) means a variant tandem would
         silently run wrong."""
-        with torch.device("meta"):
+        with skeleton():
             full = Transformer(self.config)
         used = {full.checkpoint_name(n) for n, _ in full.named_parameters(remove_duplicate=False)}
         stray = [
