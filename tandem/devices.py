@@ -18,7 +18,19 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
-}
+}  # the compute dtypes a rank may run, by the name flags, frames and reports use
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16" (the name `DTYPE_NAMES` and the flags use)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """One of `DTYPE_NAMES` by name; `DeviceError` for any other."""
+    if name not in DTYPE_NAMES:
+        raise DeviceError(f"dtype {name!r}: choose one of {', '.join(DTYPE_NAMES)}")
+    return DTYPE_NAMES[name]
 
 
 class DeviceError(ValueError):

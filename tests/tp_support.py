@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandem.config import ModelConfig
-from tandem.engine.executor import Step, StepSequence
+from tandem.engine.executor import Step, StepResult, StepSequence
 from tandem.models.llama import Transformer
 
 
@@ -65,11 +65,13 @@ def greedy(
     step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in seqs.items()), on_ranks)
     first = None
     for _ in range(n_new):
-        got = executor.run(step)
+        result = executor.run(step)
         if on_ranks:
+            got = result.token_ids
             assert got.dtype == torch.int64 and got.shape == (len(prompts),)
             nxt = got.tolist()
         else:
+            got = result.logits
             if first is None:
                 first = got
             nxt = got.argmax(-1).tolist()
@@ -96,7 +98,7 @@ class SingleNode:
         self.vocab_size = self.model.config.vocab_size
 
     def run(self, step):
-        return self.runner.forward(step)
+        return StepResult.of(step, self.runner.forward(step))
 
     def release(self, ids):
         self.runner.release(ids)
@@ -122,7 +124,7 @@ def greedy_with_gaps(executor, prompt: list[int], n_new: int):
     step = Step((StepSequence(0, tuple(prompt), 0),))
     pos = len(prompt)
     for _ in range(n_new):
-        logits = executor.run(step)[0]
+        logits = executor.run(step).logits[0]
         top = torch.topk(logits.float(), 2).values
         gaps.append(float(top[0] - top[1]))
         t = int(logits.argmax())
@@ -187,7 +189,7 @@ def greedy_steps(ex, prompt: list[int], n: int) -> list[tuple[int, torch.Tensor]
     per step."""
     seq, out, pos = list(prompt), [], 0
     for _ in range(n):
-        logits = ex.run(Step((StepSequence(0, tuple(seq[pos:]), pos),)))[0]
+        logits = ex.run(Step((StepSequence(0, tuple(seq[pos:]), pos),))).logits[0]
         pos = len(seq)
         seq.append(int(logits.argmax()))
         out.append((seq[-1], logits.float()))

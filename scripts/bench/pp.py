@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from tandem.devices import DTYPE_NAMES
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.pp.generate import generate_pipelined
 from tandem.engine.pp.launch import launch_pipeline
@@ -60,14 +61,15 @@ def run_streams(ex, ps: list[list[int]], decode: int, base: int) -> dict:
     """Greedy prefill of every prompt together, then `decode` batched decode steps."""
     ids = [base + i for i in range(len(ps))]
     t0 = time.perf_counter()
-    logits = ex.run(Step(tuple(StepSequence(i, tuple(p), 0) for i, p in zip(ids, ps))))
+    logits = ex.run(Step(tuple(StepSequence(i, tuple(p), 0) for i, p in zip(ids, ps)))).logits
     ttft = time.perf_counter() - t0
     pos = [len(p) for p in ps]
     b0 = wire_bytes(ex)
     t1 = time.perf_counter()
     for _ in range(decode):
         nxt = logits.argmax(-1).tolist()
-        logits = ex.run(Step(tuple(StepSequence(i, (t,), q) for i, t, q in zip(ids, nxt, pos))))
+        step = Step(tuple(StepSequence(i, (t,), q) for i, t, q in zip(ids, nxt, pos)))
+        logits = ex.run(step).logits
         pos = [q + 1 for q in pos]
     dt = time.perf_counter() - t1
     moved = wire_bytes(ex) - b0
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         if layout == "single":
             from tandem.engine.local import LocalExecutor
 
-            model = load_model(ModelDir(model_dir), dtype=getattr(torch, a.dtype))
+            model = load_model(ModelDir(model_dir), dtype=DTYPE_NAMES[a.dtype])
             ex = LocalExecutor(model, max_batch=a.streams, max_seq_len=seq)
         elif layout == "tp2":
             ex = launch_local_tp(

@@ -93,12 +93,12 @@ def _vm_rss() -> int:
 
 
 def role_single(args) -> dict:
-    import torch
 
+    from tandem.devices import DTYPE_NAMES
     from tandem.engine.local import LocalExecutor
 
     ex = LocalExecutor.from_dir(
-        args.model, dtype=getattr(torch, args.dtype), max_batch=2, max_seq_len=args.max_seq_len
+        args.model, dtype=DTYPE_NAMES[args.dtype], max_batch=2, max_seq_len=args.max_seq_len
     )
     return _timed_run(ex, args)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from tandem.bench.timing import prompt_ids, time_greedy
+from tandem.devices import DTYPE_NAMES
 
 
 class DecodeRunError(RuntimeError):
@@ -34,14 +35,15 @@ def _phase_gate(name: str) -> None:
 
 
 def _single(args: argparse.Namespace):
-    from tandem.engine.local import LocalExecutor
+    from tandem.engine.build import Layout, Limits, build_executor
 
-    return LocalExecutor.from_dir(
-        args.model, dtype=getattr(torch, args.dtype), max_batch=2, max_seq_len=args.max_seq_len
-    )
+    layout = Layout(dtypes=(DTYPE_NAMES[args.dtype],))
+    return build_executor(args.model, layout, Limits(2, args.max_seq_len)), None
 
 
 def _tp(args: argparse.Namespace):
+    """This rank of a TP group: the head's executor and its traced communicator (on a worker,
+    after the group closed: None, None)."""
     from tandem.bench.optrace import TracedCommunicator
     from tandem.comm.peers import connect_ring
     from tandem.engine.tp.setup import run_worker, start_head
@@ -55,11 +57,9 @@ def _tp(args: argparse.Namespace):
         finally:
             if args.trace_dir:
                 comm.dump(Path(args.trace_dir) / f"rank{args.rank}.json")
-        return None
+        return None, None
     ex = start_head(args.model, comm, max_batch=2, max_seq_len=args.max_seq_len, dtype=args.dtype)
-    ex.trace = comm
-    ex.same_host = comm.inner.same_host  # its all-reduces bypass the wire (shared memory)
-    return ex
+    return ex, comm
 
 
 def _pp(args: argparse.Namespace):
@@ -76,10 +76,11 @@ def _pp(args: argparse.Namespace):
         raise DecodeRunError(f"pp: need {args.world} peers (and namespaces, if any)")
     stages = plan_stages(ModelConfig.from_dir(args.model), [1] * args.world, dtype=args.dtype)
     prefix = (lambda g: ["ip", "netns", "exec", netns[g]]) if netns else None
-    return launch_pipeline(
+    ex = launch_pipeline(
         args.model, stages, max_batch=2, max_seq_len=args.max_seq_len, threads=args.threads,
         addresses=addrs, argv_prefix=prefix,
     )  # fmt: skip
+    return ex, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,13 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     build = {"single": _single, "tp": _tp, "pp": _pp}[args.layout]
-    executor = build(args)
+    executor, trace = build(args)
     if executor is None:  # a worker: it served until the head closed the group
         return 0
     try:
         prompt = prompt_ids(args.prompt_len, executor.vocab_size)
         time_greedy(executor, prompt[: max(1, args.prompt_len // 4)], args.warmup, seq_id=1)
-        trace = getattr(executor, "trace", None)
         spans: list[list[int]] = []
 
         def gate(name: str) -> None:
@@ -127,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         ]
     finally:
         executor.close()
-        trace = getattr(executor, "trace", None)
         if trace is not None and args.trace_dir:
             trace.dump(Path(args.trace_dir) / "rank0.json", {"decode_spans": spans})
     # the best round: on a machine shared with other work, the least disturbed one
@@ -137,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
            "rounds_decode_s_per_token": [t.decode_s_per_token for t in rounds],
            "rounds_ttft_s": [t.ttft_s for t in rounds], "layout": args.layout,
            "world": args.world, "threads": args.threads, "dtype": args.dtype,
-           "same_host_memory": bool(getattr(executor, "same_host", False))}  # fmt: skip
+           # a TP pair on one host: its all-reduces bypass the wire (shared memory)
+           "same_host_memory": trace is not None and bool(trace.inner.same_host)}  # fmt: skip
     print(json.dumps(out), flush=True)
     return 0
 

@@ -31,6 +31,7 @@ from tandem.bench.netns import (
     check_available,
     stale_namespaces,
 )
+from tandem.devices import DTYPE_NAMES
 
 BASE_PORT = 29610  # inside this run's private namespaces only; no other process binds there
 
@@ -379,14 +380,13 @@ def measure_local_s_per_token(
     import torch
 
     from tandem.bench.timing import prompt_ids, time_greedy
-    from tandem.engine.local import LocalExecutor
+    from tandem.engine.build import Layout, Limits, build_executor
     from tandem.plan.model import PlanModelError
 
     if model_dir is None:
         raise PlanModelError("--measure-local needs --model DIR (weights to run)")
     torch.set_num_threads(threads)
-    ex = LocalExecutor.from_dir(model_dir, dtype=getattr(torch, dtype), max_batch=2,
-                                max_seq_len=64)  # fmt: skip
+    ex = build_executor(model_dir, Layout(dtypes=(DTYPE_NAMES[dtype],)), Limits(2, 64))
     prompt = prompt_ids(16, config.vocab_size)
     time_greedy(ex, prompt[:4], 2, seq_id=1)  # warm-up
     return time_greedy(ex, prompt, decode).decode_s_per_token

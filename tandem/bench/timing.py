@@ -52,7 +52,7 @@ def time_greedy(
     if not prompt or n_decode < 1:
         raise ValueError("need a non-empty prompt and at least one decode token")
     t0 = time.perf_counter()
-    ids = executor.run(Step((StepSequence(seq_id, tuple(prompt), 0),), greedy=True))
+    ids = executor.run(Step((StepSequence(seq_id, tuple(prompt), 0),), greedy=True)).ids()
     tok = int(ids[0])
     ttft = time.perf_counter() - t0
     out, pos, steps = [tok], len(prompt), []
@@ -60,7 +60,7 @@ def time_greedy(
         on_phase("decode_start")
     for _ in range(n_decode):
         t = time.perf_counter()
-        ids = executor.run(Step((StepSequence(seq_id, (tok,), pos),), greedy=True))
+        ids = executor.run(Step((StepSequence(seq_id, (tok,), pos),), greedy=True)).ids()
         tok = int(ids[0])
         steps.append(time.perf_counter() - t)
         out.append(tok)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,17 +18,14 @@ from rich.progress import (
 )
 
 from tandem.cli.threads import local_threads
-from tandem.config import ModelConfig
+from tandem.devices import DTYPE_NAMES
+from tandem.engine.build import BuildHooks, Layout, LayoutUnavailable, Limits, build_executor
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.engine.tp.local import per_rank
+from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
-from tandem.loaders.source import ModelSource, open_model
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class LayoutUnavailable(RuntimeError):
-    """A --tp / --pp layout this build cannot run (yet), or that does not fit the model."""
+from tandem.loaders.source import open_model
 
 
 def _progress(console: Console) -> Progress:
@@ -59,164 +54,32 @@ class _ProgressDir(ModelDir):
         return t
 
 
-def build_executor(
-    model_dir: Path,
-    config: ModelConfig,
-    *,
-    tp: int,
-    pp: int,
-    dtype: str,
-    device: str,
-    max_batch: int,
-    max_seq_len: int,
-    console: Console,
-    ring_config: Path | None = None,
-    source: ModelSource | None = None,
-):
-    """The executor for the layout; its `close()` brings down whatever it started. With
-    `ring_config`, this process is rank 0 of a TP group whose workers run on other machines.
-    `source`: the model already opened at `model_dir` (a single-node GGUF model is loaded from
-    it rather than parsed again)."""
+def serving_layout(
+    tp: int, pp: int, dtype: str, device: str, ring_config: Path | None = None
+) -> Layout:
+    """`--tp`, `--pp`, `--dtype` and `--device` (one value, or one per rank) as a `Layout`. Ranks
+    that share this machine split its cores (`tandem.cli.threads`)."""
     if ring_config is not None:
-        return _remote_tp_head(
-            model_dir, ring_config, dtype, device, max_batch, max_seq_len, console
-        )
-    if tp < 1 or pp < 1:
-        raise LayoutUnavailable(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
-    if tp * pp == 1:
-        from tandem.engine.local import LocalExecutor
-        from tandem.loaders.load import load_model
-
-        if dtype not in DTYPES:
-            raise LayoutUnavailable(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-        if isinstance(source, ModelDir) or source is None:
-            with _progress(console) as bar:
-                md = _ProgressDir(model_dir)
-                task = bar.add_task("loading weights", total=md.total_bytes)
-                md.on_read = lambda n: bar.advance(task, n)
-                model = load_model(md, dtype=DTYPES[dtype], device=device)
-        else:  # GGUF: the weights stay mapped in their blocks; there is little to wait for
-            md = source
-            model = load_model(md, dtype=DTYPES[dtype], device=device)
-        return LocalExecutor(
-            model, max_batch=max_batch, max_seq_len=max_seq_len, weight_format=md.weight_format()
-        )
-    from tandem.engine.tp.local import per_rank
-
-    dtypes = per_rank(dtype, tp * pp, "dtype")
-    devices = per_rank(device, tp * pp, "device")
-    # The ranks share this machine's cores: oversubscribed OpenMP pools spin against each other
-    # and every collective waits for a descheduled peer.
-    threads = local_threads(tp * pp)
-    torch.set_num_threads(threads)
-    with console.status(f"starting {tp * pp} ranks, loading their shards, forming the group..."):
-        if pp == 1:
-            from tandem.engine.tp.local import launch_local_tp
-
-            return launch_local_tp(
-                model_dir,
-                tp,
-                dtypes=dtypes,
-                devices=devices,
-                max_batch=max_batch,
-                max_seq_len=max_seq_len,
-                threads=threads,  # an idle group pings every keepalive_interval(op_timeout)
-            )
-        from tandem.engine.pp.launch import launch_pipeline
-        from tandem.engine.pp.layout import plan_stages
-
-        # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
-        stages = plan_stages(config, [tp] * pp, dtype=",".join(dtypes), device=",".join(devices))
-        return launch_pipeline(
-            model_dir, stages, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
-        )
-
-
-def _remote_tp_head(model_dir, ring_config, dtype, device, max_batch, max_seq_len, console):
-    import os
-
-    from tandem.cluster.ring_config import keepalive_interval, load_ring_config
-    from tandem.comm import from_env
-    from tandem.comm.metered import MeteredCommunicator
-    from tandem.engine.tp.setup import start_head
-
-    # pings inside the workers' op timeout (the ring's own, from the same file), however short
-    keepalive_s = keepalive_interval(load_ring_config(ring_config).op_timeout)
-
-    with console.status(f"waiting for the ring of {ring_config} to form (workers joining)..."):
-        comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
-    if comm.rank != 0:
-        comm.close()
-        raise LayoutUnavailable(f"{ring_config} is rank {comm.rank}: only rank 0 serves")
-    metered = MeteredCommunicator(comm)
-    with console.status(
-        f"agreeing on the model with {comm.world_size - 1} worker(s), loading shards"
-    ):
-        ex = start_head(
-            model_dir,
-            metered,
-            max_batch=max_batch,
-            max_seq_len=max_seq_len,
-            dtype=dtype,
-            device=device,
-            keepalive_s=keepalive_s,
-        )
-    ex.comm_stats = metered.stats
-    ex.join_rtt_ms = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
-    return ex
-
-
-def join_rtts(text: str, world_size: int) -> dict[int, float]:
-    """`{"1": 0.42, ...}` (what `cluster join` hands the head: each rank's round trip to the head
-    when it joined, in ms) -> {rank: ms}; entries that are not a rank and a finite number are
-    dropped (a figure shown must be one that was measured)."""
-    try:
-        raw = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    out = {}
-    for k, v in raw.items():
-        if not (isinstance(k, str) and k.isdigit() and 0 < int(k) < world_size):
-            continue
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
-            out[int(k)] = float(v)
-    return out
-
-
-def executor_health(executor) -> Callable[[], tuple[bool, str]]:
-    """Whole while the executor has not recorded a failure (a dead or hung rank)."""
-
-    def health() -> tuple[bool, str]:
-        own = getattr(executor, "health", None)
-        if callable(own):
-            return own()
-        failure = getattr(executor, "_failure", None) or getattr(executor, "_failed", None)
-        if failure:
-            return False, str(failure)
-        return True, "ok"
-
-    return health
-
-
-def executor_stats(executor) -> Callable[[], dict[str, float]]:
-    """Collective time and bytes on the wire, from whichever counters the executor keeps."""
-
-    def stats() -> dict[str, float]:
-        out: dict[str, float] = {}
-        comm = getattr(executor, "comm_stats", None)
-        if comm is not None:
-            out["collectives"] = comm.collectives
-            out["collective_seconds"] = comm.seconds
-            out["wire_bytes"] = comm.bytes_moved
-        sent = getattr(executor, "bytes_sent", None)
-        if isinstance(sent, int):
-            received = getattr(executor, "bytes_received", 0)
-            out["wire_bytes"] = out.get("wire_bytes", 0) + sent + received
-        return out
-
-    return stats
+        names, devices = [dtype], [device]
+        stage_tp: tuple[int, ...] = (1,)
+    else:
+        if tp < 1 or pp < 1:
+            raise LayoutUnavailable(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
+        stage_tp = (tp,) * pp
+        names, devices = per_rank(dtype, tp * pp, "dtype"), per_rank(device, tp * pp, "device")
+    bad = [n for n in names if n not in DTYPE_NAMES]
+    if bad:
+        raise LayoutUnavailable(f"--dtype {bad[0]!r}: choose one of {', '.join(DTYPE_NAMES)}")
+    world = tp * pp
+    return Layout(
+        stage_tp=stage_tp,
+        dtypes=tuple(DTYPE_NAMES[n] for n in names),
+        devices=tuple(devices),
+        ring_config=ring_config,
+        # The ranks share this machine's cores: oversubscribed OpenMP pools spin against each
+        # other and every collective waits for a descheduled peer.
+        threads=local_threads(world) if ring_config is None and world > 1 else None,
+    )
 
 
 def build_serving_engine(
@@ -231,28 +94,34 @@ def build_serving_engine(
     name: str | None = None,
     console: Console | None = None,
     ring_config: Path | None = None,
+    quantize: str | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
-    """A started engine and the function that stops it (scheduler first, then the executor)."""
+    """A started engine and the function that stops it (scheduler first, then the executor).
+    `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads."""
     console = console or Console(stderr=True)
-    source = open_model(model_dir)
+    source = open_model(model_dir, quantize)
     config = source.config
     seq_len = min(max_seq_len or 2048, config.max_position_embeddings)
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
-    executor = build_executor(
-        model_dir,
-        config,
-        tp=tp,
-        pp=pp,
-        dtype=dtype,
-        device=device,
-        max_batch=max_batch,
-        max_seq_len=seq_len,
-        console=console,
-        ring_config=ring_config,
-        source=source,
-    )
+    layout = serving_layout(tp, pp, dtype, device, ring_config)
+    if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
+        raise LayoutUnavailable(
+            "--quantize runs on one node; for --tp / --pp write the file once with "
+            "`tandem quantize MODEL_DIR OUT.gguf --type ...` and serve OUT.gguf"
+        )
+    if layout.world_size == 1 and isinstance(source, ModelDir):
+        with _progress(console) as bar:  # the weights' bytes as they are read
+            source = _ProgressDir(model_dir)
+            task = bar.add_task("loading weights", total=source.total_bytes)
+            source.on_read = lambda n: bar.advance(task, n)
+            executor = build_executor(
+                model_dir, layout, Limits(max_batch, seq_len), BuildHooks(source=source)
+            )
+    else:  # a GGUF file's weights stay mapped in their blocks: there is little to wait for
+        hooks = BuildHooks(status=lambda text: console.status(text + "..."), source=source)
+        executor = build_executor(model_dir, layout, Limits(max_batch, seq_len), hooks)
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
@@ -261,8 +130,6 @@ def build_serving_engine(
         tokenizer,
         name or model_dir.resolve().name.removesuffix(".gguf"),
         chat_template=chat,
-        health=executor_health(executor),
-        executor_stats=executor_stats(executor),
     )
     scheduler.start()
 

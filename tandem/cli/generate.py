@@ -10,20 +10,18 @@ import sys
 import torch
 
 from tandem.builtin import BUILTIN_PROMPT, default_model
-from tandem.cli.pp_options import (
-    add_pp_arguments,
-    build_pipeline_executor,
-    pipeline_report,
-    wants_pipeline,
-)
-from tandem.cli.tp_args import TPMeter, add_tp_arguments, resolve_ranks, tp_executor
+from tandem.cli.layout_args import generate_layout
+from tandem.cli.pp_options import add_pp_arguments, pipeline_report
+from tandem.cli.tp_args import TPMeter, add_tp_arguments
 from tandem.config import ConfigError
-from tandem.devices import DTYPE_NAMES, resolve_device, resolve_dtype
+from tandem.devices import DTYPE_NAMES, dtype_name
+from tandem.engine.build import BuildHooks, Limits, build_executor
 from tandem.engine.generate import generate
-from tandem.engine.local import LocalExecutor
+from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.gguf.model_file import GGUFModel
-from tandem.loaders.load import load_model
+from tandem.loaders.gguf.quantized_dir import QTYPES, QuantizeChoiceError, QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelFileError
 from tandem.loaders.source import open_model
 from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
@@ -58,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default="auto",
         help=f"auto or one of {', '.join(DTYPE_NAMES)}; with --tp one per rank, e.g. bfloat16,float16",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=sorted(QTYPES),
+        help="quantize a safetensors model's matrices as it loads (one node; same kernels as GGUF)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -95,25 +99,22 @@ def run(args: argparse.Namespace) -> int:
         args.model = str(model)
     if args.prompt is None and args.prompt_ids is None:
         args.prompt = prompt
-    tp = args.tp > 1 and not getattr(args, "layout", None) and getattr(args, "pp", 1) == 1
     try:
-        source = open_model(args.model)
+        if args.quantize and (args.tp > 1 or args.pp > 1 or args.layout):
+            raise QuantizeChoiceError(
+                "--quantize runs on one node; for --tp / --pp write the file once with "
+                "`tandem quantize MODEL_DIR OUT.gguf --type ...` and pass OUT.gguf"
+            )
+        source = open_model(args.model, args.quantize)
         tokenizer = source.tokenizer()
         ids = prompt_ids(args, tokenizer, source.config.vocab_size)
-    except (PromptError, ModelFileError, ConfigError) as e:
+    except (PromptError, ModelFileError, ConfigError, QuantizeChoiceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = source.config
-    gguf = isinstance(source, GGUFModel)
-    if tp:  # one dtype and one device per rank
-        dtypes, devices = resolve_ranks(args)
-        dtype, device = ",".join(dtypes), ",".join(devices)
-    else:
-        device = resolve_device(args.device)
-        # a GGUF file's weights are dequantized exactly; float32 keeps them so by default
-        dtype = (
-            torch.float32 if gguf and args.dtype == "auto" else resolve_dtype(args.dtype, device)
-        )
+    layout = generate_layout(args, gguf=isinstance(source, (GGUFModel, QuantizedModelDir)))
+    dtype = ",".join(dtype_name(d) for d in layout.dtypes)  # one, or one per rank of a TP group
+    device = ",".join(layout.devices)
     stop = (
         ()
         if args.ignore_eos
@@ -127,23 +128,11 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop_token_ids=stop,
     )
-    if tp:
-        executor = tp_executor(args, max_seq_len=len(ids) + args.max_tokens)
-    elif wants_pipeline(args):
-        executor = build_pipeline_executor(
-            args,
-            config,
-            max_batch=1,
-            max_seq_len=len(ids) + args.max_tokens,
-            dtype=str(dtype).removeprefix("torch."),
-            device=str(device),
-        )
-    else:
-        model = load_model(source, device=device, dtype=dtype)
-        executor = LocalExecutor(model, max_batch=1, max_seq_len=len(ids) + args.max_tokens)
+    limits = Limits(max_batch=1, max_seq_len=len(ids) + args.max_tokens)
+    executor = build_executor(args.model, layout, limits, BuildHooks(source=source))
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
-    meter = TPMeter(executor) if tp else None
+    meter = TPMeter(executor) if isinstance(executor, TPExecutor) else None
 
     def on_token(_row: int, tok: int) -> None:
         if meter is not None:
@@ -166,12 +155,12 @@ def run(args: argparse.Namespace) -> int:
             "ttft_s": round(res.ttft_s, 6),
             "prefill_tok_s": round(res.prefill_tok_s, 3),
             "decode_tok_s": round(res.decode_tok_s, 3),
-            "dtype": str(dtype).removeprefix("torch."),
-            "device": str(device),
+            "dtype": dtype,
+            "device": device,
         }
         if meter is not None:
             out["tensor_parallel"] = meter.report()
-        if wants_pipeline(args):
+        if isinstance(executor, PipelineExecutor):
             out["pipeline"] = pipeline_report(executor, len(ids) + len(res.token_ids))
         print(json.dumps(out))
     else:
@@ -181,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             print()
         print(
             f"[{len(ids)} prompt tokens, ttft {res.ttft_s:.3f}s, prefill {res.prefill_tok_s:.1f} tok/s, "
-            f"decode {res.decode_tok_s:.1f} tok/s, {str(dtype).removeprefix('torch.')}]",
+            f"decode {res.decode_tok_s:.1f} tok/s, {dtype}]",
             file=sys.stderr,
         )
     return 0

@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cluster",
     "serve",
     "make_model",
+    "quantize",
     "launch",
     "generate",
     "worker",

@@ -1,13 +1,10 @@
 """The pipeline options of `tandem generate`: `--pp`, `--layout`, `--pp-weights`, `--wire-dtype`,
-`--microbatches`, and the executor they describe (stage processes on this machine, over loopback)."""
+`--microbatches` (`tandem.cli.layout_args` turns them into a `Layout`: stage processes on this
+machine, over loopback), and the pipeline figures added to the JSON."""
 
 from __future__ import annotations
 
 import argparse
-
-from tandem.cli.threads import local_threads
-from tandem.engine.pp.launch import launch_pipeline
-from tandem.engine.pp.layout import parse_layout, plan_stages
 
 
 def add_pp_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,10 +30,6 @@ def add_pp_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--microbatches", type=int, default=None, help="default: one per stage")
 
 
-def wants_pipeline(args: argparse.Namespace) -> bool:
-    return bool(args.layout) or args.pp > 1
-
-
 def describe_stages(stages) -> list[dict]:
     return [
         {"layers": [s.layers.start, s.layers.end], "tp": s.tp, "dtype": s.dtype, "device": s.device}
@@ -44,33 +37,12 @@ def describe_stages(stages) -> list[dict]:
     ]
 
 
-def build_pipeline_executor(
-    args: argparse.Namespace, config, *, max_batch: int, max_seq_len: int, dtype: str, device: str
-):
-    """The `PipelineExecutor` for the options in `args` (its `close()` stops the stage processes);
-    `stages` describes the grid, for reports."""
-    layout = parse_layout(args.layout, args.pp, getattr(args, "tp", 1) or 1)
-    stages = plan_stages(config, layout, pp_weights=args.pp_weights, dtype=dtype, device=device)
-    ex = launch_pipeline(
-        args.model,
-        stages,
-        max_batch=max_batch,
-        max_seq_len=max_seq_len,
-        wire_dtype=args.wire_dtype,
-        microbatches=args.microbatches,
-        # one OpenMP pool per process, sized so the ranks do not oversubscribe this machine's cores
-        threads=args.threads or local_threads(sum(layout)),
-    )
-    ex.stages = describe_stages(stages)
-    return ex
-
-
 def pipeline_report(executor, tokens: int) -> dict:
     """The per-token communication figures of a finished run (head's view of the links)."""
     wire = executor.bytes_sent + executor.bytes_received
     hops = executor.stage_hops
     return {
-        "stages": getattr(executor, "stages", None),
+        "stages": describe_stages(executor.stages),
         "wire_dtype": executor.wire_dtype,
         "wire_bytes": wire,
         "wire_bytes_per_token": round(wire / max(1, tokens), 1),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tandem.cluster.launcher import LaunchError, check_port_free
 from tandem.cluster.ring_config import load_ring_config
+from tandem.loaders.gguf.quantized_dir import QTYPES
 
 DEFAULT_PORT = 8000
 GRACEFUL_SHUTDOWN_S = 3
@@ -66,6 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a model directory or FILE.gguf (default: SmolLM2 GGUF if installed, else the built-in model)",
     )
     add_engine_args(p)
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=sorted(QTYPES),
+        help="quantize a safetensors model's matrices as it loads (one node; same kernels as GGUF)",
+    )
     p.add_argument(
         "--ring-config",
         default=None,
@@ -151,6 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_seq_len=args.max_seq_len,
                 name=args.served_model_name,
                 ring_config=ring_config,
+                quantize=args.quantize,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

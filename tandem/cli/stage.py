@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from tandem.engine.pp.worker import DTYPES, StageOptions, run_stage
+from tandem.devices import DTYPE_NAMES
+from tandem.engine.pp.worker import StageOptions, run_stage
 
 
 def register(sub) -> None:
@@ -32,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--tp-listen", default="127.0.0.1:0", help="host:port for the TP ring listener")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port for the upstream link")
     p.add_argument("--cluster-id", required=True)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
     p.add_argument("--device", default="cpu")
     p.add_argument("--wire-dtype", default="float32")
     p.add_argument("--max-batch", type=int, default=8)

@@ -1,16 +1,20 @@
 """The seam between the head's generation loop and whatever runs the forward pass.
 
 A single-device model, a tensor-parallel group and a pipeline of stages all implement `Executor`.
-The head owns tokenization, scheduling and sampling; an executor only turns a `Step` into the
-last-position logits of each sequence in it, and keeps each sequence's KV cache between steps.
+The head owns tokenization, scheduling and sampling; an executor only turns a `Step` into a
+`StepResult` at the last new position of each sequence in it (logits, or the argmax ids of a
+greedy step), and keeps each sequence's KV cache between steps. An executor that can keep several
+steps in flight (a pipeline) is also `Pipelined`; callers check that with `isinstance`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from tandem.engine.sampling_params import SamplingParams, sample_next
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,66 @@ class StepSequence:
 class Step:
     """One forward pass over a batch of sequences of possibly different lengths and positions.
 
-    `greedy`: every sequence takes the argmax, so `run` returns the chosen token ids (B,) int64
-    instead of the logits. A tensor-parallel group then sends the head one (max, index) pair per
-    rank and row instead of each rank's logit slice (the largest transfer of a decode step)."""
+    `greedy`: every sequence takes the argmax, so `run` returns the chosen token ids instead of the
+    logits (`StepResult.token_ids`). A tensor-parallel group then sends the head one (max, index)
+    pair per rank and row instead of each rank's logit slice (the largest transfer of a decode
+    step)."""
 
     sequences: tuple[StepSequence, ...]
     greedy: bool = False
+
+
+class StepResultError(ValueError):
+    """A `StepResult` that holds neither or both of logits and token ids, or the wrong shape."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step yields at each sequence's last new token, row b for `step.sequences[b]`:
+    exactly one of `logits` (B, vocab_size) float32 on the host, or `token_ids` (B,) int64 on the
+    host, the argmax of each row (ties go to the lowest token id, as `torch.argmax` of the full
+    row) when the step was `greedy`."""
+
+    logits: torch.Tensor | None = None
+    token_ids: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.logits is None) == (self.token_ids is None):
+            raise StepResultError("a StepResult holds exactly one of logits and token_ids")
+        if self.logits is not None and self.logits.ndim != 2:
+            raise StepResultError(f"logits are (B, vocab), got shape {tuple(self.logits.shape)}")
+        if self.token_ids is not None and (
+            self.token_ids.ndim != 1 or self.token_ids.is_floating_point()
+        ):
+            raise StepResultError(
+                f"token ids are (B,) integers, got {self.token_ids.dtype} "
+                f"{tuple(self.token_ids.shape)}"
+            )
+
+    @classmethod
+    def of(cls, step: Step, out: torch.Tensor) -> StepResult:
+        """`ShardRunner.forward`'s output for `step` on the head, typed: the ids (B,) of a greedy
+        step, else the logits (B, vocab)."""
+        return cls(token_ids=out) if step.greedy else cls(logits=out)
+
+    def __len__(self) -> int:
+        t = self.logits if self.logits is not None else self.token_ids
+        assert t is not None
+        return t.shape[0]
+
+    def ids(self) -> torch.Tensor:
+        """The argmax token id of each row, (B,) int64, whichever form the result holds."""
+        if self.token_ids is not None:
+            return self.token_ids
+        assert self.logits is not None
+        return self.logits.argmax(-1)
+
+    def pick(self, row: int, params: SamplingParams, generator: torch.Generator) -> int:
+        """Row `row`'s next token: the chosen id of a greedy step, else sampled from its logits."""
+        if self.token_ids is not None:
+            return int(self.token_ids[row])
+        assert self.logits is not None
+        return sample_next(self.logits[row], params, generator)
 
 
 class Executor(Protocol):
@@ -43,14 +101,23 @@ class Executor(Protocol):
     max_seq_len: int
     max_batch: int
 
-    def run(self, step: Step) -> torch.Tensor:
-        """Logits at each sequence's last new token, float32 on the host: (B, vocab_size); for
-        a `greedy` step, the argmax of each row instead: (B,) int64 on the host (ties go to the
-        lowest token id, as `torch.argmax` of the full row)."""
+    def run(self, step: Step) -> StepResult:
+        """The step's result at each sequence's last new token (see `StepResult`)."""
         ...
 
     def release(self, seq_ids: list[int]) -> None:
         """Frees the KV cache of finished sequences (on every rank and stage)."""
+        ...
+
+    def health(self) -> tuple[bool, str]:
+        """(whole, why): False once a rank or stage has failed or exited, with a line that says
+        which. Cheap and safe to call from any thread."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters for /metrics, each present only when this executor keeps it:
+        "collectives", "collective_seconds" (time in collectives), "wire_bytes" (bytes on the
+        wire, both ways). Cheap and safe to call from any thread."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -61,3 +128,17 @@ class Executor(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Pipelined(Protocol):
+    """An executor that keeps up to `num_stages` steps in flight: `submit` starts a step without
+    waiting and returns its tag, `collect` returns the oldest submitted step's tag and result
+    (results come back in submission order). A caller that keeps one group of sequences in
+    flight per stage keeps every stage busy."""
+
+    num_stages: int
+
+    def submit(self, step: Step) -> int: ...
+
+    def collect(self) -> tuple[int, StepResult]: ...

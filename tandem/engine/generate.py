@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.engine.executor import Executor, Step, StepSequence
-from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
+from tandem.engine.sampling_params import SamplingParams, make_generator
 
 
 @dataclass
@@ -90,11 +90,11 @@ def generate(
     running = list(range(len(prompts)))
     try:
         while running:
-            logits = executor.run(step)  # (len(running), vocab), or (len(running),) ids
+            result = executor.run(step)  # one row per running sequence
             now = time.perf_counter()
             still = []
             for row, i in enumerate(running):
-                tok = sample_next(logits[row], params, gens[i])
+                tok = result.pick(row, params, gens[i])
                 if on_token is not None:
                     on_token(i, tok)
                 if accept_token(results[i], tok, now - t0, stop, params.max_tokens):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tandem.engine import cluster_info as ci
-from tandem.engine.executor import Step
+from tandem.engine.executor import Step, StepResult
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
@@ -95,7 +95,7 @@ class LocalExecutor:
                 raise StepError(f"sequence {s.seq_id}: token id outside [0, {self.vocab_size})")
 
     @torch.inference_mode()
-    def run(self, step: Step) -> torch.Tensor:
+    def run(self, step: Step) -> StepResult:
         self._check(step)
         seqs = step.sequences
         slots = [self.slots.slot(s.seq_id) for s in seqs]
@@ -109,14 +109,22 @@ class LocalExecutor:
         for s in seqs:
             self._cached[s.seq_id] = s.start_pos + len(s.token_ids)
         if step.greedy:
-            return m.head_argmax(m.last_hidden(h, ctx))[:, 0].cpu()  # (B,) int64
+            return StepResult(token_ids=m.head_argmax(m.last_hidden(h, ctx))[:, 0].cpu())  # (B,)
         logits = m.head(m.last_hidden(h, ctx))[:, 0]  # (B, vocab)
-        return logits.float().cpu()
+        return StepResult(logits=logits.float().cpu())
 
     def release(self, seq_ids: list[int]) -> None:
         for i in seq_ids:
             self.slots.release(i)
             self._cached.pop(i, None)
+
+    def health(self) -> tuple[bool, str]:
+        """One process: whole while it runs."""
+        return True, "ok"
+
+    def stats(self) -> dict[str, float]:
+        """No collectives and no wire."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         """One rank holding every layer, in this process."""

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tandem.engine.executor import Executor, Step, StepSequence
+from tandem.engine.executor import Executor, Pipelined, Step, StepResult, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
-from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
+from tandem.engine.sampling_params import SamplingParams, make_generator
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,8 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         # An executor that can keep several steps in flight (a pipeline) gets one group per stage.
-        self._depth = int(getattr(executor, "num_stages", 1) or 1)
-        self._pipelined = self._depth > 1 and callable(getattr(executor, "submit", None))
+        self._pipelined = isinstance(executor, Pipelined) and executor.num_stages > 1
+        self._depth = executor.num_stages if isinstance(executor, Pipelined) else 1
         self._inflight: deque = deque()
 
     # ---- public API ----------------------------------------------------------------------------
@@ -220,12 +220,12 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             greedy = all(r.req.params.greedy for r in rows)  # then (B,) argmax ids come back
-            logits = self.executor.run(Step(sequences=seqs, greedy=greedy))  # (B, vocab) or (B,)
+            result = self.executor.run(Step(sequences=seqs, greedy=greedy))
         except Exception as e:  # a dead rank or a broken executor: fail closed, loudly
             self._fail_all(e)
             return False
         self._record_step(time.perf_counter() - t0, prefill_tokens)
-        self._absorb(rows, seqs, logits)
+        self._absorb(rows, seqs, result)
         return True
 
     def _pipeline_step(self) -> bool:
@@ -233,12 +233,13 @@ class Scheduler:
         a group of idle sequences while there is room, else collect the oldest group. A sequence is
         in at most one step in flight (its next token depends on this one)."""
         ex = self.executor
+        assert isinstance(ex, Pipelined)
         idle = [r for r in self._running if not r.busy]
         try:
             if idle and len(self._inflight) < self._depth:
                 size = -(-len(self._running) // self._depth)  # ceil: one group per stage
                 seqs, rows, prefill_tokens = self._build(idle[:size])
-                tag = ex.submit(Step(sequences=seqs))  # type: ignore[attr-defined]
+                tag = ex.submit(Step(sequences=seqs))
                 for r in rows:
                     r.busy = True
                 self._inflight.append((tag, rows, seqs, prefill_tokens, time.perf_counter()))
@@ -246,7 +247,7 @@ class Scheduler:
             if not self._inflight:
                 return False
             tag, rows, seqs, prefill_tokens, t0 = self._inflight.popleft()
-            got, logits = ex.collect()  # type: ignore[attr-defined]
+            got, result = ex.collect()
         except Exception as e:
             self._fail_all(e)
             return False
@@ -256,7 +257,7 @@ class Scheduler:
         for r in rows:
             r.busy = False
         self._record_step(time.perf_counter() - t0, prefill_tokens)
-        self._absorb(rows, seqs, logits)
+        self._absorb(rows, seqs, result)
         return True
 
     def _build(self, group: list[_Running]) -> tuple[tuple[StepSequence, ...], list[_Running], int]:
@@ -282,7 +283,7 @@ class Scheduler:
         return tuple(seqs), rows, prefill_tokens
 
     def _absorb(
-        self, rows: list[_Running], seqs: tuple[StepSequence, ...], logits: torch.Tensor
+        self, rows: list[_Running], seqs: tuple[StepSequence, ...], result: StepResult
     ) -> None:
         """Advances each row's cache, samples where a prompt or decode ended, finishes the done."""
         finished: list[tuple[_Running, str, BaseException | None]] = []
@@ -291,7 +292,7 @@ class Scheduler:
             if r.cached < len(r.tokens):
                 continue  # prompt chunk: nothing to sample yet
             try:
-                reason = self._sample_and_emit(r, logits[row])
+                reason = self._sample_and_emit(r, result.pick(row, r.req.params, r.generator))
             except Exception as e:  # this request's sampling or callback: it alone fails
                 finished.append((r, "error", RequestFailed(f"{type(e).__name__}: {e}")))
                 continue
@@ -331,8 +332,7 @@ class Scheduler:
             for r in gone:
                 self._finish(r, "cancelled", None)
 
-    def _sample_and_emit(self, r: _Running, logits_row: torch.Tensor) -> str | None:
-        token = sample_next(logits_row, r.req.params, r.generator)
+    def _sample_and_emit(self, r: _Running, token: int) -> str | None:
         r.tokens.append(token)
         r.generated += 1
         self.stats.generated_tokens += 1

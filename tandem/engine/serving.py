@@ -169,17 +169,15 @@ class ServingEngine:
     def health(self) -> tuple[bool, str]:
         if self.scheduler.failure is not None:
             return False, f"the engine failed: {self.scheduler.failure}"
-        if self._health is not None:
-            return self._health()
-        return True, "ok"
+        return (self._health or self.scheduler.executor.health)()
 
     def metrics(self) -> dict[str, Any]:
         """A snapshot for /metrics: scheduler counters plus the executor's own figures if it has any
         (`executor_stats()` returning e.g. {"collective_seconds": ..., "wire_bytes": ...})."""
         s = self.scheduler.stats
         running, waiting = self.scheduler.load()
-        ex_stats = self._executor_stats or getattr(self.scheduler.executor, "stats", None)
-        executor = dict(ex_stats()) if callable(ex_stats) else {}
+        ex_stats = self._executor_stats or self.scheduler.executor.stats
+        executor = dict(ex_stats())
         with self._lock:
             finished = dict(self.requests_total)
         return {

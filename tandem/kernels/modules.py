@@ -86,7 +86,8 @@ class FastMLP(MLP):
 
 class FastDecoderLayer(DecoderLayer):
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if decode_layer.eligible(self, h, ctx):
+        # a TP rank without attention heads (`parallel.absent`) keeps the per-module path
+        if isinstance(self.self_attn, FastAttention) and decode_layer.eligible(self, h, ctx):
             return decode_layer.run(self, h, ctx)  # one decode token: two native calls
         return super().forward(h, ctx)
 

@@ -3,6 +3,7 @@
     a file NAME.gguf (a split part NAME-0000i-of-0000N.gguf: all parts)   -> GGUFModel
     a folder with config.json (the Hugging Face layout)                    -> ModelDir
     a folder without config.json holding exactly one GGUF model            -> GGUFModel
+    a folder with config.json and `quantize` ("q8_0", "q4_0", "q4_k", ...)  -> QuantizedModelDir
 
 Both sources offer `config`, `manifest` / `info`, `read`, `fingerprint()`, `tokenizer()` and
 `close()`, and `loaders.load.load_model` builds the reference model from either. Tensor-parallel
@@ -15,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.gguf.quantized_dir import QuantizeChoiceError, QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 
-ModelSource = ModelDir | GGUFModel
+ModelSource = ModelDir | GGUFModel | QuantizedModelDir
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -28,6 +30,14 @@ def is_gguf(path: str | Path) -> bool:
     return p.suffix == ".gguf"
 
 
-def open_model(path: str | Path) -> ModelSource:
-    """The model source at `path` (module docstring); typed errors from either loader."""
-    return GGUFModel(path) if is_gguf(path) else ModelDir(path)
+def open_model(path: str | Path, quantize: str | None = None) -> ModelSource:
+    """The model source at `path` (module docstring); typed errors from either loader.
+    `quantize` quantizes a safetensors model's matrices in memory as it loads."""
+    if is_gguf(path):
+        if quantize:
+            raise QuantizeChoiceError(
+                f"{path}: --quantize applies to safetensors models; a GGUF file keeps its own types"
+            )
+        return GGUFModel(path)
+    md = ModelDir(path)
+    return QuantizedModelDir(md, quantize) if quantize else md

@@ -60,7 +60,7 @@ class Transformer(nn.Module):
         self.rope = RotaryEmbedding(config)
         self.model = nn.Module()
         if with_embed:
-            self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.model.embed_tokens = _embedding(config.vocab_size, config.hidden_size)
         self.model.layers = nn.ModuleDict(
             {str(i): DecoderLayer(config, i) for i in range(start, end)}
         )
@@ -142,3 +142,12 @@ class Transformer(nn.Module):
             B, T = tokens.shape
             ctx = self.context([0] * B, [T] * B)
         return self.head(self.forward_layers(self.embed(tokens), ctx))
+
+
+def _embedding(rows: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, whose init (`normal_`) is skipped on the meta device: there, normal_ goes
+    through torch's Python reference ops, whose first use imports torch._dynamo (seconds of every
+    process's load, for values a loader overwrites anyway)."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+    return nn.Embedding(rows, dim)

@@ -35,6 +35,13 @@ boundary of that tensor's type (`down_block`, `o_block`: 32 elements, or 256 for
     falls back to `o_split = "gather"`: the attention output (B, T, H hd) is all-gathered and
     rank r contracts o_proj's columns `o_cols[r]`, a weighted split of `[0, H hd)` in blocks of
     `o_block`, followed by the usual all-reduce. Same math; only the summation order differs.
+
+Attention and the MLP may have different degrees (the fak design's AttnRanks / FFNRanks): with
+`attn_ranks = A < N`, the kv heads are split over ranks `[0, A)` only (by their weights), and ranks
+`[A, N)` hold no attention at all (empty head spans at the end, no q/k/v/o weights, no KV cache);
+the MLP rows and the vocabulary still span all N ranks. o_proj's all-reduce then sums A partials
+and N - A zeros (x + 0 = x exactly), so the math is the A-rank attention's. A node with little
+memory or a slow link to the others can thus hold only MLP rows. Needs the `heads` o_proj split.
 """
 
 from __future__ import annotations
@@ -133,14 +140,23 @@ class TPPlan:
     o_cols: tuple[Span, ...] = ()  # o_proj contraction columns per rank
     o_block: int = 1
     down_block: int = 1
+    attn_ranks: int = 0  # ranks [0, attn_ranks) hold attention; 0 means every rank
 
     @property
     def q_per_kv(self) -> int:
         return self.n_heads // self.n_kv_heads
 
     @property
+    def attention_ranks(self) -> int:
+        """A: how many ranks (the first A) hold attention heads."""
+        return self.attn_ranks or self.world_size
+
+    def holds_attention(self, rank: int) -> bool:
+        return rank < self.attention_ranks
+
+    @property
     def replicates_kv(self) -> bool:
-        return self.world_size > self.n_kv_heads
+        return self.attention_ranks > self.n_kv_heads
 
     def q_heads(self, rank: int) -> Span:
         """Query heads of `rank`: `[a g, b g)` for kv heads `[a, b)`, or part of one kv group."""
@@ -172,10 +188,12 @@ def make_tp_plan(
     weights: tuple[float, ...] | None = None,
     o_block: int = 1,
     down_block: int = 1,
+    attn_ranks: int | None = None,
 ) -> TPPlan:
     """The plan for `world_size` ranks; equal weights unless `weights` is given (one per rank).
     `o_block` / `down_block`: the block size (elements) of o_proj's / down_proj's contraction
-    (1 for dense weights)."""
+    (1 for dense weights). `attn_ranks`: attention on the first A ranks only (module docstring;
+    None: every rank)."""
     if world_size < 1:
         raise TPPlanError(f"world size must be >= 1, got {world_size}")
     weights = (1.0,) * world_size if weights is None else tuple(float(w) for w in weights)
@@ -183,17 +201,27 @@ def make_tp_plan(
         raise WeightsParseError(f"{len(weights)} weights for {world_size} ranks")
     if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
         raise TPPlanError(f"{n_heads} query heads are not a multiple of {n_kv_heads} kv heads")
-    if world_size > n_heads:
+    a = world_size if attn_ranks is None else attn_ranks
+    if not 1 <= a <= world_size:
+        raise TPPlanError(f"attention on {a} ranks: choose 1 to {world_size} (the group's size)")
+    if a > n_heads:
         raise DegeneratePlanError(
-            f"TP={world_size} exceeds the model's {n_heads} attention heads: every rank needs at "
-            f"least one, so use at most {n_heads} tensor-parallel ranks"
+            f"attention over {a} ranks exceeds the model's {n_heads} attention heads: every "
+            f"attention rank needs at least one, so use at most {n_heads}"
         )
-    kv_heads, q_heads = _split_attention(world_size, n_heads, n_kv_heads, weights)
+    kv_heads, q_heads = _split_attention(a, n_heads, n_kv_heads, weights[:a])
+    kv_heads += (Span(n_kv_heads, n_kv_heads),) * (world_size - a)  # no attention: empty spans
+    q_heads += (Span(n_heads, n_heads),) * (world_size - a)
     mlp_align = math.lcm(choose_align(intermediate_size, world_size), down_block)
     vocab_align = choose_align(vocab_size, world_size)
     q_cols = tuple(Span(s.start * head_dim, s.end * head_dim) for s in q_heads)
     o_split, o_cols = "heads", q_cols
     if any(s.start % o_block for s in q_cols):
+        if a < world_size:
+            raise TPPlanError(
+                f"attention on {a} of {world_size} ranks needs o_proj split on query-head "
+                f"boundaries, and its {o_block}-element blocks do not fall on them"
+            )
         o_split = "gather"
         o_cols = split_by_weights(n_heads * head_dim, weights, o_block, "o_proj contraction")
     return TPPlan(
@@ -212,6 +240,7 @@ def make_tp_plan(
         o_cols=o_cols,
         o_block=o_block,
         down_block=down_block,
+        attn_ranks=a,
     )
 
 
@@ -247,6 +276,7 @@ def plan_for_config(
     *,
     o_block: int = 1,
     down_block: int = 1,
+    attn_ranks: int | None = None,
 ) -> TPPlan:
     """`make_tp_plan` from a `ModelConfig` (fields named like HF's config.json)."""
     n_heads = config.num_attention_heads
@@ -261,6 +291,7 @@ def plan_for_config(
         weights=weights,
         o_block=o_block,
         down_block=down_block,
+        attn_ranks=attn_ranks,
     )
 
 
@@ -283,7 +314,12 @@ def contraction_blocks(source: Any) -> dict[str, int]:
 
 
 def plan_for_source(
-    source: Any, world_size: int, weights: tuple[float, ...] | None = None
+    source: Any,
+    world_size: int,
+    weights: tuple[float, ...] | None = None,
+    attn_ranks: int | None = None,
 ) -> TPPlan:
     """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights."""
-    return plan_for_config(source.config, world_size, weights, **contraction_blocks(source))
+    return plan_for_config(
+        source.config, world_size, weights, attn_ranks=attn_ranks, **contraction_blocks(source)
+    )

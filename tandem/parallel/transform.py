@@ -8,6 +8,8 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
                n_heads, n_kv_heads    -> the local counts; q_norm/k_norm (per head) are replicated
     MLP        gate_proj, up_proj     -> ColumnParallelLinear over intermediate rows
                down_proj              -> RowParallelLinear (all-reduce)
+               on a rank without attention (`plan.attn_ranks`): AbsentAttention (adds zeros
+               to o_proj's all-reduce; no weights, no KV cache)
     embedding  embed_tokens           -> VocabParallelEmbedding (all-reduce)
     LM head    lm_head                -> VocabParallelLMHead (logits to rank 0 only; tied -> shared)
     norms                             -> replicated
@@ -33,6 +35,7 @@ from tandem.config import ModelConfig
 from tandem.models.llama import Transformer
 from tandem.models.rope import RotaryEmbedding
 from tandem.models.skeleton import skeleton
+from tandem.parallel.absent import AbsentAttention
 from tandem.parallel.plan import TPPlan
 from tandem.parallel.tensor import (
     ColumnParallelLinear,
@@ -81,6 +84,10 @@ def shard_transformer(
     gather = None
     if plan.o_split == "gather":
         gather = GatheredInput(q.start, q.end, plan.n_heads * plan.head_dim, oc.start, oc.end)
+    if not plan.holds_attention(r) and config.o_bias:
+        raise TransformError(
+            "attention on fewer ranks than the MLP needs a model without o_proj bias"
+        )
     for i, layer in model.model.layers.items():
         p = f"model.layers.{i}."
 
@@ -88,21 +95,24 @@ def shard_transformer(
             qtype = qt.get(p + name + ".weight")
             return ColumnParallelLinear(D, out, bias, qtype=qtype, device=meta)
 
-        attn = layer.self_attn
-        attn.q_proj = col("self_attn.q_proj", q.size, config.qkv_bias)
-        attn.k_proj = col("self_attn.k_proj", kv.size, config.qkv_bias)
-        attn.v_proj = col("self_attn.v_proj", kv.size, config.qkv_bias)
-        attn.o_proj = RowParallelLinear(
-            oc.size,
-            D,
-            config.o_bias,
-            comm,
-            qtype=qt.get(p + "self_attn.o_proj.weight"),
-            gather=gather,
-            device=meta,
-        )
-        attn.n_heads = plan.q_heads(r).size
-        attn.n_kv_heads = plan.kv_heads[r].size
+        if plan.holds_attention(r):
+            attn = layer.self_attn
+            attn.q_proj = col("self_attn.q_proj", q.size, config.qkv_bias)
+            attn.k_proj = col("self_attn.k_proj", kv.size, config.qkv_bias)
+            attn.v_proj = col("self_attn.v_proj", kv.size, config.qkv_bias)
+            attn.o_proj = RowParallelLinear(
+                oc.size,
+                D,
+                config.o_bias,
+                comm,
+                qtype=qt.get(p + "self_attn.o_proj.weight"),
+                gather=gather,
+                device=meta,
+            )
+            attn.n_heads = plan.q_heads(r).size
+            attn.n_kv_heads = plan.kv_heads[r].size
+        else:  # no heads here: meets o_proj's all-reduce with zeros
+            layer.self_attn = AbsentAttention(comm, int(i), plan.head_dim)
         mlp = layer.mlp
         mlp.gate_proj = col("mlp.gate_proj", inter.size, config.mlp_bias)
         mlp.up_proj = col("mlp.up_proj", inter.size, config.mlp_bias)

@@ -56,7 +56,7 @@ def executor_greedy(executor, prompts: list[list[int]], n_new: int, base_id: int
     ids = [base_id + i for i in range(len(prompts))]
     seqs = [list(p) for p in prompts]
     step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in zip(ids, prompts)))
-    logits = executor.run(step)
+    logits = executor.run(step).logits
     first = logits.clone()
     for k in range(n_new):
         nxt = logits.argmax(-1).tolist()
@@ -65,7 +65,7 @@ def executor_greedy(executor, prompts: list[list[int]], n_new: int, base_id: int
         if k == n_new - 1:
             break
         step = Step(tuple(StepSequence(i, (s[-1],), len(s) - 1) for i, s in zip(ids, seqs)))
-        logits = executor.run(step)
+        logits = executor.run(step).logits
     executor.release(ids)
     return first, [s[len(p) :] for s, p in zip(seqs, prompts)]
 

@@ -78,14 +78,14 @@ def test_a_stage_killed_mid_generation_is_a_clear_error_at_the_head_within_the_t
     timeout = 5.0
     ex = launch_pipeline(path, stages, max_batch=4, max_seq_len=64, timeout=timeout, threads=1)
     try:
-        logits = ex.run(Step((StepSequence(0, (1, 2, 3), 0),)))
+        logits = ex.run(Step((StepSequence(0, (1, 2, 3), 0),))).logits
         for pos in range(3, 6):
-            logits = ex.run(Step((StepSequence(0, (int(logits.argmax()),), pos),)))
+            logits = ex.run(Step((StepSequence(0, (int(logits.argmax()),), pos),))).logits
         os.kill(ex.worker_pids[victim], signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(PipelineFailedError, match=expect):
             for pos in range(6, 40):
-                logits = ex.run(Step((StepSequence(0, (int(logits.argmax()),), pos),)))
+                logits = ex.run(Step((StepSequence(0, (int(logits.argmax()),), pos),))).logits
         assert time.monotonic() - t0 < timeout + 5
     finally:
         t0 = time.monotonic()

@@ -24,7 +24,7 @@ import pytest
 import torch
 from tp_support import greedy_steps, launch_concurrently
 
-from tandem.engine.executor import Step, StepSequence
+from tandem.engine.executor import Step, StepResult, StepSequence
 from tandem.engine.pp.launch import launch_pipeline
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.runner import ShardRunner
@@ -55,7 +55,7 @@ class SingleNode:
         self.runner = ShardRunner(model, max_batch, 128)
 
     def run(self, step):
-        return self.runner.forward(step)
+        return StepResult.of(step, self.runner.forward(step))
 
     def release(self, ids):
         self.runner.release(ids)
@@ -90,7 +90,7 @@ def greedy_batch(ex, prompts, n):
     pos = [0] * len(prompts)
     for _ in range(n):
         entries = tuple(StepSequence(i, tuple(s[p:]), p) for i, (s, p) in enumerate(zip(seqs, pos)))
-        logits = ex.run(Step(entries)).float()
+        logits = ex.run(Step(entries)).logits.float()
         ids = logits.argmax(-1).tolist()
         for i, t in enumerate(ids):
             pos[i] = len(seqs[i])

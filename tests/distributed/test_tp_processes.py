@@ -75,6 +75,38 @@ def test_tp_matches_single_node_across_processes(groups, expected, tp, weights):
     assert ex.comm_stats.collectives > 0
 
 
+ATTN_LAYOUTS = [(3, 2), (2, 1)]  # (ranks, attention ranks): the MLP on every rank
+
+
+@pytest.fixture(scope="module")
+def attn_groups(model_dir):
+    started = launch_concurrently(
+        {k: (model_dir, k[0], {"attn_ranks": k[1]}) for k in ATTN_LAYOUTS},
+        max_batch=4,
+        max_seq_len=128,
+        threads=1,
+    )
+    try:
+        yield started
+    finally:
+        for ex in started.values():
+            ex.close()
+
+
+@pytest.mark.parametrize("tp,attn", ATTN_LAYOUTS)
+def test_attention_on_fewer_ranks_than_the_mlp_matches_single_node_across_processes(
+    attn_groups, expected, tp, attn
+):
+    ex = attn_groups[(tp, attn)]
+    for batch in (1, 3):
+        ids, first = greedy(ex, PROMPTS[:batch], 32)
+        want_ids, want_first = expected[batch]
+        assert (first - want_first).abs().max().item() < 1e-4
+        assert ids == want_ids
+    shards = [f.shard for f in ex.facts]
+    assert [s["kv_heads"][1] > s["kv_heads"][0] for s in shards] == [r < attn for r in range(tp)]
+
+
 def _worker_pids(ex):
     return [psutil.Process(p.pid) for p in ex.local_workers.group.procs]
 

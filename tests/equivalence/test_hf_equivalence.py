@@ -87,7 +87,8 @@ def pair(request, tmp_path_factory):
 def test_last_position_logits_match_transformers_within_1e_4_in_float32(pair):
     hf, ours = pair
     ex = LocalExecutor(ours, max_batch=3, max_seq_len=64)
-    logits = ex.run(Step(tuple(StepSequence(i, tuple(p), 0) for i, p in enumerate(PROMPTS))))
+    step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in enumerate(PROMPTS)))
+    logits = ex.run(step).logits
     for row, p in enumerate(PROMPTS):
         ref = hf(torch.tensor([p])).logits[0, -1]
         torch.testing.assert_close(logits[row], ref, atol=1e-4, rtol=0)

@@ -6,7 +6,7 @@ import os
 import torch
 
 from tandem.engine import cluster_info as ci
-from tandem.engine.executor import Step
+from tandem.engine.executor import Step, StepResult
 
 VOCAB = 50
 
@@ -28,7 +28,7 @@ class HistoryExecutor:
         self.fail_after = fail_after
         self.span, self.offset = span, offset
 
-    def run(self, step: Step) -> torch.Tensor:
+    def run(self, step: Step) -> StepResult:
         if self.fail_after is not None and len(self.steps) >= self.fail_after:
             raise ConnectionError("rank 1 closed the connection")
         self.steps.append(step)
@@ -41,12 +41,19 @@ class HistoryExecutor:
             assert len(h) <= self.max_seq_len
             target = self.offset + (sum(t * (i + 1) for i, t in enumerate(h)) * 31 + 7) % self.span
             rows.append(-(torch.arange(self.vocab_size, dtype=torch.float32) - target).abs())
-        return torch.stack(rows)
+        logits = torch.stack(rows)  # (B, vocab)
+        return StepResult(token_ids=logits.argmax(-1)) if step.greedy else StepResult(logits=logits)
 
     def release(self, seq_ids):
         self.released.extend(seq_ids)
         for i in seq_ids:
             self.history.pop(i, None)
+
+    def health(self):
+        return True, "ok"
+
+    def stats(self):
+        return {}
 
     def describe(self):
         facts = ci.RankFacts(

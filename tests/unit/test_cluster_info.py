@@ -131,7 +131,7 @@ def test_a_description_refuses_a_state_outside_the_four():
 
 
 def test_join_rtts_keep_only_measured_figures_of_real_ranks():
-    from tandem.cli.engine_factory import join_rtts
+    from tandem.engine.build import join_rtts
 
     text = '{"1": 0.42, "2": 3, "0": 1.0, "5": 1.0, "x": 2.0, "3": "fast", "4": true}'
     assert join_rtts(text, 5) == {1: 0.42, 2: 3.0}

@@ -89,7 +89,7 @@ class _PoisonedRows(HistoryExecutor):
         out = super().run(step)
         for row, s in enumerate(step.sequences):
             if s.seq_id == 0:
-                out[row] = float("nan")
+                out.logits[row] = float("nan")
         return out
 
 

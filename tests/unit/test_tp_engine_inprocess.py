@@ -2,7 +2,7 @@ import pytest
 from tp_support import StateDictReader, greedy, random_reference, tiny_config
 
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
-from tandem.engine.executor import Step, StepSequence
+from tandem.engine.executor import Step, StepResult, StepSequence
 from tandem.engine.runner import ShardRunner, StepOrderError
 from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.worker import BroadcastSource, serve
@@ -20,7 +20,7 @@ class _Reference:
         self.runner = ShardRunner(model, max_batch=4, max_seq_len=64)
 
     def run(self, step):
-        return self.runner.forward(step)
+        return StepResult.of(step, self.runner.forward(step))
 
     def release(self, ids):
         self.runner.release(ids)

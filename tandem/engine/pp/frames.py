@@ -35,6 +35,7 @@ from typing import Protocol
 
 import torch
 
+from tandem.devices import DTYPE_NAMES
 from tandem.wire import dtypes as wire_dtypes
 
 MAGIC = b"TDPP"
@@ -49,12 +50,6 @@ _HEADER = struct.Struct("<4sBBHIQI")
 MAX_SEQS = 1 << 16
 MAX_NDIM = 4
 MAX_ERROR_BYTES = 1 << 16
-
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
 
 
 class StageMessageError(ValueError):
@@ -80,7 +75,7 @@ class StageMessage:
 
 def wire_dtype_of(name: str) -> torch.dtype:
     """The torch dtype of a negotiable wire dtype name (float32, bfloat16, float16)."""
-    return _TORCH_DTYPES[wire_dtypes.negotiable(name).name]
+    return DTYPE_NAMES[wire_dtypes.negotiable(name).name]
 
 
 def encode(msg: StageMessage, wire_dtype: str = "float32") -> bytes:
@@ -95,7 +90,7 @@ def encode(msg: StageMessage, wire_dtype: str = "float32") -> bytes:
         wd = wire_dtypes.negotiable(wire_dtype)
         code = wd.code
         # device -> host, compute dtype -> wire dtype: the one explicit cast at the seam
-        t = msg.hidden.detach().to("cpu").to(_TORCH_DTYPES[wd.name]).contiguous()
+        t = msg.hidden.detach().to("cpu").to(DTYPE_NAMES[wd.name]).contiguous()
         shape = tuple(t.shape)
         payload = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
     elif msg.kind == KIND_ERROR:
@@ -164,7 +159,7 @@ def decode(
             f"hidden state payload of {len(body)} bytes for shape {shape} {wd.name}"
         )
     h = (
-        torch.frombuffer(bytearray(body), dtype=_TORCH_DTYPES[wd.name])
+        torch.frombuffer(bytearray(body), dtype=DTYPE_NAMES[wd.name])
         if len(body)
         else torch.empty(0)
     )

@@ -19,7 +19,7 @@ from collections import deque
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.generate import GenerationResult, accept_token, decode_step
 from tandem.engine.pp.head import PipelineExecutor, split_microbatches
-from tandem.engine.sampling_params import SamplingParams, make_generator, sample_next
+from tandem.engine.sampling_params import SamplingParams, make_generator
 
 
 def generate_pipelined(
@@ -56,11 +56,11 @@ def generate_pipelined(
             live.update(rows)
         while inflight:
             rows = inflight.popleft()
-            _, logits = executor.collect()
+            _, result = executor.collect()
             now = time.perf_counter()
             still = []
             for k, i in enumerate(rows):
-                tok = sample_next(logits[k], params, gens[i])
+                tok = result.pick(k, params, gens[i])
                 if accept_token(results[i], tok, now - t0, stop, params.max_tokens):
                     still.append(i)
             done = [ids[i] for i in rows if i not in still]

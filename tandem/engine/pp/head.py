@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from tandem.engine import cluster_info as ci
-from tandem.engine.executor import Step, StepSequence
+from tandem.engine.executor import Step, StepResult, StepSequence
 from tandem.engine.pp import frames as pp
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
+from tandem.engine.pp.layout import StageSpec
 from tandem.engine.pp.stage import StageRunner
 from tandem.models.llama import Transformer
 
@@ -61,7 +62,9 @@ class PipelineExecutor:
     `embed_head` holds the embedding, final norm and LM head; `stage0` runs stage 0's layers (it may
     share `embed_head`'s module when stage 0 is not tensor-parallel). `to_stage0_peers` are links to
     stage 0's other TP ranks, `to_next` to every rank of stage 1, `from_last` carries stage M-1's
-    output back. `diagnose` names a dead process, if the launcher knows one.
+    output back. `diagnose` names a dead process, if the launcher knows one. `stages`, `grid`,
+    `facts`, `worker_pids` and `worker_procs` describe what the launcher started (for `describe`,
+    `health` and reports).
     """
 
     def __init__(
@@ -80,6 +83,11 @@ class PipelineExecutor:
         microbatches: int | None = None,
         diagnose: Callable[[], str | None] | None = None,
         on_close: Callable[[], None] | None = None,
+        stages: Sequence[StageSpec] = (),
+        grid: Sequence[Sequence[int]] = ((0,),),
+        facts: Sequence[ci.RankFacts] = (),
+        worker_pids: dict[str, int] | None = None,
+        worker_procs: Sequence[Any] = (),
     ) -> None:
         self.embed_head = embed_head
         self.stage0 = stage0
@@ -104,16 +112,18 @@ class PipelineExecutor:
         self.tokens_in = 0
         self.stage_hops = 0
         self.wait_seconds = 0.0  # blocked on the last stage's answer (the other stages' time)
-        # what the pipeline is, for describe(): set by whoever launched it
-        self.facts: list[ci.RankFacts] = []
-        self.grid: list[list[int]] = [[0]]
-        self.worker_procs: list[Any] = []  # subprocess.Popen of each stage process, if ours
+        # what the pipeline is, for describe() and reports: given by whoever launched it
+        self.stages = list(stages)  # each stage's layers, TP degree, dtype and device
+        self.grid = [list(g) for g in grid]  # global rank ids of each stage's TP ranks
+        self.facts = list(facts)
+        self.worker_pids = dict(worker_pids or {})  # process name -> pid, if ours
+        self.worker_procs = list(worker_procs)  # subprocess.Popen of each stage process, if ours
 
     # ---- the Executor protocol ------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, step: Step) -> torch.Tensor:
-        """Logits at each sequence's last new token, float32 on the host: (B, vocab_size)."""
+    def run(self, step: Step) -> StepResult:
+        """The step's result at each sequence's last new token (see `StepResult`)."""
         self._check_usable()
         self._check_order(step)
         try:
@@ -124,7 +134,9 @@ class PipelineExecutor:
         except (StageLinkError, pp.StageMessageError) as e:
             raise self._fail(str(e)) from e
         self._account(step)
-        return logits.argmax(-1) if step.greedy else logits
+        if step.greedy:
+            return StepResult(token_ids=logits.argmax(-1))  # (B,)
+        return StepResult(logits=logits)  # (B, vocab)
 
     # ---- pipelining across steps ----------------------------------------------------------------
 
@@ -144,14 +156,14 @@ class PipelineExecutor:
         return tag
 
     @torch.inference_mode()
-    def collect(self) -> tuple[int, torch.Tensor]:
-        """The oldest submitted step's tag and logits (B, vocab_size), float32 on the host."""
+    def collect(self) -> tuple[int, StepResult]:
+        """The oldest submitted step's tag and its logits (B, vocab_size), float32 on the host."""
         self._check_usable()
         if not self._pending:
             raise ValueError("no step in flight")
         tag, seqs = self._pending.popleft()
         try:
-            return tag, self._head(self._receive(tag, seqs))
+            return tag, StepResult(logits=self._head(self._receive(tag, seqs)))
         except (StageLinkError, pp.StageMessageError) as e:
             raise self._fail(str(e)) from e
 
@@ -186,6 +198,11 @@ class PipelineExecutor:
     def health(self) -> tuple[bool, str]:
         state, detail = self._state()
         return state == "whole", detail
+
+    def stats(self) -> dict[str, float]:
+        """Bytes the head has put on and read from its stage links (the stages' own sends are
+        not counted)."""
+        return {"wire_bytes": self.bytes_sent + self.bytes_received}
 
     def describe(self) -> dict[str, Any]:
         state, detail = self._state()

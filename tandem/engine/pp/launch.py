@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess
+from tandem.devices import DTYPE_NAMES
 from tandem.engine.cluster_info import pipeline_facts
 from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.pp.layout import StageSpec
@@ -40,7 +41,7 @@ from tandem.engine.pp.links import (
 )
 from tandem.engine.pp.stage import StageRunner
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
-from tandem.engine.pp.worker import DTYPES, READY
+from tandem.engine.pp.worker import READY
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
@@ -172,16 +173,14 @@ def launch_pipeline(
                 procs[g].stdin.write(f"{down}\n{ring}\n".encode())
                 procs[g].stdin.flush()
         head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
-        ex = _build_head(
-            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
-            max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
-            timeout=timeout, microbatches=microbatches, kernels=kernels,
-        )  # fmt: skip
         pids = {0: os.getpid(), **{g: p.pid for g, p in procs.items()}}
         hosts = {g: addr(g) for g in pids} if addresses is not None else {}
-        ex.grid = [list(r) for r in ranks]
-        ex.facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
-        return ex
+        facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
+        return _build_head(
+            md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
+            max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
+            timeout=timeout, microbatches=microbatches, kernels=kernels, facts=facts,
+        )  # fmt: skip
     except BaseException:
         head_listener.close()
         group.shutdown()
@@ -206,9 +205,10 @@ def _build_head(
     timeout,
     microbatches,
     kernels,
+    facts,
 ) -> PipelineExecutor:
     s0 = stages[0]
-    dtype = DTYPES[s0.dtype]
+    dtype = DTYPE_NAMES[s0.dtype]
     r0 = (s0.layers.start, s0.layers.end)
     box: dict = {}
     n = len(stages)
@@ -255,7 +255,7 @@ def _build_head(
         if comm is not None:
             comm.close()
 
-    ex = PipelineExecutor(
+    return PipelineExecutor(
         embed_head,
         stage0,
         to_next=to_next,
@@ -269,7 +269,9 @@ def _build_head(
         microbatches=microbatches,
         diagnose=lambda: group.diagnose(wait_s=1.0, lines=3),
         on_close=on_close,
+        stages=stages,
+        grid=[list(r) for r in ranks],
+        facts=facts,
+        worker_pids=group.rank_pids(),
+        worker_procs=list(group.procs),
     )
-    ex.worker_pids = group.rank_pids()
-    ex.worker_procs = list(group.procs)
-    return ex

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.devices import DTYPE_NAMES
 from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
 from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
@@ -29,7 +30,6 @@ from tandem.loaders.load import load_model
 from tandem.loaders.source import ModelSource, open_model
 
 READY = "TANDEM_STAGE_LISTENING"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class StageOptions:
 
 def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int], ring):
     """This rank's layers: the whole range at TP=1, else its TP shard (joined to the stage ring)."""
-    dtype = DTYPES[args.dtype]
+    dtype = DTYPE_NAMES[args.dtype]
     if args.tp_size == 1:
         model = load_model(
             md,

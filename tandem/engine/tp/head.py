@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
-
-import torch
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tandem.comm.base import Communicator
+from tandem.comm.metered import CommStats, MeteredCommunicator
 from tandem.engine import cluster_info as ci
-from tandem.engine.executor import Step
+from tandem.engine.executor import Step, StepResult
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp import control
 from tandem.engine.tp.control import Control, send_control
+
+if TYPE_CHECKING:
+    from tandem.engine.tp.local import LocalWorkers
+    from tandem.engine.tp.setup import GroupLayout, RankInfo
 
 
 class GroupFailedError(RuntimeError):
@@ -48,6 +51,12 @@ class TPExecutor:
         on_close: Callable[[], None] | None = None,
         keepalive_s: float | None = None,
         diagnose: Callable[[], str | None] | None = None,
+        *,
+        facts: Sequence[ci.RankFacts] = (),
+        ranks: Sequence[RankInfo] = (),
+        layout: GroupLayout | None = None,
+        local_workers: LocalWorkers | None = None,
+        join_rtt_ms: dict[int, float] | None = None,
     ) -> None:
         if comm.rank != 0:
             raise ValueError(
@@ -66,15 +75,21 @@ class TPExecutor:
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._failure: BaseException | None = None
-        # what the group is, for describe(): set by whoever formed it (tp.setup.start_head)
-        self.facts: list[ci.RankFacts] = []
-        self.comm_stats: Any = None  # the metered communicator's CommStats, if metered
-        self.local_workers: Any = None  # tp.local.LocalWorkers when the workers are ours
-        self.join_rtt_ms: dict[int, float] = {}  # rank -> its RTT to the head when it joined
+        # what the group is, for describe() and reports: given by whoever formed it
+        self.facts = list(facts)
+        self.ranks = list(ranks)  # each rank's dtype, device and threads
+        self.layout = layout  # the weights, batch and length the ranks agreed on
+        self.local_workers = local_workers  # the worker processes, when this process started them
+        self.join_rtt_ms = dict(join_rtt_ms or {})  # rank -> its RTT to the head when it joined
         if keepalive_s is not None and comm.world_size > 1:
             threading.Thread(
                 target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
             ).start()
+
+    @property
+    def comm_stats(self) -> CommStats | None:
+        """The communicator's counters when it is metered (`MeteredCommunicator`), else None."""
+        return self.comm.stats if isinstance(self.comm, MeteredCommunicator) else None
 
     def _keepalive(self, every: float) -> None:
         while not self._stop.wait(every / 4):
@@ -94,8 +109,8 @@ class TPExecutor:
                     return
                 self._last = time.monotonic()
 
-    def run(self, step: Step) -> torch.Tensor:
-        """Logits (B, vocab_size) float32 at each sequence's last new token."""
+    def run(self, step: Step) -> StepResult:
+        """The step's result at each sequence's last new token (see `StepResult`)."""
         with self._lock:
             if self._failure is not None:
                 raise self._failure
@@ -111,7 +126,7 @@ class TPExecutor:
             finally:
                 self._last = time.monotonic()
         assert logits is not None  # rank 0 of a group holding the head always gets the logits
-        return logits
+        return StepResult.of(step, logits)
 
     def _explain(self, e: BaseException) -> str:
         msg = (
@@ -140,6 +155,17 @@ class TPExecutor:
     def health(self) -> tuple[bool, str]:
         state, detail = self._state()
         return state == "whole", detail
+
+    def stats(self) -> dict[str, float]:
+        """The metered communicator's counters: collectives, their time and the bytes moved."""
+        s = self.comm_stats
+        if s is None:
+            return {}
+        return {
+            "collectives": s.collectives,
+            "collective_seconds": s.seconds,
+            "wire_bytes": s.bytes_moved,
+        }
 
     def describe(self) -> dict[str, Any]:
         state, detail = self._state()

@@ -14,7 +14,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +81,10 @@ class LocalWorkers:
         """(name, exit code) of a worker that has exited, or None while all run."""
         return self.group.poll()
 
+    def pids(self) -> frozenset[int]:
+        """The worker processes' pids."""
+        return frozenset(p.pid for p in self.group.procs)
+
     def diagnose(self) -> str | None:
         """Which workers exited and the tail of their logs, or None while all run."""
         return self.group.diagnose()
@@ -105,6 +108,7 @@ def launch_local_tp(
     threads: int | None = None,
     keepalive_s: float | None = -1.0,
     workers: LocalWorkers | None = None,
+    attn_ranks: int | None = None,
     kernels: str | list[str] = "auto",
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
@@ -112,7 +116,8 @@ def launch_local_tp(
     rank, or a list of one per rank: a native rank and a reference rank in one group).
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
-    never) so they outlive pauses between steps longer than the op timeout."""
+    never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
+    attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`)."""
     if keepalive_s is not None and keepalive_s < 0:
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
@@ -141,6 +146,7 @@ def launch_local_tp(
         op_timeout=op_timeout,
         handshake_timeout=handshake_timeout,
         keepalive_s=keepalive_s,
+        attn_ranks=attn_ranks,
     )
 
 
@@ -156,6 +162,7 @@ def form_local_group(
     op_timeout: float,
     handshake_timeout: float,
     keepalive_s: float | None,
+    attn_ranks: int | None = None,
     kernels: str = "auto",
 ) -> TPExecutor:
     """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard.
@@ -190,6 +197,8 @@ def form_local_group(
             on_close=workers.shutdown,
             keepalive_s=keepalive_s,
             diagnose=workers.diagnose,
+            local_workers=workers,
+            attn_ranks=attn_ranks,
             kernels=kernels,
         )
     except BaseException as e:
@@ -198,11 +207,6 @@ def form_local_group(
         if why is not None and not isinstance(e, KeyboardInterrupt):
             raise LocalGroupError(f"the local TP group failed to form: {e}\n{why}") from e
         raise
-    ex.comm_stats = metered.stats
-    ex.log_dir = workers.log_dir
-    ex.local_workers = workers
-    ours = {p.pid for p in workers.group.procs}
-    ex.facts = [replace(f, local=f.local or f.pid in ours) for f in ex.facts]
     return ex
 
 

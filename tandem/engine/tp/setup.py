@@ -6,8 +6,8 @@ Every rank then checks that it holds the same model (the fingerprint of config +
 a mismatch fails on every rank at once, naming the ranks that differ. Then each rank builds its
 shard and reads only its own slices (`tandem.parallel.shard_load`).
 
-    setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len, 0, 0, 0,
-                                      fingerprint as 4 int64 words]
+    setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len,
+                                      attn_ranks, 0, 0, fingerprint as 4 int64 words]
     weights (float32, world_size)     the plan's weights, as every rank will use them
     rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
                                       and host name (HOST_BYTES of UTF-8, zero-padded), for
@@ -20,14 +20,17 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.devices import DTYPE_NAMES
 from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
@@ -35,11 +38,14 @@ from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
 
+if TYPE_CHECKING:
+    from tandem.engine.tp.local import LocalWorkers
+
 MAGIC = 0x54414E44534554  # "TANDSET"
-VERSION = 2  # 2: rank info carries pid and host name
+VERSION = 3  # 2: rank info carries pid and host name; 3: attention ranks in the setup frame
 SETUP_LEN = 12
 HOST_BYTES = 64
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code: index here
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
 
@@ -54,6 +60,11 @@ class GroupLayout:
     max_batch: int
     max_seq_len: int
     fingerprint: str
+    attn_ranks: int = 0  # attention on the first A ranks only (`TPPlan.attn_ranks`); 0: all
+
+    def plan(self, md: ModelSource) -> TPPlan:
+        """The group's TP plan for `md` (every rank computes the same one)."""
+        return plan_for_source(md, self.world_size, self.weights, self.attn_ranks or None)
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
     frame = torch.zeros(SETUP_LEN, dtype=torch.int64)
     if head:
         assert layout is not None
-        vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len, 0, 0, 0]
+        vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len]
+        vals += [layout.attn_ranks, 0, 0]
         frame = torch.tensor(vals + _fp_words(layout.fingerprint), dtype=torch.int64)
     frame = comm.broadcast(frame, 0)
     if int(frame[0]) != MAGIC:
@@ -106,7 +118,9 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
             f"manifest), the protocol version or the group size: every rank must hold the same "
             f"model directory and run the same tandem version"
         )
-    return GroupLayout(n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint)
+    return GroupLayout(
+        n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint, int(frame[5])
+    )
 
 
 def _host_words(host: str) -> list[int]:
@@ -125,7 +139,7 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
     kind = torch.device(device).type
     mine = torch.tensor(
         [
-            DTYPES.index(dtype),
+            DTYPE_CODES.index(dtype),
             DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
             torch.get_num_threads(),
             os.getpid(),
@@ -135,7 +149,9 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
     )
     rows = comm.all_gather(mine[None], 0).tolist()
     return [
-        RankInfo(r, DTYPES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host))
+        RankInfo(
+            r, DTYPE_CODES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host)
+        )
         for r, (d, k, t, pid, *host) in enumerate(rows)
     ]
 
@@ -182,21 +198,41 @@ def build_shard(
     (`tandem.kernels.prepare`, as a single node: "auto" takes the native quantized kernels over
     a GGUF shard's blocks, "torch" keeps the reference modules). A rank-local choice: ranks on
     different kernels agree on the wire (canonical float32 partials)."""
-    if dtype not in DTYPES:
-        raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    plan = plan_for_source(md, comm.world_size, layout.weights)
+    if dtype not in DTYPE_NAMES:
+        raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
+    plan = layout.plan(md)
     model = shard_transformer(
         md.config,
         plan,
         comm,
         device=device,
-        dtype=getattr(torch, dtype),
+        dtype=DTYPE_NAMES[dtype],
         qtypes=quant_types(md),
     ).eval()
     load_shard(model, md, plan, comm.rank)
     md.close()
     prepare(model, kernel=kernels)  # the parallel layers' `quant` modules onto the native kernels
     return ShardRunner(model, layout.max_batch, layout.max_seq_len)
+
+
+def admit(
+    comm: Communicator,
+    runner: ShardRunner,
+    ranks: list[RankInfo],
+    md: ModelSource | None,
+    plan: TPPlan | None,
+) -> None:
+    """Collective, after every shard is loaded: the numerical conformance check
+    (`tandem.engine.tp.conformance`); the head passes its model source and plan and judges. A rank
+    whose kernels miss the head's float64 reference fails the group on every rank."""
+    check_conformance(
+        comm,
+        runner.model,
+        md=md,
+        plan=plan,
+        dtypes=[r.dtype for r in ranks],
+        devices=[r.device for r in ranks],
+    )
 
 
 def start_head(
@@ -211,31 +247,49 @@ def start_head(
     on_close: Callable[[], None] | None = None,
     keepalive_s: float | None = None,
     diagnose: Callable[[], str | None] | None = None,
+    local_workers: LocalWorkers | None = None,
+    join_rtt_ms: dict[int, float] | None = None,
+    attn_ranks: int | None = None,
     kernels: str = "auto",
 ) -> TPExecutor:
-    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor."""
+    """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
+    `local_workers`: the worker processes when this process started them (their ranks are shown as
+    local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
+    to the head when it joined, for `describe`."""
     md = open_model(model_dir)
     weights = _f32(weights or (1.0,) * comm.world_size)
-    plan_for_source(md, comm.world_size, weights)  # fail before any worker loads
+    plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
-    layout = GroupLayout(comm.world_size, weights, max_batch, seq, md.fingerprint())
+    layout = GroupLayout(
+        comm.world_size, weights, max_batch, seq, md.fingerprint(), attn_ranks or 0
+    )
     layout = agree_layout(comm, layout, md.fingerprint())
     ranks = exchange_rank_info(comm, dtype, device)
     runner = build_shard(md, comm, layout, dtype, device, kernels)
     comm.barrier()  # every shard loaded
-    ex = TPExecutor(
+    plan = layout.plan(md)
+    ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
+    try:
+        admit(comm, runner, ranks, ref, plan)
+    finally:
+        ref.close()
+    facts = rank_facts(md, plan, ranks, device)
+    if local_workers is not None:
+        ours = local_workers.pids()
+        facts = [replace(f, local=f.local or f.pid in ours) for f in facts]
+    return TPExecutor(
         runner,
         comm,
         md.config.vocab_size,
         on_close=on_close,
         keepalive_s=keepalive_s,
         diagnose=diagnose,
+        facts=facts,
+        ranks=ranks,
+        layout=layout,
+        local_workers=local_workers,
+        join_rtt_ms=join_rtt_ms,
     )
-    ex.ranks = ranks
-    ex.layout = layout
-    plan = plan_for_source(md, comm.world_size, layout.weights)
-    ex.facts = rank_facts(md, plan, ranks, device)
-    return ex
 
 
 def run_worker(
@@ -246,7 +300,8 @@ def run_worker(
 
     md = open_model(model_dir)
     layout = agree_layout(comm, None, md.fingerprint())
-    exchange_rank_info(comm, dtype, device)
+    ranks = exchange_rank_info(comm, dtype, device)
     runner = build_shard(md, comm, layout, dtype, device, kernels)
     comm.barrier()
+    admit(comm, runner, ranks, None, None)
     return serve(runner, BroadcastSource(comm))

@@ -1,4 +1,6 @@
-"""Builds the reference model from a `GGUFModel`, quantized weights kept in their blocks.
+"""Builds the reference model from a `GGUFModel`, quantized weights kept in their blocks (or
+from a `QuantizedModelDir`, a safetensors model quantized in memory, which offers the same
+`check` / `blocks` / `read`).
 
 The `Transformer` is built on the `meta` device, then filled module by module:
 
@@ -20,13 +22,14 @@ import torch
 from torch import nn
 
 from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.models.llama import Transformer
 from tandem.models.quant.linear import QuantEmbedding, QuantLinear
 from tandem.models.skeleton import skeleton
 
 
 def load_gguf_model(
-    src: GGUFModel,
+    src: GGUFModel | QuantizedModelDir,
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",

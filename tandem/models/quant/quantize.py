@@ -3,15 +3,16 @@
 
 F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 go through `gguf.quants.quantize` (llama.cpp's
 reference quantizers, bit-exact with ggml). gguf-py cannot quantize the K-quants, so Q4_K, Q5_K
-and Q6_K are packed here by plain round-to-nearest (not llama.cpp's search for the best scales,
-so a little less accurate than `llama-quantize`, but valid superblocks that dequantize to the
-weights within the format's step; what tests and a first `tandem quantize` need):
+and Q6_K are packed here:
 
-    Q6_K  per 16 values: scale_j = max|x| / 32 as int8 steps of d = max_j scale_j / 127;
+    Q4_K / Q5_K  llama.cpp's `quantize_row_q{4,5}_K_ref`: per sub-block of 32 values the
+          weighted min/scale search `make_qkx2_quants` (`kquant_search.search_scale_min`) gives a
+          step s_j and an offset m_j >= 0; per superblock d = max s_j / 63, dmin = max m_j / 63
+          (float16), 6-bit sc_j = round(s_j / d), m6_j = round(m_j / dmin);
+          q = clip(round((x + dmin m6_j) / (d sc_j)), 0, 2^b - 1)
+    Q6_K  round-to-nearest (not llama.cpp's `make_qx_quants` search): per 16 values
+          scale_j = max|x| / 32 as int8 steps of d = max_j scale_j / 127;
           q = round(x / (d * sc_j)) + 32 in [0, 63]
-    Q4_K / Q5_K  per 32 values: step s_j = (max - min') / (2^b - 1), offset m_j = -min' where
-          min' = min(min x, 0); 6-bit sc_j = round(s_j / d), m6_j = round(m_j / dmin) with
-          d = max s_j / 63, dmin = max m_j / 63; q = round((x + dmin m6_j) / (d sc_j)) in [0, 2^b-1]
 
 The byte layout is the inverse of `dequant`'s (fields in `blocks.LAYOUTS` order).
 """
@@ -23,6 +24,7 @@ from gguf import quants
 from gguf.constants import GGMLQuantizationType
 
 from tandem.models.quant.blocks import layout
+from tandem.models.quant.kquant_search import SEARCH, search_scale_min
 
 
 def quantize(values: np.ndarray, type_id: int) -> np.ndarray:
@@ -35,9 +37,16 @@ def quantize(values: np.ndarray, type_id: int) -> np.ndarray:
     if packer is None:
         out = quants.quantize(x, GGMLQuantizationType(t.type_id))
         return np.ascontiguousarray(out).view(np.uint8).reshape(*lead, row_bytes)
-    blocks = packer(x.reshape(-1, 256))
+    flat = x.reshape(-1, 256)
+    blocks = np.concatenate(  # in chunks: the search's temporaries are ~40x the chunk
+        [packer(flat[i : i + _K_CHUNK]) for i in range(0, flat.shape[0], _K_CHUNK)]
+        or [np.empty((0, t.block_bytes), np.uint8)]
+    )
     assert blocks.shape[1] == t.block_bytes
     return blocks.reshape(*lead, row_bytes)
+
+
+_K_CHUNK = 4096  # superblocks per packer call (1 Mi values)
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -67,17 +76,19 @@ def _k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
 
 def _k_affine(x: np.ndarray, bits: int):
     """x (N, 256) -> d, dmin (N,) float16-rounded, sc, m6 (N, 8), q (N, 256) in [0, 2^bits-1]."""
-    sub = x.reshape(-1, 8, 32)
-    lo = np.minimum(sub.min(axis=2), 0.0)
-    step = (sub.max(axis=2) - lo) / (2**bits - 1)
-    d = (step.max(axis=1) / 63).astype(np.float16).astype(np.float32)
-    dmin = (-lo).max(axis=1) / 63
-    dmin = dmin.astype(np.float16).astype(np.float32)
-    sc = np.clip(np.round(_safe_div(step, d[:, None])), 0, 63)
-    m6 = np.clip(np.round(_safe_div(-lo, dmin[:, None])), 0, 63)
-    scale = (d[:, None] * sc)[:, :, None]
-    offset = (dmin[:, None] * m6)[:, :, None]
-    q = np.clip(np.round(_safe_div(sub + offset, scale)), 0, 2**bits - 1)
+    nmax = 2**bits - 1
+    sub = x.reshape(-1, 32)
+    s, m, searched = search_scale_min(sub, nmax, *SEARCH[bits])  # (N*8,), (N*8,), (N*8, 32)
+    s, m = s.reshape(-1, 8), m.reshape(-1, 8)
+    smax, mmax = s.max(axis=1), m.max(axis=1)
+    sc = np.clip(np.rint(_safe_div(63 * s, smax[:, None])), 0, 63)
+    m6 = np.clip(np.rint(_safe_div(63 * m, mmax[:, None])), 0, 63)
+    d = (smax / 63).astype(np.float16).astype(np.float32)
+    dmin = (mmax / 63).astype(np.float16).astype(np.float32)
+    step = (d[:, None] * sc).reshape(-1, 1)  # (N*8, 1)
+    offset = (dmin[:, None] * m6).reshape(-1, 1)
+    q = np.clip(np.rint(_safe_div(sub + offset, step)), 0, nmax)
+    q = np.where(step == 0, searched, q)  # llama.cpp keeps the search's q where the step is 0
     return d, dmin, sc, m6, q.reshape(-1, 256).astype(np.uint8)
 
 

@@ -1,0 +1,69 @@
+"""`tandem generate`'s layout flags (`--tp`, `--tp-weights`, `--pp`, `--layout`, `--pp-weights`,
+`--wire-dtype`, `--microbatches`, `--dtype`, `--device`, `--threads`, `--op-timeout`) parsed into
+one `Layout`; `tandem.engine.build.build_executor` does the rest.
+
+With `RING_CONFIG` set and `--tp N`, this process is rank 0 of the ring that file describes (each
+other node runs `tandem worker --model DIR` with its own RING_CONFIG) and nothing is launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from tandem.cli.threads import local_threads
+from tandem.devices import resolve_device, resolve_dtype
+from tandem.engine.build import Layout
+from tandem.engine.pp.layout import parse_layout
+from tandem.engine.tp.local import per_rank
+from tandem.parallel.plan import parse_weights
+
+
+def resolve_ranks(args: argparse.Namespace, n: int) -> tuple[list[torch.dtype], list[str]]:
+    """(dtype, device name) per rank from the one-or-list `--dtype` / `--device` ("auto" resolved
+    on each rank's device)."""
+    devices = per_rank(args.device, n, "device")
+    dtypes = per_rank(args.dtype, n, "dtype")
+    out_dev, out_dt = [], []
+    for dev, dt in zip(devices, dtypes):
+        d = resolve_device(dev)
+        out_dev.append(str(d))
+        out_dt.append(resolve_dtype(dt, d))
+    return out_dt, out_dev
+
+
+def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
+    """The layout `tandem generate`'s flags describe. A single device resolves `--dtype auto` on
+    its device, except that a GGUF file's weights are dequantized exactly and float32 keeps them
+    so; a pipeline takes one dtype and one device for every rank."""
+    stage_tp = parse_layout(args.layout, args.pp, args.tp or 1)
+    world = sum(stage_tp)
+    if len(stage_tp) == 1 and world > 1:  # a TP group: one dtype and one device per rank
+        dtypes, devices = resolve_ranks(args, world)
+        ring = os.environ.get("RING_CONFIG")
+        return Layout(
+            stage_tp=stage_tp,
+            dtypes=tuple(dtypes),
+            devices=tuple(devices),
+            tp_weights=parse_weights(args.tp_weights, world),
+            ring_config=Path(ring) if ring else None,
+            # the head and its workers share this machine's cores (cli.threads: full pools per
+            # rank oversubscribe them)
+            threads=args.threads or (None if ring else local_threads(world)),
+            op_timeout=args.op_timeout,
+        )
+    device = resolve_device(args.device)
+    dtype = torch.float32 if gguf and args.dtype == "auto" else resolve_dtype(args.dtype, device)
+    return Layout(
+        stage_tp=stage_tp,
+        dtypes=(dtype,),
+        devices=(str(device),),
+        pp_weights=args.pp_weights if world > 1 else None,
+        wire_dtype=args.wire_dtype,
+        microbatches=args.microbatches,
+        # one OpenMP pool per process, sized so the ranks do not oversubscribe this machine's cores
+        threads=args.threads or (local_threads(world) if world > 1 else None),
+    )

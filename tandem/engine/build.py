@@ -1,0 +1,239 @@
+"""One road from a model and a `Layout` to an `Executor`, for generate, serve, launch and bench.
+
+A `Layout` says how the ranks are arranged; `Limits` how many sequences of what length the caches
+hold. `build_executor` picks the executor the layout names:
+
+    world 1                          -> LocalExecutor   (the whole model in this process)
+    ring_config                      -> TPExecutor      (rank 0 of a TP group on other machines)
+    one stage of N > 1 ranks         -> TPExecutor      (N-1 local `tandem worker` processes)
+    M > 1 stages of t_0..t_M-1 ranks -> PipelineExecutor (local `tandem stage` processes)
+
+Whatever it starts, the executor's `close()` brings down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tandem.devices import DTYPE_NAMES, dtype_name
+from tandem.engine.executor import Executor
+from tandem.loaders.source import ModelSource, open_model
+
+
+class LayoutUnavailable(RuntimeError):
+    """A layout this build cannot run, or that does not fit the model or the ring."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one model is laid out over ranks.
+
+    `stage_tp[k]` is the TP degree of pipeline stage k (so `(1,)` is one device, `(N,)` a TP
+    group, `(2, 1)` a pipeline whose stage 0 is a TP pair); the world is `sum(stage_tp)` ranks.
+    `dtypes` and `devices` hold one entry for every rank or one per rank, in rank order (stage 0's
+    ranks first). `tp_weights`: each TP rank's share of the work (None: equal); `pp_weights`:
+    the stages' layer proportions as `--pp-weights` gives them (None: by stage speed).
+    `wire_dtype`: the hidden state between stages. `ring_config`: this process is rank 0 of the TP
+    group that file describes, its workers started elsewhere. `threads`: this process's CPU
+    threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
+    take."""
+
+    stage_tp: tuple[int, ...] = (1,)
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    devices: tuple[str, ...] = ("cpu",)
+    tp_weights: tuple[float, ...] | None = None
+    pp_weights: str | None = None
+    wire_dtype: str = "float32"
+    microbatches: int | None = None
+    ring_config: Path | None = None
+    threads: int | None = None
+    op_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.stage_tp or min(self.stage_tp) < 1:
+            raise LayoutUnavailable(f"every stage needs at least 1 rank, got {list(self.stage_tp)}")
+        for what, values in (("dtype", self.dtypes), ("device", self.devices)):
+            if len(values) not in (1, self.world_size):
+                raise LayoutUnavailable(
+                    f"give one {what} or exactly {self.world_size} (one per rank), "
+                    f"got {len(values)}"
+                )
+        bad = [d for d in self.dtypes if d not in DTYPE_NAMES.values()]
+        if bad:
+            raise LayoutUnavailable(f"dtype {bad[0]}: choose one of {', '.join(DTYPE_NAMES)}")
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.stage_tp)
+
+    @property
+    def tp(self) -> int:
+        """The TP degree of stage 0 (of the group, when there is one stage)."""
+        return self.stage_tp[0]
+
+    @property
+    def pp(self) -> int:
+        return len(self.stage_tp)
+
+    def dtype_names(self) -> list[str]:
+        """One dtype name per rank."""
+        names = [dtype_name(d) for d in self.dtypes]
+        return names * self.world_size if len(names) == 1 else names
+
+    def device_names(self) -> list[str]:
+        """One device name per rank."""
+        return (
+            list(self.devices) * self.world_size if len(self.devices) == 1 else list(self.devices)
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What every rank's KV cache holds: up to `max_batch` sequences of `max_seq_len` tokens (capped
+    by the model's own context)."""
+
+    max_batch: int = 8
+    max_seq_len: int = 2048
+
+
+def _quiet(_text: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class BuildHooks:
+    """What the caller shows while the executor forms: `status(text)` a context manager around each
+    wait; `source` the model already opened (a single device loads from it, e.g. one that reports
+    its reads to a progress bar)."""
+
+    status: Callable[[str], AbstractContextManager[None]] = field(default=_quiet)
+    source: ModelSource | None = None
+
+
+def build_executor(
+    model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks | None = None
+) -> Executor:
+    """The executor for `layout` over the model at `model` (a directory or a GGUF file)."""
+    hooks = hooks or BuildHooks()
+    if layout.threads:
+        torch.set_num_threads(layout.threads)
+    if layout.ring_config is not None:
+        return _remote_tp_head(Path(model), layout, limits, hooks)
+    if layout.world_size == 1:
+        return _single(model, layout, limits, hooks)
+    if layout.pp == 1:
+        from tandem.engine.tp.local import launch_local_tp
+
+        with hooks.status(f"starting {layout.tp} ranks, loading their shards, forming the group"):
+            return launch_local_tp(
+                model,
+                layout.tp,
+                weights=layout.tp_weights,
+                dtypes=layout.dtype_names(),
+                devices=layout.device_names(),
+                max_batch=limits.max_batch,
+                max_seq_len=limits.max_seq_len,
+                op_timeout=layout.op_timeout,
+                threads=layout.threads,  # an idle group pings every keepalive_interval(op_timeout)
+            )
+    from tandem.engine.pp.launch import launch_pipeline
+    from tandem.engine.pp.layout import plan_stages
+
+    config = (hooks.source or open_model(model)).config
+    # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
+    stages = plan_stages(
+        config,
+        layout.stage_tp,
+        pp_weights=layout.pp_weights,
+        dtype=",".join(layout.dtype_names()),
+        device=",".join(layout.device_names()),
+    )
+    with hooks.status(f"starting {layout.world_size} ranks in {layout.pp} stages"):
+        return launch_pipeline(
+            model,
+            stages,
+            max_batch=limits.max_batch,
+            max_seq_len=limits.max_seq_len,
+            wire_dtype=layout.wire_dtype,
+            microbatches=layout.microbatches,
+            threads=layout.threads,
+        )
+
+
+def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:
+    from tandem.engine.local import LocalExecutor
+    from tandem.loaders.load import load_model
+
+    source = hooks.source or open_model(model)
+    weights = load_model(source, dtype=layout.dtypes[0], device=layout.devices[0])
+    return LocalExecutor(
+        weights,
+        max_batch=limits.max_batch,
+        max_seq_len=limits.max_seq_len,
+        weight_format=source.weight_format(),
+    )
+
+
+def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:
+    from tandem.cluster.ring_config import keepalive_interval, load_ring_config
+    from tandem.comm import from_env
+    from tandem.comm.metered import MeteredCommunicator
+    from tandem.engine.tp.setup import start_head
+
+    ring_config = layout.ring_config
+    assert ring_config is not None
+    # pings inside the workers' op timeout (the ring's own, from the same file), however short
+    keepalive_s = keepalive_interval(load_ring_config(ring_config).op_timeout)
+    with hooks.status(f"waiting for the ring of {ring_config} to form (workers joining)"):
+        # no fingerprint claim: the workers (`tandem worker`, `cluster join`) make none; the
+        # layout agreement (`tp.setup.agree_layout`) compares the model's fingerprint instead
+        comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
+    if comm.rank != 0:
+        comm.close()
+        raise LayoutUnavailable(f"{ring_config} is rank {comm.rank}: only rank 0 runs the head")
+    if layout.tp > 1 and comm.world_size != layout.tp:
+        comm.close()
+        raise LayoutUnavailable(
+            f"{ring_config} describes {comm.world_size} ranks but the layout has {layout.tp}"
+        )
+    metered = MeteredCommunicator(comm)
+    with hooks.status(f"agreeing on the model with {comm.world_size - 1} worker(s)"):
+        return start_head(
+            model,
+            metered,
+            weights=layout.tp_weights,
+            max_batch=limits.max_batch,
+            max_seq_len=limits.max_seq_len,
+            dtype=layout.dtype_names()[0],
+            device=layout.device_names()[0],
+            keepalive_s=keepalive_s,
+            join_rtt_ms=join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size),
+        )
+
+
+def join_rtts(text: str, world_size: int) -> dict[int, float]:
+    """`{"1": 0.42, ...}` (what `cluster join` hands the head: each rank's round trip to the head
+    when it joined, in ms) -> {rank: ms}; entries that are not a rank and a finite number are
+    dropped (a figure shown must be one that was measured)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.isdigit() and 0 < int(k) < world_size):
+            continue
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            out[int(k)] = float(v)
+    return out
