@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,10 +20,16 @@ from rich.progress import (
 
 from tandem.cli.threads import local_threads
 from tandem.devices import DTYPE_NAMES
-from tandem.engine.build import BuildHooks, Layout, LayoutUnavailable, Limits, build_executor
+from tandem.engine.build import (
+    BuildHooks,
+    Layout,
+    LayoutUnavailable,
+    Limits,
+    build_executor,
+    per_rank,
+)
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
-from tandem.engine.tp.local import per_rank
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
@@ -95,6 +102,7 @@ def build_serving_engine(
     console: Console | None = None,
     ring_config: Path | None = None,
     quantize: str | None = None,
+    attn_ranks: int | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads."""
@@ -105,7 +113,7 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
-    layout = serving_layout(tp, pp, dtype, device, ring_config)
+    layout = replace(serving_layout(tp, pp, dtype, device, ring_config), attn_ranks=attn_ranks)
     if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
         raise LayoutUnavailable(
             "--quantize runs on one node; for --tp / --pp write the file once with "

@@ -16,9 +16,8 @@ import torch
 
 from tandem.cli.threads import local_threads
 from tandem.devices import resolve_device, resolve_dtype
-from tandem.engine.build import Layout
+from tandem.engine.build import Layout, per_rank
 from tandem.engine.pp.layout import parse_layout
-from tandem.engine.tp.local import per_rank
 from tandem.parallel.plan import parse_weights
 
 
@@ -36,9 +35,10 @@ def resolve_ranks(args: argparse.Namespace, n: int) -> tuple[list[torch.dtype], 
 
 
 def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
-    """The layout `tandem generate`'s flags describe. A single device resolves `--dtype auto` on
-    its device, except that a GGUF file's weights are dequantized exactly and float32 keeps them
-    so; a pipeline takes one dtype and one device for every rank."""
+    """The layout `tandem generate`'s flags describe. `--dtype auto` resolves on each rank's
+    device, except that a GGUF file's weights are dequantized exactly and float32 keeps them so; a
+    pipeline takes one dtype and device for every rank or one per rank (a TP stage runs in its
+    first rank's)."""
     stage_tp = parse_layout(args.layout, args.pp, args.tp or 1)
     world = sum(stage_tp)
     if len(stage_tp) == 1 and world > 1:  # a TP group: one dtype and one device per rank
@@ -49,18 +49,25 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
             dtypes=tuple(dtypes),
             devices=tuple(devices),
             tp_weights=parse_weights(args.tp_weights, world),
+            attn_ranks=args.attn_ranks,
             ring_config=Path(ring) if ring else None,
             # the head and its workers share this machine's cores (cli.threads: full pools per
             # rank oversubscribe them)
             threads=args.threads or (None if ring else local_threads(world)),
             op_timeout=args.op_timeout,
         )
-    device = resolve_device(args.device)
-    dtype = torch.float32 if gguf and args.dtype == "auto" else resolve_dtype(args.dtype, device)
+    if world > 1:  # a pipeline: one dtype and device for all, or one per rank (a stage runs in
+        # its first rank's), e.g. a bfloat16 stage and a float16 stage
+        dtypes, devices = resolve_ranks(args, world)
+    else:
+        dev = resolve_device(args.device)
+        dtypes, devices = [resolve_dtype(args.dtype, dev)], [str(dev)]
+    if gguf and args.dtype == "auto":
+        dtypes = [torch.float32] * len(dtypes)
     return Layout(
         stage_tp=stage_tp,
-        dtypes=(dtype,),
-        devices=(str(device),),
+        dtypes=tuple(dtypes),
+        devices=tuple(devices),
         pp_weights=args.pp_weights if world > 1 else None,
         wire_dtype=args.wire_dtype,
         microbatches=args.microbatches,

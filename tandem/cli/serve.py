@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from tandem.cli.tp_args import ATTN_HELP
 from tandem.cluster.launcher import LaunchError, check_port_free
 from tandem.cluster.ring_config import load_ring_config
 from tandem.loaders.gguf.quantized_dir import QTYPES
@@ -67,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a model directory or FILE.gguf (default: SmolLM2 GGUF if installed, else the built-in model)",
     )
     add_engine_args(p)
+    p.add_argument("--attn-ranks", type=int, default=None, metavar="A", help=ATTN_HELP)
     p.add_argument(
         "--quantize",
         default=None,
@@ -159,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
                 name=args.served_model_name,
                 ring_config=ring_config,
                 quantize=args.quantize,
+                attn_ranks=args.attn_ranks,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

@@ -14,10 +14,13 @@ import argparse
 from tandem.comm.metered import CommStats
 from tandem.engine.tp.head import TPExecutor
 
+ATTN_HELP = "attention on the first A ranks of the TP group only, the MLP on every rank"
+
 
 def add_tp_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (head included)")
     p.add_argument("--tp-weights", help="share of the work per rank, e.g. 2,1 (default equal)")
+    p.add_argument("--attn-ranks", type=int, default=None, metavar="A", help=ATTN_HELP)
     p.add_argument("--op-timeout", type=float, default=60.0, help="seconds any collective may take")
 
 
@@ -48,6 +51,7 @@ def comm_report(
     out: dict = {
         "tp": ex.comm.world_size,
         "tp_weights": list(ex.layout.weights),
+        "attn_ranks": ex.layout.attn_ranks or ex.comm.world_size,
         "ranks": [
             {"rank": r.rank, "dtype": r.dtype, "device": r.device, "threads": r.threads}
             for r in ex.ranks

@@ -33,6 +33,16 @@ class LayoutUnavailable(RuntimeError):
     """A layout this build cannot run, or that does not fit the model or the ring."""
 
 
+def per_rank(value: str, n: int, what: str) -> list[str]:
+    """`"bfloat16"` -> that value for every rank; `"bfloat16,float16"` -> one per rank."""
+    items = [v.strip() for v in value.split(",")]
+    if len(items) == 1:
+        return items * n
+    if len(items) != n or not all(items):
+        raise LayoutUnavailable(f"--{what} {value!r}: give one value or exactly {n} (one per rank)")
+    return items
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one model is laid out over ranks.
@@ -45,7 +55,8 @@ class Layout:
     `wire_dtype`: the hidden state between stages. `ring_config`: this process is rank 0 of the TP
     group that file describes, its workers started elsewhere. `threads`: this process's CPU
     threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
-    take."""
+    take. `attn_ranks`: attention on the first A ranks of a one-stage TP group, the MLP on all
+    (`parallel.plan`; None: every rank)."""
 
     stage_tp: tuple[int, ...] = (1,)
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
@@ -57,6 +68,7 @@ class Layout:
     ring_config: Path | None = None
     threads: int | None = None
     op_timeout: float = 60.0
+    attn_ranks: int | None = None
 
     def __post_init__(self) -> None:
         if not self.stage_tp or min(self.stage_tp) < 1:
@@ -70,6 +82,11 @@ class Layout:
         bad = [d for d in self.dtypes if d not in DTYPE_NAMES.values()]
         if bad:
             raise LayoutUnavailable(f"dtype {bad[0]}: choose one of {', '.join(DTYPE_NAMES)}")
+        if self.attn_ranks is not None and (self.pp > 1 or not 1 <= self.attn_ranks <= self.tp):
+            raise LayoutUnavailable(
+                f"--attn-ranks {self.attn_ranks}: a one-stage TP group of {self.tp} ranks takes "
+                f"1 to {self.tp}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -138,6 +155,7 @@ def build_executor(
                 model,
                 layout.tp,
                 weights=layout.tp_weights,
+                attn_ranks=layout.attn_ranks,
                 dtypes=layout.dtype_names(),
                 devices=layout.device_names(),
                 max_batch=limits.max_batch,
@@ -211,6 +229,7 @@ def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHoo
             model,
             metered,
             weights=layout.tp_weights,
+            attn_ranks=layout.attn_ranks,
             max_batch=limits.max_batch,
             max_seq_len=limits.max_seq_len,
             dtype=layout.dtype_names()[0],

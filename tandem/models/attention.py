@@ -71,7 +71,7 @@ class Attention(nn.Module):
         q, k, v = self.position(*self.project(x), ctx)
 
         if ctx.cache is not None:
-            keys, values = ctx.cache.update(self.layer_idx, k, v, ctx)  # (B, Hkv, S, hd)
+            keys, values = ctx.cache.update(self.layer_idx, k, v, ctx.writes)  # (B, Hkv, S, hd)
         else:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, hd)
         n_rep = H // Hkv

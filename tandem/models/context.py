@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.models.kv_cache import KVCache, SequenceTooLongError
+from tandem.models.kv_cache import CacheWrites, KVCache, plan_writes
 from tandem.models.rope import RotaryEmbedding
 
 
@@ -34,16 +34,16 @@ class ForwardContext:
     last_index: torch.Tensor  # (B,) index in T of each row's last real token
     lengths: tuple[int, ...]
     cache: KVCache | None = None
-    slots: torch.Tensor | None = None  # (B,) cache slot of each row
-    slot_range: tuple[int, int] | None = None  # slots are a..b-1 in order: read by slicing
-    write_block: tuple[int, int, int, int] | None = None  # (slot a, slot b, pos s0, pos s1)
-    write_slots: torch.Tensor | None = None  # (N,) slot of each written token
-    write_pos: torch.Tensor | None = None  # (N,) position of each written token
-    write_rows: torch.Tensor | None = None  # (N,) flat B*T index of each written token, None = all
+    writes: CacheWrites | None = None  # where this step's keys/values go (kv_cache.plan_writes)
 
     @property
     def batch_size(self) -> int:
         return len(self.lengths)
+
+    @property
+    def write_block(self) -> tuple[int, int, int, int] | None:
+        """(slot a, slot b, pos s0, pos s1) when the step's writes are one strided copy."""
+        return None if self.writes is None else self.writes.block
 
 
 def build_context(
@@ -82,28 +82,11 @@ def build_context(
     else:
         if slots is None:
             raise BadStepError("a cached step needs a slot per row")
-        if max(ends) > cache.max_seq_len:
-            raise SequenceTooLongError(
-                f"a sequence would reach {max(ends)} tokens; the KV cache holds {cache.max_seq_len}"
-            )
+        writes = plan_writes(cache.max_seq_len, start_pos, lengths, slots, positions)
         if len(set(slots)) != B or min(slots) < 0 or max(slots) >= cache.n_slots:
             raise BadStepError(f"slots {list(slots)} must be distinct and in [0, {cache.n_slots})")
-        ctx.cache = cache
-        ctx.kv_len = S = max(ends)
-        ctx.slots = torch.tensor(list(slots), dtype=torch.int64, device=device)
-        consecutive = list(slots) == list(range(slots[0], slots[0] + B))
-        if consecutive:
-            ctx.slot_range = (slots[0], slots[0] + B)
-        if consecutive and all_valid and len(set(start_pos)) == 1:
-            ctx.write_block = (slots[0], slots[0] + B, start_pos[0], start_pos[0] + T)
-        else:
-            flat_pos = positions.reshape(-1)
-            flat_slot = ctx.slots.repeat_interleave(T)
-            if not all_valid:
-                rows = [b * T + t for b, n in enumerate(lengths) for t in range(n)]
-                ctx.write_rows = torch.tensor(rows, dtype=torch.int64, device=device)
-                flat_pos, flat_slot = flat_pos[ctx.write_rows], flat_slot[ctx.write_rows]
-            ctx.write_slots, ctx.write_pos = flat_slot, flat_pos
+        ctx.cache, ctx.writes = cache, writes
+        ctx.kv_len = S = writes.kv_len
         key_pos = torch.arange(S, device=device)[None, :].expand(B, S)
         key_valid = None  # keys past a row's end are only seen by that row's padded queries
         plain_causal = all_valid and all(s == 0 for s in start_pos)

@@ -7,14 +7,11 @@ parallelism. A pipeline stage allocates only the layers it holds. Nothing is all
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from tandem.models.context import ForwardContext
 
 
 class CacheFullError(RuntimeError):
@@ -23,6 +20,60 @@ class CacheFullError(RuntimeError):
 
 class SequenceTooLongError(ValueError):
     """A sequence would run past the cache's max_seq_len."""
+
+
+@dataclass
+class CacheWrites:
+    """Where one step's keys and values go in the cache, and which rows it reads back.
+
+    Row b of the step (B rows, padded to T tokens) lives in cache slot `slots[b]`; its real tokens
+    are written at positions `start_pos[b] ..`, and every row reads cache positions 0..kv_len-1.
+    Either `block` = (slot a, slot b, pos s0, pos s1): every row valid, one shared start, slots
+    a..b-1 in order, so the write is one strided copy; or `write_slots`/`write_pos` (N,) give the
+    slot and position of each written token, `write_rows` (N,) its flat B*T index (None: all).
+    `slot_range` = (a, b) when the rows' slots are a..b-1 in order (read by slicing)."""
+
+    slots: torch.Tensor  # (B,) int64
+    kv_len: int
+    slot_range: tuple[int, int] | None = None
+    block: tuple[int, int, int, int] | None = None
+    write_slots: torch.Tensor | None = None
+    write_pos: torch.Tensor | None = None
+    write_rows: torch.Tensor | None = None
+
+
+def plan_writes(
+    max_seq_len: int,
+    start_pos: Sequence[int],
+    lengths: Sequence[int],
+    slots: Sequence[int],
+    positions: torch.Tensor,
+) -> CacheWrites:
+    """The `CacheWrites` of a step whose row b holds `lengths[b]` new tokens at `positions[b]`
+    (B, T) from `start_pos[b]`, in cache slot `slots[b]`; `SequenceTooLongError` past the cache."""
+    B, T = positions.shape
+    device = positions.device
+    ends = [s + n for s, n in zip(start_pos, lengths)]
+    if max(ends) > max_seq_len:
+        raise SequenceTooLongError(
+            f"a sequence would reach {max(ends)} tokens; the KV cache holds {max_seq_len}"
+        )
+    w = CacheWrites(torch.tensor(list(slots), dtype=torch.int64, device=device), max(ends))
+    all_valid = all(n == T for n in lengths)
+    consecutive = list(slots) == list(range(slots[0], slots[0] + B))
+    if consecutive:
+        w.slot_range = (slots[0], slots[0] + B)
+    if consecutive and all_valid and len(set(start_pos)) == 1:
+        w.block = (slots[0], slots[0] + B, start_pos[0], start_pos[0] + T)
+        return w
+    flat_pos = positions.reshape(-1)
+    flat_slot = w.slots.repeat_interleave(T)
+    if not all_valid:
+        rows = [b * T + t for b, n in enumerate(lengths) for t in range(n)]
+        w.write_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        flat_pos, flat_slot = flat_pos[w.write_rows], flat_slot[w.write_rows]
+    w.write_slots, w.write_pos = flat_slot, flat_pos
+    return w
 
 
 class KVCache:
@@ -70,35 +121,33 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values()))
 
     def update(
-        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, ctx: ForwardContext
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, w: CacheWrites
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Writes this step's keys/values, returns every key/value the batch attends to.
+        """Writes this step's keys/values as `w` plans, returns every key/value the batch attends to.
 
         k_new, v_new: (B, T, n_kv_heads, head_dim) -> returns two (B, n_kv_heads, S, head_dim),
-        S = ctx.kv_len. Rows of padded tokens are not written.
+        S = w.kv_len. Rows of padded tokens are not written.
         """
         k_all, v_all = self.k[layer], self.v[layer]
-        if ctx.write_block is not None:
+        if w.block is not None:
             # every row valid, one shared start position, consecutive slots: a strided copy
-            a, b, s0, s1 = ctx.write_block
+            a, b, s0, s1 = w.block
             k_all[a:b, :, s0:s1].copy_(k_new.transpose(1, 2))
             v_all[a:b, :, s0:s1].copy_(v_new.transpose(1, 2))
         else:
-            idx = (ctx.write_slots, slice(None), ctx.write_pos)
+            idx = (w.write_slots, slice(None), w.write_pos)
             B, T = k_new.shape[:2]
             k_rows = k_new.reshape(B * T, *k_new.shape[2:])  # (B*T, n_kv_heads, head_dim)
             v_rows = v_new.reshape(B * T, *v_new.shape[2:])
-            if ctx.write_rows is not None:
-                k_rows, v_rows = k_rows[ctx.write_rows], v_rows[ctx.write_rows]
+            if w.write_rows is not None:
+                k_rows, v_rows = k_rows[w.write_rows], v_rows[w.write_rows]
             k_all[idx] = k_rows
             v_all[idx] = v_rows
-        S = ctx.kv_len
-        if ctx.slot_range is not None:
-            a, b = ctx.slot_range
+        S = w.kv_len
+        if w.slot_range is not None:
+            a, b = w.slot_range
             return k_all[a:b, :, :S], v_all[a:b, :, :S]
-        return k_all[:, :, :S].index_select(0, ctx.slots), v_all[:, :, :S].index_select(
-            0, ctx.slots
-        )
+        return k_all[:, :, :S].index_select(0, w.slots), v_all[:, :, :S].index_select(0, w.slots)
 
 
 class SlotTable:

@@ -1,5 +1,6 @@
 """Heterogeneous ranks: rank 0 computes in bfloat16, rank 1 in float16 (as an AMD and an NVIDIA box
-might), and the group still follows single-node bfloat16's greedy ids.
+might), and the group still follows single-node bfloat16's greedy ids; the same for a pipeline whose
+stage 0 computes in bfloat16 and stage 1 in float16.
 
 16-bit rounding legitimately flips near-ties. Over these presets the logits of a bfloat16 run differ
 from float32 by at most ~0.24 (float16: ~0.03), so two 16-bit runs can disagree only where the
@@ -12,8 +13,12 @@ import pytest
 import torch
 from tp_support import SingleNode, greedy_with_gaps, launch_concurrently
 
+from tandem.engine.pp.launch import launch_pipeline
+from tandem.engine.pp.layout import StageSpec
 from tandem.loaders.make import make_model_dir
+from tandem.loaders.source import open_model
 from tandem.models.presets import PRESETS
+from tandem.parallel.partition import LayerRange
 
 GAP_THRESHOLD = 0.5
 MIN_COVERED = 16
@@ -45,7 +50,7 @@ def pick_prompt(model_dir, n_new: int, tries: int, high: int) -> tuple[list[int]
 def _compare(model_dir, ex, record_property, n_new=N_NEW, tries=40, high=512):
     prompt, n = pick_prompt(model_dir, n_new, tries, high)
     want, _ = greedy_with_gaps(SingleNode(model_dir, torch.bfloat16, 1, 64), prompt, n_new)
-    assert [r.dtype for r in ex.ranks] == ["bfloat16", "float16"]
+    assert [r["dtype"] for r in ex.describe()["ranks"]] == ["bfloat16", "float16"]
     got, _ = greedy_with_gaps(ex, prompt, n_new)
     record_property("tokens_covered", n)
     print(f"\n{model_dir.name}: compared {n} of {n_new} tokens (f32 top-2 gap >= {GAP_THRESHOLD})")
@@ -80,6 +85,20 @@ def test_bf16_and_f16_ranks_follow_single_node_bf16_on_tiny_presets(
 ):
     model_dir, ex = tiny_groups[preset]
     _compare(model_dir, ex, record_property)
+
+
+def test_a_bf16_stage_and_an_f16_stage_follow_single_node_bf16(tiny_groups, record_property):
+    model_dir, _ = tiny_groups[TINY[-1]]
+    n = open_model(model_dir).config.num_hidden_layers
+    stages = [
+        StageSpec(LayerRange(0, n // 2), dtype="bfloat16"),
+        StageSpec(LayerRange(n // 2, n), dtype="float16"),
+    ]
+    ex = launch_pipeline(model_dir, stages, max_batch=1, max_seq_len=64, threads=1)
+    try:
+        _compare(model_dir, ex, record_property)
+    finally:
+        ex.close()
 
 
 @pytest.mark.slow

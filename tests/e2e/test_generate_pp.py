@@ -54,6 +54,9 @@ def test_generate_pp2_and_a_tp2_tp1_grid_print_the_single_node_ids(model):
     report = pp2["pipeline"]
     assert report["stage_sends"] == 12 and report["wire_dtype"] == "float32"
     assert report["wire_bytes"] > 0
+    # one compute dtype per stage (the numbers: tests/distributed/test_tp_mixed_dtype.py)
+    mixed = generate(model, "--pp", "2", "--dtype", "bfloat16,float16")
+    assert [s["dtype"] for s in mixed["pipeline"]["stages"]] == ["bfloat16", "float16"]
 
 
 def test_generate_rejects_a_layout_that_disagrees_with_pp(model):

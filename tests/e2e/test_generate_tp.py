@@ -35,6 +35,15 @@ def test_generate_tp2_prints_single_node_ids_and_comm_figures(tmp_path):
         assert key in tp
 
 
+def test_generate_with_attention_on_one_of_two_ranks_prints_the_single_node_ids(tmp_path):
+    d = tmp_path / "m"
+    make_model_dir(d, "tiny-qwen3", seed=0)
+    single = _generate(d, "--dtype", "float32")
+    split = _generate(d, "--tp", "2", "--attn-ranks", "1", "--dtype", "float32")
+    assert split["token_ids"] == single["token_ids"]
+    assert split["tensor_parallel"]["attn_ranks"] == 1
+
+
 def test_generate_tp_splits_the_machines_threads_among_its_ranks(tmp_path):
     # full OpenMP pools per co-located rank oversubscribe the cores (cli/threads.py): without
     # --threads the ranks share OMP_NUM_THREADS (else the cores), as each rank reports (with

@@ -54,6 +54,12 @@ def test_a_layout_refuses_per_rank_lists_of_the_wrong_length() -> None:
     assert lay.dtype_names() == ["float32"] * 3
 
 
+@pytest.mark.parametrize("stage_tp,attn", [((2,), 3), ((2,), 0), ((2, 1), 1)])
+def test_a_layout_refuses_attention_ranks_outside_a_one_stage_group(stage_tp, attn) -> None:
+    with pytest.raises(LayoutUnavailable, match="--attn-ranks"):
+        Layout(stage_tp=stage_tp, attn_ranks=attn)
+
+
 def test_generate_flags_parse_into_one_layout() -> None:
     parse = build_parser().parse_args
     tp = generate_layout(parse(["generate", "--tp", "2", "--dtype", "bfloat16,float16"]), False)

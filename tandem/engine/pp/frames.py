@@ -169,7 +169,11 @@ def decode(
 
 class StageTransport(Protocol):
     """One direction of a stage link: `send` queues a frame for the peer, `recv` returns the next
-    frame from it within `timeout` seconds or raises `StageLinkError`."""
+    frame from it within `timeout` seconds or raises `StageLinkError`; `bytes_sent` and
+    `bytes_received` count the stage frames' bytes each way."""
+
+    bytes_sent: int
+    bytes_received: int
 
     def send(self, frame: bytes) -> None: ...
 

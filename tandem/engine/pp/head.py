@@ -336,9 +336,7 @@ class PipelineExecutor:
     @property
     def bytes_sent(self) -> int:
         """Bytes this head has put on its stage links (the stages' own sends are not counted)."""
-        return sum(
-            getattr(link, "bytes_sent", 0) for link in (*self.to_stage0_peers, *self.to_next)
-        )
+        return sum(link.bytes_sent for link in (*self.to_stage0_peers, *self.to_next))
 
     @property
     def socket_bytes(self) -> int:
@@ -349,4 +347,4 @@ class PipelineExecutor:
     @property
     def bytes_received(self) -> int:
         """Bytes the head has read from the last stage."""
-        return getattr(self.from_last, "bytes_received", 0)
+        return self.from_last.bytes_received if self.from_last is not None else 0

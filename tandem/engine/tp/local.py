@@ -29,16 +29,6 @@ class LocalGroupError(RuntimeError):
     """A local worker could not start or died while the group formed."""
 
 
-def per_rank(value: str, n: int, what: str) -> list[str]:
-    """`"bfloat16"` -> that value for every rank; `"bfloat16,float16"` -> one per rank."""
-    items = [v.strip() for v in value.split(",")]
-    if len(items) == 1:
-        return items * n
-    if len(items) != n or not all(items):
-        raise LocalGroupError(f"--{what} {value!r}: give one value or exactly {n} (one per rank)")
-    return items
-
-
 class LocalWorkers:
     """Ranks 1..N-1 as `tandem worker` processes, started at once (construction returns without
     waiting for them). Start them from a thread that outlives the group: the parent-death signal
