@@ -135,6 +135,10 @@ def greedy_with_gaps(executor, prompt: list[int], n_new: int):
     return ids, gaps
 
 
+def _kernels_per_rank(kernels, tp: int) -> list[str]:
+    return [kernels] * tp if isinstance(kernels, str) else list(kernels)
+
+
 def launch_concurrently(specs: dict, **common) -> dict:
     """`launch_local_tp` for several groups at once (worker start-up dominates on a small machine):
     every group's workers are spawned from this thread (the parent-death signal follows the
@@ -155,6 +159,7 @@ def launch_concurrently(specs: dict, **common) -> dict:
             op_timeout=opts.get("op_timeout", 60.0),
             handshake_timeout=opts.get("handshake_timeout", 120.0),
             threads=opts.get("threads"),
+            kernels=_kernels_per_rank(opts.get("kernels", "auto"), tp),
         )
 
     def one(key):

@@ -5,10 +5,11 @@
 Each measurement runs in a fresh process: single node (`load_model`, every tensor), then each
 rank r of a TP=N plan (`shard_transformer` + `load_shard`, its own blocks only). A rank's bytes
 read are what `load_shard` returns (blocks + dense slices); single node's, every tensor's bytes.
-Peak RSS is the process's VmHWM after loading and dequantizing q/o/down of every layer's local
-shard once (the reference's per-step work, no collectives), minus the interpreter's baseline
-before opening the file; also reported: the peak while opening the file (header parse, the same
-on every rank) and the RSS once loaded (mapped pages touched + anonymous copies).
+Both are then put on the native kernels (`tandem.kernels.prepare`, as the engine does) and every
+quantized projection multiplies one row once: each weight is streamed as a decode step streams
+it (no collectives). Peak RSS is the process's VmHWM after that, minus the interpreter's
+baseline before opening the file; also reported: the peak while opening the file (header parse,
+the same on every rank), and the RSS split into anonymous memory and mapped file pages touched.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+# this folder holds a gguf.py (the llama.cpp comparison) that would shadow the gguf package
+_HERE = Path(__file__).resolve().parent
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 
 def _vm(key: str) -> int:
@@ -37,6 +43,8 @@ class _Solo:
 def measure(path: str, tp: int, rank: int) -> dict:
     import torch
 
+    from tandem.kernels.prepare import prepare
+    from tandem.kernels.quant_linear import QuantKernelLinear
     from tandem.loaders.load import load_model
     from tandem.loaders.source import open_model
     from tandem.parallel.plan import plan_for_source
@@ -44,7 +52,7 @@ def measure(path: str, tp: int, rank: int) -> dict:
     from tandem.parallel.transform import shard_transformer
 
     torch.set_num_threads(1)
-    base = _vm("VmRSS")
+    base, base_anon, base_file = _vm("VmRSS"), _vm("RssAnon"), _vm("RssFile")
     src = open_model(path)
     opened = _vm("VmHWM") - base
     if tp == 1:
@@ -54,11 +62,11 @@ def measure(path: str, tp: int, rank: int) -> dict:
         plan = plan_for_source(src, tp)
         model = shard_transformer(src.config, plan, _Solo(rank, tp), qtypes=quant_types(src))
         nbytes = load_shard(model, src, plan, rank)
-    with torch.no_grad():  # every projection dequantizes once (the reference's per-step cost)
-        for layer in model.model.layers.values():
-            for m in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
-                q = getattr(m, "quant", None) or m
-                q.dequantized() if hasattr(q, "dequantized") else None
+    prepare(model)  # the native quantized kernels over the blocks, as the engine runs them
+    with torch.no_grad():  # every projection streams its weights once (a decode step's work)
+        for m in model.modules():
+            if isinstance(m, QuantKernelLinear):
+                m(torch.randn(1, m.in_features))
     file_bytes = sum(f.stat().st_size for f in src.files)
     return {
         "tp": tp,
@@ -68,6 +76,8 @@ def measure(path: str, tp: int, rank: int) -> dict:
         "peak_rss": _vm("VmHWM") - base,
         "rss_loaded": _vm("VmRSS") - base,
         "peak_opening": opened,
+        "anon": _vm("RssAnon") - base_anon,
+        "file_pages": _vm("RssFile") - base_file,
     }
 
 
@@ -91,8 +101,10 @@ def main() -> int:
             f"tp={r['tp']} rank {r['rank']}: read {r['bytes_read'] / 1e6:.1f} MB "
             f"({r['bytes_read'] / r['file_bytes']:.2f} of the file), peak RSS "
             f"{r['peak_rss'] / 1e6:.1f} MB ({r['peak_rss'] / single['peak_rss']:.2f} of single; "
-            f"{r['peak_opening'] / 1e6:.1f} MB of it opening the file), RSS after loading "
+            f"{r['peak_opening'] / 1e6:.1f} MB of it opening the file), RSS at the end "
             f"{r['rss_loaded'] / 1e6:.1f} MB ({r['rss_loaded'] / single['rss_loaded']:.2f} of single)"
+            f"; after the pass {r['anon'] / 1e6:.1f} MB anonymous + {r['file_pages'] / 1e6:.1f} MB "
+            "of mapped file pages"
         )
     return 0
 

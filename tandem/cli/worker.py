@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--epoch", type=int, default=0, help="the group's epoch (a group re-formed after a loss)"
     )
+    p.add_argument(
+        "--kernels", default="auto", help="auto (the fast path) or torch (the reference modules)"
+    )
     p.set_defaults(func=run)
 
 
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             device=args.device,
             setup_timeout=args.handshake_timeout if args.peers is not None else None,
+            kernels=args.kernels,
         )
     finally:
         comm.close()

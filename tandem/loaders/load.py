@@ -20,6 +20,7 @@ from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import FLOAT_CODES, ModelDir, TensorDtypeError, TensorShapeError
 from tandem.models.llama import Transformer
+from tandem.models.skeleton import skeleton
 
 
 def check_tensor(md: ModelDir, name: str, shape: tuple[int, ...]) -> None:
@@ -53,7 +54,7 @@ def load_model(
             with_embed=with_embed,
             with_head=with_head,
         )
-    with torch.device("meta"):
+    with skeleton():
         model = Transformer(md.config, layer_range, with_embed, with_head)
     loaded: dict[str, nn.Parameter] = {}
     for pname, param in list(model.named_parameters(remove_duplicate=False)):

@@ -8,9 +8,21 @@ Every product goes through `tandem.kernels.linear.linear`, the single-node model
 
 A layer built with `qtype` (a GGUF block type) holds no dense weight: its shard stays in the
 file's blocks as `quant` (a `QuantLinear` / `QuantEmbedding` over the rank's blocks only, filled
-by `shard_load`), and it multiplies as the single-node GGUF model does (dequantize in the input's
-dtype, `F.linear`). A column shard is a row slice of whole blocks; a row-parallel shard's columns
-start and end on block boundaries (the plan guarantees it).
+by `shard_load`), and it multiplies through whatever `quant` is, as the single-node GGUF model
+does: the reference module (dequantize in the input's dtype, `F.linear`), or, once
+`tandem.kernels.prepare` has swapped it in place, the native `QuantKernelLinear` over the same
+blocks. A column shard is a row slice of whole blocks; a row-parallel shard's columns start and
+end on block boundaries (the plan guarantees it). A column-parallel layer's bias is its `quant`
+module's own (one parameter, two names), so the native kernel adds it as the monolith's does.
+
+On the native kernels (x quantized to int8 per block of 32, csrc/qgemv.c) a shard computes:
+
+    column-parallel  rows [a, b) of the monolith's output, bit for bit: every output row is its
+                     own dot product over the full contraction, on the same int8 activations
+    row-parallel     sum_r (X_r A_r^T): the edges fall on multiples of 32, so each rank's int8
+                     activations are the monolith's (per-block scales); the per-block int32 dots
+                     are the monolith's; only the float32 order of summing the block products
+                     differs (within each rank, then across ranks in the all-reduce)
 """
 
 from __future__ import annotations
@@ -32,9 +44,15 @@ def _placeholder(qtype: int, rows: int, cols: int) -> torch.Tensor:
     return torch.empty((rows, layout(qtype).row_bytes(cols)), dtype=torch.uint8, device="meta")
 
 
-def _quant_linear(q: QuantLinear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`QuantLinear.forward` with the parallel layer's own bias: X deq(W)^T (+ b) in x.dtype."""
-    return F.linear(x, q.dequantized(x.dtype), None if bias is None else bias.to(x.dtype))
+def _quant_linear(q: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`q(x) (+ b)` in x.dtype, `q` the reference `QuantLinear` (bias inside its F.linear, as
+    `QuantLinear.forward` adds its own) or the native kernel prepare swapped in (bias after)."""
+    if bias is None:
+        return q(x)
+    if isinstance(q, QuantLinear):
+        return F.linear(x, q.dequantized(x.dtype), bias.to(x.dtype))
+    y = q(x)
+    return y + bias.to(y.dtype)
 
 
 @dataclass(frozen=True)
@@ -74,23 +92,22 @@ class ColumnParallelLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_local
         self.quant = None
+        self.bias = (
+            nn.Parameter(torch.empty(out_local, device=device, dtype=dtype)) if bias else None
+        )
         if qtype is None:
             self.weight = nn.Parameter(
                 torch.empty(out_local, in_features, device=device, dtype=dtype)
             )
         else:
             self.weight = None
-            self.quant = QuantLinear(
-                qtype, in_features, out_local, _placeholder(qtype, out_local, in_features)
-            )
-        self.bias = (
-            nn.Parameter(torch.empty(out_local, device=device, dtype=dtype)) if bias else None
-        )
+            blocks = _placeholder(qtype, out_local, in_features)
+            self.quant = QuantLinear(qtype, in_features, out_local, blocks, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., in) -> (..., out_local)
         if self.quant is not None:
-            return _quant_linear(self.quant, x, self.bias)
+            return self.quant(x)  # its bias is self.bias
         return linear(x, self.weight, self.bias)
 
 

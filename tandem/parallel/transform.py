@@ -34,6 +34,7 @@ from tandem.comm.base import Communicator
 from tandem.config import ModelConfig
 from tandem.models.llama import Transformer
 from tandem.models.rope import RotaryEmbedding
+from tandem.models.skeleton import skeleton
 from tandem.parallel.absent import AbsentAttention
 from tandem.parallel.plan import TPPlan
 from tandem.parallel.tensor import (
@@ -75,7 +76,7 @@ def shard_transformer(
     r = comm.rank
     D = config.hidden_size
     meta = torch.device("meta")
-    with meta:
+    with skeleton():  # the meta device, initializers skipped
         model = Transformer(config, layer_range, with_embed, with_head)
     model.rope = RotaryEmbedding(config)  # built under meta above; its tables live on the host
     q, kv, inter, vocab = plan.q_rows(r), plan.kv_rows(r), plan.intermediate[r], plan.vocab[r]
@@ -147,9 +148,14 @@ def shard_transformer(
 
 def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Replaces every meta parameter with an uninitialised one of the same shape, allocated once
-    directly in `dtype` on `device` (no float32 detour that would double a 16-bit rank's peak)."""
+    directly in `dtype` on `device` (no float32 detour that would double a 16-bit rank's peak).
+    A parameter held by two modules (a column-parallel layer's bias and its `quant` module's)
+    stays one parameter."""
+    made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(meta) -> (meta kept alive, new)
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None and p.is_meta:
-                new = torch.empty(p.shape, dtype=dtype, device=device)
-                module._parameters[name] = nn.Parameter(new, requires_grad=False)
+                if id(p) not in made:
+                    t = torch.empty(p.shape, dtype=dtype, device=device)
+                    made[id(p)] = (p, nn.Parameter(t, requires_grad=False))
+                module._parameters[name] = made[id(p)][1]

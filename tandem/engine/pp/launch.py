@@ -94,7 +94,7 @@ def launch_pipeline(
 
     `addresses[g]` is the address global rank g binds and is reached at (default 127.0.0.1 for
     all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
-    hosts of `tandem bench`); `kernels` is every TP=1 stage's `tandem.kernels.prepare` choice
+    hosts of `tandem bench`); `kernels` is every stage's (and TP rank's) `tandem.kernels.prepare` choice
     ("torch": the reference modules, as a single node built with `kernels="torch"`)."""
     md = open_model(model_dir)
     cfg = md.config
@@ -234,7 +234,7 @@ def _build_head(
             0, s0.tp, head_ring, head_right, secret=terms.secret,
             cluster_id=f"{terms.cluster_id}/stage0", fingerprint=md.fingerprint(), timeout=timeout,
         )  # fmt: skip
-        shard = load_tp_stage(md, r0, comm, dtype=dtype, device=s0.device)
+        shard = load_tp_stage(md, r0, comm, dtype=dtype, device=s0.device, kernels=kernels)
         stage0 = StageRunner(shard, max_batch, max_seq_len)
     peers = dial_all(
         terms, 0, [f"{addr(g)}:{ports[g]}" for g in ranks[0][1:]], ranks[0][1:], "head"

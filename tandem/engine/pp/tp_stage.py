@@ -13,6 +13,7 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.comm.ring import RingCommunicator
+from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource
 from tandem.models.llama import Transformer
 from tandem.parallel.plan import plan_for_source
@@ -62,8 +63,10 @@ def load_tp_stage(
     weights: tuple[float, ...] | None = None,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
+    kernels: str = "auto",
 ) -> Transformer:
-    """This rank's shard of layers `[start, end)`, loaded slice by slice."""
+    """This rank's shard of layers `[start, end)`, loaded slice by slice, put on `kernels`
+    (`tandem.kernels.prepare`: "auto" the native quantized kernels, "torch" the reference)."""
     plan = plan_for_source(md, comm.world_size, weights)
     model = shard_transformer(
         md.config,
@@ -77,4 +80,5 @@ def load_tp_stage(
         qtypes=quant_types(md),
     ).eval()
     load_shard(model, md, plan, comm.rank)
+    prepare(model, kernel=kernels)
     return model

@@ -87,7 +87,10 @@ def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int]
         fingerprint=md.fingerprint(),
         timeout=args.timeout,
     )
-    return load_tp_stage(md, layer_range, comm, dtype=dtype, device=args.device), comm
+    shard = load_tp_stage(
+        md, layer_range, comm, dtype=dtype, device=args.device, kernels=args.kernels
+    )
+    return shard, comm
 
 
 def _secret() -> bytes | None:

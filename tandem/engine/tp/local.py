@@ -51,6 +51,7 @@ class LocalWorkers:
         handshake_timeout: float,
         threads: int | None,
         epoch: int = 0,
+        kernels: list[str] | None = None,
     ) -> None:
         if tp < 2:
             raise LocalGroupError(f"a local TP group needs at least 2 ranks, got {tp}")
@@ -70,6 +71,8 @@ class LocalWorkers:
                 argv += ["--threads", str(threads)]
             if epoch:
                 argv += ["--epoch", str(epoch)]
+            if kernels:
+                argv += ["--kernels", kernels[r]]
             ranks.append(RankProcess(f"rank{r}", argv, {"TANDEM_SECRET": self.secret.decode()}))
         self.group = ProcessGroup(ranks, log_dir=self.log_dir, grace_s=2.0)
         self.group.start()
@@ -107,8 +110,11 @@ def launch_local_tp(
     workers: LocalWorkers | None = None,
     attn_ranks: int | None = None,
     epoch: int = 0,
+    kernels: str | list[str] = "auto",
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
+    `kernels` is each rank's `tandem.kernels.prepare` choice ("auto" or "torch"; one for every
+    rank, or a list of one per rank: a native rank and a reference rank in one group).
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
     never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
@@ -118,6 +124,7 @@ def launch_local_tp(
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
     devices = devices or ["cpu"] * tp
+    kernels = [kernels] * tp if isinstance(kernels, str) else list(kernels)
     if workers is None:
         workers = LocalWorkers(
             model_dir,
@@ -128,6 +135,7 @@ def launch_local_tp(
             handshake_timeout=handshake_timeout,
             threads=threads,
             epoch=epoch,
+            kernels=kernels,
         )
     return form_local_group(
         model_dir,
@@ -135,6 +143,7 @@ def launch_local_tp(
         weights=weights,
         dtype=dtypes[0],
         device=devices[0],
+        kernels=kernels[0],
         max_batch=max_batch,
         max_seq_len=max_seq_len,
         op_timeout=op_timeout,
@@ -157,6 +166,7 @@ def form_local_group(
     handshake_timeout: float,
     keepalive_s: float | None,
     attn_ranks: int | None = None,
+    kernels: str = "auto",
 ) -> TPExecutor:
     """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard.
     Any failure shuts the workers down before it is raised."""
@@ -193,6 +203,7 @@ def form_local_group(
             local_workers=workers,
             attn_ranks=attn_ranks,
             setup_timeout=handshake_timeout,
+            kernels=kernels,
         )
     except BaseException as e:
         why = workers.diagnose()

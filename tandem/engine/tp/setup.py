@@ -33,6 +33,7 @@ from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
+from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
@@ -187,9 +188,17 @@ def rank_facts(
 
 
 def build_shard(
-    md: ModelSource, comm: Communicator, layout: GroupLayout, dtype: str, device: str
+    md: ModelSource,
+    comm: Communicator,
+    layout: GroupLayout,
+    dtype: str,
+    device: str,
+    kernels: str = "auto",
 ) -> ShardRunner:
-    """This rank's shard, loaded slice by slice, with its own KV cache."""
+    """This rank's shard, loaded slice by slice, with its own KV cache, put on `kernels`
+    (`tandem.kernels.prepare`, as a single node: "auto" takes the native quantized kernels over
+    a GGUF shard's blocks, "torch" keeps the reference modules). A rank-local choice: ranks on
+    different kernels agree on the wire (canonical float32 partials)."""
     if dtype not in DTYPE_NAMES:
         raise GroupSetupError(f"dtype {dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
     plan = layout.plan(md)
@@ -203,6 +212,7 @@ def build_shard(
     ).eval()
     load_shard(model, md, plan, comm.rank)
     md.close()
+    prepare(model, kernel=kernels)  # the parallel layers' `quant` modules onto the native kernels
     return ShardRunner(model, layout.max_batch, layout.max_seq_len)
 
 
@@ -259,6 +269,7 @@ def start_head(
     join_rtt_ms: dict[int, float] | None = None,
     attn_ranks: int | None = None,
     setup_timeout: float | None = None,
+    kernels: str = "auto",
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
@@ -275,7 +286,7 @@ def start_head(
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, layout, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
-        runner = build_shard(md, comm, layout, dtype, device)
+        runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()  # every shard loaded
         plan = layout.plan(md)
         ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
@@ -309,6 +320,7 @@ def run_worker(
     dtype: str,
     device: str,
     setup_timeout: float | None = None,
+    kernels: str = "auto",
 ) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
@@ -317,7 +329,7 @@ def run_worker(
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, None, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
-        runner = build_shard(md, comm, layout, dtype, device)
+        runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()
         admit(comm, runner, ranks, None, None)
     return serve(runner, BroadcastSource(comm))

@@ -25,6 +25,7 @@ from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.models.llama import Transformer
 from tandem.models.quant.linear import QuantEmbedding, QuantLinear
+from tandem.models.skeleton import skeleton
 
 
 def load_gguf_model(
@@ -36,7 +37,7 @@ def load_gguf_model(
     with_embed: bool = True,
     with_head: bool = True,
 ) -> Transformer:
-    with torch.device("meta"):
+    with skeleton():
         model = Transformer(src.config, layer_range, with_embed, with_head)
     blocks: dict[str, torch.Tensor] = {}  # checkpoint name -> its blocks on `device` (tied: once)
 

@@ -7,7 +7,8 @@ Split models `NAME-00001-of-0000N.gguf` are found from any part; each part must 
 its `split.no` / `split.count` where it sits, and together they must hold `split.tensors.count`
 tensors, none twice. Metadata is the first part's.
 
-Tensors are zero-copy views of the memory-mapped files except the q/k weights (and biases) of a
+Whole tensors are zero-copy views of the memory-mapped files (a TP shard's slices are read with
+pread: `blocks`) except the q/k weights (and biases) of a
 `llama` file, whose rows llama.cpp's converter permuted (`names.unpermute_rows`): those are
 gathered back into HF order, one new contiguous copy per q and k matrix *in its blocks*, i.e.
 `(n_heads + n_kv_heads) * head_dim * row_bytes(hidden)` bytes per layer of anonymous memory
@@ -49,6 +50,7 @@ from tandem.loaders.tokenizer import Tokenizer
 from tandem.models.llama import Transformer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
 from tandem.models.quant.dequant import dequantize
+from tandem.models.skeleton import skeleton
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -178,7 +180,7 @@ class GGUFModel:
         """Every tensor must feed a parameter of the model the config describes: one it has no
         place for (q/k norms in a llama file, an unknown name) means a variant tandem would
         silently run wrong."""
-        with torch.device("meta"):
+        with skeleton():
             full = Transformer(self.config)
         used = {full.checkpoint_name(n) for n, _ in full.named_parameters(remove_duplicate=False)}
         stray = [
@@ -243,8 +245,11 @@ class GGUFModel:
         of the mapped file, or an un-permuted copy for a llama q/k (module docstring).
 
         With `dim`, only the half-open slice `[start, end)` of that dimension (in elements):
-            dim 0  rows: a zero-copy view of the mapped file; for a llama q/k the slice must be
-                   whole heads, read with pread and un-permuted (a copy of its own rows only)
+            dim 0  rows: all of them, a zero-copy view of the mapped file; fewer, read with
+                   pread (a copy of exactly those rows: a view would make the page-cache folios
+                   across the slice's edges this process's resident pages, 1.5x the slice's
+                   bytes measured with large folios); for a llama q/k the slice must be whole
+                   heads, read and un-permuted
             dim 1  columns: `start` and `end` multiples of the type's block size; exactly those
                    bytes of every row, read with pread (not through the mapping, so the
                    tensor's other bytes never become this process's resident pages)
@@ -257,16 +262,17 @@ class GGUFModel:
         rows, cols = info.shape
         if dim == 0:
             self._check_range(info, start, end, rows, 1, "rows")
-            part = raw[start:end]
+            if start == 0 and end == rows and heads is None:
+                return raw
+            rb = raw.shape[1]
             if heads is None:
-                return part
+                return _pread_rows(info, start, end, 0, rb)  # not through the mapping
             hd = rows // heads
             if start % hd or end % hd:
                 raise GGUFSliceError(
                     f"{info.file}: rows [{start}, {end}) of {info.gguf_name!r} are not whole "
                     f"heads of {hd} (its rows are permuted per head)"
                 )
-            rb = raw.shape[1]
             part = _pread_rows(info, start, end, 0, rb)  # not through the mapping: no page kept
             return unpermute_rows(part, (end - start) // hd)
         if dim == 1:
