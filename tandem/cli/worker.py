@@ -19,8 +19,7 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.devices import DTYPE_NAMES
-from tandem.engine.tp.local import cluster_id_for
-from tandem.engine.tp.setup import run_worker
+from tandem.engine.tp.setup import cluster_id_for, run_worker
 
 DEFAULT_OP_TIMEOUT_S = 60.0
 

@@ -22,13 +22,7 @@ from tandem.cluster.ring_config import keepalive_interval
 from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.setup import start_head
-
-
-def cluster_id_for(epoch: int) -> str:
-    """The ring's cluster id in `epoch` (what every rank claims in its handshake, so a rank of an
-    earlier epoch is refused): "tandem-tp", then "tandem-tp/epoch-1", ..."""
-    return "tandem-tp" if epoch == 0 else f"tandem-tp/epoch-{epoch}"
+from tandem.engine.tp.setup import cluster_id_for, start_head
 
 
 class LocalGroupError(RuntimeError):

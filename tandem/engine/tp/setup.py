@@ -50,6 +50,12 @@ DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
 
+def cluster_id_for(epoch: int) -> str:
+    """The ring's cluster id in `epoch` (what every rank claims in its handshake, so a rank of an
+    earlier epoch is refused): "tandem-tp", then "tandem-tp/epoch-1", ..."""
+    return "tandem-tp" if epoch == 0 else f"tandem-tp/epoch-{epoch}"
+
+
 class GroupSetupError(RuntimeError):
     """The ranks of a group disagree (model, protocol version) or the layout is invalid."""
 
