@@ -48,7 +48,9 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
             stage_tp=stage_tp,
             dtypes=tuple(dtypes),
             devices=tuple(devices),
-            tp_weights=parse_weights(args.tp_weights, world),
+            tp_weights=(
+                "auto" if args.tp_weights == "auto" else parse_weights(args.tp_weights, world)
+            ),
             attn_ranks=args.attn_ranks,
             ring_config=Path(ring) if ring else None,
             # the head and its workers share this machine's cores (cli.threads: full pools per

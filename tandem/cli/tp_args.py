@@ -19,7 +19,11 @@ ATTN_HELP = "attention on the first A ranks of the TP group only, the MLP on eve
 
 def add_tp_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (head included)")
-    p.add_argument("--tp-weights", help="share of the work per rank, e.g. 2,1 (default equal)")
+    p.add_argument(
+        "--tp-weights",
+        help="share of the work per rank, e.g. 2,1, or auto: from each rank's decode GEMV speed "
+        "measured as the group forms (default equal)",
+    )
     p.add_argument("--attn-ranks", type=int, default=None, metavar="A", help=ATTN_HELP)
     p.add_argument("--op-timeout", type=float, default=60.0, help="seconds any collective may take")
 

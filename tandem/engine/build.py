@@ -61,7 +61,7 @@ class Layout:
     stage_tp: tuple[int, ...] = (1,)
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     devices: tuple[str, ...] = ("cpu",)
-    tp_weights: tuple[float, ...] | None = None
+    tp_weights: tuple[float, ...] | str | None = None  # or "auto": from the probe at join
     pp_weights: str | None = None
     wire_dtype: str = "float32"
     microbatches: int | None = None

@@ -49,6 +49,7 @@ class RankFacts:
     pid: int | None = None
     local: bool = False
     threads: int | None = None
+    probe: dict[str, float] | None = None  # what the rank measured of itself at join (tp/probe)
 
     def entry(self) -> dict[str, Any]:
         return {
@@ -63,6 +64,7 @@ class RankFacts:
             "shard": dict(self.shard),
             "work_share": self.work_share,
             "rss_bytes": rss_bytes(self.pid) if self.local else None,
+            "probe": self.probe,
         }
 
 

@@ -56,6 +56,11 @@ class Rank(BaseModel):
     wait_fraction: float | None = Field(
         description="share of step time spent waiting on peers over the last window (head only)"
     )
+    probe: dict[str, float] | None = Field(
+        default=None,
+        description="measured on the rank as its TP group formed: gemv_gb_s (decode GEMV weight "
+        "GB/s on its own kernel and dtype), free_gb, allreduce_ms and goodput_mbit_s (the group's)",
+    )
 
 
 class Link(BaseModel):

@@ -75,6 +75,16 @@ def test_tp_matches_single_node_across_processes(groups, expected, tp, weights):
     assert ex.comm_stats.collectives > 0
 
 
+def test_every_rank_reports_its_probe_and_every_ring_link_the_groups_latency(groups):
+    """Measured as each group formed (`engine/tp/probe.py`) and shown by `describe` (the page)."""
+    for ex in groups.values():
+        d = ex.describe()
+        for rank in d["ranks"]:
+            assert rank["probe"]["gemv_gb_s"] > 0 and rank["probe"]["free_gb"] > 0
+        for link in d["links"]:
+            assert link["rtt_ms"] > 0 and link["goodput_mbit_s"] > 0
+
+
 ATTN_LAYOUTS = [(3, 2), (2, 1)]  # (ranks, attention ranks): the MLP on every rank
 
 

@@ -57,6 +57,7 @@ class TPExecutor:
         layout: GroupLayout | None = None,
         local_workers: LocalWorkers | None = None,
         join_rtt_ms: dict[int, float] | None = None,
+        ring_probe: tuple[float, float] | None = None,
     ) -> None:
         if comm.rank != 0:
             raise ValueError(
@@ -81,6 +82,7 @@ class TPExecutor:
         self.layout = layout  # the weights, batch and length the ranks agreed on
         self.local_workers = local_workers  # the worker processes, when this process started them
         self.join_rtt_ms = dict(join_rtt_ms or {})  # rank -> its RTT to the head when it joined
+        self.ring_probe = ring_probe  # (all-reduce ms, goodput Mbit/s) measured as it formed
         if keepalive_s is not None and comm.world_size > 1:
             threading.Thread(
                 target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
@@ -178,6 +180,9 @@ class TPExecutor:
         for x in links:  # a link to the head: the other end measured its RTT when it joined
             other = x["b"] if x["a"] == 0 else x["a"] if x["b"] == 0 else None
             x["rtt_ms"] = self.join_rtt_ms.get(other) if other is not None else None
+            if self.ring_probe is not None:  # else the group's one-float all-reduce at join
+                x["rtt_ms"] = x["rtt_ms"] if x["rtt_ms"] is not None else self.ring_probe[0]
+                x["goodput_mbit_s"] = self.ring_probe[1]
         return ci.Description(
             "tp", n, 1, list(self.facts), state, detail, links, counters
         ).as_dict()

@@ -92,7 +92,7 @@ def launch_local_tp(
     model_dir: str | Path,
     tp: int,
     *,
-    weights: tuple[float, ...] | None = None,
+    weights: tuple[float, ...] | str | None = None,
     dtypes: list[str] | None = None,
     devices: list[str] | None = None,
     max_batch: int = 8,

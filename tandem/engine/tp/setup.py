@@ -8,6 +8,8 @@ shard and reads only its own slices (`tandem.parallel.shard_load`).
 
     setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len,
                                       attn_ranks, 0, 0, fingerprint as 4 int64 words]
+    probe (float32, gathered)         before the layout: each rank's decode GEMV speed, free memory,
+                                      and the group's all-reduce latency and goodput (`tp.probe`)
     weights (float32, world_size)     the plan's weights, as every rank will use them
     rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
                                       and host name (HOST_BYTES of UTF-8, zero-padded), for
@@ -33,6 +35,7 @@ from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.probe import auto_weights, measure
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.plan import TPPlan, plan_for_source
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
     from tandem.engine.tp.local import LocalWorkers
 
 MAGIC = 0x54414E44534554  # "TANDSET"
-VERSION = 3  # 2: rank info carries pid and host name; 3: attention ranks in the setup frame
+VERSION = 4  # 2: rank info carries pid and host name; 3: attention ranks; 4: the probe first
 SETUP_LEN = 12
 HOST_BYTES = 64
 DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code: index here
@@ -263,7 +266,7 @@ def start_head(
     model_dir: str | Path,
     comm: Communicator,
     *,
-    weights: tuple[float, ...] | None = None,
+    weights: tuple[float, ...] | str | None = None,
     max_batch: int = 8,
     max_seq_len: int = 2048,
     dtype: str = "float32",
@@ -281,8 +284,13 @@ def start_head(
     `local_workers`: the worker processes when this process started them (their ranks are shown as
     local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
     to the head when it joined, for `describe`; `setup_timeout`: the bound on each setup op
-    (`setup_bound`; None: the op timeout)."""
+    (`setup_bound`; None: the op timeout). `weights="auto"`: the TP shares from every rank's
+    measured decode GEMV speed (`tp.probe.auto_weights`)."""
     md = open_model(model_dir)
+    with setup_bound(comm, setup_timeout):
+        probes = measure(comm, device, dtype)  # every rank, before anything is planned
+    if weights == "auto":
+        weights = auto_weights(probes)
     weights = _f32(weights or (1.0,) * comm.world_size)
     plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
@@ -300,7 +308,9 @@ def start_head(
             admit(comm, runner, ranks, ref, plan)
         finally:
             ref.close()
-    facts = rank_facts(md, plan, ranks, device)
+    facts = [
+        replace(f, probe=p.as_dict()) for f, p in zip(rank_facts(md, plan, ranks, device), probes)
+    ]
     if local_workers is not None:
         ours = local_workers.pids()
         facts = [replace(f, local=f.local or f.pid in ours) for f in facts]
@@ -316,6 +326,7 @@ def start_head(
         layout=layout,
         local_workers=local_workers,
         join_rtt_ms=join_rtt_ms,
+        ring_probe=(probes[0].allreduce_ms, probes[0].goodput_mbit_s),
     )
 
 
@@ -333,6 +344,7 @@ def run_worker(
 
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
+        measure(comm, device, dtype)  # as the head: before anything is planned
         layout = agree_layout(comm, None, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
