@@ -210,7 +210,7 @@ def test_smollm2_q4_1_plan_splits_kv_heads_2_1_on_32_blocks():
     assert plan.o_split == "heads" and plan.o_block == 32 and plan.down_block == 32
 
 
-@pytest.mark.slow  # ~5 min on 2 shared cores: 13 processes open the real file
+@pytest.mark.slow  # 13 processes open the real file; 25 min measured at load 10-13 on 2 cores
 @pytest.mark.timeout(1200)  # the first case also forms every group (the module fixture)
 @pytest.mark.parametrize("layout", list(SMOL_KERNELS))
 def test_smollm2_q4_1_group_greedy_ids_equal_single_node(smol_groups, smol_reference, layout):
