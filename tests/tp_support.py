@@ -41,6 +41,21 @@ def random_reference(config: ModelConfig, seed: int = 0, std: float = 0.2) -> Tr
     return model.eval()
 
 
+class ModelExecutor:
+    """A reference model in memory as an Executor (a ShardRunner over the whole model)."""
+
+    def __init__(self, model, max_batch: int = 4, max_seq_len: int = 64):
+        from tandem.engine.runner import ShardRunner
+
+        self.runner = ShardRunner(model, max_batch, max_seq_len)
+
+    def run(self, step):
+        return StepResult.of(step, self.runner.forward(step))
+
+    def release(self, ids):
+        self.runner.release(ids)
+
+
 class StateDictReader:
     """A `SliceReader` over an in-memory state dict (the in-process tests' checkpoint)."""
 

@@ -37,20 +37,20 @@ def expected(model_dir):
 LAYOUTS = [(2, None), (3, None), (2, (2.0, 1.0))]
 
 
-@pytest.fixture(scope="module")
-def groups(model_dir):
-    """The three layouts' groups, their worker processes started at once."""
-    started = launch_concurrently(
-        {layout: (model_dir, layout[0], {"weights": layout[1]}) for layout in LAYOUTS},
-        max_batch=4,
-        max_seq_len=128,
-        threads=1,
-    )
+def _launched(specs):
+    """`launch_concurrently(specs)` for a module fixture: every group closed at the end."""
+    started = launch_concurrently(specs, max_batch=4, max_seq_len=128, threads=1)
     try:
         yield started
     finally:
         for ex in started.values():
             ex.close()
+
+
+@pytest.fixture(scope="module")
+def groups(model_dir):
+    """The three layouts' groups, their worker processes started at once."""
+    yield from _launched({lay: (model_dir, lay[0], {"weights": lay[1]}) for lay in LAYOUTS})
 
 
 @pytest.mark.parametrize("tp,weights", LAYOUTS)
@@ -90,17 +90,7 @@ ATTN_LAYOUTS = [(3, 2), (2, 1)]  # (ranks, attention ranks): the MLP on every ra
 
 @pytest.fixture(scope="module")
 def attn_groups(model_dir):
-    started = launch_concurrently(
-        {k: (model_dir, k[0], {"attn_ranks": k[1]}) for k in ATTN_LAYOUTS},
-        max_batch=4,
-        max_seq_len=128,
-        threads=1,
-    )
-    try:
-        yield started
-    finally:
-        for ex in started.values():
-            ex.close()
+    yield from _launched({k: (model_dir, k[0], {"attn_ranks": k[1]}) for k in ATTN_LAYOUTS})
 
 
 @pytest.mark.parametrize("tp,attn", ATTN_LAYOUTS)

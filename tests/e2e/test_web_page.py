@@ -266,7 +266,10 @@ def test_cluster_view_lists_both_ranks_with_their_shards(server, browser):
         what="the page's next poll",
     )
     links = _rows(browser, "#links tbody tr")
-    assert len(links) == 1 and "0 ↔ 1" in links[0][1] and "—" in links[0][1]  # not measured
+    (link,) = doc["links"]  # measured as the group formed (engine/tp/probe.py)
+    assert link["rtt_ms"] > 0 and link["goodput_mbit_s"] > 0
+    assert len(links) == 1 and "0 ↔ 1" in links[0][1]
+    assert " ms" in links[0][1] and "Mbit/s" in links[0][1] and "—" not in links[0][1]
 
 
 def test_screenshot_of_the_chat_and_the_cluster_view(server, browser, tmp_path):

@@ -3,10 +3,9 @@ group, the MLP rows and vocabulary over all N; equal to the single-device refere
 here; across real processes in tests/distributed/test_attn_ffn_processes.py)."""
 
 import pytest
-from tp_support import StateDictReader, greedy, random_reference, tiny_config
+from tp_support import ModelExecutor, StateDictReader, greedy, random_reference, tiny_config
 
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
-from tandem.engine.executor import StepResult
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.worker import BroadcastSource, serve
@@ -40,17 +39,6 @@ def test_attention_degree_outside_one_to_n_is_refused(a):
         )  # fmt: skip
 
 
-class _Reference:
-    def __init__(self, model):
-        self.runner = ShardRunner(model, max_batch=4, max_seq_len=64)
-
-    def run(self, step):
-        return StepResult.of(step, self.runner.forward(step))
-
-    def release(self, ids):
-        self.runner.release(ids)
-
-
 def _tp_greedy(config, ref, n, a, prompts, n_new):
     plan = plan_for_config(config, n, attn_ranks=a)
     state = ref.state_dict()
@@ -78,7 +66,7 @@ def test_attention_on_a_ranks_and_mlp_on_n_equals_single_device(n, a, batch):
     config = tiny_config(intermediate_size=192)
     ref = random_reference(config)
     prompts = PROMPTS[:batch]
-    expected, first = greedy(_Reference(ref), prompts, 32)
+    expected, first = greedy(ModelExecutor(ref), prompts, 32)
     results = _tp_greedy(config, ref, n, a, prompts, 32)
     got, got_first = results[0]
     assert got == expected

@@ -1,8 +1,8 @@
 import pytest
-from tp_support import StateDictReader, greedy, random_reference, tiny_config
+from tp_support import ModelExecutor, StateDictReader, greedy, random_reference, tiny_config
 
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
-from tandem.engine.executor import Step, StepResult, StepSequence
+from tandem.engine.executor import Step, StepSequence
 from tandem.engine.runner import ShardRunner, StepOrderError
 from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.worker import BroadcastSource, serve
@@ -11,19 +11,6 @@ from tandem.parallel.shard_load import load_shard
 from tandem.parallel.transform import shard_transformer
 
 PROMPTS = [[5, 17, 33, 2, 8], [40, 41], [9, 9, 9, 1, 2, 3, 4, 70]]
-
-
-class _Reference:
-    """The single-device reference as an Executor (a ShardRunner over the whole float32 model)."""
-
-    def __init__(self, model):
-        self.runner = ShardRunner(model, max_batch=4, max_seq_len=64)
-
-    def run(self, step):
-        return StepResult.of(step, self.runner.forward(step))
-
-    def release(self, ids):
-        self.runner.release(ids)
 
 
 def _tp_greedy(config, ref, n, prompts, n_new, weights=None):
@@ -50,7 +37,7 @@ def test_tp_executor_matches_single_device_greedy_in_process(n, weights, batch):
     config = tiny_config()
     ref = random_reference(config)
     prompts = PROMPTS[:batch]
-    expected, first = greedy(_Reference(ref), prompts, 32)
+    expected, first = greedy(ModelExecutor(ref), prompts, 32)
     results = _tp_greedy(config, ref, n, prompts, 32, weights)
     got, got_first = results[0]
     assert got == expected
