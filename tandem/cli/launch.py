@@ -203,7 +203,10 @@ def _wait_whole(console: Console, group: ProcessGroup, base: str, n: int, timeou
             gone = group.poll()
             if gone is not None:
                 return gone
-            if _get(f"{base}/health")[0] == 200:
+            code, body = _get(f"{base}/health")
+            # the real app answers only once the group was whole: a 503 from it (not the forming
+            # app's) means a rank was lost since, which the serving loop then reports
+            if code == 200 or (code == 503 and body and body.get("state") != "forming"):
                 return None
             time.sleep(0.3)
     raise LaunchError(f"the cluster was not up within {timeout_s:.0f} s")

@@ -134,7 +134,9 @@ def create_forming_app(model_name: str, *, tp: int, pp: int, api_key: str | None
 
     @app.get("/health")
     async def health():
-        return JSONResponse({"status": "unavailable", "detail": view().detail}, 503)
+        return JSONResponse(
+            {"status": "unavailable", "state": "forming", "detail": view().detail}, 503
+        )
 
     @app.get("/metrics")
     async def metrics():

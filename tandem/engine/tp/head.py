@@ -199,8 +199,11 @@ class TPExecutor:
             if self._closed:
                 return
             self._closed = True
+        # a group that lost a local worker cannot take a STOP: at N=2 the broadcast is a
+        # shared-memory swap that would wait the whole op timeout for the dead peer
+        gone = self.local_workers.exited() if self.local_workers is not None else None
         try:
-            if self._failure is None:
+            if self._failure is None and gone is None:
                 send_control(self.comm, Control(control.KIND_STOP))
         except Exception:  # noqa: BLE001 - a dead worker must not keep the head from cleaning up
             pass
