@@ -56,6 +56,39 @@ class ModelExecutor:
         self.runner.release(ids)
 
 
+def tp_greedy_in_process(config, ref, n, prompts, n_new, *, check=None, **plan_kw):
+    """Greedy through an N-rank TPExecutor over in-process ranks (`ReferenceCommunicator`), each
+    shard loaded from `ref`'s state dict; `plan_kw` goes to `plan_for_config` (weights,
+    attn_ranks); `check(rank, model, runner)` runs on every rank once its shard is built.
+    -> every rank's return value (rank 0: greedy's; the others: the steps they served)."""
+    from tandem.comm.reference import ReferenceCommunicator, run_ranks
+    from tandem.engine.runner import ShardRunner
+    from tandem.engine.tp.head import TPExecutor
+    from tandem.engine.tp.worker import BroadcastSource, serve
+    from tandem.parallel.plan import plan_for_config
+    from tandem.parallel.shard_load import load_shard
+    from tandem.parallel.transform import shard_transformer
+
+    plan = plan_for_config(config, n, **plan_kw)
+    state = ref.state_dict()
+
+    def body(comm):
+        model = shard_transformer(config, plan, comm)
+        load_shard(model, StateDictReader(state), plan, comm.rank)
+        runner = ShardRunner(model, max_batch=4, max_seq_len=64)
+        if check is not None:
+            check(comm.rank, model, runner)
+        if comm.rank != 0:
+            return serve(runner, BroadcastSource(comm))
+        ex = TPExecutor(runner, comm, config.vocab_size)
+        try:
+            return greedy(ex, prompts, n_new)
+        finally:
+            ex.close()
+
+    return run_ranks(ReferenceCommunicator.group(n), body)
+
+
 class StateDictReader:
     """A `SliceReader` over an in-memory state dict (the in-process tests' checkpoint)."""
 

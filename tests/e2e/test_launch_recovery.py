@@ -7,10 +7,9 @@ here."""
 import signal
 
 import pytest
-from serve_support import TANDEM, kill_tree, make_model, metric, spawn, wait_healthy
+from serve_support import make_model, metric, running
 
 from tandem.bench.fault_drill import health, run_drill, worker_pids
-from tandem.cluster.launcher import free_ports
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
 MAX_TOKENS = 48
@@ -23,16 +22,9 @@ def model(tmp_path_factory):
 
 
 def _launch(model, layout):
-    (port,) = free_ports(1)
-    argv = [*TANDEM, "launch", "--model", str(model), *layout, "--port", str(port)]
-    argv += ["--no-demo", "--max-batch", "4", "--reform-timeout", "120"]
-    proc = spawn([*argv, "--op-timeout", str(OP_TIMEOUT_S)])
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base)
-        yield proc, base
-    finally:
-        kill_tree(proc)
+    args = ["launch", "--model", str(model), *layout, "--no-demo", "--max-batch", "4"]
+    with running([*args, "--reform-timeout", "120", "--op-timeout", str(OP_TIMEOUT_S)]) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")

@@ -3,17 +3,11 @@ group, the MLP rows and vocabulary over all N; equal to the single-device refere
 here; across real processes in tests/distributed/test_attn_ffn_processes.py)."""
 
 import pytest
-from tp_support import ModelExecutor, StateDictReader, greedy, random_reference, tiny_config
+from tp_support import ModelExecutor, greedy, random_reference, tiny_config, tp_greedy_in_process
 
-from tandem.comm.reference import ReferenceCommunicator, run_ranks
-from tandem.engine.runner import ShardRunner
-from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.worker import BroadcastSource, serve
 from tandem.parallel.absent import AbsentAttention
 from tandem.parallel.apportion import Span
-from tandem.parallel.plan import TPPlanError, make_tp_plan, plan_for_config
-from tandem.parallel.shard_load import load_shard
-from tandem.parallel.transform import shard_transformer
+from tandem.parallel.plan import TPPlanError, make_tp_plan
 
 PROMPTS = [[5, 17, 33, 2, 8], [40, 41], [9, 9, 9, 1, 2, 3, 4, 70]]
 
@@ -39,26 +33,13 @@ def test_attention_degree_outside_one_to_n_is_refused(a):
         )  # fmt: skip
 
 
-def _tp_greedy(config, ref, n, a, prompts, n_new):
-    plan = plan_for_config(config, n, attn_ranks=a)
-    state = ref.state_dict()
-
-    def body(comm):
-        model = shard_transformer(config, plan, comm)
-        load_shard(model, StateDictReader(state), plan, comm.rank)
-        runner = ShardRunner(model, max_batch=4, max_seq_len=64)
+def _absent_iff_outside(a):
+    def check(rank, model, runner):
         absent = isinstance(model.model.layers["0"].self_attn, AbsentAttention)
-        assert absent == (comm.rank >= a)
+        assert absent == (rank >= a)
         assert (runner.cache.nbytes() == 0) == absent  # no heads, no KV cache
-        if comm.rank != 0:
-            return serve(runner, BroadcastSource(comm))
-        ex = TPExecutor(runner, comm, config.vocab_size)
-        try:
-            return greedy(ex, prompts, n_new)
-        finally:
-            ex.close()
 
-    return run_ranks(ReferenceCommunicator.group(n), body)
+    return check
 
 
 @pytest.mark.parametrize("n,a,batch", [(3, 2, 3)])  # the rest across processes
@@ -67,7 +48,9 @@ def test_attention_on_a_ranks_and_mlp_on_n_equals_single_device(n, a, batch):
     ref = random_reference(config)
     prompts = PROMPTS[:batch]
     expected, first = greedy(ModelExecutor(ref), prompts, 32)
-    results = _tp_greedy(config, ref, n, a, prompts, 32)
+    results = tp_greedy_in_process(
+        config, ref, n, prompts, 32, attn_ranks=a, check=_absent_iff_outside(a)
+    )
     got, got_first = results[0]
     assert got == expected
     assert (got_first - first).abs().max().item() < 1e-4
