@@ -24,6 +24,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from tandem.cli.cluster_probe import PROBE_COLUMNS, probe_cells, publish_probes, view_url
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
 from tandem.cluster.status import (
     RankOccupied,
@@ -225,6 +226,8 @@ def run_join(args: argparse.Namespace) -> int:
             instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
             keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
         rtts = _join_rtts(board) if board is not None else {}
+        if board is not None and args.model:  # the head's probes onto the board once it serves
+            publish_probes(board, view_url(args.host, args.port), stop_beat)
         return _run_rank(console, args, rank, ring_file, rtts)
     except KeyboardInterrupt:
         return 130
@@ -357,7 +360,8 @@ def run_status(args: argparse.Namespace) -> int:
     table = Table(
         title=f"cluster {topo.cluster_id}: {len(joined)}/{topo.world_size} joined, tp={topo.tp} x pp={topo.pp}"
     )
-    for col in ("rank", "host", "state", "device", "dtype", "layers / shard", "rtt to head", "pid"):
+    cols = ("rank", "host", "state", "device", "dtype", "layers / shard", "rtt to head", "pid")
+    for col in cols + PROBE_COLUMNS:
         table.add_column(col)
     for r in range(topo.world_size):
         info = joined.get(r)
@@ -371,6 +375,7 @@ def run_status(args: argparse.Namespace) -> int:
                 role_of(topo, r, config),
                 "",
                 "",
+                *probe_cells({}),
             )
             continue
         rtt = info.get("rtt_ms")
@@ -383,6 +388,7 @@ def run_status(args: argparse.Namespace) -> int:
             str(info.get("role") or role_of(topo, r, config)),
             "-" if rtt is None else f"{rtt:.2f} ms",
             str(info.get("pid", "")),
+            *probe_cells(info),
         )
-    Console().print(table)
+    Console(width=200).print(table)
     return 0 if len(joined) == topo.world_size else 1
