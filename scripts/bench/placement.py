@@ -1,13 +1,22 @@
 """Placement by measurement: two TP ranks whose speeds differ about 2x, an equal split against
 `--tp-weights auto`, side by side (A B A B, medians).
 
-    .venv/bin/python scripts/bench/placement.py [--model DIR] [--rounds 2] [--slow-quota 0.5]
-                                                [--prompt-len 32] [--decode 16] [--dtype float32]
+    .venv/bin/python scripts/bench/placement.py [--model DIR] [--rounds 2] [--ratio 2]
+                        [--slow-via shares|cgroup|taskset] [--slow-quota 0.5]
+                        [--prompt-len 32] [--decode 16] [--dtype float32]
 
-How the speeds differ: both ranks run one torch thread; the slow rank (rank 1, the worker) runs in a
-cgroup-v1 `cpu` group whose CFS quota is --slow-quota CPUs over a 10 ms period (`--slow-via
-cgroup`, root and a writable /sys/fs/cgroup/cpu), or, where no cgroup is writable, both ranks share
-core 0 under `taskset` and the fast rank also gets core 1 and two threads (`--slow-via taskset`).
+How the speeds differ (both ranks run one torch thread; rank 1, the worker, is the slow one):
+  - `shares` (the default): each rank in its own cgroup-v1 `cpu` group, rank 0's CFS weight --ratio
+    times rank 1's (220 : 110 at 2, 110 being a nice-10 task's weight). On a machine whose cores are
+    contended (the 2-core build machine always is) a rank's CPU is its weight's part, so rank 1 runs
+    at about 1/ratio of rank 0's speed, at every scale of time the scheduler slices.
+  - `cgroup`: rank 1 under a CFS quota of --slow-quota CPUs over a 10 ms period. It binds only
+    below the CPU share the load leaves each task, and a quota shapes a short GEMV window (the
+    probe's) differently from a long decode: at load 7-8 a 0.25 quota did not bind and a 0.1 quota
+    made the probe read 3.3x where the decode ran 5.5x.
+  - `taskset`: where no cgroup is writable, rank 1 on core 0 with 1 thread, rank 0 on cores 0,1
+    with 2.
+Needs root for the cgroups (/sys/fs/cgroup/cpu writable).
 
 Every layout is a fresh pair of processes (head and worker on the loopback ring), so every `auto`
 run probes again. Per run, from both ranks' collective traces over the decode phase
@@ -43,6 +52,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000
+SHARE_UNIT = (
+    110  # the CFS weight of a nice-10 task, what the other jobs on the build machine run at
+)
 LAYOUTS = {"equal": "1,1", "auto": "auto"}
 
 
@@ -130,15 +142,20 @@ def per_rank(traces: list[dict], start: int, end: int, tokens: int) -> dict:
 
 
 class Slowdown:
-    """Puts the slow rank's process under a CPU quota (cgroup) or onto a shared core (taskset)."""
+    """Makes rank 1 the slow one: a CPU quota (`cgroup`), a smaller CFS weight than rank 0's
+    (`shares`), or a core shared with fewer threads (`taskset`)."""
 
-    def __init__(self, via: str, quota: float) -> None:
+    def __init__(self, via: str, quota: float, ratio: float) -> None:
         self.via = via
-        self.group = CGROUP_ROOT / f"tandem-placement-{os.getpid()}"
+        self.groups = [CGROUP_ROOT / f"tandem-placement-{os.getpid()}-r{r}" for r in (0, 1)]
         if via == "cgroup":
-            self.group.mkdir()
-            (self.group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (self.group / "cpu.cfs_quota_us").write_text(str(int(quota * PERIOD_US)))
+            self.groups[1].mkdir()
+            (self.groups[1] / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.groups[1] / "cpu.cfs_quota_us").write_text(str(int(quota * PERIOD_US)))
+        if via == "shares":
+            for g, w in zip(self.groups, (ratio * SHARE_UNIT, SHARE_UNIT)):
+                g.mkdir()
+                (g / "cpu.shares").write_text(str(int(w)))
 
     def argv(self, rank: int) -> list[str]:
         if self.via == "taskset":
@@ -149,14 +166,15 @@ class Slowdown:
         return 2 if self.via == "taskset" and rank == 0 else 1
 
     def enter(self, rank: int):
-        procs = self.group / "cgroup.procs"
-        if self.via == "cgroup" and rank == 1:
+        procs = self.groups[rank] / "cgroup.procs"
+        if (self.via == "cgroup" and rank == 1) or self.via == "shares":
             return lambda: procs.write_text(str(os.getpid()))
         return None
 
     def close(self) -> None:
-        if self.via == "cgroup":
-            self.group.rmdir()
+        for g in self.groups:
+            if g.exists():
+                g.rmdir()
 
 
 def _finish(p: subprocess.Popen) -> str:
@@ -208,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--decode", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2, help="A B pairs (equal, auto), interleaved")
-    p.add_argument("--slow-via", choices=["cgroup", "taskset"], default="cgroup")
+    p.add_argument("--slow-via", choices=["shares", "cgroup", "taskset"], default="shares")
     p.add_argument("--slow-quota", type=float, default=0.5, help="the slow rank's CPUs (cgroup)")
+    p.add_argument("--ratio", type=float, default=2.0, help="fast / slow CFS weight (shares)")
     p.add_argument("--role", choices=["driver", "single", "tp"], default="driver")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--peers", default="")
@@ -241,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ref_ids = _last_json(_finish(single))["token_ids"]
 
-    slow = Slowdown(args.slow_via, args.slow_quota)
+    slow = Slowdown(args.slow_via, args.slow_quota, args.ratio)
     runs: dict[str, list[dict]] = {name: [] for name in LAYOUTS}
     try:
         for i in range(args.rounds):
@@ -263,11 +282,11 @@ def _med(rows: list[dict], key: str, i: int | None = None) -> float:
 
 def report(runs: dict[str, list[dict]], args) -> str:
     """The side-by-side table and the verdicts (medians over the rounds)."""
-    how = (
-        f"slow rank under a {args.slow_quota} CPU quota (cgroup v1 cpu, {PERIOD_US} us period)"
-        if args.slow_via == "cgroup"
-        else "slow rank on core 0 alone with 1 thread, fast rank on cores 0,1 with 2 (taskset)"
-    )
+    how = {
+        "cgroup": f"slow rank under a {args.slow_quota} CPU quota (cgroup v1 cpu, {PERIOD_US} us period)",
+        "shares": f"CFS weights {args.ratio * SHARE_UNIT:.0f} : {SHARE_UNIT} (cgroup v1 cpu.shares)",
+        "taskset": "slow rank on core 0 alone with 1 thread, fast rank on cores 0,1 with 2 (taskset)",
+    }[args.slow_via]
     lines = [f"two TP ranks, {how}; {args.rounds} rounds, A B interleaved, medians", ""]
     lines.append(
         "| layout | weights (fast, slow) | decode tok/s | compute ms/tok fast, slow "

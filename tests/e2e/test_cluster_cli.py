@@ -177,6 +177,9 @@ def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
         assert probes == {r["rank"]: r["probe"] for r in view["ranks"]}
         assert all(p["gemv_gb_s"] > 0 and p["free_gb"] > 0 for p in probes.values())
         assert "GEMV GB/s" in _cli("cluster", "status", token).stdout
+        plan = _cli("plan", "--model", str(model), "--from-cluster", token)
+        assert plan.returncode == 0 and "rank 1 (cpu float32): GEMV" in plan.stdout, plan.stderr
+        assert "pick: " in plan.stdout
     finally:
         for p in procs:
             kill_tree(p)
