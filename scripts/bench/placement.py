@@ -280,6 +280,19 @@ def _med(rows: list[dict], key: str, i: int | None = None) -> float:
     return statistics.median(r[key] if i is None else r[key][i] for r in rows)
 
 
+def balance_ratio(eq: list[dict], au: list[dict]) -> float:
+    """The fast rank's share s at which its decode compute equals the slow rank's, from the
+    medians of the two layouts (compute linear in s between them), as a weight ratio s / (1 - s)."""
+    points = []
+    for rows in (eq, au):
+        s = statistics.median(r["shares"][0] for r in rows)
+        gap = _med(rows, "compute_ms", 0) - _med(rows, "compute_ms", 1)  # fast - slow
+        points.append((s, gap))
+    (s0, g0), (s1, g1) = points
+    s = s0 if g1 == g0 else s0 - g0 * (s1 - s0) / (g1 - g0)
+    return s / (1 - s)
+
+
 def report(runs: dict[str, list[dict]], args) -> str:
     """The side-by-side table and the verdicts (medians over the rounds)."""
     how = {
@@ -305,12 +318,15 @@ def report(runs: dict[str, list[dict]], args) -> str:
     eq, au = runs["equal"], runs["auto"]
     timed = _med(eq, "timed_ratio")
     auto_ratio = statistics.median(r["weights"][0] / r["weights"][1] for r in au)
+    balance = balance_ratio(eq, au)
     wait_eq = statistics.median(sum(r["wait_ms"]) for r in eq)
     wait_au = statistics.median(sum(r["wait_ms"]) for r in au)
     lines += [
         "",
         f"auto weights' ratio {auto_ratio:.2f} vs the independently timed speed ratio {timed:.2f} "
         f"(equal split): {100 * (auto_ratio / timed - 1):+.0f}% (target within 20%)",
+        f"the split that equalizes the ranks' decode compute (interpolated between the two "
+        f"layouts' medians): fast / slow = {balance:.2f}; auto weights {100 * (auto_ratio / balance - 1):+.0f}% from it",
         f"wait per token, both ranks: equal {wait_eq:.1f} ms, auto {wait_au:.1f} ms "
         f"(auto/equal {wait_au / wait_eq:.2f})",
         f"decode tok/s auto/equal: {_med(au, 'decode_tok_s') / _med(eq, 'decode_tok_s'):.2f}",
