@@ -11,8 +11,12 @@ import time
 
 import psutil
 
+from tandem.wire import dtypes
+from tandem.wire import frame as fr
+
 HTTP_DRIP = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 64  # never ends
-FRAME_DRIP = b"TN" + bytes(64)  # a started frame header, then zeros
+# a valid HELLO header announcing a body: the listener waits for more
+FRAME_DRIP = fr.encode_header(fr.HELLO, fr.HANDSHAKE, dtypes.UINT8.code, 0, 0, (512,))
 
 
 def listening_ports(pids: list[int]) -> list[int]:
@@ -43,16 +47,20 @@ class Drip(threading.Thread):
     """Connects to `port` and sends `payload` one byte every `every_s` until the server closes
     the connection (`cut_after_s`: seconds from connect) or `stop()`."""
 
-    def __init__(self, port: int, payload: bytes, every_s: float = 1.0) -> None:
+    def __init__(
+        self, port: int, payload: bytes, every_s: float = 1.0, source: str = "127.0.0.1"
+    ) -> None:
         super().__init__(daemon=True)
-        self.port, self.payload, self.every_s = port, payload, every_s
+        self.port, self.payload, self.every_s, self.source = port, payload, every_s, source
         self.cut_after_s: float | None = None
         self.error: str | None = None
         self._halt = threading.Event()
 
     def run(self) -> None:
         try:
-            s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            s = socket.create_connection(
+                ("127.0.0.1", self.port), timeout=5, source_address=(self.source, 0)
+            )
         except OSError as e:  # refused at the door counts as cut at once
             self.cut_after_s, self.error = 0.0, str(e)
             return
@@ -74,9 +82,9 @@ class Drip(threading.Thread):
 
 
 class Flood:
-    """`n` connections to `port`, each sending `hello` and then nothing."""
+    """`n` connections to `port` from `source`, each sending `hello` and then nothing."""
 
-    def __init__(self, port: int, n: int, hello: bytes) -> None:
+    def __init__(self, port: int, n: int, hello: bytes, source: str = "127.0.0.1") -> None:
         self.socks: list[socket.socket] = []
         self.refused = 0  # connections the server would not even complete
         for _ in range(n):
@@ -85,6 +93,7 @@ class Flood:
             s = socket.socket()
             s.settimeout(0.5)
             try:
+                s.bind((source, 0))
                 s.connect(("127.0.0.1", port))
                 s.sendall(hello)
             except OSError:

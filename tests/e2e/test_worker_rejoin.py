@@ -1,7 +1,9 @@
 """The head killed: a `tandem worker --rejoin` drops back to waiting for a head, gives its model
 memory back when its worker process exits, does not crash-loop, and serves the next head with the
 same greedy text. Real processes on loopback: `tandem serve --ring-config` heads (SIGKILLed, then
-started again on the same RING_CONFIG) and one `tandem worker --rejoin` over TCP."""
+started again on the same RING_CONFIG) and one `tandem worker --rejoin` over TCP. While the worker waits for the next head, a stranger
+drips HELLOs and floods its ring port: the ring still forms, and the pre-auth deadline and the
+per-host cap bound what the stranger holds."""
 
 import json
 import os
@@ -12,13 +14,16 @@ import urllib.request
 
 import psutil
 import pytest
+from hostile_support import FRAME_DRIP, Drip, Flood, listening_ports
 from serve_support import TANDEM, kill_tree, make_model, spawn, wait_healthy
 
 from tandem.cluster.launcher import free_ports
+from tandem.transport.endpoints import MAX_PENDING_PER_HOST, PREAUTH_DEADLINE_S
 
 OP_TIMEOUT_S = 4.0
 RELEASE_BOUND_S = OP_TIMEOUT_S + 6.0  # seen at once (a closed connection); then the exit itself
 SUPERVISOR_MAX_RSS = 64 << 20  # a Python process without torch
+STRANGER = "127.0.0.2"
 
 
 def _ring_configs(tmp):
@@ -106,10 +111,39 @@ def test_a_rejoining_worker_frees_its_model_when_the_head_is_killed_and_serves_t
         assert between < SUPERVISOR_MAX_RSS
         assert worker.poll() is None
 
+        # a stranger (another loopback address) drips HELLOs and floods the waiting worker's
+        # ring port while the next head forms the ring through it
+        ring_port = json.loads(ring1.read_text())["port"]
+        t1 = time.monotonic()
+        while ring_port not in listening_ports([waiting.pid]):
+            assert time.monotonic() - t1 < 60, "the waiting worker never listened"
+            time.sleep(0.1)
+        rss0 = _rss(waiting)
+        drips = [Drip(ring_port, FRAME_DRIP, source=STRANGER) for _ in range(2)]
+        for d in drips:
+            d.start()
+        flood = Flood(ring_port, 100, FRAME_DRIP[:8], source=STRANGER)
+        t_attack = time.monotonic()
+        time.sleep(1.0)
+        grown = _rss(waiting) - rss0  # before the head comes and the shard loads
         head, base = _head(model, ring0, env)  # the next head, same ring
         heads.append(head)
         assert _complete(base) == first
         assert [c.pid for c in _children(worker.pid)] == [waiting.pid]
+        cut_by = PREAUTH_DEADLINE_S + 5.0
+        for d in drips:
+            d.join(max(0.0, cut_by - (time.monotonic() - t_attack)))
+        held = flood.open_count()
+        print(
+            f"drips cut after {[d.cut_after_s for d in drips]} s; flood of {len(flood.socks)} "
+            f"({flood.refused} refused), {held} held; the waiting worker grew "
+            f"{grown / 2**20:.1f} MB under the flood"
+        )
+        assert [d.error for d in drips] == [None, None]
+        assert all(d.cut_after_s is not None and d.cut_after_s < cut_by for d in drips)
+        assert len(flood.socks) >= 50 and held <= MAX_PENDING_PER_HOST  # the rest closed unread
+        assert grown < 10 << 20
+        flood.stop()
     finally:
         for p in [*heads, worker]:
             kill_tree(p)
