@@ -31,9 +31,12 @@ if the re-form fails they fail with the reason, as every running one does.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -100,6 +103,14 @@ class _Lost:
 
     def close(self) -> None:
         pass
+
+
+def _trim_heap() -> None:
+    """Hands the heap pages a broken group freed back to the OS: glibc otherwise keeps them in its
+    arenas, and the head's RSS would grow with each re-form though nothing leaks."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _whole(ex: Any, unknown: bool = True) -> bool:
@@ -300,6 +311,7 @@ class RecoveringExecutor:
         with self._changed:
             self._changed.wait_for(lambda: self._calls == 0, timeout=10.0)
         gc.collect()
+        _trim_heap()
         log.warning(
             "the group of epoch %d is closed (%.1f s)", self.epoch, time.monotonic() - t_close
         )
@@ -332,6 +344,7 @@ class RecoveringExecutor:
                 c.last_reform_s = time.monotonic() - t_seen
                 self._changed.notify_all()
             log.warning("re-formed as epoch %d in %.1f s", self.epoch, c.last_reform_s)
+            _trim_heap()  # what forming it allocated and let go of
             return
         with self._changed:
             self._given_up = ReformFailed(
