@@ -17,11 +17,12 @@ differently from incremental decode); a seeded sampler keeps its generator, so i
 stream of draws.
 
 A rank that does not come back: with a `shrink` builder, once the full layout has failed to form
-for `shrink_after_s` since the failure, the group is re-planned over fewer ranks (`shrink(epoch)`,
-e.g. TP=N-1 over the survivors' processes, each loading its new, wider shard) and later re-forms
-keep that smaller layout. If the smaller layout cannot form either (the model does not fit),
-retries go on until the deadline and the final error says why the smaller one failed too. A shrink
-replays exactly as a re-form does (the token ids are the layout's, not the group's).
+for `shrink_after_s` since the failure, the group is re-planned over fewer ranks (`shrink(epoch)`;
+for a local TP group TP=N-1, every rank started again and loading its new, wider shard: the
+survivors are not kept) and later re-forms keep that smaller layout (it shrinks once). If the
+smaller layout cannot form either (the model does not fit), retries go on until the deadline and
+the final error says why the smaller one failed too. A shrink replays exactly as a re-form does:
+the head's tokens do not depend on the layout.
 
 While a re-form is under way `health()` is (False, "re-forming ..."), and after the deadline
 (False, "failed ..."): `/health` is 503 with the reason either way, and `tandem launch` tells
