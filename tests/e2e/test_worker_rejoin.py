@@ -126,6 +126,7 @@ def test_a_rejoining_worker_frees_its_model_when_the_head_is_killed_and_serves_t
         t_attack = time.monotonic()
         time.sleep(1.0)
         grown = _rss(waiting) - rss0  # before the head comes and the shard loads
+        held_early = flood.open_count()  # the listener closes all past its per-address cap
         head, base = _head(model, ring0, env)  # the next head, same ring
         heads.append(head)
         assert _complete(base) == first
@@ -136,12 +137,14 @@ def test_a_rejoining_worker_frees_its_model_when_the_head_is_killed_and_serves_t
         held = flood.open_count()
         print(
             f"drips cut after {[d.cut_after_s for d in drips]} s; flood of {len(flood.socks)} "
-            f"({flood.refused} refused), {held} held; the waiting worker grew "
+            f"({flood.refused} refused), {held_early} held at 1 s, {held} after the deadline; "
+            f"the waiting worker grew "
             f"{grown / 2**20:.1f} MB under the flood"
         )
         assert [d.error for d in drips] == [None, None]
         assert all(d.cut_after_s is not None and d.cut_after_s < cut_by for d in drips)
-        assert len(flood.socks) >= 50 and held <= MAX_PENDING_PER_HOST  # the rest closed unread
+        assert len(flood.socks) >= 50 and held_early <= MAX_PENDING_PER_HOST  # rest closed unread
+        assert held == 0  # and those it held, cut at the pre-auth deadline
         assert grown < 10 << 20
         flood.stop()
     finally:
