@@ -21,6 +21,7 @@ the residual `h + a` rounded once to the activations' dtype as PyTorch rounds it
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -51,7 +52,7 @@ class Plan:
 
     def __init__(self, layers: list, cache, dtype: torch.dtype) -> None:
         attn0, mlp0 = layers[0].self_attn, layers[0].mlp
-        self.cache, self.dtype = cache, dtype
+        self.cache, self.dtype = weakref.ref(cache), dtype  # a closed executor's cache may go
         self.D = layers[0].input_layernorm.weight.shape[0]
         self.H, self.G, self.hd = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
         self.I = mlp0.down_proj.in_features
@@ -92,7 +93,7 @@ class Plan:
 
     def fits(self, layers: list, cache) -> bool:
         """This plan was made for `cache` as it is now."""
-        return cache is self.cache and _cache_ptrs(layers, cache) == self.ptrs
+        return cache is self.cache() and _cache_ptrs(layers, cache) == self.ptrs
 
 
 def _cache_ptrs(layers: list, cache) -> tuple[int, ...]:
