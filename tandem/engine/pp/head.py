@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from tandem.engine import cluster_info as ci
-from tandem.engine.executor import Step, StepResult, StepSequence
+from tandem.engine.executor import Step, StepResult, StepSequence, split_microbatches
 from tandem.engine.pp import frames as pp
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
 from tandem.engine.pp.layout import StageSpec
@@ -42,19 +42,6 @@ MICROBATCH_MIN_TOKENS = 32
 
 class PipelineFailedError(RuntimeError):
     """A stage failed, died, or did not answer within the timeout; the message says which."""
-
-
-def split_microbatches(seqs: Sequence[StepSequence], n: int) -> list[tuple[StepSequence, ...]]:
-    """`seqs` in order, cut into `min(n, len(seqs))` contiguous groups whose sizes differ by at most
-    one (the larger groups first)."""
-    n = max(1, min(n, len(seqs)))
-    q, r = divmod(len(seqs), n)
-    out, i = [], 0
-    for k in range(n):
-        size = q + (1 if k < r else 0)
-        out.append(tuple(seqs[i : i + size]))
-        i += size
-    return out
 
 
 class PipelineExecutor:
