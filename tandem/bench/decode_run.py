@@ -66,15 +66,20 @@ def _pp(args: argparse.Namespace):
     """The head of an M-stage pipeline; it starts stages 1..M-1 itself (`launch_pipeline`), on the
     hosts `--netns` names (rank g inside namespace g), bound to their `--peers` addresses."""
     from tandem.comm.peers import parse_peers
-    from tandem.config import ModelConfig
     from tandem.engine.pp.launch import launch_pipeline
     from tandem.engine.pp.layout import plan_stages
+    from tandem.loaders.source import open_model
 
     addrs = [h for h, _ in parse_peers(args.peers.split(","))]
     netns = [n for n in args.netns.split(",") if n]
     if len(addrs) != args.world or (netns and len(netns) != args.world):
         raise DecodeRunError(f"pp: need {args.world} peers (and namespaces, if any)")
-    stages = plan_stages(ModelConfig.from_dir(args.model), [1] * args.world, dtype=args.dtype)
+    source = open_model(args.model)  # a directory or FILE.gguf
+    try:
+        config = source.config
+    finally:
+        source.close()
+    stages = plan_stages(config, [1] * args.world, dtype=args.dtype)
     prefix = (lambda g: ["ip", "netns", "exec", netns[g]]) if netns else None
     ex = launch_pipeline(
         args.model, stages, max_batch=2, max_seq_len=args.max_seq_len, threads=args.threads,
@@ -131,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
             trace.dump(Path(args.trace_dir) / "rank0.json", {"decode_spans": spans})
     # the best round: on a machine shared with other work, the least disturbed one
     best = min(rounds, key=lambda t: t.decode_s_per_token)
+    kernels = getattr(executor, "kernels", None)  # a LocalExecutor's KernelReport
     out = {**asdict(best), "prefill_tok_per_s": max(t.prefill_tok_per_s for t in rounds),
            "ttft_s": min(t.ttft_s for t in rounds), "decode_tok_per_s": best.decode_tok_per_s,
            "rounds_decode_s_per_token": [t.decode_s_per_token for t in rounds],
            "rounds_ttft_s": [t.ttft_s for t in rounds], "layout": args.layout,
            "world": args.world, "threads": args.threads, "dtype": args.dtype,
            # a TP pair on one host: its all-reduces bypass the wire (shared memory)
-           "same_host_memory": trace is not None and bool(trace.inner.same_host)}  # fmt: skip
+           "same_host_memory": trace is not None and bool(trace.inner.same_host),
+           # single: its linear layers per kernel (`tandem.kernels.prepare`; GGUF blocks: quant)
+           "kernel_layers": dict(kernels.layers) if kernels is not None else None}  # fmt: skip
     print(json.dumps(out), flush=True)
     return 0
 
