@@ -4,8 +4,9 @@
     tandem bench --model B.gguf --layouts single,tp2,pp2 --passes 2 --out out-b
     python scripts/bench/gguf_layouts.py out-a/bench.json out-b/bench.json
 
-Per file, link and layout: decode and prefill tok/s (batch 1, the best pass), decode speed against
-the same link's single node, synchronization per decode token (TP: the ranks' traced collectives;
+Per file, link and layout: decode tok/s (batch 1; the best pass and the median of the passes),
+decode speed against the same link's single node (best against best, median against median),
+prefill tok/s and TTFT (the best pass), synchronization per decode token (TP: the ranks' traced collectives;
 PP: M hops of one hidden state, each the measured 2-rank ring op), wire bytes per decode token
 through the emulated hosts' interfaces, and whether the greedy ids equal single's. Then the
 projection of each to the paper's 168 tok/s node pair (`tandem.bench.report._projection`).
@@ -14,6 +15,7 @@ projection of each to the paper's 168 tok/s node pair (`tandem.bench.report._pro
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -21,6 +23,12 @@ from pathlib import Path
 def _name(doc: dict) -> str:
     m = doc["model"]
     return f"{Path(m['path']).name} ({m['weight_format']}, {m['file_bytes'] / 1e6:.0f} MB)"
+
+
+def median_tok_s(run: dict) -> float:
+    """Decode tok/s of the median pass (the passes that did not fail)."""
+    times = [t for t in run.get("passes_decode_s_per_token", []) if t is not None]
+    return 1.0 / statistics.median(times or [run["decode_s_per_token"]])
 
 
 def rows(doc: dict) -> list[str]:
@@ -35,7 +43,14 @@ def rows(doc: dict) -> list[str]:
             continue
         single = singles.get(r["link"])
         rel = r["decode_tok_per_s"] / single["decode_tok_per_s"] if single else float("nan")
+        med = median_tok_s(r)
+        rel_med = med / median_tok_s(single) if single else float("nan")
         same = "yes" if single and r["token_ids"] == single["token_ids"] else "NO"
+        if single and same == "NO":  # where they part (a near-tie there is no error: BENCHMARKS)
+            first = next(
+                i for i, (a, b) in enumerate(zip(r["token_ids"], single["token_ids"])) if a != b
+            )
+            same += f" (from token {first})"
         sync = doc.get("sync", {}).get(link, {}).get(r["layout"], {})
         ms = sync.get("ms_per_token")
         wire = r.get("wire_bytes_per_token")
@@ -43,7 +58,8 @@ def rows(doc: dict) -> list[str]:
             "-" if wire is None else f"{wire:.0f}" + (" (shm)" if r.get("same_host_memory") else "")
         )
         out.append(
-            f"| {model} | {link} | {r['layout']} | {r['decode_tok_per_s']:.2f} | {rel:.2f}x | "
+            f"| {model} | {link} | {r['layout']} | {r['decode_tok_per_s']:.2f} ({med:.2f}) | "
+            f"{rel:.2f}x ({rel_med:.2f}x) | "
             f"{r['prefill_tok_per_s']:.1f} | {r['ttft_s']:.3f} | "
             f"{'-' if ms is None or r['kind'] == 'single' else f'{ms:.2f}'} | {wire_s} | {same} |"
         )
@@ -83,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"- {Path(d['model']['path']).name}: `{d.get('command', '?')}`; links {links}; "
                      f"load average {d['machine'].get('loadavg')} to "
                      f"{d['machine'].get('loadavg_end', '?')}")  # fmt: skip
-    lines += ["", "| file | link | layout | decode tok/s | vs single | prefill tok/s | TTFT s | "
+    lines += ["", "| file | link | layout | decode tok/s best (median) | vs single best (median) | prefill tok/s | TTFT s | "
               "sync ms/token | wire B/token | same ids |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for d in docs:
         lines += rows(d)
