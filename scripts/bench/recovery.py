@@ -30,7 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tandem.bench.fault_drill import health, run_drill  # noqa: E402
+from tandem.bench.fault_drill import health, run_drill, worker_pids  # noqa: E402
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello", "Numbers: 1 2 3"]
@@ -41,6 +41,16 @@ def _server_pid(launch_pid: int) -> int:
         if "serve" in c.cmdline():
             return c.pid
     raise RuntimeError("no `tandem serve` below `tandem launch`")
+
+
+def _tree_rss_mb(launch_pid: int, server: int) -> dict[str, float]:
+    """RSS of every process of the cluster: launch, the head (serve), each worker (by position:
+    a replaced worker is a new process in the same place)."""
+    out = {"launch": psutil.Process(launch_pid).memory_info().rss}
+    out["head"] = psutil.Process(server).memory_info().rss
+    for i, pid in enumerate(sorted(worker_pids(server))):
+        out[f"worker{i + 1}"] = psutil.Process(pid).memory_info().rss
+    return {k: round(v / 2**20, 1) for k, v in out.items()}
 
 
 def main() -> int:
@@ -80,6 +90,7 @@ def main() -> int:
     prompts = [f"{prefix} {p}".strip() for p in (PROMPTS * args.streams)[: args.streams]]
     cycles = []
     baseline_rss_mb = None
+    baseline_tree: dict[str, float] = {}
     quiet = None
     try:
         group.start()
@@ -94,6 +105,7 @@ def main() -> int:
         if any(s.error for s in quiet.streams):
             raise RuntimeError(f"the run without a fault failed: {quiet.streams[0].error}")
         baseline_rss_mb = round(psutil.Process(server).memory_info().rss / 2**20, 1)
+        baseline_tree = _tree_rss_mb(group.procs[0].pid, server)
         for i in range(args.cycles):
             d = run_drill(base, server, prompts, max_tokens=args.max_tokens, sig=sig)
             row = {
@@ -106,6 +118,7 @@ def main() -> int:
                 "texts_equal": [s.text for s in d.streams] == ref,
                 "errors": [s.error for s in d.streams if s.error],
                 "head_rss_mb": round(psutil.Process(server).memory_info().rss / 2**20, 1),
+                "rss_mb": _tree_rss_mb(group.procs[0].pid, server),
             }
             cycles.append(row)
             print(json.dumps(row), flush=True)
@@ -130,6 +143,16 @@ def main() -> int:
         "all_texts_equal": all(c["texts_equal"] for c in cycles),
         "head_rss_mb_baseline": baseline_rss_mb,
         "head_rss_mb_last": cycles[-1]["head_rss_mb"] if cycles else None,
+        # every process: its RSS after the quiet run, after the last cycle, and the ratio
+        "rss_mb_baseline": baseline_tree if cycles else None,
+        "rss_mb_last": cycles[-1]["rss_mb"] if cycles else None,
+        "rss_ratio_last": {
+            k: round(v / baseline_tree[k], 3)
+            for k, v in cycles[-1]["rss_mb"].items()
+            if k in baseline_tree and baseline_tree[k]
+        }
+        if cycles
+        else None,
     }
     print(json.dumps(summary))
     return 0

@@ -6,13 +6,16 @@
 
 The token carries the hosts, ports, layout and a fresh secret. `join` finds its rank from this
 machine's addresses (or `--rank`), writes its RING_CONFIG file (mode 0600: it holds the secret),
-announces itself to the head's status board (rank 0 runs the board) and starts its worker.
+announces itself to the head's status board (rank 0 runs the board) and starts its worker. With
+`--rejoin` a worker rank outlives its head: it waits for the next head on the same token, announces
+itself to its board and starts a fresh worker process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import sys
@@ -24,6 +27,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from tandem.cli.cluster_probe import PROBE_COLUMNS, probe_cells, publish_probes, view_url
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
 from tandem.cluster.status import (
     RankOccupied,
@@ -88,6 +92,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the head")
     join.add_argument("--host", default="127.0.0.1", help="rank 0: the HTTP server's bind address")
     join.add_argument("--port", type=int, default=8000, help="rank 0: the HTTP server's port")
+    join.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="a worker rank: when the head goes, free the model and join the next head",
+    )
     join.set_defaults(func=run_join)
 
     status = sub.add_parser("status", help="who has joined, and what each rank holds")
@@ -220,11 +229,15 @@ def run_join(args: argparse.Namespace) -> int:
             ).start()
             board.update(0, **facts, rtt_ms=0.0, joined_at=time.time())
             _wait_for_ranks(console, topo, board, args.timeout)
+        elif getattr(args, "rejoin", False) and args.model:
+            return _serve_heads(console, args, topo, rank, ring_file, facts)
         else:
             rtt = _reach_head(console, topo, args.timeout)
             instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
             keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
         rtts = _join_rtts(board) if board is not None else {}
+        if board is not None and args.model:  # the head's probes onto the board once it serves
+            publish_probes(board, view_url(args.host, args.port), stop_beat)
         return _run_rank(console, args, rank, ring_file, rtts)
     except KeyboardInterrupt:
         return 130
@@ -234,6 +247,40 @@ def run_join(args: argparse.Namespace) -> int:
         stop_beat.set()
         if board is not None:
             board.close()
+
+
+def _serve_heads(
+    console: Console,
+    args: argparse.Namespace,
+    topo: ClusterTopology,
+    rank: int,
+    ring_file: Path,
+    facts: dict,
+) -> int:
+    """`join --rejoin` on a worker rank: join the head, run the worker until it exits (the head
+    went: the worker process and its model memory go with it), then wait for the next head on
+    the same token and join it; a worker that fails at start backs off
+    (`worker_rejoin.next_delay`) instead of crash-looping. Ends on Ctrl-C only."""
+    from tandem.cli.worker_rejoin import next_delay
+
+    delay = 0.0
+    while True:
+        rtt = _reach_head(console, topo, math.inf)
+        instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
+        stop_beat = threading.Event()
+        keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
+        t0 = time.monotonic()
+        try:
+            code = _run_rank(console, args, rank, ring_file)
+        finally:
+            stop_beat.set()
+        up = time.monotonic() - t0
+        delay = next_delay(up, delay)
+        console.print(
+            f"the worker exited with code {code} after {up:.1f} s (its head is gone); "
+            f"waiting for the next head" + (f" in {delay:g} s" if delay else "")
+        )
+        time.sleep(delay)
 
 
 def _bind_host(host: str) -> str:
@@ -357,7 +404,8 @@ def run_status(args: argparse.Namespace) -> int:
     table = Table(
         title=f"cluster {topo.cluster_id}: {len(joined)}/{topo.world_size} joined, tp={topo.tp} x pp={topo.pp}"
     )
-    for col in ("rank", "host", "state", "device", "dtype", "layers / shard", "rtt to head", "pid"):
+    cols = ("rank", "host", "state", "device", "dtype", "layers / shard", "rtt to head", "pid")
+    for col in cols + PROBE_COLUMNS:
         table.add_column(col)
     for r in range(topo.world_size):
         info = joined.get(r)
@@ -371,6 +419,7 @@ def run_status(args: argparse.Namespace) -> int:
                 role_of(topo, r, config),
                 "",
                 "",
+                *probe_cells({}),
             )
             continue
         rtt = info.get("rtt_ms")
@@ -383,6 +432,7 @@ def run_status(args: argparse.Namespace) -> int:
             str(info.get("role") or role_of(topo, r, config)),
             "-" if rtt is None else f"{rtt:.2f} ms",
             str(info.get("pid", "")),
+            *probe_cells(info),
         )
-    Console().print(table)
+    Console(width=200).print(table)
     return 0 if len(joined) == topo.world_size else 1

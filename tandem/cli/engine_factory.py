@@ -112,12 +112,15 @@ def build_serving_engine(
     attn_ranks: int | None = None,
     reform_timeout: float = 0.0,
     op_timeout: float | None = None,
+    shrink_after: float = 0.0,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
     `reform_timeout` > 0: a local group that loses a rank is formed again (new processes, a new
     epoch) within that many seconds and the scheduler replays (`tandem.engine.recovery`); 0: the
-    first loss ends it. `op_timeout`: a local TP group's bound on one collective."""
+    first loss ends it. `op_timeout`: a local TP group's bound on one collective. `shrink_after`
+    > 0: a local TP group whose lost rank has not come back that long after the loss re-forms over
+    one rank fewer (TP=N-1, the same dtype and device)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     config = source.config
@@ -149,8 +152,18 @@ def build_serving_engine(
             again = replace(hooks, epoch=epoch) if epoch else hooks
             return build_executor(model_dir, layout, limits, again)
 
+        def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
+            small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
+            return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
+
         local_group = layout.world_size > 1 and ring_config is None
-        executor = with_recovery(build, reform_timeout if local_group else 0.0)
+        can_shrink = local_group and pp == 1 and "," not in dtype + device
+        executor = with_recovery(
+            build,
+            reform_timeout if local_group else 0.0,
+            shrink=shrink if can_shrink else None,
+            shrink_after_s=shrink_after,
+        )
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None

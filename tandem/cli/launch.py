@@ -142,6 +142,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         "served_model_name",
         "reform_timeout",
         "op_timeout",
+        "shrink_after",
     ):
         value = getattr(args, flag)
         if value is not None:

@@ -9,6 +9,10 @@ TP ranks on this machine lose per sync waiting for each other, k = 2..K) unless 
 `--node NAME:TIME[@HOST]` adds a node that is not here (TIME per token alone, e.g. 6ms or
 168tok/s; no lockstep penalty unless `--lockstep HOST:K=TIME,...` gives its host one, e.g. from
 that host's `tandem bench`). The model's figures come from `tandem.plan.model`.
+
+`--from-cluster TOKEN` (a live cluster's status board) or `--from-status FILE` (the JSON of
+`tandem cluster status --json`) takes the nodes and the link from the probes its ranks measured
+as their group formed (`tandem.plan.probes`), instead of --node and --link.
 """
 
 from __future__ import annotations
@@ -69,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --measure-local: skip the lockstep probe (penalty 0 here)",
     )
+    probed = p.add_mutually_exclusive_group()
+    probed.add_argument(
+        "--from-cluster", metavar="TOKEN", help="nodes and link from a live cluster's probes"
+    )
+    probed.add_argument(
+        "--from-status", metavar="FILE", help="nodes and link from `cluster status --json` output"
+    )
     p.add_argument("--link", default="2.5gbit", help="line rate (2.5gbit) or goodput (280MB/s)")
     p.add_argument("--rtt", default=DEFAULT_RTT, help="link round trip, e.g. 100us")
     p.add_argument(
@@ -85,6 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args)
+        if args.from_cluster or args.from_status:
+            return _run_from_probes(args, config)
         nodes = [parse_node(t) for t in args.node]
         if args.measure_local:
             from tandem.bench.harness import measure_local_s_per_token
@@ -122,6 +135,44 @@ def run(args: argparse.Namespace) -> int:
     tp = preds[0].layout.tp
     if args.model and tp > 1:
         print("\n" + render_shards(_shard_plan(args.model, tp)))
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> dict:
+    from tandem.plan.probes import load_snapshot
+
+    if args.from_status:
+        return load_snapshot(args.from_status)
+    from tandem.cluster.status import StatusError, query
+    from tandem.cluster.token import JoinTokenError, decode_token
+
+    try:
+        topo = decode_token(args.from_cluster)
+        return query(topo.hosts[0], topo.status_port, topo.secret)
+    except (JoinTokenError, StatusError) as e:
+        raise PlanModelError(str(e)) from None
+
+
+def _run_from_probes(args: argparse.Namespace, config) -> int:
+    """The layouts of the probed ranks, ranked by predicted tok/s, the chosen one first."""
+    from tandem.plan.probes import link_from_probes, nodes_from_probes, probe_rows, render_probes
+
+    rows = probe_rows(_snapshot(args))
+    nodes = nodes_from_probes(config, rows)
+    link = link_from_probes(rows, parse_duration(args.overhead))
+    preds = rank_layouts(
+        config, nodes, link, candidate_layouts(len(nodes), args.max_tp, args.max_pp)
+    )
+    if not preds:
+        raise PlanModelError("no layout fits these ranks and this model")
+    if args.json:
+        print(json.dumps({"nodes": [asdict(n) for n in nodes], "link": asdict(link),
+                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name},
+                         indent=2))  # fmt: skip
+        return 0
+    print(render_probes(rows) + "\n")
+    print(render_table(preds, nodes, link))
+    print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
     return 0
 
 

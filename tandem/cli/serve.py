@@ -68,6 +68,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "epoch; requests in flight are replayed) before requests fail; 0: a lost rank ends "
         "it (serve's default; launch's is 120)",
     )
+    p.add_argument(
+        "--shrink-after",
+        type=float,
+        default=0.0,
+        help="seconds a lost rank of a local TP group has to come back before the group re-forms "
+        "over one rank fewer (within --reform-timeout); 0: never shrink",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -179,6 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
                 attn_ranks=args.attn_ranks,
                 reform_timeout=args.reform_timeout,
                 op_timeout=args.op_timeout,
+                shrink_after=args.shrink_after,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

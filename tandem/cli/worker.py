@@ -2,7 +2,8 @@
 `tandem generate --tp N` or `tandem serve`.
 
 The worker holds only its shard and KV cache; it takes the layout from the head, runs the steps the
-head sends, and exits when the head stops or its connection closes. Its place in the ring comes
+head sends, and exits when the head stops or its connection closes; with `--rejoin` it then frees
+the model and waits for the next head (`tandem.cli.worker_rejoin`). Its place in the ring comes
 from `--rank/--world-size/--peers` (what the local launcher passes) or, across machines, from
 `RING_CONFIG` (`tandem.comm.from_env`). The cluster secret is read from `TANDEM_SECRET` (hex), never
 from the command line.
@@ -46,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--kernels", default="auto", help="auto (the fast path) or torch (the reference modules)"
+    )
+    p.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="when the head goes, free the model and wait for the next head (tandem.cli.worker_rejoin)",
     )
     p.set_defaults(func=run)
 
@@ -97,6 +103,12 @@ def secret_from_env() -> bytes | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rejoin:
+        if sys.argv[1:2] != ["worker"]:
+            raise WorkerArgsError("--rejoin is for the command line (`tandem worker --rejoin`)")
+        from tandem.cli.worker_rejoin import exec_supervisor
+
+        exec_supervisor(sys.argv[1:])  # does not return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -16,6 +16,14 @@ decoding the text equals an uninterrupted run's (up to near-ties the re-prefill 
 differently from incremental decode); a seeded sampler keeps its generator, so it continues its
 stream of draws.
 
+A rank that does not come back: with a `shrink` builder, once the full layout has failed to form
+for `shrink_after_s` since the failure, the group is re-planned over fewer ranks (`shrink(epoch)`;
+for a local TP group TP=N-1, every rank started again and loading its new, wider shard: the
+survivors are not kept) and later re-forms keep that smaller layout (it shrinks once). If the
+smaller layout cannot form either (the model does not fit), retries go on until the deadline and
+the final error says why the smaller one failed too. A shrink replays exactly as a re-form does:
+the head's tokens do not depend on the layout.
+
 While a re-form is under way `health()` is (False, "re-forming ..."), and after the deadline
 (False, "failed ..."): `/health` is 503 with the reason either way, and `tandem launch` tells
 "re-forming" (wait) from "failed" (shut down) by that first word. New requests queue meanwhile;
@@ -24,9 +32,12 @@ if the re-form fails they fail with the reason, as every running one does.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +68,7 @@ class RecoveryCounts:
     failures: int = 0  # groups that broke
     reforms: int = 0  # groups formed again
     reform_failures: int = 0  # build attempts that failed
+    shrinks: int = 0  # groups formed again over fewer ranks
     last_reform_s: float | None = None  # from the failure seen to a new group whole
 
 
@@ -94,6 +106,14 @@ class _Lost:
         pass
 
 
+def _trim_heap() -> None:
+    """Hands the heap pages a broken group freed back to the OS: glibc otherwise keeps them in its
+    arenas, and the head's RSS would grow with each re-form though nothing leaks."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _whole(ex: Any, unknown: bool = True) -> bool:
     """`ex.health()`'s verdict; `unknown` for an executor that has none (after it raised: False)."""
     health = getattr(ex, "health", None)
@@ -116,10 +136,14 @@ class RecoveringExecutor:
         deadline_s: float = 120.0,
         poll_s: float = 0.1,
         retry_s: float = 1.0,
+        shrink: Callable[[int], Any] | None = None,
+        shrink_after_s: float = math.inf,
     ) -> None:
         self._current = first
         self._build = build
+        self._shrink = shrink
         self.deadline_s = deadline_s
+        self.shrink_after_s = shrink_after_s
         self.retry_s = retry_s
         self.vocab_size = first.vocab_size
         self.max_seq_len = first.max_seq_len
@@ -188,6 +212,7 @@ class RecoveringExecutor:
             group_failures=c.failures,
             group_reforms=c.reforms,
             group_reform_attempts_failed=c.reform_failures,
+            group_shrinks=c.shrinks,
         )
         return out
 
@@ -287,11 +312,13 @@ class RecoveringExecutor:
         with self._changed:
             self._changed.wait_for(lambda: self._calls == 0, timeout=10.0)
         gc.collect()
+        _trim_heap()
         log.warning(
             "the group of epoch %d is closed (%.1f s)", self.epoch, time.monotonic() - t_close
         )
         deadline = t_seen + self.deadline_s
         last: BaseException | None = None
+        shrink_why = ""
         while not self._stop.is_set():  # at least one attempt, then retries until the deadline
             try:
                 fresh = self._build(self.epoch + 1)
@@ -299,6 +326,10 @@ class RecoveringExecutor:
                 last = e
                 c.reform_failures += 1
                 log.warning("re-forming epoch %d failed: %s", self.epoch + 1, e)
+                fresh = None
+                if self._shrink is not None and time.monotonic() - t_seen >= self.shrink_after_s:
+                    fresh, shrink_why = self._shrunk(shrink_why)
+            if fresh is None:
                 if time.monotonic() + self.retry_s >= deadline:
                     break
                 self._stop.wait(self.retry_s)
@@ -314,23 +345,51 @@ class RecoveringExecutor:
                 c.last_reform_s = time.monotonic() - t_seen
                 self._changed.notify_all()
             log.warning("re-formed as epoch %d in %.1f s", self.epoch, c.last_reform_s)
+            _trim_heap()  # what forming it allocated and let go of
             return
         with self._changed:
             self._given_up = ReformFailed(
                 f"the group could not be re-formed within {self.deadline_s:g} s"
                 + (f" (last attempt: {type(last).__name__}: {last})" if last else "")
+                + (f"; over fewer ranks: {shrink_why}" if shrink_why else "")
             )
             self._reforming = None
             self._changed.notify_all()
 
-
-def with_recovery(build: Callable[[int], Any], deadline_s: float) -> Any:
-    """`build(0)`, wrapped in a `RecoveringExecutor` when `deadline_s` > 0 (else as it is)."""
-    if not math.isfinite(deadline_s) or deadline_s < 0:
-        raise ValueError(
-            f"the re-form timeout must be a finite number of seconds >= 0, got {deadline_s}"
+    def _shrunk(self, why_before: str) -> tuple[Any | None, str]:
+        """The group re-planned over fewer ranks (`shrink(epoch)`), or (None, why it could not
+        be). Once formed, the smaller layout is what later re-forms build."""
+        try:
+            fresh = self._shrink(self.epoch + 1)  # type: ignore[misc]
+        except Exception as e:  # noqa: BLE001 - retried until the deadline, and reported
+            self.counts.reform_failures += 1
+            log.warning("re-forming epoch %d over fewer ranks failed: %s", self.epoch + 1, e)
+            return None, f"{type(e).__name__}: {e}"
+        log.warning(
+            "the lost rank did not come back: epoch %d runs over fewer ranks", self.epoch + 1
         )
+        self._build, self._shrink = self._shrink, None  # type: ignore[assignment]
+        self.counts.shrinks += 1
+        return fresh, why_before
+
+
+def with_recovery(
+    build: Callable[[int], Any],
+    deadline_s: float,
+    *,
+    shrink: Callable[[int], Any] | None = None,
+    shrink_after_s: float = 0.0,
+) -> Any:
+    """`build(0)`, wrapped in a `RecoveringExecutor` when `deadline_s` > 0 (else as it is).
+    With `shrink` and `shrink_after_s` > 0: a lost rank that has not come back that long after the
+    failure is given up, and the group re-forms through `shrink(epoch)` over fewer ranks."""
+    for name, v in (("re-form timeout", deadline_s), ("shrink-after time", shrink_after_s)):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"the {name} must be a finite number of seconds >= 0, got {v}")
     first = build(0)
     if deadline_s <= 0:
         return first
-    return RecoveringExecutor(first, build, deadline_s=deadline_s)
+    after = shrink_after_s if shrink is not None and shrink_after_s > 0 else math.inf
+    return RecoveringExecutor(
+        first, build, deadline_s=deadline_s, shrink=shrink, shrink_after_s=after
+    )

@@ -22,6 +22,10 @@ EXECUTOR_METRICS = {
         "tandem_group_reform_attempts_failed_total",
         "Attempts to re-form a group that failed (retried until the deadline).",
     ),
+    "group_shrinks": (
+        "tandem_group_shrinks_total",
+        "Groups re-planned over fewer ranks after a lost rank did not come back.",
+    ),
 }
 
 

@@ -169,6 +169,17 @@ def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
         (link,) = view["links"]  # its RTT is the one rank 1 measured when it joined
         joined = next(x for x in snap["ranks"] if x["rank"] == 1)
         assert link["rtt_ms"] == pytest.approx(joined["rtt_ms"]) and link["rtt_ms"] > 0
+        deadline = time.time() + 30  # the head's join process copies the probes onto the board
+        while time.time() < deadline and not all("probe" in x for x in snap["ranks"]):
+            time.sleep(0.5)
+            snap = json.loads(_cli("cluster", "status", token, "--json").stdout)
+        probes = {x["rank"]: x["probe"] for x in snap["ranks"]}
+        assert probes == {r["rank"]: r["probe"] for r in view["ranks"]}
+        assert all(p["gemv_gb_s"] > 0 and p["free_gb"] > 0 for p in probes.values())
+        assert "GEMV GB/s" in _cli("cluster", "status", token).stdout
+        plan = _cli("plan", "--model", str(model), "--from-cluster", token)
+        assert plan.returncode == 0 and "rank 1 (cpu float32): GEMV" in plan.stdout, plan.stderr
+        assert "pick: " in plan.stdout
     finally:
         for p in procs:
             kill_tree(p)

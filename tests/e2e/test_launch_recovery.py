@@ -5,6 +5,7 @@ Real processes on loopback; timings are printed by scripts/bench/recovery.py, ne
 here."""
 
 import signal
+import time
 
 import pytest
 from serve_support import make_model, metric, running
@@ -113,3 +114,59 @@ def test_a_sigkilled_pipeline_stage_mid_stream_is_replaced_and_every_stream_equa
     launched_pp,
 ):
     _drill_replays_every_stream(launched_pp, _quiet(launched_pp), signal.SIGKILL)
+
+
+# ~15 s past the shared launch: the attack is held through one HTTP request-read deadline (10 s)
+def test_slow_drip_on_every_port_and_a_flood_leave_the_generation_and_the_memory_unchanged(
+    launched, quiet
+):
+    """A few clients dripping a byte a second on every port the cluster listens on (HTTP, the
+    ranks' ring listeners) and a flood of a few hundred idle connections, while 4 greedy streams
+    run: the streams equal the quiet run's, the connections are cut at their deadlines, the
+    pending ones stay capped, and no process grows by 10 MB."""
+    import psutil
+    from hostile_support import FRAME_DRIP, HTTP_DRIP, Drip, Flood, listening_ports
+
+    from tandem.server.http_limits import MAX_CONNECTIONS, REQUEST_READ_TIMEOUT_S
+
+    proc, base = launched
+    server = _server_pid(proc)
+    http_port = int(base.rsplit(":", 1)[1])
+    tree = [proc.pid, server, *worker_pids(server)]
+    ports = listening_ports(tree)
+    assert http_port in ports
+    rss0 = {pid: psutil.Process(pid).memory_info().rss for pid in tree}
+
+    drips = [
+        Drip(port, HTTP_DRIP if port == http_port else FRAME_DRIP) for port in ports for _ in (0, 1)
+    ]
+    for d in drips:
+        d.start()
+    floods = {port: Flood(port, 300 if port == http_port else 100, b"TN") for port in ports}
+    t_attack = time.monotonic()
+    drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=None, timeout_s=120)
+    assert [s.error for s in drill.streams] == [None] * 4
+    assert [s.text for s in drill.streams] == quiet
+    assert {code for _, code, _ in drill.health} == {200}  # /health answered throughout
+    # the HTTP flood is held within its cap, then cut at the request-read deadline, as are drips
+    held = floods[http_port].open_count()
+    assert held <= MAX_CONNECTIONS
+    cut_by = REQUEST_READ_TIMEOUT_S + 5.0
+    while time.monotonic() - t_attack < cut_by and floods[http_port].open_count():
+        time.sleep(0.2)
+    assert floods[http_port].open_count() == 0
+    for d in drips:
+        d.join(max(0.0, cut_by - (time.monotonic() - t_attack)))
+    report = {(d.port, d.cut_after_s) for d in drips}
+    print(f"ports {ports}; drips cut after {sorted(report)}; held HTTP {held}")
+    print({p: (len(f.socks), f.refused, f.open_count()) for p, f in floods.items()})
+    assert all(d.cut_after_s is not None and d.cut_after_s < cut_by for d in drips), report
+    for f in floods.values():
+        f.stop()
+    for d in drips:
+        d.stop()
+    time.sleep(1.0)
+    grown = {pid: psutil.Process(pid).memory_info().rss - rss0[pid] for pid in tree}
+    print(f"RSS grown (MB): {[round(g / 2**20, 2) for g in grown.values()]}")
+    assert max(grown.values()) < 10 << 20, grown
+    assert health(base)[0] == 200 and proc.poll() is None

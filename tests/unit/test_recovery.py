@@ -286,3 +286,56 @@ def test_setup_ops_wait_for_a_slow_loader_past_the_op_timeout_and_steps_do_not()
     finally:
         head.close()
         worker.close()
+
+
+def test_a_rank_that_never_returns_is_given_up_and_the_group_shrinks_and_replays():
+    built = []
+
+    def build(epoch):  # the full layout: its lost rank never comes back
+        if epoch > 0:
+            raise ConnectionRefusedError("rank 2 never came back")
+        return BreakingExecutor(epoch, fail_after=5)
+
+    def shrink(epoch):  # the survivors, re-planned over fewer ranks
+        ex = BreakingExecutor(epoch, fail_after=4 if not built else None)
+        built.append(ex)
+        return ex
+
+    ex = with_recovery(build, 10, shrink=shrink, shrink_after_s=0.2)
+    ex.retry_s = 0.05
+    try:
+        sched = Scheduler(ex)
+        params = dict(max_tokens=12, temperature=0)
+        outs = _serve(sched, PROMPTS, **params)
+        assert [o["tokens"] for o in outs] == _reference(**params)
+        assert all(o["error"] is None for o in outs)
+        # shrunk once; its own later failure re-formed the smaller layout (not the lost one)
+        assert [b.epoch for b in built] == [1, 2] and ex.epoch == 2
+        stats = ex.stats()
+        assert (stats["group_shrinks"], stats["group_reforms"]) == (1, 2)
+        assert stats["group_reform_attempts_failed"] >= 1
+    finally:
+        ex.close()
+
+
+def test_when_the_smaller_group_cannot_form_either_the_error_says_why():
+    def build(epoch):
+        if epoch > 0:
+            raise ConnectionRefusedError("rank 2 never came back")
+        return BreakingExecutor(epoch, fail_after=2)
+
+    def shrink(epoch):
+        raise MemoryError("the model needs 3 ranks' memory")
+
+    ex = with_recovery(build, 0.6, shrink=shrink, shrink_after_s=0.1)
+    ex.retry_s = 0.05
+    try:
+        outs = _serve(Scheduler(ex), PROMPTS[:1], max_tokens=8, temperature=0)
+        assert outs[0]["reason"] == "error"
+        msg = str(outs[0]["error"])
+        assert "rank 2 never came back" in msg and "needs 3 ranks' memory" in msg, msg
+        assert ex.stats()["group_shrinks"] == 0
+    finally:
+        ex.close()
+    with pytest.raises(ValueError, match="shrink-after"):
+        with_recovery(build, 10, shrink=shrink, shrink_after_s=-1)

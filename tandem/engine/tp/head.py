@@ -38,7 +38,9 @@ class TPExecutor:
 
     With `keepalive_s`, a daemon thread sends a PING frame whenever the group has been idle that
     long, so workers blocked on the next frame stay inside their op timeout while a server waits
-    for requests; a lock keeps pings and steps from interleaving on the wire. The same thread asks
+    for requests; a lock keeps pings and steps from interleaving on the wire. A ping or step that
+    fails closes the communicator at once, so the workers see the group end without waiting out
+    their own op timeout. The same thread asks
     `diagnose` (when given) whether a worker process has exited, and records the group as failed
     at once, so the next step fails fast instead of waiting out the op timeout.
     """
@@ -108,6 +110,7 @@ class TPExecutor:
                     send_control(self.comm, Control(control.KIND_PING))
                 except BaseException as e:  # surfaced by the next run()
                     self._failure = e
+                    self._abandon()
                     return
                 self._last = time.monotonic()
 
@@ -124,11 +127,20 @@ class TPExecutor:
                 logits = self.runner.forward(step)
             except Exception as e:
                 self._failure = GroupFailedError(self._explain(e))
+                self._abandon()
                 raise self._failure from e
             finally:
                 self._last = time.monotonic()
         assert logits is not None  # rank 0 of a group holding the head always gets the logits
         return StepResult.of(step, logits)
+
+    def _abandon(self) -> None:
+        """Closes the broken group's links at once (the caller holds the lock): a worker whose
+        own link still works then sees the head leave now instead of at its op timeout."""
+        try:
+            self.comm.close()
+        except Exception:  # noqa: BLE001 - a broken link may fail to close cleanly
+            pass
 
     def _explain(self, e: BaseException) -> str:
         msg = (

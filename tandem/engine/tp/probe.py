@@ -4,7 +4,10 @@ Every rank, at the same moment (the group is in lockstep), measures on its own d
 
     gemv_gb_s       a one-row decode GEMV through the rank's own linear kernel (`kernels.linear`),
                     over a PROBE_BYTES weight matrix in its compute dtype: weight bytes streamed per
-                    second, the quantity a decode token's time is made of
+                    second, the quantity a decode token's time is made of. Timed as GEMVs back to
+                    back over a GEMV_WINDOW_S window (median of GEMV_REPEATS windows), not one call:
+                    a rank under a CPU quota (a CFS period of a few ms) runs one call at full speed
+                    and pays for it in the next period, so only a window spanning periods sees it
     free_gb         memory its device has free (host: available RAM; CUDA: `mem_get_info`)
     allreduce_ms    the median of one-float all-reduces over the group: the group's round trip
                     (over same-host shared memory where the ranks share a host)
@@ -30,7 +33,8 @@ from tandem.kernels.linear import linear
 
 PROBE_BYTES = 16 << 20
 PROBE_COLS = 2048
-GEMV_REPEATS = 5
+GEMV_REPEATS = 3
+GEMV_WINDOW_S = 0.04
 PING_REPEATS = 9
 GOODPUT_BYTES = 4 << 20
 FIELDS = ("gemv_gb_s", "free_gb", "allreduce_ms", "goodput_mbit_s")
@@ -55,21 +59,27 @@ def _free_gb(device: torch.device) -> float:
 
 
 def _gemv_gb_s(device: torch.device, dtype: torch.dtype) -> float:
-    """Weight bytes per second of the rank's decode GEMV (median of GEMV_REPEATS after a warm-up)."""
+    """Weight bytes per second of the rank's decode GEMV: GEMVs back to back for GEMV_WINDOW_S,
+    median of GEMV_REPEATS windows after a warm-up."""
     elem = torch.tensor([], dtype=dtype).element_size()
     rows = max(1, PROBE_BYTES // (PROBE_COLS * elem))
     g = torch.Generator().manual_seed(1)
     w = torch.randn((rows, PROBE_COLS), generator=g).to(device, dtype)  # (rows, cols)
     x = torch.randn((1, PROBE_COLS), generator=g).to(device, dtype)  # (1, cols)
     linear(x, w)
-    times = []
+    rates = []
     for _ in range(GEMV_REPEATS):
-        t0 = time.perf_counter()
-        linear(x, w)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return w.numel() * elem / statistics.median(times) / 1e9
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            linear(x, w)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            calls += 1
+            dt = time.perf_counter() - t0
+            if dt >= GEMV_WINDOW_S:
+                break
+        rates.append(calls * w.numel() * elem / dt)
+    return statistics.median(rates) / 1e9
 
 
 def _allreduce_ms(comm: Communicator) -> float:
@@ -92,14 +102,19 @@ def _goodput_mbit_s(comm: Communicator) -> float:
     return 2 * (n - 1) / n * GOODPUT_BYTES * 8 / dt / 1e6
 
 
-def measure(comm: Communicator, device: str, dtype: str) -> list[RankProbe]:
-    """Collective: every rank measures itself, then all rows are gathered on every rank."""
+def measure(
+    comm: Communicator, device: str, dtype: str, mem_limit_gb: float | None = None
+) -> list[RankProbe]:
+    """Collective: every rank measures itself, then all rows are gathered on every rank.
+    `mem_limit_gb`: this rank offers at most that much memory (its free figure is capped), for a
+    rank that shares its device with other work."""
     dev = torch.device(device)
     comm.barrier()  # measure together: co-located ranks share what they share in service too
     gemv = _gemv_gb_s(dev, getattr(torch, dtype))
     ping = _allreduce_ms(comm)
     good = _goodput_mbit_s(comm)
-    mine = torch.tensor([[gemv, _free_gb(dev), ping, good]], dtype=torch.float32)
+    free = _free_gb(dev) if mem_limit_gb is None else min(_free_gb(dev), mem_limit_gb)
+    mine = torch.tensor([[gemv, free, ping, good]], dtype=torch.float32)
     rows = comm.all_gather(mine, 0).tolist()  # (N, len(FIELDS))
     return [RankProbe(r, *row) for r, row in enumerate(rows)]
 

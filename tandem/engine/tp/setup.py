@@ -35,9 +35,10 @@ from tandem.engine import cluster_info as ci
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.probe import auto_weights, measure
+from tandem.engine.tp.probe import RankProbe, auto_weights, measure
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
+from tandem.parallel.fit import check_fit, rank_needs
 from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
@@ -196,6 +197,29 @@ def rank_facts(
     ]
 
 
+def check_group_fit(
+    md: ModelSource, layout: GroupLayout, ranks: list[RankInfo], probes: list[RankProbe]
+) -> None:
+    """Every rank, before any shard is loaded: each rank's share of the weights and its KV cache
+    at the agreed batch and length against the free memory its probe measured
+    (`parallel.fit`); a plan that does not fit raises `PlanDoesNotFitError` on every rank at once
+    (the same inputs everywhere), naming the rank and the bytes. A quantized file is checked for
+    its KV cache only."""
+    elem = [torch.tensor([], dtype=DTYPE_NAMES[r.dtype]).element_size() for r in ranks]
+    fmt = md.weight_format()
+    dense = fmt.startswith("safetensors") and "quantized" not in fmt
+    needs = rank_needs(
+        md.config,
+        layout.plan(md),
+        elem_bytes=elem,
+        weight_bytes_per_elem=[e if dense else 0 for e in elem],
+        free_bytes=[int(p.free_gb * 1e9) for p in probes],
+        max_batch=layout.max_batch,
+        max_seq_len=layout.max_seq_len,
+    )
+    check_fit(needs)
+
+
 def build_shard(
     md: ModelSource,
     comm: Communicator,
@@ -279,16 +303,18 @@ def start_head(
     attn_ranks: int | None = None,
     setup_timeout: float | None = None,
     kernels: str = "auto",
+    mem_limit_gb: float | None = None,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
     local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
     to the head when it joined, for `describe`; `setup_timeout`: the bound on each setup op
     (`setup_bound`; None: the op timeout). `weights="auto"`: the TP shares from every rank's
-    measured decode GEMV speed (`tp.probe.auto_weights`)."""
+    measured decode GEMV speed (`tp.probe.auto_weights`). `mem_limit_gb`: the most memory this
+    rank offers (`tp.probe.measure`); a plan that does not fit any rank is refused before loading."""
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
-        probes = measure(comm, device, dtype)  # every rank, before anything is planned
+        probes = measure(comm, device, dtype, mem_limit_gb)  # every rank, before any planning
     if weights == "auto":
         weights = auto_weights(probes)
     weights = _f32(weights or (1.0,) * comm.world_size)
@@ -300,6 +326,7 @@ def start_head(
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, layout, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
+        check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()  # every shard loaded
         plan = layout.plan(md)
@@ -338,15 +365,17 @@ def run_worker(
     device: str,
     setup_timeout: float | None = None,
     kernels: str = "auto",
+    mem_limit_gb: float | None = None,
 ) -> int:
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
-        measure(comm, device, dtype)  # as the head: before anything is planned
+        probes = measure(comm, device, dtype, mem_limit_gb)  # as the head: before any planning
         layout = agree_layout(comm, None, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
+        check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()
         admit(comm, runner, ranks, None, None)

@@ -1,0 +1,92 @@
+"""Does a TP plan fit each rank's memory? Pure arithmetic over the plan, checked before any shard
+is loaded, so a plan that does not fit is refused by name instead of dying in the OOM killer.
+
+Rank r of a TP plan over a model of L layers, hidden size D, head dim hd holds, in elements:
+
+    weights_r = L [ D hd (2 q_r + 2 kv_r) + 3 D m_r ] + t D v_r
+    kv_r      = 2 L B S kv_r hd                     (its K and V cache at the configured slots)
+
+with q_r, kv_r its query and kv heads, m_r its MLP rows, v_r its vocabulary rows (t = 1 for a tied
+embedding, 2 when the embedding and the LM head are separate matrices), B the batch slots and S the
+maximum sequence length. Bytes are weights_r * w + kv_r * e, with e the rank's compute-dtype
+element size and w the weights' stored bytes per element (e for a dense checkpoint; a quantized
+file passes 0 and is checked for its KV cache only: its block sizes vary by tensor). Norms and
+biases (a few D per layer) are left out; `HEADROOM_BYTES` covers them and the runtime's own
+buffers. A rank needs  weights + kv + HEADROOM_BYTES <= free  (its probe's free memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HEADROOM_BYTES = 64 << 20
+
+
+class PlanDoesNotFitError(ValueError):
+    """A rank's share of the weights and its KV cache exceed the memory it has free."""
+
+
+@dataclass(frozen=True)
+class RankNeed:
+    rank: int
+    weight_bytes: int
+    kv_bytes: int
+    free_bytes: int
+
+    @property
+    def need_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + HEADROOM_BYTES
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.free_bytes
+
+
+def rank_needs(
+    config: Any,
+    plan: Any,
+    *,
+    elem_bytes: list[int],
+    weight_bytes_per_elem: list[float],
+    free_bytes: list[int],
+    max_batch: int,
+    max_seq_len: int,
+) -> list[RankNeed]:
+    """Each rank's weight and KV-cache bytes under `plan` (module docstring), against its free."""
+    D, hd, L = config.hidden_size, config.head_dim, config.num_hidden_layers
+    tied = 1 if getattr(config, "tie_word_embeddings", False) else 2
+    out = []
+    for r in range(plan.world_size):
+        q, kv = plan.q_heads(r).size, plan.kv_heads[r].size
+        m, v = plan.intermediate[r].size, plan.vocab[r].size
+        weights = L * (D * hd * (2 * q + 2 * kv) + 3 * D * m) + tied * D * v
+        cache = 2 * L * max_batch * max_seq_len * kv * hd
+        out.append(
+            RankNeed(
+                r,
+                int(weights * weight_bytes_per_elem[r]),
+                cache * elem_bytes[r],
+                int(free_bytes[r]),
+            )
+        )
+    return out
+
+
+def check_fit(needs: list[RankNeed]) -> None:
+    """Raises `PlanDoesNotFitError` naming every rank that does not fit and its bytes."""
+    bad = [n for n in needs if not n.fits]
+    if not bad:
+        return
+    parts = [
+        f"rank {n.rank} needs {n.need_bytes / 1e9:.3f} GB ({n.weight_bytes / 1e9:.3f} GB of "
+        f"weights + {n.kv_bytes / 1e9:.3f} GB of KV cache + {HEADROOM_BYTES / 1e9:.3f} GB "
+        f"headroom) but has {n.free_bytes / 1e9:.3f} GB free"
+        for n in bad
+    ]
+    raise PlanDoesNotFitError(
+        "the plan does not fit: "
+        + "; ".join(parts)
+        + ". Give that rank a smaller --tp-weights share, lower --max-seq-len or --max-batch, "
+        "or add a rank"
+    )
