@@ -46,7 +46,6 @@ def test_tp2_decode_run_matches_single_and_reports_same_host_memory(tmp_path, sh
     assert head["same_host_memory"] is (shm == "1")
 
 
-@pytest.mark.slow  # the CLI and three rank processes, one at a time: 55 s measured at load 8 on 2 cores
 def test_bench_runs_a_gguf_file_single_and_tp2_on_loopback_and_writes_its_report(tmp_path) -> None:
     """`tandem bench --model FILE.gguf`: the tiny Q4_0 file's single node and TP=2 (shards cut on
     block boundaries, the quantized kernels) decode the same ids, and bench.json / bench.md say which
