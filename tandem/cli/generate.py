@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         stop_token_ids=stop,
     )
     limits = Limits(max_batch=1, max_seq_len=len(ids) + args.max_tokens)
-    executor = build_executor(args.model, layout, limits, BuildHooks(source=source))
+    hooks = BuildHooks(source=source, notice=lambda text: print(text, file=sys.stderr))
+    executor = build_executor(args.model, layout, limits, hooks)
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
     meter = TPMeter(executor) if isinstance(executor, TPExecutor) else None
