@@ -1,5 +1,5 @@
 """`--pp-weights auto`'s split (`tandem.engine.pp.layout.auto_ranges`): a stage's speed is its
-slowest rank's probed GEMV GB/s times its TP degree, its memory its smallest rank's free GB times
+slowest rank's probed GEMV GB/s times its TP degree over its dtype's bytes per parameter, its memory its smallest rank's free GB times
 the degree; layers go where they finish first (`partition_layers`), and a plan that does not fit is
 refused before anything loads."""
 
@@ -38,7 +38,14 @@ def test_the_faster_stage_gets_more_layers_and_the_head_pays_for_its_lm_head():
 
 def test_a_tp_stage_runs_at_its_slowest_rank_times_its_degree():
     cap = StageProbe((10.0, 4.0), (8.0, 2.0)).capacity(2)
-    assert cap.speed == 8.0 and cap.memory_bytes == 4_000_000_000 and cap.bytes_per_param == 2
+    assert cap.speed == 4.0 and cap.memory_bytes == 4_000_000_000 and cap.bytes_per_param == 2
+
+
+def test_stages_of_different_dtypes_compare_by_parameters_per_second():
+    # the same GB/s: the bfloat16 stage reads half the bytes per layer, so it is twice as fast
+    mixed = [StageSpec(R(0, 4)), StageSpec(R(4, 8), dtype="bfloat16")]
+    same = [StageProbe((10.0,), (64.0,)), StageProbe((10.0,), (64.0,))]
+    assert ranges(auto_ranges(CONFIG, mixed, same)) == [R(0, 1), R(1, 8)]  # by GB/s: 0:3, 3:8
 
 
 def test_a_stage_without_memory_for_its_layers_is_refused_before_loading():

@@ -101,11 +101,13 @@ class StageProbe:
 
     def capacity(self, bytes_per_param: int) -> StageCapacity:
         """A TP stage splits its layers evenly over its ranks, so it runs at its slowest rank's
-        speed times its degree and holds its smallest rank's memory times its degree."""
+        speed times its degree and holds its smallest rank's memory times its degree. The speed is
+        in parameters per second (GB/s over the dtype's bytes per parameter), so a bfloat16 stage
+        and a float32 stage compare by the layers they get through, not the bytes."""
         n = len(self.gemv_gb_s)
         return StageCapacity(
             memory_bytes=int(n * min(self.free_gb) * 1e9),
-            speed=n * min(self.gemv_gb_s),
+            speed=n * min(self.gemv_gb_s) / bytes_per_param,
             bytes_per_param=bytes_per_param,
         )
 
