@@ -7,10 +7,10 @@ STOP (see `tandem.engine.pp.stage.serve_stage`). With `--layers auto` it first m
 GEMV speed and free memory (`tandem.engine.device_probe.measure_local`, before any layer is loaded),
 adds both to that line (`TANDEM_STAGE_LISTENING <port> <ring port> <GB/s> <free GB>`), and reads
 its range `START:END` as the first stdin line (the launcher partitions the layers from every
-stage's probe: `tandem.engine.pp.layout.auto_ranges`). The stage's leader (TP rank 0) learns where to send
-from `--downstream host:port,...` or, with `--downstream -`, from a line on stdin; a TP rank of a
-stage also binds a ring listener (its port is the second number printed) and learns its right
-neighbour from `--tp-right` or the next stdin line.
+stage's probe: `tandem.engine.pp.layout.auto_ranges`). The stage's leader (TP rank 0) learns
+where to send from `--downstream host:port,...` or, with `--downstream -`, from a line on stdin; a
+TP rank of a stage also binds a ring listener (its port is the second number printed) and learns
+its right neighbour from `--tp-right` or the next stdin line.
 
 The cluster secret comes from the environment (`TANDEM_SECRET`), never from argv.
 """
