@@ -42,11 +42,12 @@ def _single(args: argparse.Namespace):
 
 
 def _tp(args: argparse.Namespace):
-    """This rank of a TP group: the head's executor and its traced communicator (on a worker,
-    after the group closed: None, None)."""
+    """This rank of a TP group: the head's executor (built by `build_executor` over the traced
+    group) and its traced communicator (on a worker, after the group closed: None, None)."""
     from tandem.bench.optrace import TracedCommunicator
     from tandem.comm.peers import connect_ring
-    from tandem.engine.tp.setup import run_worker, start_head
+    from tandem.engine.build import BuildHooks, Layout, Limits, build_executor
+    from tandem.engine.tp.setup import run_worker
 
     comm = TracedCommunicator(
         connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
@@ -58,29 +59,28 @@ def _tp(args: argparse.Namespace):
             if args.trace_dir:
                 comm.dump(Path(args.trace_dir) / f"rank{args.rank}.json")
         return None, None
-    ex = start_head(args.model, comm, max_batch=2, max_seq_len=args.max_seq_len, dtype=args.dtype)
-    return ex, comm
+    layout = Layout(stage_tp=(args.world,), dtypes=(DTYPE_NAMES[args.dtype],))
+    limits = Limits(2, args.max_seq_len)
+    return build_executor(args.model, layout, limits, BuildHooks(comm=comm)), comm
 
 
 def _pp(args: argparse.Namespace):
-    """The head of an M-stage pipeline; it starts stages 1..M-1 itself (`launch_pipeline`), on the
-    hosts `--netns` names (rank g inside namespace g), bound to their `--peers` addresses."""
+    """The head of an M-stage pipeline, one rank per stage, built by `build_executor` (it starts
+    stages 1..M-1 itself) on the hosts `--netns` names (rank g inside namespace g), bound to
+    their `--peers` addresses."""
     from tandem.comm.peers import parse_peers
-    from tandem.config import ModelConfig
-    from tandem.engine.pp.launch import launch_pipeline
-    from tandem.engine.pp.layout import plan_stages
+    from tandem.engine.build import BuildHooks, Layout, Limits, build_executor
 
     addrs = [h for h, _ in parse_peers(args.peers.split(","))]
     netns = [n for n in args.netns.split(",") if n]
     if len(addrs) != args.world or (netns and len(netns) != args.world):
         raise DecodeRunError(f"pp: need {args.world} peers (and namespaces, if any)")
-    stages = plan_stages(ModelConfig.from_dir(args.model), [1] * args.world, dtype=args.dtype)
     prefix = (lambda g: ["ip", "netns", "exec", netns[g]]) if netns else None
-    ex = launch_pipeline(
-        args.model, stages, max_batch=2, max_seq_len=args.max_seq_len, threads=args.threads,
-        addresses=addrs, argv_prefix=prefix,
-    )  # fmt: skip
-    return ex, None
+    layout = Layout(
+        stage_tp=(1,) * args.world, dtypes=(DTYPE_NAMES[args.dtype],), threads=args.threads
+    )
+    hooks = BuildHooks(addresses=addrs, argv_prefix=prefix)
+    return build_executor(args.model, layout, Limits(2, args.max_seq_len), hooks), None
 
 
 def main(argv: list[str] | None = None) -> int:

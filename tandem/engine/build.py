@@ -4,7 +4,7 @@ A `Layout` says how the ranks are arranged; `Limits` how many sequences of what 
 hold. `build_executor` picks the executor the layout names:
 
     world 1                          -> LocalExecutor   (the whole model in this process)
-    ring_config                      -> TPExecutor      (rank 0 of a TP group on other machines)
+    ring_config, or hooks.comm       -> TPExecutor      (rank 0 of a TP group on other machines)
     one stage of N > 1 ranks         -> TPExecutor      (N-1 local `tandem worker` processes)
     M > 1 stages of t_0..t_M-1 ranks -> PipelineExecutor (local `tandem stage` processes)
 
@@ -17,16 +17,20 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.devices import DTYPE_NAMES, dtype_name
 from tandem.engine.executor import Executor
 from tandem.loaders.source import ModelSource, open_model
+
+if TYPE_CHECKING:
+    from tandem.comm.base import Communicator
 
 
 class LayoutUnavailable(RuntimeError):
@@ -133,12 +137,21 @@ class BuildHooks:
     wait; `source` the model already opened (a single device loads from it, e.g. one that reports
     its reads to a progress bar); `epoch` > 0: the group is formed again after losing a rank
     (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id;
-    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`)."""
+    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`).
+
+    What the caller already holds or decides (the bench's rank programs): `comm` a TP group
+    already formed with this process as rank 0 (e.g. one whose collectives are traced): the head
+    runs over it, the layout's `ring_config` unread; `addresses[g]` the address global rank g of
+    a local pipeline binds and is reached at, `argv_prefix(g)` a prefix of its command (e.g.
+    `ip netns exec NS`)."""
 
     status: Callable[[str], AbstractContextManager[None]] = field(default=_quiet)
     source: ModelSource | None = None
     epoch: int = 0
     notice: Callable[[str], None] = field(default=lambda _text: None)
+    comm: Communicator | None = None
+    addresses: Sequence[str] | None = None
+    argv_prefix: Callable[[int], list[str]] | None = None
 
 
 def build_executor(
@@ -148,6 +161,8 @@ def build_executor(
     hooks = hooks or BuildHooks()
     if layout.threads:
         torch.set_num_threads(layout.threads)
+    if hooks.comm is not None:
+        return _tp_head(Path(model), hooks.comm, layout, limits, hooks, "the given group")
     if layout.ring_config is not None:
         return _remote_tp_head(Path(model), layout, limits, hooks)
     if layout.world_size == 1:
@@ -193,6 +208,8 @@ def build_executor(
             microbatches=layout.microbatches,
             threads=layout.threads,
             auto_layers=auto,
+            addresses=hooks.addresses,
+            argv_prefix=hooks.argv_prefix,
         )
     if auto:
         hooks.notice(describe_auto(executor.stages, executor.stage_probes))
@@ -216,8 +233,6 @@ def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks
 def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:
     from tandem.cluster.ring_config import keepalive_interval, load_ring_config
     from tandem.comm import from_env
-    from tandem.comm.metered import MeteredCommunicator
-    from tandem.engine.tp.setup import start_head
 
     ring_config = layout.ring_config
     assert ring_config is not None
@@ -227,13 +242,32 @@ def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHoo
         # no fingerprint claim: the workers (`tandem worker`, `cluster join`) make none; the
         # layout agreement (`tp.setup.agree_layout`) compares the model's fingerprint instead
         comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
+    rtts = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
+    return _tp_head(model, comm, layout, limits, hooks, str(ring_config), keepalive_s, rtts)
+
+
+def _tp_head(
+    model: Path,
+    comm: Communicator,
+    layout: Layout,
+    limits: Limits,
+    hooks: BuildHooks,
+    where: str,
+    keepalive_s: float | None = None,
+    join_rtt_ms: dict[int, float] | None = None,
+) -> Executor:
+    """Rank 0 of the TP group over `comm` (its workers run `tp.setup.run_worker`), metered;
+    `where` names the group in errors."""
+    from tandem.comm.metered import MeteredCommunicator
+    from tandem.engine.tp.setup import start_head
+
     if comm.rank != 0:
         comm.close()
-        raise LayoutUnavailable(f"{ring_config} is rank {comm.rank}: only rank 0 runs the head")
+        raise LayoutUnavailable(f"{where} is rank {comm.rank}: only rank 0 runs the head")
     if layout.tp > 1 and comm.world_size != layout.tp:
         comm.close()
         raise LayoutUnavailable(
-            f"{ring_config} describes {comm.world_size} ranks but the layout has {layout.tp}"
+            f"{where} describes {comm.world_size} ranks but the layout has {layout.tp}"
         )
     metered = MeteredCommunicator(comm)
     with hooks.status(f"agreeing on the model with {comm.world_size - 1} worker(s)"):
@@ -247,7 +281,7 @@ def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHoo
             dtype=layout.dtype_names()[0],
             device=layout.device_names()[0],
             keepalive_s=keepalive_s,
-            join_rtt_ms=join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size),
+            join_rtt_ms=join_rtt_ms,
         )
 
 

@@ -9,6 +9,7 @@ steps in flight (a pipeline) is also `Pipelined`; callers check that with `isins
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,6 +42,19 @@ class Step:
 
     sequences: tuple[StepSequence, ...]
     greedy: bool = False
+
+
+def split_microbatches(seqs: Sequence[StepSequence], n: int) -> list[tuple[StepSequence, ...]]:
+    """`seqs` in order, cut into `min(n, len(seqs))` contiguous groups whose sizes differ by at most
+    one (the larger groups first)."""
+    n = max(1, min(n, len(seqs)))
+    q, r = divmod(len(seqs), n)
+    out, i = [], 0
+    for k in range(n):
+        size = q + (1 if k < r else 0)
+        out.append(tuple(seqs[i : i + size]))
+        i += size
+    return out
 
 
 class StepResultError(ValueError):

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.engine.executor import Step, StepResult
+from tandem.engine.executor import Executor, Step, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,9 @@ def _trim_heap() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _whole(ex: Any, unknown: bool = True) -> bool:
-    """`ex.health()`'s verdict; `unknown` for an executor that has none (after it raised: False)."""
-    health = getattr(ex, "health", None)
-    return bool(health()[0]) if callable(health) else unknown
+def _whole(ex: Executor) -> bool:
+    """`ex.health()`'s verdict: is the group that just raised still whole?"""
+    return bool(ex.health()[0])
 
 
 class RecoveringExecutor:
@@ -187,8 +186,7 @@ class RecoveringExecutor:
             return False, f"{FAILED}: {self._given_up}"
         if self._reforming is not None:
             return False, f"{REFORMING} (epoch {self.epoch + 1}): {self._reforming}"
-        own = getattr(self._current, "health", None)
-        ok, detail = own() if callable(own) else (True, "ok")
+        ok, detail = self._current.health()
         if not ok:  # seen before the recovery thread took it up
             return False, f"{REFORMING} (epoch {self.epoch + 1}): {detail}"
         return True, detail
@@ -205,8 +203,7 @@ class RecoveringExecutor:
     def stats(self) -> dict[str, float]:
         """The current group's counters (they start again at 0 in each epoch) and the
         recovery's own, for /metrics."""
-        own = getattr(self._current, "stats", None)
-        out = dict(own()) if callable(own) else {}
+        out = dict(self._current.stats())
         c = self.counts
         out.update(
             group_failures=c.failures,
@@ -240,7 +237,7 @@ class RecoveringExecutor:
             try:
                 return getattr(ex, method)(*args)
             except Exception as e:
-                if _whole(ex, unknown=False):
+                if _whole(ex):
                     raise  # a step the group refused; it is still whole
                 why = f"{type(e).__name__}: {e}"
             del ex  # the broken group is freed before the new one loads, not after

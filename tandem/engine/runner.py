@@ -1,35 +1,65 @@
 """Runs one `Step` through the part of the model this process holds, with its own KV cache.
 
-The same object serves every layout: a single device (the whole model), a tensor-parallel rank (a
-`shard_transformer` model whose collectives run inside its layers), or a pipeline stage (a layer
-range, with or without the embedding and the head). Each rank of a group runs the same steps in
+The same object serves every layout: a single device (the whole model: `LocalExecutor`), a
+tensor-parallel rank (a `shard_transformer` model whose collectives run inside its layers), or a
+pipeline stage (a layer range, with or without the embedding and the head: `StageRunner` is its
+face for frames that carry rows instead of a `Step`). Each rank of a group runs the same steps in
 the same order, so each assigns the same cache slots; nothing here talks to other ranks except
-through the model's own layers.
+through the model's own layers. Which steps it takes is `SequenceCache`'s one rule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from tandem.engine.executor import Step
+from tandem.engine.sequences import SequenceCache, SequenceError
 from tandem.kernels.modules import swap_fast_modules
-from tandem.models.kv_cache import KVCache, SlotTable
+from tandem.models.kv_cache import KVCache
 from tandem.models.llama import Transformer
 
-
-class StepOrderError(ValueError):
-    """A step's start position disagrees with how many tokens the cache holds for that sequence."""
+# the one error under the name the TP runner has always raised
+StepOrderError = SequenceError
 
 
 class ShardRunner:
-    def __init__(self, model: Transformer, max_batch: int, max_seq_len: int) -> None:
-        swap_fast_modules(model)  # the native norms, RoPE and attention; TP layers pick their own
+    """`forward` runs a `Step` (from the tokens, or from the previous stage's hidden state);
+    `forward_rows` runs the held layers over a hidden state given as rows. `swap`: give the
+    model its fast modules here (False: the caller has prepared it, `tandem.kernels.prepare`)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        max_batch: int,
+        max_seq_len: int,
+        *,
+        swap: bool = True,
+        owner: str = "the KV cache",
+    ) -> None:
+        if swap:
+            swap_fast_modules(
+                model
+            )  # the native norms, RoPE and attention; TP layers pick their own
         self.model = model
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        self.cache = KVCache.for_model(model, max_batch, max_seq_len)
-        self.slots = SlotTable(max_batch)
-        self._cached: dict[int, int] = {}  # seq_id -> tokens already in the cache
+        self.seqs = SequenceCache.for_model(model, max_batch, max_seq_len, owner=owner)
+
+    @property
+    def cache(self) -> KVCache | None:
+        """The KV cache of the layers held (None: no layers)."""
+        return self.seqs.kv
+
+    @property
+    def live_sequences(self) -> int:
+        return len(self.seqs)
+
+    def check(self, step: Step) -> None:
+        """Raises `SequenceError` for a step this runner (and so every rank) would refuse: the
+        head calls it before broadcasting, so a bad step never desynchronizes the group."""
+        self.seqs.check(step)
 
     @torch.inference_mode()
     def forward(self, step: Step, h_in: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -39,10 +69,9 @@ class ShardRunner:
         TP group and None on the others; without the head, the hidden state (B, T, D)."""
         m = self.model
         seqs = step.sequences
-        self.check(step)
+        slots = self.seqs.check(step)
         lengths = [len(s.token_ids) for s in seqs]
-        slots = [self.slots.slot(s.seq_id) for s in seqs]
-        ctx = m.context([s.start_pos for s in seqs], lengths, self.cache, slots)
+        ctx = m.context([s.start_pos for s in seqs], lengths, self.seqs.kv, slots)
         if m.with_embed:
             T = max(lengths)
             rows = [list(s.token_ids) + [0] * (T - len(s.token_ids)) for s in seqs]
@@ -53,8 +82,7 @@ class ShardRunner:
                 raise ValueError("a stage without the embedding needs the previous hidden state")
             h = h_in.to(device=m.device, dtype=m.dtype)
         h = m.forward_layers(h, ctx)
-        for s, n in zip(seqs, lengths):
-            self._cached[s.seq_id] = s.start_pos + n
+        self.seqs.advance(step)
         if not m.with_head:
             return h
         if step.greedy:
@@ -63,35 +91,23 @@ class ShardRunner:
         logits = m.head(m.last_hidden(h, ctx))  # (B, 1, vocab) or None off rank 0
         return None if logits is None else logits[:, 0].float().cpu()
 
-    def check(self, step: Step) -> None:
-        """Raises `StepOrderError` for a step this runner (and so every rank) would refuse: the
-        head calls it before broadcasting, so a bad step never desynchronizes the group."""
-        seqs = step.sequences
-        if not seqs:
-            raise StepOrderError("a step needs at least one sequence")
-        if len({s.seq_id for s in seqs}) != len(seqs):
-            raise StepOrderError("a sequence appears twice in one step")
-        new = 0
-        for s in seqs:
-            have = self._cached.get(s.seq_id)
-            if have is None:
-                new += 1
-            if s.start_pos != (have or 0):
-                raise StepOrderError(
-                    f"sequence {s.seq_id} starts at {s.start_pos} but {have or 0} tokens are cached"
-                )
-            if not s.token_ids:
-                raise StepOrderError(f"sequence {s.seq_id} has no new tokens")
-            if s.start_pos + len(s.token_ids) > self.max_seq_len:
-                raise StepOrderError(
-                    f"sequence {s.seq_id} would reach {s.start_pos + len(s.token_ids)} tokens; "
-                    f"the KV cache holds {self.max_seq_len}"
-                )
-        free = self.max_batch - len(self._cached)
-        if new > free:
-            raise StepOrderError(f"{new} new sequences but only {free} free KV cache slots")
+    @torch.inference_mode()
+    def forward_rows(
+        self,
+        seq_ids: Sequence[int],
+        start_pos: Sequence[int],
+        lengths: Sequence[int],
+        h: torch.Tensor,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """The held layers only: h (B, T, D) -> (B, T, D), or (B, 1, D) at each row's last real
+        token when `last_only`; row b is sequence `seq_ids[b]`'s `lengths[b]` new tokens from
+        `start_pos[b]`."""
+        slots = self.seqs.check_rows(seq_ids, start_pos, lengths)
+        ctx = self.model.context(start_pos, lengths, self.seqs.kv, slots)
+        h = self.model.forward_layers(h.to(self.model.dtype), ctx)
+        self.seqs.advance_rows(seq_ids, start_pos, lengths)
+        return self.model.last_hidden(h, ctx) if last_only else h
 
-    def release(self, seq_ids: list[int] | tuple[int, ...]) -> None:
-        for sid in seq_ids:
-            self.slots.release(sid)
-            self._cached.pop(sid, None)
+    def release(self, seq_ids: Sequence[int]) -> None:
+        self.seqs.release(seq_ids)

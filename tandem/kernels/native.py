@@ -9,7 +9,8 @@ called through ctypes: no Python headers, no torch headers, a build of about a s
   rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
   converts 16-bit rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
 - csrc/decode_block.c chains them into a decoder layer's two halves for one decode token
-  (decode_layer.py), so no Python runs between the weight streams.
+  (decode_layer.py), so no Python runs between the weight streams; csrc/decode_model.c chains
+  those halves over all of a model's held layers in one call (decode_model.py).
 
 Why a kernel of our own: decode at batch 1 reads every weight once per token, so its speed is
 the rate at which the GEMVs stream the weights. On the x86 CPUs measured here the libraries in the
@@ -55,7 +56,8 @@ from tandem.devices import cpu_flags
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
-    CSRC / c for c in ("gemv.c", "decode_ops.c", "decode_block.c", "qgemv.c", "qgemm.c")
+    CSRC / c
+    for c in ("gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c")
 )
 HEADERS = tuple(CSRC / h for h in ("dtypes.h", "quant.h", "qx.h", "qdot256.h", "qdot512.h"))
 # TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
@@ -148,6 +150,13 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     ),
     # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads
     "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _I64, _I64, _INT, _INT)),
+    # layers (tq_layer*), n, h, cos, sin, slot, slot_stride, kv_strides, pos, D, H, G, hd, I,
+    # scale, dtype, threads
+    "tandem_decode_layers": (
+        _INT,
+        (_P, _I64, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT)
+        + (_INT,),
+    ),
 }
 
 

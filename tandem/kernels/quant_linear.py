@@ -11,8 +11,10 @@ rows, each keeping its own type: one call, and the shape the two-call decode lay
 the native build is unavailable (`TANDEM_NATIVE=0`, no compiler, not x86-64) or a weight has a
 type or width the kernel lacks, the reference module stays.
 
-Dense parts (F32, F16, BF16) take the library product for prefill: `F.linear` on the weight as
-x's dtype (a view when the dtypes agree), the reference module's own math.
+Dense parts (F32, F16, BF16) take the library product for prefill, the reference module's own
+math: `F.linear` on an F32 weight as x's dtype; an F16 / BF16 weight through the kernel
+`linear._wide_kernel` picks for it (the float32 tiles where the CPU lacks native bf16: the
+weight is not widened whole).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.kernels import native, quant
+from tandem.kernels import linear, native, quant  # linear imports this module: use it late
 
 QUANT = "quant"  # the kernel name in KernelReport.layers
 
@@ -101,7 +103,10 @@ class QuantKernelLinear(nn.Module):
         for w, t, rows in zip(self.parts.tensors, self.qtypes, self.parts.rows):
             if t in quant.DENSE_TYPES:
                 dense = w.view(_DENSE[t]).view(rows, self.in_features)  # (rows, in), no copy
-                outs.append(F.linear(x, dense.to(x.dtype)))
+                if linear._wide_kernel(dense) is linear.f32_tiles_linear:
+                    outs.append(linear.f32_tiles_linear(x, dense))  # 16-bit, tile by tile
+                else:
+                    outs.append(F.linear(x, dense.to(x.dtype)))
             else:
                 one = quant.Parts([(w, t)], self.in_features)
                 outs.append(quant.matmul_unchecked(x.float(), one, None).to(x.dtype))

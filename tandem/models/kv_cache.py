@@ -168,6 +168,20 @@ class SlotTable:
             s = self._slot[seq_id] = self._free.pop(0)
         return s
 
+    def plan(self, seq_ids: Sequence[int]) -> list[int]:
+        """The slot each of `seq_ids` would get from `slot`, called in order, without taking any;
+        `CacheFullError` when the new ones outnumber the free slots."""
+        free = iter(self._free)
+        out = []
+        for sid in seq_ids:
+            s = self._slot.get(sid)
+            if s is None:
+                s = next(free, None)
+                if s is None:
+                    raise CacheFullError(f"all {self.n_slots} KV cache slots are in use")
+            out.append(s)
+        return out
+
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._slot
 

@@ -148,10 +148,10 @@ def quantize_linear(lin: torch.nn.Linear, name: str) -> RefQuantLinear:
     """`lin` as GGUF blocks of type `name` (gguf-py's quantizer; K-quants tandem's)."""
     w = lin.weight.detach().float().numpy()
     t = getattr(quants.GGMLQuantizationType, name)
-    if name in ("Q4_K",):
-        from tandem.loaders.gguf.quantize import quantize_array
+    if name in ("Q4_K", "Q5_K", "Q6_K"):
+        from tandem.models.quant.quantize import quantize
 
-        blocks = quantize_array(w, int(t))
+        blocks = quantize(w, int(t))
     elif name == "F32":
         blocks = w.view(np.uint8)
     elif name == "F16":

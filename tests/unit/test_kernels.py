@@ -321,3 +321,26 @@ def test_a_native_layer_refuses_an_input_of_the_wrong_width_instead_of_reading_p
         layer(torch.randn(1, 128))
     with pytest.raises(native.NativeError, match="features"):
         linear(torch.randn(1, 128), torch.randn(32, 64))
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
+def test_f32_tiles_linear_is_a_float32_product_rounded_once(wdtype, xdtype, monkeypatch):
+    """The prefill kernel for 16-bit weights on a CPU without native bf16: tiles of the weight
+    widened to float32 (small tiles here, so a ragged last tile too), the result rounded once to
+    x's dtype, row-major, with the bias; the weight is not widened whole."""
+    from tandem.kernels import linear as lin
+
+    monkeypatch.setattr(lin, "TILE_BYTES", 16 * 4 * 72)  # 16 rows of K=72 per tile
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 72, generator=g).to(wdtype)
+    x = torch.randn(2, 37, 72, generator=g).to(xdtype)
+    b = torch.randn(300, generator=g).to(wdtype)
+    exact = x.double() @ w.double().T + b.double()  # (2, 37, 300)
+    y = lin.f32_tiles_linear(x, w, b)
+    assert y.dtype == xdtype and y.shape == (2, 37, 300) and y.is_contiguous()
+    ulp = {torch.float32: 0.0, torch.bfloat16: 2**-8}[xdtype]
+    err = (y.double() - exact).abs() / exact.abs().clamp_min(1.0)
+    assert err.max().item() <= 2e-6 * 72**0.5 + ulp
+    if not _native_bf16_cpu():
+        assert lin._wide_kernel(w) is lin.f32_tiles_linear

@@ -29,11 +29,12 @@ from typing import Any
 import torch
 
 from tandem.engine import cluster_info as ci
-from tandem.engine.executor import Step, StepResult, StepSequence
+from tandem.engine.executor import Step, StepResult, StepSequence, split_microbatches
 from tandem.engine.pp import frames as pp
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.pp.stage import StageRunner
+from tandem.engine.sequences import SequenceCache
 from tandem.models.llama import Transformer
 
 MICROBATCH_MIN_TOKENS = 32
@@ -41,19 +42,6 @@ MICROBATCH_MIN_TOKENS = 32
 
 class PipelineFailedError(RuntimeError):
     """A stage failed, died, or did not answer within the timeout; the message says which."""
-
-
-def split_microbatches(seqs: Sequence[StepSequence], n: int) -> list[tuple[StepSequence, ...]]:
-    """`seqs` in order, cut into `min(n, len(seqs))` contiguous groups whose sizes differ by at most
-    one (the larger groups first)."""
-    n = max(1, min(n, len(seqs)))
-    q, r = divmod(len(seqs), n)
-    out, i = [], 0
-    for k in range(n):
-        size = q + (1 if k < r else 0)
-        out.append(tuple(seqs[i : i + size]))
-        i += size
-    return out
 
 
 class PipelineExecutor:
@@ -106,7 +94,8 @@ class PipelineExecutor:
         self._on_close = on_close
         self._tag = 0
         self._local: dict[int, torch.Tensor] = {}
-        self._cached: dict[int, int] = {}
+        # the head's record of every sequence (the stages keep their own by the same rule)
+        self.seqs = SequenceCache(max_batch, max_seq_len, vocab_size=self.vocab_size)
         self._failed: str | None = None
         self.steps = 0
         self.tokens_in = 0
@@ -125,7 +114,7 @@ class PipelineExecutor:
     def run(self, step: Step) -> StepResult:
         """The step's result at each sequence's last new token (see `StepResult`)."""
         self._check_usable()
-        self._check_order(step)
+        self.seqs.check(step)
         try:
             groups = split_microbatches(step.sequences, self._microbatches_for(step))
             tags = [self._launch(g) for g in groups]
@@ -146,7 +135,7 @@ class PipelineExecutor:
         back in submission order (`collect`). A caller that keeps one group of sequences in flight
         per stage keeps every stage busy (see `tandem.engine.pp.generate`)."""
         self._check_usable()
-        self._check_order(step)
+        self.seqs.check(step)
         try:
             tag = self._launch(step.sequences)
         except (StageLinkError, pp.StageMessageError) as e:
@@ -171,8 +160,7 @@ class PipelineExecutor:
         """Frees the sequences' caches here and, in order behind any step in flight, on every stage."""
         self._check_usable()
         self.stage0.release(seq_ids)
-        for s in seq_ids:
-            self._cached.pop(s, None)
+        self.seqs.release(seq_ids)
         frame = pp.encode(
             StageMessage(
                 pp.KIND_RELEASE,
@@ -305,24 +293,11 @@ class PipelineExecutor:
         return max(1, min(self.num_stages, tokens // MICROBATCH_MIN_TOKENS))
 
     def _account(self, step: Step) -> None:
-        for s in step.sequences:
-            self._cached[s.seq_id] = s.start_pos + len(s.token_ids)
+        self.seqs.advance(step)
         self.steps += 1
         self.tokens_in += sum(len(s.token_ids) for s in step.sequences)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
-
-    def _check_order(self, step: Step) -> None:
-        if len(step.sequences) > self.max_batch:
-            raise ValueError(
-                f"step of {len(step.sequences)} sequences; max_batch is {self.max_batch}"
-            )
-        for s in step.sequences:
-            have = self._cached.get(s.seq_id, 0)
-            if s.start_pos != have:
-                raise ValueError(
-                    f"sequence {s.seq_id} starts at {s.start_pos} but {have} tokens are cached"
-                )
 
     def _check_usable(self) -> None:
         if self._failed is not None:

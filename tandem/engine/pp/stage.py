@@ -21,7 +21,8 @@ import torch
 
 from tandem.engine.pp import frames as pp
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
-from tandem.models.kv_cache import KVCache, SlotTable
+from tandem.engine.runner import ShardRunner
+from tandem.engine.sequences import SequenceError
 from tandem.models.llama import Transformer
 
 log = logging.getLogger(__name__)
@@ -31,23 +32,20 @@ class UpstreamFailedError(StageLinkError):
     """An upstream stage failed; its ERROR frame has been passed on towards the head."""
 
 
-class StageOrderError(ValueError):
-    """A step whose start position disagrees with what this stage's cache holds (desync)."""
+# the one sequence error under the name a stage has always raised
+StageOrderError = SequenceError
 
 
 class StageRunner:
-    """The compute half of a stage: `forward` runs the held layers for one step."""
+    """The compute half of a stage: the one runner (`ShardRunner`) over a prepared stage model,
+    fed rows, since a frame carries ids, positions and lengths rather than a `Step`."""
 
     def __init__(self, model: Transformer, max_batch: int, max_seq_len: int) -> None:
+        self.runner = ShardRunner(model, max_batch, max_seq_len, swap=False, owner="this stage")
         self.model = model
         self.layer_range = model.layer_range
-        self.cache = (
-            KVCache.for_model(model, max_batch, max_seq_len) if len(model.model.layers) else None
-        )
-        self.slots = SlotTable(max_batch)
-        self._cached: dict[int, int] = {}  # seq_id -> tokens in this stage's cache
+        self.seqs = self.runner.seqs
 
-    @torch.inference_mode()
     def forward(
         self,
         seq_ids: Sequence[int],
@@ -57,26 +55,14 @@ class StageRunner:
         last_only: bool = False,
     ) -> torch.Tensor:
         """h (B, T, D) -> (B, T, D), or (B, 1, D) at each row's last real token when `last_only`."""
-        for s, p in zip(seq_ids, start_pos):
-            if p != self._cached.get(s, 0):
-                raise StageOrderError(
-                    f"sequence {s} starts at {p} but this stage holds {self._cached.get(s, 0)} tokens"
-                )
-        slots = [self.slots.slot(s) for s in seq_ids]
-        ctx = self.model.context(start_pos, lengths, self.cache, slots)
-        h = self.model.forward_layers(h.to(self.model.dtype), ctx)
-        for s, p, n in zip(seq_ids, start_pos, lengths):
-            self._cached[s] = p + n
-        return self.model.last_hidden(h, ctx) if last_only else h
+        return self.runner.forward_rows(seq_ids, start_pos, lengths, h, last_only)
 
     def release(self, seq_ids: Sequence[int]) -> None:
-        for s in seq_ids:
-            self.slots.release(s)
-            self._cached.pop(s, None)
+        self.runner.release(seq_ids)
 
     @property
     def live_sequences(self) -> int:
-        return len(self._cached)
+        return len(self.seqs)
 
 
 @dataclass

@@ -1,0 +1,150 @@
+"""`SequenceCache`: what one process holds of each live sequence, and the one rule a step obeys.
+
+Every runner keeps, per sequence id, a cache slot (one row of its `KVCache`) and the number of
+tokens already written there. A whole-model executor, each rank of a TP group, each pipeline stage
+and the pipeline's head all hold one of these, and all check a step by the same rule:
+
+    1 <= B <= max_batch                      B = the step's sequences, each id at most once
+    0 <= start_pos <= cached(seq)            continue where the cache ends, or rewind (re-prefill);
+                                             never leave a gap
+    start_pos + len(token_ids) <= max_seq_len
+    0 <= token id < vocab_size               where this process embeds the tokens
+    new sequences <= free slots
+
+A violation raises `SequenceError` (its subclass `SequenceTooLongError` for the length bound)
+before any state changes, so a step the head refuses never reaches another rank. Slots go to new
+sequences lowest first, in step order: every rank that sees the same steps in the same order
+holds the same slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from torch import nn
+
+from tandem.engine.executor import Step
+from tandem.models import kv_cache
+from tandem.models.kv_cache import KVCache, SlotTable
+
+
+class SequenceError(ValueError):
+    """A step that breaks the sequence rule (see the module docstring); the message says which."""
+
+
+class SequenceTooLongError(SequenceError, kv_cache.SequenceTooLongError):
+    """A sequence would run past `max_seq_len` (also the KV cache's own error type)."""
+
+
+class SequenceCache:
+    """Per live sequence: its slot in `kv` (None: this process holds no layers) and its length.
+
+    `owner` names the holder in messages ("this stage"); `vocab_size` (None: not checked) bounds
+    the token ids where this process embeds them."""
+
+    def __init__(
+        self,
+        max_batch: int,
+        max_seq_len: int,
+        *,
+        kv: KVCache | None = None,
+        vocab_size: int | None = None,
+        owner: str = "the KV cache",
+    ) -> None:
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.kv = kv
+        self.vocab_size = vocab_size
+        self.owner = owner
+        self.slots = SlotTable(max_batch)
+        self._length: dict[int, int] = {}  # seq_id -> tokens written in its slot
+
+    @classmethod
+    def for_model(
+        cls, model: nn.Module, max_batch: int, max_seq_len: int, *, owner: str = "the KV cache"
+    ) -> SequenceCache:
+        """A cache sized for the layers `model` holds (none: no `kv`), checking token ids when
+        `model` holds the embedding."""
+        kv = KVCache.for_model(model, max_batch, max_seq_len) if len(model.model.layers) else None
+        vocab = model.config.vocab_size if model.with_embed else None
+        return cls(max_batch, max_seq_len, kv=kv, vocab_size=vocab, owner=owner)
+
+    def cached(self, seq_id: int) -> int:
+        """Tokens of `seq_id` already held (0 for a sequence not seen)."""
+        return self._length.get(seq_id, 0)
+
+    def __len__(self) -> int:
+        return len(self._length)
+
+    def check(self, step: Step) -> list[int]:
+        """Raises `SequenceError` for a step that breaks the rule; else each row's slot (B,), new
+        sequences' slots planned but not yet taken (`advance` takes them)."""
+        seqs = step.sequences
+        return self.check_rows(
+            [s.seq_id for s in seqs],
+            [s.start_pos for s in seqs],
+            [len(s.token_ids) for s in seqs],
+            [s.token_ids for s in seqs],
+        )
+
+    def check_rows(
+        self,
+        seq_ids: Sequence[int],
+        start_pos: Sequence[int],
+        lengths: Sequence[int],
+        token_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[int]:
+        """`check` for a step given as rows (a stage's frame carries no token ids)."""
+        n = len(seq_ids)
+        if not 1 <= n <= self.max_batch:
+            raise SequenceError(f"a step holds 1..{self.max_batch} sequences, got {n}")
+        if len(set(seq_ids)) != n:
+            raise SequenceError("a sequence appears twice in one step")
+        new = 0
+        for b, (sid, pos, length) in enumerate(zip(seq_ids, start_pos, lengths)):
+            if length < 1:
+                raise SequenceError(f"sequence {sid}: no new tokens")
+            have = self._length.get(sid)
+            new += have is None
+            if not 0 <= pos <= (have or 0):
+                raise SequenceError(
+                    f"sequence {sid} starts at {pos} but {self.owner} holds {have or 0} tokens "
+                    f"(start_pos {pos}: a step continues or rewinds a sequence, never skips)"
+                )
+            if pos + length > self.max_seq_len:
+                raise SequenceTooLongError(
+                    f"sequence {sid} would reach {pos + length} tokens; "
+                    f"max_seq_len is {self.max_seq_len}"
+                )
+            if self.vocab_size is not None and token_ids is not None:
+                ids = token_ids[b]
+                if min(ids) < 0 or max(ids) >= self.vocab_size:
+                    raise SequenceError(f"sequence {sid}: token id outside [0, {self.vocab_size})")
+        free = self.max_batch - len(self._length)
+        if new > free:
+            raise SequenceError(f"{new} new sequences but only {free} free KV cache slots")
+        return self.slots.plan(seq_ids)
+
+    def advance(self, step: Step) -> None:
+        """Records a step that ran: each sequence takes its planned slot and now holds
+        `start_pos + len(token_ids)` tokens."""
+        for s in step.sequences:
+            self.slots.slot(s.seq_id)
+            self._length[s.seq_id] = s.start_pos + len(s.token_ids)
+
+    def advance_rows(
+        self, seq_ids: Sequence[int], start_pos: Sequence[int], lengths: Sequence[int]
+    ) -> None:
+        """`advance` for a step given as rows."""
+        for sid, pos, length in zip(seq_ids, start_pos, lengths):
+            self.slots.slot(sid)
+            self._length[sid] = pos + length
+
+    def release(self, seq_ids: Iterable[int]) -> None:
+        """Frees the sequences' slots (unknown ids are ignored)."""
+        for sid in seq_ids:
+            self.slots.release(sid)
+            self._length.pop(sid, None)
+
+    def clear(self) -> None:
+        self.release(list(self._length))

@@ -1,0 +1,76 @@
+/* A stack of decoder layers for one decode token (one sequence, one new position) in one call:
+ * decode_block.c's two halves per layer with the residual adds between them, so that no Python
+ * runs from the first layer to the last. At batch 1 on a small model the interpreter between the
+ * per-layer calls (module dispatch, the eligibility checks, ctypes argument conversion: ~60 us a
+ * layer) is a large share of the token: SmolLM2-135M has 30 layers of ~2.2 MB of weights each.
+ *
+ *   for each layer l:  h = round(h + attention_block_l(h))
+ *                      h = round(h + mlp_block_l(h))
+ *
+ * `round` is the rounding to the activations' dtype that PyTorch's `h + a` applies (float32
+ * arithmetic, one rounding), so this call gives what the per-layer calls give, bit for bit.
+ */
+#include <stdlib.h>
+
+#include "dtypes.h"
+#include "quant.h"
+
+int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
+                           const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
+                           const void *sin, void *k_cache, void *v_cache,
+                           const int64_t *kv_strides, int64_t pos, const tq_linear *o_l,
+                           void *out, int64_t D, int64_t H, int64_t G, int64_t hd, float scale,
+                           int dt, int nthreads);
+int tandem_mlp_block(const void *h, const void *norm_w, float eps, const tq_linear *gu_l,
+                     const tq_linear *down_l, void *out, int64_t D, int64_t I, int dt,
+                     int nthreads);
+
+/* One decoder layer as the model call takes it (tandem/kernels/decode_model.py builds these):
+ * the two RMSNorm weights and eps, the four projections (quant.h tq_linear), the q/k norm weights
+ * (or NULL) and eps, and the layer's k and v caches at slot 0: element (slot, g, s, d) at
+ * k + slot*slot_stride + g*kv_strides[0] + s*kv_strides[1] + d, every layer alike. */
+typedef struct {
+    const void *in_norm, *post_norm;
+    float in_eps, post_eps, qk_eps;
+    const tq_linear *qkv, *o, *gate_up, *down;
+    const void *q_norm, *k_norm;
+    void *k_cache, *v_cache;
+} tq_layer;
+
+/* h += x elementwise over n elements of dtype dt, each sum rounded once to dt. */
+static void residual_add(void *h, const void *x, int64_t n, int dt) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) store8(h, i, _mm256_add_ps(load8(h, i, dt), load8(x, i, dt)), dt);
+#endif
+    for (; i < n; i++) store1(h, i, load1(h, i, dt) + load1(x, i, dt), dt);
+}
+
+/* h (D), in place: the `n` layers in order, this token at position `pos` written into each
+ * layer's cache row of `slot` (cos, sin: (hd) for pos; D, H q heads, G kv heads of hd, I the MLP
+ * width, scale the attention's score scale). Returns 0, or -1 where a block refuses. */
+int tandem_decode_layers(const tq_layer *layers, int64_t n, void *h, const void *cos,
+                         const void *sin, int64_t slot, int64_t slot_stride,
+                         const int64_t *kv_strides, int64_t pos, int64_t D, int64_t H, int64_t G,
+                         int64_t hd, int64_t I, float scale, int dt, int nthreads) {
+    if (n < 0 || slot < 0 || D < 1 || dt < DT_F32 || dt > DT_F16) return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    void *x = malloc((size_t)D * es);
+    if (!x) return -1;
+    int rc = 0;
+    for (int64_t l = 0; l < n && !rc; l++) {
+        const tq_layer *L = &layers[l];
+        const int64_t off = slot * slot_stride * es;
+        rc = tandem_attention_block(h, L->in_norm, L->in_eps, L->qkv, L->q_norm, L->k_norm,
+                                    L->qk_eps, cos, sin, (char *)L->k_cache + off,
+                                    (char *)L->v_cache + off, kv_strides, pos, L->o, x, D, H, G,
+                                    hd, scale, dt, nthreads);
+        if (rc) break;
+        residual_add(h, x, D, dt);
+        rc = tandem_mlp_block(h, L->post_norm, L->post_eps, L->gate_up, L->down, x, D, I, dt,
+                              nthreads);
+        if (!rc) residual_add(h, x, D, dt);
+    }
+    free(x);
+    return rc;
+}
