@@ -18,11 +18,6 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
-
-# this folder holds a gguf.py (the llama.cpp comparison) that would shadow the gguf package
-_HERE = Path(__file__).resolve().parent
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 
 def _vm(key: str) -> int:

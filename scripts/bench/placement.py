@@ -46,9 +46,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-# this folder's gguf.py would shadow the gguf package the kernels import
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 DEFAULT_DIR = Path("/tmp/tandem-bench-qwen3-0.6b")
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000

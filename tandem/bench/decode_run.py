@@ -131,13 +131,16 @@ def main(argv: list[str] | None = None) -> int:
             trace.dump(Path(args.trace_dir) / "rank0.json", {"decode_spans": spans})
     # the best round: on a machine shared with other work, the least disturbed one
     best = min(rounds, key=lambda t: t.decode_s_per_token)
+    kernels = getattr(executor, "kernels", None)  # a LocalExecutor's KernelReport
     out = {**asdict(best), "prefill_tok_per_s": max(t.prefill_tok_per_s for t in rounds),
            "ttft_s": min(t.ttft_s for t in rounds), "decode_tok_per_s": best.decode_tok_per_s,
            "rounds_decode_s_per_token": [t.decode_s_per_token for t in rounds],
            "rounds_ttft_s": [t.ttft_s for t in rounds], "layout": args.layout,
            "world": args.world, "threads": args.threads, "dtype": args.dtype,
            # a TP pair on one host: its all-reduces bypass the wire (shared memory)
-           "same_host_memory": trace is not None and bool(trace.inner.same_host)}  # fmt: skip
+           "same_host_memory": trace is not None and bool(trace.inner.same_host),
+           # single: its linear layers per kernel (`tandem.kernels.prepare`; GGUF blocks: quant)
+           "kernel_layers": dict(kernels.layers) if kernels is not None else None}  # fmt: skip
     print(json.dumps(out), flush=True)
     return 0
 

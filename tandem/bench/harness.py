@@ -5,8 +5,11 @@ PP=M) the harness starts the ranks (`decode_run.py`) on their hosts, reads every
 counters around the head's decode phase, and records TTFT, prefill and decode speed and wire bytes
 per token. Then the peers in the same run: our ring against torch gloo all-reduce
 (`collective_run.py`) on each link, and Hugging Face transformers decoding the same directory
-(`hf_peer.py`), and how much concurrent decodes speed up. Before each link's layouts, the lockstep
-probe (`lockstep.py`: k ranks on that link's hosts, close in time to the TP runs it predicts).
+(`hf_peer.py`; not for a GGUF file, which it would dequantize), and how much concurrent decodes
+speed up. A GGUF model runs in its own blocks on every rank: TP shards cut on block boundaries and
+PP stages holding their layers' blocks, each on the quantized kernels (`kernels.prepare`, "auto"),
+as a single node's. Before each link's layouts, the lockstep probe (`lockstep.py`: k ranks on that
+link's hosts, close in time to the TP runs it predicts; its layers random float32 ones).
 Finally `plan_model` predicts every measured layout from the measured single-node speed and link
 figures (the ring's per-message cost calibrated by the all-reduce run, never by the
 layout runs), and `report.py` writes JSON, markdown and a PNG chart.
@@ -59,9 +62,26 @@ def parse_layouts(text: str) -> list[BenchLayout]:
     return out
 
 
+def describe_model(path: str) -> tuple[object, dict]:
+    """The model at `path` (a directory or FILE.gguf): its `ModelConfig` and the report's facts
+    about it (path, weight format, bytes on disk)."""
+    from tandem.loaders.gguf.model_file import gguf_files
+    from tandem.loaders.source import is_gguf, open_model
+
+    source = open_model(path)
+    try:
+        config, fmt = source.config, source.weight_format()
+    finally:
+        source.close()
+    gguf = is_gguf(path)
+    files = gguf_files(path) if gguf else sorted(Path(path).glob("*.safetensors"))
+    return config, {"path": path, "gguf": gguf, "weight_format": fmt,
+                    "file_bytes": sum(f.stat().st_size for f in files)}  # fmt: skip
+
+
 @dataclass
 class BenchOptions:
-    model_dir: str
+    model_dir: str  # a model directory or FILE.gguf
     layouts: list[BenchLayout] = field(default_factory=lambda: parse_layouts("single,tp2,pp2"))
     links: tuple[str, ...] = ("loopback", "emulated")
     rate_mbit: int = 2500
@@ -72,6 +92,7 @@ class BenchOptions:
     dtype: str = "float32"
     threads: int = 2  # for the whole machine; split among co-located ranks
     collectives: bool = True
+    probes: bool = True  # the lockstep probe and the concurrency measurement (TP predictions)
     hf_peer: bool = True
     timeout_s: float = 900.0
     log_dir: str | None = None
@@ -258,12 +279,10 @@ def run_collectives(hosts: Hosts, world: int, sizes: list[int], backend: str, it
 
 
 def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
-    from tandem.config import ModelConfig
-
-    config = ModelConfig.from_dir(opts.model_dir)
+    config, facts = describe_model(opts.model_dir)
     max_ranks = max(lay.n for lay in opts.layouts)
     doc: dict = {"machine": machine_info(), "options": _options_dict(opts),
-                 "model": {"dir": opts.model_dir, **asdict(config)},
+                 "model": {"dir": opts.model_dir, **facts, **asdict(config)},
                  "links": {}, "runs": [], "allreduce": [], "peers": {},
                  "lockstep": {}}  # fmt: skip
     try:
@@ -301,7 +320,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                             s0 = r["sizes"][0]
                             log(f"  {backend:>4} all-reduce x{world}, {s0['bytes']} B: "
                                 f"{s0['median_s'] * 1e6:.0f} us median")  # fmt: skip
-                if any(lay.kind == "tp" for lay in opts.layouts):  # close in time to TP runs
+                if opts.probes and any(lay.kind == "tp" for lay in opts.layouts):  # near TP runs
                     doc["lockstep"][link] = _lockstep(config, opts, log, hosts, link)
                 passes: list[list[dict]] = [[] for _ in opts.layouts]
                 for _ in range(max(1, opts.passes)):  # every layout once a pass: a burst of
@@ -313,13 +332,15 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
                             passes[i].append({"layout": lay.name, "link": hosts.name,
                                               "error": str(e)})  # fmt: skip
                 doc["runs"] += [best_pass(runs) for runs in passes]
-    if any(lay.kind == "tp" for lay in opts.layouts):
+    if opts.probes and any(lay.kind == "tp" for lay in opts.layouts):
         try:
             doc["concurrency"] = measure_concurrency(opts)
             log(f"2 decodes at once: {doc['concurrency']['slots']:.2f}x the throughput of one")
         except (HostProcessFailed, subprocess.TimeoutExpired) as e:
             log(f"concurrency measurement failed: {e}")
-    if opts.hf_peer:
+    if opts.hf_peer and facts["gguf"]:  # transformers would dequantize the file to float
+        log("HF transformers peer skipped: the model is a GGUF file")
+    elif opts.hf_peer:
         doc["peers"]["hf"] = _hf_peer(opts, log)
     doc["machine"]["loadavg_end"] = machine_info()["loadavg"]
     return doc

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -250,6 +251,16 @@ def markdown(doc: dict) -> str:
     m, lines = doc["machine"], []
     lines.append(f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel "
                  f"{m['kernel']}, torch {m['torch']}; load average {m.get('loadavg', '?')}.")  # fmt: skip
+    model = doc.get("model", {})
+    if model.get("weight_format"):
+        lines.append(f"- model: {Path(model['path']).name} ({model['weight_format']}, "
+                     f"{model['file_bytes'] / 1e6:.1f} MB on disk)"
+                     + ("; every rank on its blocks, no HF peer (it would dequantize)"
+                        if model.get("gguf") else ""))  # fmt: skip
+    single = _single(doc)
+    if single and single.get("kernel_layers"):
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(single["kernel_layers"].items()))
+        lines.append(f"- single node's linear layers by kernel: {kinds}")
     for fig in doc["links"].values():
         lines.append(f"- {fig['name']}: RTT {fig['rtt_s'] * 1e6:.0f} us, TCP goodput "
                      f"{fig['goodput_bytes_per_s'] / 1e6:.0f} MB/s")  # fmt: skip
@@ -395,7 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     """Re-renders a saved result: `python -m tandem.bench.report OUT/bench.json`."""
     import json
     import sys
-    from pathlib import Path
 
     path = Path((argv or sys.argv[1:])[0])
     doc = analyze(json.loads(path.read_text()))

@@ -2,6 +2,11 @@
 with HF transformers and torch gloo as peers in the same run; JSON, markdown and a PNG chart.
 
     tandem bench --preset qwen3-0.6b --layouts single,tp2,pp2,tp3,pp3 --out bench-out
+    tandem bench --model FILE.gguf --layouts single,tp2,pp2 --passes 2 --out bench-gguf
+
+A GGUF file runs in its own blocks on every rank (TP shards cut on block boundaries, PP stages
+holding their layers' blocks, all on the quantized kernels); the HF transformers peer is
+skipped for it.
 
 The emulated link needs root and iproute2 (network namespaces, veth, `tc tbf`); without them use
 `--links loopback`.
@@ -20,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench", help="measure layouts side by side with peers", description=__doc__
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a model directory")
+    src.add_argument("--model", help="a model directory or FILE.gguf")
     src.add_argument("--preset", help="make a random-weight model of this preset (cached in --out)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layouts", default="single,tp2,pp2,tp3,pp3")
@@ -35,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2, help="threads for the whole machine")
     p.add_argument("--no-collectives", action="store_true", help="skip ring/gloo all-reduce")
+    p.add_argument(
+        "--no-probes",
+        action="store_true",
+        help="skip the lockstep probe and the concurrent-decode measurement (the TP "
+        "predictions then take no lockstep penalty and the cores as slots)",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers peer")
     p.add_argument("--out", default="bench-out", help="directory for bench.{json,md,png} and logs")
     src.add_argument("--reanalyze", default=None, metavar="BENCH_JSON",
@@ -44,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.bench.harness import BenchOptions, parse_layouts, run_bench
+    from tandem.bench.harness import BenchOptions, describe_model, parse_layouts, run_bench
     from tandem.bench.netns import NetnsUnavailable
     from tandem.bench.report import analyze
 
@@ -67,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--passes and --rounds must be >= 1, got {args.passes}, {args.rounds}"
             )
         model_dir = args.model or _make_preset(args.preset, args.seed, out)
+        describe_model(str(model_dir))  # a path that is no model fails here, before any rank
     except ValueError as e:
         print(f"tandem bench: {e}", file=sys.stderr)
         return 2
@@ -74,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                         rate_mbit=args.rate_mbit, prompt_len=args.prompt_len, decode=args.decode,
                         rounds=args.rounds, passes=args.passes,
                         dtype=args.dtype, threads=args.threads,
-                        collectives=not args.no_collectives, hf_peer=not args.no_hf,
+                        collectives=not args.no_collectives, probes=not args.no_probes,
+                        hf_peer=not args.no_hf,
                         log_dir=str(out / "logs"))  # fmt: skip
     try:
         doc = run_bench(opts, log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -44,3 +44,30 @@ def test_tp2_decode_run_matches_single_and_reports_same_host_memory(tmp_path, sh
     head = _last_json(outs[1][0])
     assert head["token_ids"] == _last_json(single.stdout)["token_ids"]
     assert head["same_host_memory"] is (shm == "1")
+
+
+def test_bench_runs_a_gguf_file_single_and_tp2_on_loopback_and_writes_its_report(tmp_path) -> None:
+    """`tandem bench --model FILE.gguf`: the tiny Q4_0 file's single node and TP=2 (shards cut on
+    block boundaries, the quantized kernels) decode the same ids, and bench.json / bench.md say which
+    file and format ran, with no HF peer."""
+    from tandem.kernels.quant_linear import QUANT
+    from tandem.loaders.gguf.writer import write_preset_gguf
+
+    _, (gguf,) = write_preset_gguf(tmp_path / "tiny.gguf", "tiny-qwen3", "Q4_0", seed=5)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "tandem.cli.main", "bench", "--model", str(gguf),
+            "--layouts", "single,tp2", "--links", "loopback", "--prompt-len", "8",
+            "--decode", "4", "--rounds", "1", "--no-collectives", "--no-probes",
+            "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["model"]["gguf"] and doc["model"]["weight_format"].startswith("GGUF")
+    assert doc["model"]["file_bytes"] == gguf.stat().st_size
+    runs = {r["layout"]: r for r in doc["runs"]}
+    assert set(runs) == {"single", "TP=2"} and not any("error" in r for r in runs.values())
+    assert runs["TP=2"]["token_ids"] == runs["single"]["token_ids"]
+    assert set(runs["single"]["kernel_layers"]) == {QUANT}  # every linear on its blocks' kernel
+    assert "hf" not in doc["peers"] and "HF transformers peer skipped" in proc.stderr
+    md = (out / "bench.md").read_text()
+    assert "tiny.gguf" in md and "| TP=2 |" in md

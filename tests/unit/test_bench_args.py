@@ -53,3 +53,10 @@ def test_the_best_pass_of_a_layout_is_its_fastest_and_keeps_every_pass():
     best = best_pass(runs)
     assert best["id"] == "c" and best["passes_decode_s_per_token"] == [0.2, None, 0.1]
     assert best_pass(runs[1:2]) == runs[1]  # every pass failed: the failure is the result
+
+
+def test_bench_cli_refuses_a_path_that_is_no_model_before_starting_anything(tmp_path, capsys):
+    from tandem.cli.main import main
+
+    rc = main(["bench", "--model", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "none.gguf" in capsys.readouterr().err

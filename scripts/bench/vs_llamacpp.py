@@ -1,7 +1,7 @@
 """GGUF decode and prefill: tandem against llama.cpp on the same files and thread count, side by side
 in one run (interleaved rounds: the machine may be shared; every figure is a median).
 
-    .venv/bin/python scripts/bench/gguf.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
+    .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
                                            [--tandem-only] [--extra NAME=FILE.gguf ...]
 
@@ -36,9 +36,6 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
-
-# This file is named gguf.py: run as a script, its folder leads sys.path and would shadow gguf-py.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 QWEN_TYPES = ("F32", "BF16", "Q8_0", "Q4_0", "Q4_K_M")
 WORK = Path.home() / ".cache" / "tandem-bench-gguf"
