@@ -113,6 +113,7 @@ def build_serving_engine(
     reform_timeout: float = 0.0,
     op_timeout: float | None = None,
     shrink_after: float = 0.0,
+    pp_weights: str | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
@@ -120,7 +121,8 @@ def build_serving_engine(
     epoch) within that many seconds and the scheduler replays (`tandem.engine.recovery`); 0: the
     first loss ends it. `op_timeout`: a local TP group's bound on one collective. `shrink_after`
     > 0: a local TP group whose lost rank has not come back that long after the loss re-forms over
-    one rank fewer (TP=N-1, the same dtype and device)."""
+    one rank fewer (TP=N-1, the same dtype and device). `pp_weights`: `--pp-weights` of a pipeline
+    ("2,1", or "auto": from the stages' probes)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     config = source.config
@@ -129,7 +131,9 @@ def build_serving_engine(
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
     layout = replace(
-        serving_layout(tp, pp, dtype, device, ring_config, op_timeout), attn_ranks=attn_ranks
+        serving_layout(tp, pp, dtype, device, ring_config, op_timeout),
+        attn_ranks=attn_ranks,
+        pp_weights=pp_weights if pp > 1 else None,
     )
     if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
         raise LayoutUnavailable(
@@ -145,7 +149,9 @@ def build_serving_engine(
                 model_dir, layout, Limits(max_batch, seq_len), BuildHooks(source=source)
             )
     else:  # a GGUF file's weights stay mapped in their blocks: there is little to wait for
-        hooks = BuildHooks(status=lambda text: console.status(text + "..."), source=source)
+        hooks = BuildHooks(
+            status=lambda text: console.status(text + "..."), source=source, notice=console.print
+        )
         limits = Limits(max_batch, seq_len)
 
         def build(epoch: int):  # epoch > 0: formed again after a loss, from its own processes

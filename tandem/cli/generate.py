@@ -25,6 +25,7 @@ from tandem.loaders.gguf.quantized_dir import QTYPES, QuantizeChoiceError, Quant
 from tandem.loaders.safetensors_dir import ModelFileError
 from tandem.loaders.source import open_model
 from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
+from tandem.parallel.partition import PartitionError
 
 
 class PromptError(ValueError):
@@ -129,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
         stop_token_ids=stop,
     )
     limits = Limits(max_batch=1, max_seq_len=len(ids) + args.max_tokens)
-    executor = build_executor(args.model, layout, limits, BuildHooks(source=source))
+    hooks = BuildHooks(source=source, notice=lambda text: print(text, file=sys.stderr))
+    try:
+        executor = build_executor(args.model, layout, limits, hooks)
+    except PartitionError as e:  # bad --pp-weights, or (auto) a stage whose memory is too small
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
     meter = TPMeter(executor) if isinstance(executor, TPExecutor) else None

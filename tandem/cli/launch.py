@@ -143,6 +143,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         "reform_timeout",
         "op_timeout",
         "shrink_after",
+        "pp_weights",
     ):
         value = getattr(args, flag)
         if value is not None:

@@ -20,8 +20,9 @@ def add_pp_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--pp-weights",
         default=None,
-        help="split the layers in these proportions, e.g. 2,1 (default: by stage speed, counting "
-        "the head's LM head)",
+        help="split the layers in these proportions, e.g. 2,1, or auto: by each stage's speed and "
+        "memory as its processes measure them before loading (default: by stage TP degree, "
+        "counting the head's LM head)",
     )
     g.add_argument(
         "--wire-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -48,4 +49,5 @@ def pipeline_report(executor, tokens: int) -> dict:
         "wire_bytes_per_token": round(wire / max(1, tokens), 1),
         "socket_bytes_per_token": round(executor.socket_bytes / max(1, tokens), 1),
         "stage_sends": hops,
+        "stage_probes": getattr(executor, "stage_probes", None),
     }

@@ -33,6 +33,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Options shared by `serve` and `launch`."""
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (local processes)")
+    p.add_argument(
+        "--pp-weights",
+        default=None,
+        help="a pipeline's layer proportions, e.g. 2,1, or auto: from each stage's GEMV speed and "
+        "free memory, measured by its processes before loading (default: even by TP degree)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8000)")
     p.add_argument(
@@ -187,6 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
                 reform_timeout=args.reform_timeout,
                 op_timeout=args.op_timeout,
                 shrink_after=args.shrink_after,
+                pp_weights=args.pp_weights,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

@@ -18,7 +18,11 @@ def register(sub) -> None:
     )
     p.add_argument("--model", required=True, help="model directory (config.json + safetensors)")
     p.add_argument("--stage", type=int, required=True)
-    p.add_argument("--layers", required=True, help="this stage's half-open layer range START:END")
+    p.add_argument(
+        "--layers",
+        required=True,
+        help="this stage's half-open layer range START:END, or auto (probe first, then read it on stdin)",
+    )
     p.add_argument(
         "--last", action="store_true", help="this is the last stage: send back to the head"
     )

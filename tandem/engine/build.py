@@ -55,7 +55,8 @@ class Layout:
     group, `(2, 1)` a pipeline whose stage 0 is a TP pair); the world is `sum(stage_tp)` ranks.
     `dtypes` and `devices` hold one entry for every rank or one per rank, in rank order (stage 0's
     ranks first). `tp_weights`: each TP rank's share of the work (None: equal); `pp_weights`:
-    the stages' layer proportions as `--pp-weights` gives them (None: by stage speed).
+    the stages' layer proportions as `--pp-weights` gives them (None: by stage TP degree; "auto":
+    by each stage's probed GEMV speed and free memory).
     `wire_dtype`: the hidden state between stages. `ring_config`: this process is rank 0 of the TP
     group that file describes, its workers started elsewhere. `threads`: this process's CPU
     threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
@@ -135,7 +136,8 @@ class BuildHooks:
     """What the caller shows while the executor forms: `status(text)` a context manager around each
     wait; `source` the model already opened (a single device loads from it, e.g. one that reports
     its reads to a progress bar); `epoch` > 0: the group is formed again after losing a rank
-    (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id.
+    (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id;
+    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`).
 
     What the caller already holds or decides (the bench's rank programs): `comm` a TP group
     already formed with this process as rank 0 (e.g. one whose collectives are traced): the head
@@ -146,6 +148,7 @@ class BuildHooks:
     status: Callable[[str], AbstractContextManager[None]] = field(default=_quiet)
     source: ModelSource | None = None
     epoch: int = 0
+    notice: Callable[[str], None] = field(default=lambda _text: None)
     comm: Communicator | None = None
     addresses: Sequence[str] | None = None
     argv_prefix: Callable[[int], list[str]] | None = None
@@ -182,19 +185,21 @@ def build_executor(
                 epoch=hooks.epoch,
             )
     from tandem.engine.pp.launch import launch_pipeline
-    from tandem.engine.pp.layout import plan_stages
+    from tandem.engine.pp.layout import describe_auto, plan_stages
 
     config = (hooks.source or open_model(model)).config
-    # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0
+    # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0;
+    # under "auto" these are replaced by ranges from the probes the stages run before loading
+    auto = layout.pp_weights == "auto"
     stages = plan_stages(
         config,
         layout.stage_tp,
-        pp_weights=layout.pp_weights,
+        pp_weights=None if auto else layout.pp_weights,
         dtype=",".join(layout.dtype_names()),
         device=",".join(layout.device_names()),
     )
     with hooks.status(f"starting {layout.world_size} ranks in {layout.pp} stages"):
-        return launch_pipeline(
+        executor = launch_pipeline(
             model,
             stages,
             max_batch=limits.max_batch,
@@ -202,9 +207,13 @@ def build_executor(
             wire_dtype=layout.wire_dtype,
             microbatches=layout.microbatches,
             threads=layout.threads,
+            auto_layers=auto,
             addresses=hooks.addresses,
             argv_prefix=hooks.argv_prefix,
         )
+    if auto:
+        hooks.notice(describe_auto(executor.stages, executor.stage_probes))
+    return executor
 
 
 def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:

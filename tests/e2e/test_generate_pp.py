@@ -1,5 +1,5 @@
 """`tandem generate --pp/--layout` runs the stage processes and prints the same ids as single-node,
-plus the pipeline's communication figures."""
+plus the pipeline's communication figures (and, under `--pp-weights auto`, the stages' probes)."""
 
 import json
 import subprocess
@@ -55,8 +55,13 @@ def test_generate_pp2_and_a_tp2_tp1_grid_print_the_single_node_ids(model):
     assert report["stage_sends"] == 12 and report["wire_dtype"] == "float32"
     assert report["wire_bytes"] > 0
     # one compute dtype per stage (the numbers: tests/distributed/test_tp_mixed_dtype.py)
-    mixed = generate(model, "--pp", "2", "--dtype", "bfloat16,float16")
+    # ... here with the ranges from each stage's probe (`--pp-weights auto`), reported with them
+    mixed = generate(model, "--pp", "2", "--dtype", "bfloat16,float16", "--pp-weights", "auto")
     assert [s["dtype"] for s in mixed["pipeline"]["stages"]] == ["bfloat16", "float16"]
+    probes = mixed["pipeline"]["stage_probes"]
+    assert len(probes) == 2 and all(p["gemv_gb_s"][0] > 0 and p["free_gb"][0] > 0 for p in probes)
+    ranges = [s["layers"] for s in mixed["pipeline"]["stages"]]
+    assert ranges[0][0] == 0 and ranges[0][1] == ranges[1][0] and ranges[1][1] == 3
 
 
 def test_generate_rejects_a_layout_that_disagrees_with_pp(model):

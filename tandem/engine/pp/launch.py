@@ -29,9 +29,10 @@ from pathlib import Path
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess
 from tandem.devices import DTYPE_NAMES
+from tandem.engine import device_probe
 from tandem.engine.cluster_info import pipeline_facts
 from tandem.engine.pp.head import PipelineExecutor
-from tandem.engine.pp.layout import StageSpec
+from tandem.engine.pp.layout import StageProbe, StageSpec, auto_ranges
 from tandem.engine.pp.links import (
     LinkTerms,
     StageListener,
@@ -54,7 +55,8 @@ class LaunchError(RuntimeError):
 
 def _read_ports(
     group: ProcessGroup, name: str, proc: subprocess.Popen, timeout: float
-) -> tuple[int, int]:
+) -> tuple[int, int, tuple[float, float] | None]:
+    """(stage port, ring port, (GEMV GB/s, free GB) when the stage probed) from its READY line."""
     deadline = time.monotonic() + timeout
     out = proc.stdout
     buf = b""
@@ -67,8 +69,9 @@ def _read_ports(
             buf += chunk
             for line in buf.decode(errors="replace").splitlines():
                 if line.startswith(READY):
-                    _, stage_port, ring_port = line.split()
-                    return int(stage_port), int(ring_port)
+                    parts = line.split()
+                    probed = (float(parts[3]), float(parts[4])) if len(parts) == 5 else None
+                    return int(parts[1]), int(parts[2]), probed
         elif proc.poll() is not None:
             break
     log = group.log_path(name)
@@ -89,13 +92,17 @@ def launch_pipeline(
     addresses: Sequence[str] | None = None,
     argv_prefix: Callable[[int], list[str]] | None = None,
     kernels: str = "auto",
+    auto_layers: bool = False,
 ) -> PipelineExecutor:
     """Starts the stage processes and returns the head's `PipelineExecutor` (close it to stop them).
 
     `addresses[g]` is the address global rank g binds and is reached at (default 127.0.0.1 for
     all); `argv_prefix(g)` prefixes rank g's command (e.g. `ip netns exec NS`, for the emulated
     hosts of `tandem bench`); `kernels` is every stage's (and TP rank's) `tandem.kernels.prepare` choice
-    ("torch": the reference modules, as a single node built with `kernels="torch"`)."""
+    ("torch": the reference modules, as a single node built with `kernels="torch"`).
+    `auto_layers`: the ranges in `stages` are replaced by `auto_ranges` over the probes every rank
+    runs before it loads (the workers in their own processes, the head here); the executor's
+    `stage_probes` holds them."""
     md = open_model(model_dir)
     cfg = md.config
     validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
@@ -139,7 +146,7 @@ def launch_pipeline(
                 argv = [
                     sys.executable, "-m", "tandem", "stage",
                     "--model", str(model_dir), "--stage", str(k),
-                    "--layers", f"{spec.layers.start}:{spec.layers.end}",
+                    "--layers", "auto" if auto_layers else f"{spec.layers.start}:{spec.layers.end}",
                     "--rank", str(g), "--world-size", str(world),
                     "--upstream-rank", str(upstream),
                     "--downstream-ranks", ",".join(map(str, down)), "--downstream", "-",
@@ -157,8 +164,16 @@ def launch_pipeline(
                 names[g] = f"stage {k} rank {r}"
                 procs[g] = group.spawn(RankProcess(names[g], argv, env, pipes=True))
         got = {g: _read_ports(group, names[g], p, max(timeout, 60.0)) for g, p in procs.items()}
+        probes = None
+        if auto_layers:  # the workers wait on stdin for their range: the head measures alone
+            got[0] = (0, 0, device_probe.measure_local(stages[0].device, stages[0].dtype))
+            probes = [
+                StageProbe(*zip(*(got[g][2] for g in ranks[k]), strict=True))
+                for k in range(len(stages))
+            ]
+            stages = auto_ranges(cfg, stages, probes)
         head_ring = ring_listener(addr(0), 0) if stages[0].tp > 1 else None
-        got[0] = (head_listener.port, head_ring.port if head_ring else 0)
+        got[0] = (head_listener.port, head_ring.port if head_ring else 0, None)
         ports = {g: p[0] for g, p in got.items()}
         for k in range(len(stages)):
             for r, g in enumerate(ranks[k]):
@@ -170,17 +185,21 @@ def launch_pipeline(
                     down = ",".join(f"{addr(d)}:{ports[d]}" for d in nxt)
                 right = ranks[k][(r + 1) % len(ranks[k])]
                 ring = f"{addr(right)}:{got[right][1]}" if stages[k].tp > 1 else ""
-                procs[g].stdin.write(f"{down}\n{ring}\n".encode())
+                span = stages[k].layers
+                first = f"{span.start}:{span.end}\n" if auto_layers else ""
+                procs[g].stdin.write(f"{first}{down}\n{ring}\n".encode())
                 procs[g].stdin.flush()
         head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
         pids = {0: os.getpid(), **{g: p.pid for g, p in procs.items()}}
         hosts = {g: addr(g) for g in pids} if addresses is not None else {}
         facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
-        return _build_head(
+        executor = _build_head(
             md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
             timeout=timeout, microbatches=microbatches, kernels=kernels, facts=facts,
         )  # fmt: skip
+        executor.stage_probes = [p.as_dict() for p in probes] if probes else None
+        return executor
     except BaseException:
         head_listener.close()
         group.shutdown()

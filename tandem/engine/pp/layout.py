@@ -4,14 +4,15 @@
 gives each stage its own TP degree (stage 0 TP=2, stage 1 TP=1; M is then the list's length).
 Layer ranges come from `tandem.parallel.partition`: by default each stage's speed is its TP degree
 (ranks of one machine are alike), and the head's LM head is counted against stage 0; `--pp-weights`
-overrides the split. `--dtype` / `--device` take one value for every rank or a comma list, one per
+overrides the split, and `--pp-weights auto` takes each stage's speed and memory from the probe its
+processes run before loading (`auto_ranges`). `--dtype` / `--device` take one value for every rank or a comma list, one per
 stage or one per rank (ranks numbered stage by stage); a TP stage runs in its first rank's choice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.parallel.partition import (
     LayerRange,
@@ -20,6 +21,8 @@ from tandem.parallel.partition import (
     parse_pp_weights,
     partition_layers,
 )
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per parameter of a compute dtype
 
 
 class LayoutError(ValueError):
@@ -87,3 +90,51 @@ def plan_stages(
     dtypes = per_stage(dtype, layout, "dtype")
     devices = per_stage(device, layout, "device")
     return [StageSpec(r, tp, dt, dev) for r, tp, dt, dev in zip(ranges, layout, dtypes, devices)]
+
+
+@dataclass(frozen=True)
+class StageProbe:
+    """What one stage's ranks measured before loading: each rank's decode GEMV GB/s and free GB."""
+
+    gemv_gb_s: tuple[float, ...]
+    free_gb: tuple[float, ...]
+
+    def capacity(self, bytes_per_param: int) -> StageCapacity:
+        """A TP stage splits its layers evenly over its ranks, so it runs at its slowest rank's
+        speed times its degree and holds its smallest rank's memory times its degree. The speed is
+        in parameters per second (GB/s over the dtype's bytes per parameter), so a bfloat16 stage
+        and a float32 stage compare by the layers they get through, not the bytes."""
+        n = len(self.gemv_gb_s)
+        return StageCapacity(
+            memory_bytes=int(n * min(self.free_gb) * 1e9),
+            speed=n * min(self.gemv_gb_s) / bytes_per_param,
+            bytes_per_param=bytes_per_param,
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "gemv_gb_s": [round(g, 3) for g in self.gemv_gb_s],
+            "free_gb": [round(f, 3) for f in self.free_gb],
+        }
+
+
+def auto_ranges(
+    config, stages: Sequence[StageSpec], probes: Sequence[StageProbe]
+) -> list[StageSpec]:
+    """`stages` with their layer ranges replaced by `partition_layers` over the probed speeds and
+    memory (stage i's time per token is its layers' bytes over its measured GEMV bytes/s; the
+    head's LM head is counted against stage 0). Memory the stages share (one host's RAM) is
+    counted once per stage, so the memory bound is loose there."""
+    caps = [p.capacity(_BYTES.get(s.dtype, 4)) for s, p in zip(stages, probes, strict=True)]
+    ranges = partition_layers(caps, model_cost(config))
+    return [replace(s, layers=r) for s, r in zip(stages, ranges)]
+
+
+def describe_auto(stages: Sequence[StageSpec], probes: Sequence[dict]) -> str:
+    """One line: each stage's chosen layers and the probe they came from."""
+    parts = [
+        f"stage {k} layers {s.layers.start}:{s.layers.end} (GEMV GB/s {p['gemv_gb_s']}, "
+        f"free GB {p['free_gb']})"
+        for k, (s, p) in enumerate(zip(stages, probes))
+    ]
+    return "--pp-weights auto: " + "; ".join(parts)

@@ -3,10 +3,14 @@
 One process is one TP rank of one stage. It binds its listening socket first and prints
 `TANDEM_STAGE_LISTENING <port>` on stdout (so a launcher can learn an ephemeral port), loads only its
 layers (its TP shard of them when the stage is a TP group), opens its links, and serves frames until
-STOP (see `tandem.engine.pp.stage.serve_stage`). The stage's leader (TP rank 0) learns where to send
-from `--downstream host:port,...` or, with `--downstream -`, from a line on stdin; a TP rank of a
-stage also binds a ring listener (its port is the second number printed) and learns its right
-neighbour from `--tp-right` or the next stdin line.
+STOP (see `tandem.engine.pp.stage.serve_stage`). With `--layers auto` it first measures its decode
+GEMV speed and free memory (`tandem.engine.device_probe.measure_local`, before any layer is loaded),
+adds both to that line (`TANDEM_STAGE_LISTENING <port> <ring port> <GB/s> <free GB>`), and reads
+its range `START:END` as the first stdin line (the launcher partitions the layers from every
+stage's probe: `tandem.engine.pp.layout.auto_ranges`). The stage's leader (TP rank 0) learns
+where to send from `--downstream host:port,...` or, with `--downstream -`, from a line on stdin; a
+TP rank of a stage also binds a ring listener (its port is the second number printed) and learns
+its right neighbour from `--tp-right` or the next stdin line.
 
 The cluster secret comes from the environment (`TANDEM_SECRET`), never from argv.
 """
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.devices import DTYPE_NAMES
+from tandem.engine import device_probe
 from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
 from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
@@ -38,7 +43,7 @@ class StageOptions:
 
     model: str
     stage: int
-    layers: str  # the half-open layer range START:END
+    layers: str  # the half-open layer range START:END, or "auto": probe, then read it on stdin
     rank: int  # global rank in the pipeline grid
     world_size: int
     upstream_rank: int
@@ -105,7 +110,7 @@ def run_stage(args: StageOptions) -> int:
         torch.set_num_threads(args.threads)
     md = open_model(args.model)
     cfg = md.config
-    a, b = (int(x) for x in args.layers.split(":"))
+    auto = args.layers == "auto"
     terms = LinkTerms(
         cluster_id=args.cluster_id,
         world_size=args.world_size,
@@ -122,7 +127,13 @@ def run_stage(args: StageOptions) -> int:
     if args.tp_size > 1:
         rhost, _, rport = args.tp_listen.rpartition(":")
         ring = ring_listener(rhost, int(rport))
-    print(f"{READY} {listener.port} {ring.port if ring else 0}", flush=True)
+    ready = f"{READY} {listener.port} {ring.port if ring else 0}"
+    if auto:
+        gemv, free = device_probe.measure_local(args.device, args.dtype)
+        ready += f" {gemv:.6g} {free:.6g}"
+    print(ready, flush=True)
+    layers = sys.stdin.readline().strip() if auto else args.layers
+    a, b = (int(x) for x in layers.split(":"))
     name = f"stage {args.stage}" + (f" (TP rank {args.tp_rank})" if args.tp_size > 1 else "")
 
     box: dict = {}
@@ -135,7 +146,8 @@ def run_stage(args: StageOptions) -> int:
 
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
-    # stdin, when used: line 1 the downstream addresses (empty off the leader), line 2 the ring's right
+    # stdin, when used (after the range under --layers auto): the downstream addresses (empty
+    # off the leader), then the ring's right neighbour
     addrs = sys.stdin.readline().strip() if args.downstream == "-" else args.downstream
     model, comm = load_stage(args, md, (a, b), ring)
     runner = StageRunner(model, args.max_batch, args.max_seq_len)

@@ -2,7 +2,7 @@
 
 Every rank, at the same moment (the group is in lockstep), measures on its own device and dtype:
 
-    gemv_gb_s       a one-row decode GEMV through the rank's own linear kernel (`kernels.linear`),
+    gemv_gb_s       (`tandem.engine.device_probe`, shared with pipeline stages) a one-row decode GEMV through the rank's own linear kernel (`kernels.linear`),
                     over a PROBE_BYTES weight matrix in its compute dtype: weight bytes streamed per
                     second, the quantity a decode token's time is made of. Timed as GEMVs back to
                     back over a GEMV_WINDOW_S window (median of GEMV_REPEATS windows), not one call:
@@ -25,16 +25,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-import psutil
 import torch
 
 from tandem.comm.base import Communicator
-from tandem.kernels.linear import linear
+from tandem.engine.device_probe import free_gb, gemv_gb_s
 
-PROBE_BYTES = 16 << 20
-PROBE_COLS = 2048
-GEMV_REPEATS = 3
-GEMV_WINDOW_S = 0.04
 PING_REPEATS = 9
 GOODPUT_BYTES = 4 << 20
 FIELDS = ("gemv_gb_s", "free_gb", "allreduce_ms", "goodput_mbit_s")
@@ -50,36 +45,6 @@ class RankProbe:
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items() if k != "rank"}
-
-
-def _free_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] / 1e9
-    return psutil.virtual_memory().available / 1e9
-
-
-def _gemv_gb_s(device: torch.device, dtype: torch.dtype) -> float:
-    """Weight bytes per second of the rank's decode GEMV: GEMVs back to back for GEMV_WINDOW_S,
-    median of GEMV_REPEATS windows after a warm-up."""
-    elem = torch.tensor([], dtype=dtype).element_size()
-    rows = max(1, PROBE_BYTES // (PROBE_COLS * elem))
-    g = torch.Generator().manual_seed(1)
-    w = torch.randn((rows, PROBE_COLS), generator=g).to(device, dtype)  # (rows, cols)
-    x = torch.randn((1, PROBE_COLS), generator=g).to(device, dtype)  # (1, cols)
-    linear(x, w)
-    rates = []
-    for _ in range(GEMV_REPEATS):
-        calls, t0 = 0, time.perf_counter()
-        while True:
-            linear(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            calls += 1
-            dt = time.perf_counter() - t0
-            if dt >= GEMV_WINDOW_S:
-                break
-        rates.append(calls * w.numel() * elem / dt)
-    return statistics.median(rates) / 1e9
 
 
 def _allreduce_ms(comm: Communicator) -> float:
@@ -110,10 +75,10 @@ def measure(
     rank that shares its device with other work."""
     dev = torch.device(device)
     comm.barrier()  # measure together: co-located ranks share what they share in service too
-    gemv = _gemv_gb_s(dev, getattr(torch, dtype))
+    gemv = gemv_gb_s(dev, getattr(torch, dtype))
     ping = _allreduce_ms(comm)
     good = _goodput_mbit_s(comm)
-    free = _free_gb(dev) if mem_limit_gb is None else min(_free_gb(dev), mem_limit_gb)
+    free = free_gb(dev) if mem_limit_gb is None else min(free_gb(dev), mem_limit_gb)
     mine = torch.tensor([[gemv, free, ping, good]], dtype=torch.float32)
     rows = comm.all_gather(mine, 0).tolist()  # (N, len(FIELDS))
     return [RankProbe(r, *row) for r, row in enumerate(rows)]
