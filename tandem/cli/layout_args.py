@@ -37,8 +37,9 @@ def resolve_ranks(args: argparse.Namespace, n: int) -> tuple[list[torch.dtype], 
 def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
     """The layout `tandem generate`'s flags describe. `--dtype auto` resolves on each rank's
     device, except that a GGUF file's weights are dequantized exactly and float32 keeps them so; a
-    pipeline takes one dtype and device for every rank or one per rank (a TP stage runs in its
-    first rank's)."""
+    pipeline takes one dtype and device for every rank or one per rank in rank order (stage 0's
+    ranks, then stage 1's, ...): each rank of a TP stage computes in its own dtype, the stage's
+    ring and links carrying float32, and a TP stage runs on its first rank's device."""
     stage_tp = parse_layout(args.layout, args.pp, args.tp or 1)
     world = sum(stage_tp)
     if len(stage_tp) == 1 and world > 1:  # a TP group: one dtype and one device per rank
@@ -58,8 +59,8 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
             threads=args.threads or (None if ring else local_threads(world)),
             op_timeout=args.op_timeout,
         )
-    if world > 1:  # a pipeline: one dtype and device for all, or one per rank (a stage runs in
-        # its first rank's), e.g. a bfloat16 stage and a float16 stage
+    if world > 1:  # a pipeline: one dtype and device for all, or one per rank (each rank its
+        # own dtype; a stage on its first rank's device), e.g. a bfloat16 and a float16 TP rank
         dtypes, devices = resolve_ranks(args, world)
     else:
         dev = resolve_device(args.device)

@@ -194,10 +194,10 @@ def pipeline_facts(
     hosts: dict[int, str],
 ) -> list[RankFacts]:
     """The facts of every rank of a pipeline whose processes run on this host. `stages[k]` has
-    `.layers` (half-open), `.tp`, `.dtype`, `.device`; `grid[k]` lists stage k's global ranks; the
-    head (global rank 0) also holds the embedding and the LM head."""
+    `.layers` (half-open), `.tp`, `.dtype_of(tp_rank)`, `.device`; `grid[k]` lists stage k's
+    global ranks; the head (global rank 0) also holds the embedding and the LM head."""
     n = len(stages)
-    rows: list[tuple[int, str, dict[str, Any], float, Any]] = []
+    rows: list[tuple[int, str, dict[str, Any], float, Any, str]] = []
     for k, spec in enumerate(stages):
         layers = (spec.layers.start, spec.layers.end)
         plan = plan_for_config(config, spec.tp) if spec.tp > 1 else None
@@ -209,7 +209,8 @@ def pipeline_facts(
             work = len(spec.layers) * layer_work(config, plan, r)
             if g == 0:
                 work += config.hidden_size * config.vocab_size
-            rows.append((g, "head" if g == 0 else f"stage {k}", shard, work, spec))
+            role = "head" if g == 0 else f"stage {k}"
+            rows.append((g, role, shard, work, spec, spec.dtype_of(r)))
     rows.sort(key=lambda x: x[0])
     return [
         RankFacts(
@@ -217,14 +218,14 @@ def pipeline_facts(
             role=role,
             host=hosts.get(g) or hostname(),
             device=spec.device,
-            dtype=spec.dtype,
+            dtype=dtype,
             weight_format=weight_format,
             shard=shard,
             work_share=share,
             pid=pids.get(g),
             local=g in pids,
         )
-        for (g, role, shard, _, spec), share in zip(rows, shares([x[3] for x in rows]))
+        for (g, role, shard, _, spec, dtype), share in zip(rows, shares([x[3] for x in rows]))
     ]
 
 

@@ -8,7 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from tandem.engine.device_probe import measure_local
-from tandem.engine.pp.layout import StageProbe, StageSpec, auto_ranges, describe_auto
+from tandem.engine.pp.layout import (
+    LayoutError,
+    StageProbe,
+    StageSpec,
+    auto_ranges,
+    describe_auto,
+    plan_stages,
+)
 from tandem.parallel.partition import CapacityError
 from tandem.parallel.partition import LayerRange as R
 
@@ -60,3 +67,32 @@ def test_the_local_probe_reports_positive_figures_and_the_notice_names_each_stag
     probes = [{"gemv_gb_s": [gemv], "free_gb": [free]}] * 2
     line = describe_auto(TWO, probes)
     assert "stage 0 layers 0:4" in line and "stage 1 layers 4:8" in line
+
+
+def test_dtype_takes_one_value_per_rank_of_the_grid_in_rank_order():
+    per_rank = plan_stages(CONFIG, (2, 1), dtype="bfloat16,float16,float32")
+    assert [(s.dtype, s.rank_dtypes) for s in per_rank] == [
+        ("bfloat16", ("bfloat16", "float16")),
+        ("float32", ()),
+    ]
+    assert [s.dtype_of(r) for s in per_rank for r in range(s.tp)] == [
+        "bfloat16",
+        "float16",
+        "float32",
+    ]
+    per_stage = plan_stages(CONFIG, (2, 1), dtype="bfloat16,float16")
+    assert [s.dtype_of(r) for s in per_stage for r in range(s.tp)] == [
+        "bfloat16",
+        "bfloat16",
+        "float16",
+    ]
+    with pytest.raises(LayoutError, match="one per rank \\(3\\)"):
+        plan_stages(CONFIG, (2, 1), dtype="bfloat16,float16,float16,float16")
+    with pytest.raises(LayoutError, match="one per TP rank"):
+        StageSpec(R(0, 4), tp=2, dtype="float16", rank_dtypes=("bfloat16", "float16"))
+
+
+def test_a_tp_stage_of_mixed_dtypes_is_sized_by_its_widest_dtype():
+    mixed = StageSpec(R(0, 4), tp=2, dtype="bfloat16", rank_dtypes=("bfloat16", "float32"))
+    assert mixed.widest_bytes == 4
+    assert StageSpec(R(0, 4), tp=2, dtype="bfloat16").widest_bytes == 2

@@ -151,7 +151,7 @@ def launch_pipeline(
                     "--upstream-rank", str(upstream),
                     "--downstream-ranks", ",".join(map(str, down)), "--downstream", "-",
                     "--tp-rank", str(r), "--tp-size", str(spec.tp),
-                    "--cluster-id", cluster_id, "--dtype", spec.dtype, "--device", spec.device,
+                    "--cluster-id", cluster_id, "--dtype", spec.dtype_of(r), "--device", spec.device,
                     "--wire-dtype", wire_dtype, "--max-batch", str(max_batch),
                     "--max-seq-len", str(max_seq_len), "--timeout", str(timeout),
                     "--threads", str(threads), "--kernels", kernels,

@@ -6,7 +6,9 @@ Layer ranges come from `tandem.parallel.partition`: by default each stage's spee
 (ranks of one machine are alike), and the head's LM head is counted against stage 0; `--pp-weights`
 overrides the split, and `--pp-weights auto` takes each stage's speed and memory from the probe its
 processes run before loading (`auto_ranges`). `--dtype` / `--device` take one value for every rank or a comma list, one per
-stage or one per rank (ranks numbered stage by stage); a TP stage runs in its first rank's choice.
+stage or one per rank (ranks numbered stage by stage). Each rank of a TP stage computes in its own
+dtype (its ring reduces in float32 and returns each rank's sum in that rank's dtype,
+`tandem.comm.ring`); a TP stage runs on its first rank's device.
 """
 
 from __future__ import annotations
@@ -31,12 +33,34 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage: its layers, its TP degree, and the compute dtype/device of its ranks."""
+    """One stage: its layers, its TP degree, and the compute dtype/device of its ranks.
+
+    `dtype` is TP rank 0's compute dtype (the head's, for stage 0); `rank_dtypes`, when given,
+    holds one per TP rank (`rank_dtypes[0] == dtype`), e.g. a bfloat16 rank beside a float16 one."""
 
     layers: LayerRange
     tp: int = 1
     dtype: str = "float32"
     device: str = "cpu"
+    rank_dtypes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rank_dtypes and (
+            len(self.rank_dtypes) != self.tp or self.rank_dtypes[0] != self.dtype
+        ):
+            raise LayoutError(
+                f"rank dtypes {list(self.rank_dtypes)}: give one per TP rank ({self.tp}), the "
+                f"first being the stage's dtype {self.dtype!r}"
+            )
+
+    def dtype_of(self, tp_rank: int) -> str:
+        """TP rank `tp_rank`'s compute dtype."""
+        return self.rank_dtypes[tp_rank] if self.rank_dtypes else self.dtype
+
+    @property
+    def widest_bytes(self) -> int:
+        """Bytes per parameter of the stage's widest compute dtype."""
+        return max(_BYTES.get(self.dtype_of(r), 4) for r in range(self.tp))
 
 
 def parse_layout(text: str | None, pp: int | None, tp: int = 1) -> tuple[int, ...]:
@@ -55,19 +79,20 @@ def parse_layout(text: str | None, pp: int | None, tp: int = 1) -> tuple[int, ..
     return layout
 
 
-def per_stage(value: str, layout: Sequence[int], what: str) -> list[str]:
-    """One value per stage from one value, a value per stage, or a value per rank."""
+def per_stage_ranks(value: str, layout: Sequence[int], what: str) -> list[list[str]]:
+    """One value per rank of each stage from one value, a value per stage (every rank of stage k
+    takes value k), or a value per rank (ranks numbered stage by stage)."""
     parts = [v.strip() for v in value.split(",")]
     if len(parts) == 1:
-        return parts * len(layout)
+        return [parts * tp for tp in layout]
     if len(parts) == len(layout):
-        return parts
+        return [[p] * tp for p, tp in zip(parts, layout)]
     if len(parts) == sum(layout):
-        firsts, r = [], 0
+        out, r = [], 0
         for tp in layout:
-            firsts.append(parts[r])
+            out.append(parts[r : r + tp])
             r += tp
-        return firsts
+        return out
     raise LayoutError(
         f"--{what} {value!r}: give one value, one per stage ({len(layout)}) or one per rank ({sum(layout)})"
     )
@@ -87,9 +112,12 @@ def plan_stages(
     weights = parse_pp_weights(pp_weights, n) if pp_weights else None
     caps = [StageCapacity(speed=float(s)) for s in (speeds or layout)]
     ranges = partition_layers(caps, model_cost(config), weights)
-    dtypes = per_stage(dtype, layout, "dtype")
-    devices = per_stage(device, layout, "device")
-    return [StageSpec(r, tp, dt, dev) for r, tp, dt, dev in zip(ranges, layout, dtypes, devices)]
+    dtypes = per_stage_ranks(dtype, layout, "dtype")
+    devices = [d[0] for d in per_stage_ranks(device, layout, "device")]  # the first rank's
+    return [
+        StageSpec(r, tp, dt[0], dev, tuple(dt) if len(set(dt)) > 1 else ())
+        for r, tp, dt, dev in zip(ranges, layout, dtypes, devices)
+    ]
 
 
 @dataclass(frozen=True)
@@ -125,7 +153,7 @@ def auto_ranges(
     memory (stage i's time per token is its layers' bytes over its measured GEMV bytes/s; the
     head's LM head is counted against stage 0). Memory the stages share (one host's RAM) is
     counted once per stage, so the memory bound is loose there."""
-    caps = [p.capacity(_BYTES.get(s.dtype, 4)) for s, p in zip(stages, probes, strict=True)]
+    caps = [p.capacity(s.widest_bytes) for s, p in zip(stages, probes, strict=True)]
     ranges = partition_layers(caps, model_cost(config))
     return [replace(s, layers=r) for s, r in zip(stages, ranges)]
 
