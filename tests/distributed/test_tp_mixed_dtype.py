@@ -1,6 +1,7 @@
 """Heterogeneous ranks: rank 0 computes in bfloat16, rank 1 in float16 (as an AMD and an NVIDIA box
 might), and the group still follows single-node bfloat16's greedy ids; the same for a pipeline whose
-stage 0 computes in bfloat16 and stage 1 in float16.
+stage 0 computes in bfloat16 and stage 1 in float16, and for a (TP=2, TP=1) grid whose TP stage has
+a bfloat16 rank and a float16 rank.
 
 16-bit rounding legitimately flips near-ties. Over these presets the logits of a bfloat16 run differ
 from float32 by at most ~0.24 (float16: ~0.03), so two 16-bit runs can disagree only where the
@@ -14,7 +15,7 @@ import torch
 from tp_support import SingleNode, greedy_with_gaps, launch_concurrently
 
 from tandem.engine.pp.launch import launch_pipeline
-from tandem.engine.pp.layout import StageSpec
+from tandem.engine.pp.layout import StageSpec, plan_stages
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.source import open_model
 from tandem.models.presets import PRESETS
@@ -47,10 +48,12 @@ def pick_prompt(model_dir, n_new: int, tries: int, high: int) -> tuple[list[int]
     return best
 
 
-def _compare(model_dir, ex, record_property, n_new=N_NEW, tries=40, high=512):
+def _compare(
+    model_dir, ex, record_property, n_new=N_NEW, tries=40, high=512, dtypes=("bfloat16", "float16")
+):
     prompt, n = pick_prompt(model_dir, n_new, tries, high)
     want, _ = greedy_with_gaps(SingleNode(model_dir, torch.bfloat16, 1, 64), prompt, n_new)
-    assert [r["dtype"] for r in ex.describe()["ranks"]] == ["bfloat16", "float16"]
+    assert [r["dtype"] for r in ex.describe()["ranks"]] == list(dtypes)
     got, _ = greedy_with_gaps(ex, prompt, n_new)
     record_property("tokens_covered", n)
     print(f"\n{model_dir.name}: compared {n} of {n_new} tokens (f32 top-2 gap >= {GAP_THRESHOLD})")
@@ -97,6 +100,29 @@ def test_a_bf16_stage_and_an_f16_stage_follow_single_node_bf16(tiny_groups, reco
     ex = launch_pipeline(model_dir, stages, max_batch=1, max_seq_len=64, threads=1)
     try:
         _compare(model_dir, ex, record_property)
+    finally:
+        ex.close()
+
+
+def test_a_tp_stage_with_a_bf16_and_an_f16_rank_follows_single_node_bf16(
+    tiny_groups, record_property
+):
+    """A (TP=2, TP=1) grid: stage 0's ranks compute in bfloat16 (the head) and float16, stage 1 in
+    float16; the stage ring and the stage links carry float32."""
+    model_dir, _ = tiny_groups[TINY[-1]]
+    cfg = open_model(model_dir).config
+    stages = plan_stages(cfg, (2, 1), dtype="bfloat16,float16,float16")
+    assert [s.dtype_of(r) for s in stages for r in range(s.tp)] == [
+        "bfloat16",
+        "float16",
+        "float16",
+    ]
+    ex = launch_pipeline(model_dir, stages, max_batch=1, max_seq_len=64, threads=1)
+    try:
+        # each worker process was told its own rank's dtype (global ranks 1 and 2)
+        started = [p.args[p.args.index("--dtype") + 1] for p in ex.worker_procs]
+        assert started == ["float16", "float16"]
+        _compare(model_dir, ex, record_property, dtypes=("bfloat16", "float16", "float16"))
     finally:
         ex.close()
 
