@@ -33,7 +33,13 @@ def add_pp_arguments(p: argparse.ArgumentParser) -> None:
 
 def describe_stages(stages) -> list[dict]:
     return [
-        {"layers": [s.layers.start, s.layers.end], "tp": s.tp, "dtype": s.dtype, "device": s.device}
+        {
+            "layers": [s.layers.start, s.layers.end],
+            "tp": s.tp,
+            "dtype": s.dtype,  # TP rank 0's; "rank_dtypes": each TP rank's
+            "rank_dtypes": [s.dtype_of(r) for r in range(s.tp)],
+            "device": s.device,
+        }
         for s in stages
     ]
 

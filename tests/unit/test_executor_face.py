@@ -8,9 +8,11 @@ from tp_support import tiny_config, write_random_model
 
 from tandem.cli.layout_args import generate_layout
 from tandem.cli.main import build_parser
+from tandem.cli.pp_options import describe_stages
 from tandem.engine.build import Layout, LayoutUnavailable, Limits, build_executor
 from tandem.engine.executor import Pipelined, Step, StepResult, StepResultError, StepSequence
 from tandem.engine.local import LocalExecutor
+from tandem.engine.pp.layout import plan_stages
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
@@ -66,6 +68,15 @@ def test_generate_flags_parse_into_one_layout() -> None:
     assert tp.stage_tp == (2,) and tp.dtypes == (torch.bfloat16, torch.float16)
     pp = generate_layout(parse(["generate", "--layout", "2,1", "--dtype", "float32"]), False)
     assert pp.stage_tp == (2, 1) and pp.dtype_names() == ["float32"] * 3
+    # one dtype per rank of a grid, in rank order: the TP stage's two ranks differ
+    mixed = ["generate", "--layout", "2,1", "--dtype", "bfloat16,float16,float16"]
+    grid = generate_layout(parse(mixed), False)
+    assert grid.dtype_names() == ["bfloat16", "float16", "float16"]
+    stages = plan_stages(tiny_config(), grid.stage_tp, dtype=",".join(grid.dtype_names()))
+    assert [s["rank_dtypes"] for s in describe_stages(stages)] == [
+        ["bfloat16", "float16"],
+        ["float16"],
+    ]
     gguf = generate_layout(parse(["generate"]), True)
     assert gguf.stage_tp == (1,) and gguf.dtypes == (torch.float32,)
 
