@@ -242,3 +242,30 @@ def greedy_steps(ex, prompt: list[int], n: int) -> list[tuple[int, torch.Tensor]
         seq.append(int(logits.argmax()))
         out.append((seq[-1], logits.float()))
     return out
+
+
+def write_ring_configs(tmp, cluster_id: str, op_timeout: float, dial=None, ports=None) -> list:
+    """RING_CONFIG files (`tmp/ring{r}.json`) for a two-rank loopback ring with a fresh secret:
+    rank r listens on `ports[r]` and dials `dial[r]` (by default the other rank's port; a test
+    puts a proxy's port there), rank 1 finds the master at `ports[2]`."""
+    import json
+    import secrets
+    from pathlib import Path
+
+    from tandem.cluster.launcher import free_ports
+
+    p0, p1, master = ports or free_ports(3)
+    dial = dial or (p1, p0)
+    secret = secrets.token_hex(32)
+    files = []
+    for rank, port in enumerate((p0, p1)):
+        cfg = {
+            "rank": rank, "world_size": 2, "port": port, "right_ip": "127.0.0.1",
+            "right_port": dial[rank], "master_ip": None if rank == 0 else "127.0.0.1",
+            "master_port": master, "secret": secret, "cluster_id": cluster_id,
+            "op_timeout": op_timeout, "handshake_timeout": 60,
+        }  # fmt: skip
+        f = Path(tmp) / f"ring{rank}.json"
+        f.write_text(json.dumps(cfg))
+        files.append(f)
+    return files

@@ -7,16 +7,14 @@ off; its wait is bounded by the op timeout on its own)."""
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
+
+from tp_support import write_ring_configs
 
 from tandem.cluster.ring_config import keepalive_interval
 from tandem.engine.sampling_params import SamplingParams
@@ -25,33 +23,6 @@ from tandem.loaders.make import make_model_dir
 OP_TIMEOUT_S = (
     4.0  # well below the 5 s keepalive the server used to ping at, whatever the op timeout
 )
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _ring_configs(tmp: Path) -> list[Path]:
-    p0, p1, master = _ports(3)
-    secret = secrets.token_hex(32)
-    files = []
-    for rank, (port, right) in enumerate([(p0, p1), (p1, p0)]):
-        cfg = {
-            "rank": rank, "world_size": 2, "port": port, "right_ip": "127.0.0.1",
-            "right_port": right, "master_ip": None if rank == 0 else "127.0.0.1",
-            "master_port": master, "secret": secret, "cluster_id": "idle",
-            "op_timeout": OP_TIMEOUT_S, "handshake_timeout": 60,
-        }  # fmt: skip
-        f = tmp / f"ring{rank}.json"
-        f.write_text(json.dumps(cfg))
-        files.append(f)
-    return files
 
 
 def _generate(engine, n: int = 4) -> tuple:
@@ -76,7 +47,7 @@ def test_an_idle_group_outlives_a_short_op_timeout_and_a_hung_worker_is_seen_in_
 
     model = tmp_path / "m"
     make_model_dir(model, "tiny-llama", seed=0)
-    ring0, ring1 = _ring_configs(tmp_path)
+    ring0, ring1 = write_ring_configs(tmp_path, "idle", OP_TIMEOUT_S)
     monkeypatch.setenv("TANDEM_SHM", "0")
     env = {**os.environ, "RING_CONFIG": str(ring1), "TANDEM_SHM": "0"}
     worker = subprocess.Popen(

@@ -115,3 +115,14 @@ def metric(base: str, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[-1])
     raise KeyError(name)
+
+
+def complete(base: str, prompt: str = "Once upon a time", max_tokens: int = 12) -> str:
+    """One greedy `/v1/completions` text (EOS ignored, so its length is fixed)."""
+    body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body["ignore_eos"] = True
+    req = urllib.request.Request(
+        f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())["choices"][0]["text"]

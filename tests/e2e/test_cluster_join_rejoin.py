@@ -6,28 +6,17 @@ node listens on (HTTP and the status board). Real processes on loopback."""
 
 import json
 import time
-import urllib.request
 
 import psutil
 import pytest
 from hostile_support import HTTP_DRIP, Drip, Flood, listening_ports
-from serve_support import TANDEM, kill_tree, make_model, spawn, wait_healthy
+from serve_support import TANDEM, complete, kill_tree, make_model, spawn, wait_healthy
 from test_cluster_cli import _cli, _free_block
 
 from tandem.cluster.launcher import free_ports
 from tandem.server.http_limits import REQUEST_READ_TIMEOUT_S
 
 RELEASE_BOUND_S = 15.0  # a closed connection is seen at once; then the worker's exit
-
-
-def _complete(base: str) -> str:
-    body = {"model": "model", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
-    body["ignore_eos"] = True
-    req = urllib.request.Request(
-        f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())["choices"][0]["text"]
 
 
 def _workers(join_pid: int) -> list[psutil.Process]:
@@ -68,7 +57,7 @@ def test_a_joined_worker_frees_its_model_when_the_head_dies_and_joins_the_next_h
     try:
         procs.append(join(0))
         wait_healthy(procs[1], base)
-        first = _complete(base)
+        first = complete(base)
         (serving,) = _workers(procs[0].pid)
 
         t0 = time.monotonic()
@@ -82,7 +71,7 @@ def test_a_joined_worker_frees_its_model_when_the_head_dies_and_joins_the_next_h
 
         procs.append(join(0))  # the next head, same token
         wait_healthy(procs[2], base)
-        assert _complete(base) == first  # and warm: its caches are allocated before the baseline
+        assert complete(base) == first  # and warm: its caches are allocated before the baseline
         # slow drips on every port the head's node listens on (HTTP, the status board) and a
         # flood of each while it generates: the same text, every drip cut, no process grows 10 MB
         head = [procs[2].pid, *(c.pid for c in psutil.Process(procs[2].pid).children(True))]
@@ -93,7 +82,7 @@ def test_a_joined_worker_frees_its_model_when_the_head_dies_and_joins_the_next_h
         for d in drips:
             d.start()
         floods = [Flood(p, 200, b"\x00\x00") for p in ports]
-        assert _complete(base) == first
+        assert complete(base) == first
         for d in drips:
             d.join(REQUEST_READ_TIMEOUT_S + 5.0)
         assert all(d.error is None and d.cut_after_s is not None for d in drips)

@@ -59,13 +59,22 @@ document.addEventListener("DOMContentLoaded", () => {{
 """
 
 
+# Loaded by every process of the served cluster (a `sitecustomize` on their PYTHONPATH; the
+# product has no such switch): the worker waits before it joins, so the cluster stays forming
+# long enough for the page to be seen forming however fast the model loads.
+DELAYED_JOIN = 'import sys, time\nif sys.orig_argv[3:4] == ["worker"]:\n    time.sleep(4)\n'
+
+
 @pytest.fixture(scope="module")
-def starting():
+def starting(tmp_path_factory):
     """`tandem serve --tp 2` as soon as its port answers (the cluster still forming)."""
+    site = tmp_path_factory.mktemp("delayed-join")
+    (site / "sitecustomize.py").write_text(DELAYED_JOIN)
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
     (port,) = free_ports(1)
     argv = [*TANDEM, "serve", "--model", str(default_model_dir()), "--tp", "2"]
     argv += ["--max-batch", "4", "--port", str(port)]
-    proc = spawn(argv, env={**os.environ, "TANDEM_API_KEY": KEY})
+    proc = spawn(argv, env={**os.environ, "TANDEM_API_KEY": KEY, "PYTHONPATH": path})
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -159,7 +168,7 @@ def _cluster(base: str, key: str | None = KEY) -> httpx.Response:
     return httpx.get(f"{base}/v1/cluster", headers=headers, timeout=10)
 
 
-def test_page_shows_the_cluster_forming_then_whole(starting, browser):
+def test_page_shows_the_cluster_forming_then_whole(browser, starting):  # browser up first
     _, base, first = starting
     assert first["state"] == "forming" and first["layout"]["world_size"] == 2
     hook = browser.execute_cdp_cmd(

@@ -7,15 +7,14 @@ per-host cap bound what the stranger holds."""
 
 import json
 import os
-import secrets
 import signal
 import time
-import urllib.request
 
 import psutil
 import pytest
 from hostile_support import FRAME_DRIP, Drip, Flood, listening_ports
-from serve_support import TANDEM, kill_tree, make_model, spawn, wait_healthy
+from serve_support import TANDEM, complete, kill_tree, make_model, spawn, wait_healthy
+from tp_support import write_ring_configs
 
 from tandem.cluster.launcher import free_ports
 from tandem.transport.endpoints import MAX_PENDING_PER_HOST, PREAUTH_DEADLINE_S
@@ -24,33 +23,6 @@ OP_TIMEOUT_S = 4.0
 RELEASE_BOUND_S = OP_TIMEOUT_S + 6.0  # seen at once (a closed connection); then the exit itself
 SUPERVISOR_MAX_RSS = 64 << 20  # a Python process without torch
 STRANGER = "127.0.0.2"
-
-
-def _ring_configs(tmp):
-    p0, p1, master = free_ports(3)
-    secret = secrets.token_hex(32)
-    files = []
-    for rank, (port, right) in enumerate([(p0, p1), (p1, p0)]):
-        cfg = {
-            "rank": rank, "world_size": 2, "port": port, "right_ip": "127.0.0.1",
-            "right_port": right, "master_ip": None if rank == 0 else "127.0.0.1",
-            "master_port": master, "secret": secret, "cluster_id": "rejoin",
-            "op_timeout": OP_TIMEOUT_S, "handshake_timeout": 60,
-        }  # fmt: skip
-        f = tmp / f"ring{rank}.json"
-        f.write_text(json.dumps(cfg))
-        files.append(f)
-    return files
-
-
-def _complete(base: str) -> str:
-    body = {"model": "model", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
-    body["ignore_eos"] = True
-    req = urllib.request.Request(
-        f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())["choices"][0]["text"]
 
 
 def _head(model, ring0, env):
@@ -76,7 +48,7 @@ def test_a_rejoining_worker_frees_its_model_when_the_head_is_killed_and_serves_t
     tmp_path,
 ):
     model = make_model(tmp_path / "model")
-    ring0, ring1 = _ring_configs(tmp_path)
+    ring0, ring1 = write_ring_configs(tmp_path, "rejoin", OP_TIMEOUT_S)
     env = {**os.environ, "TANDEM_SHM": "0"}
     worker = spawn(
         [*TANDEM, "worker", "--model", str(model), "--rejoin"], {**env, "RING_CONFIG": str(ring1)}
@@ -85,7 +57,7 @@ def test_a_rejoining_worker_frees_its_model_when_the_head_is_killed_and_serves_t
     try:
         head, base = _head(model, ring0, env)
         heads.append(head)
-        first = _complete(base)
+        first = complete(base)
         supervisor = psutil.Process(worker.pid)  # `--rejoin` exec'd the supervisor in place
         (serving,) = _children(worker.pid)
         loaded = _rss(serving)
@@ -129,7 +101,7 @@ def test_a_rejoining_worker_frees_its_model_when_the_head_is_killed_and_serves_t
         held_early = flood.open_count()  # the listener closes all past its per-address cap
         head, base = _head(model, ring0, env)  # the next head, same ring
         heads.append(head)
-        assert _complete(base) == first
+        assert complete(base) == first
         assert [c.pid for c in _children(worker.pid)] == [waiting.pid]
         cut_by = PREAUTH_DEADLINE_S + 5.0
         for d in drips:
