@@ -269,3 +269,24 @@ def write_ring_configs(tmp, cluster_id: str, op_timeout: float, dial=None, ports
         f.write_text(json.dumps(cfg))
         files.append(f)
     return files
+
+
+def engine_generate(engine, n: int = 4, wait_s: float = 30.0) -> tuple:
+    """One greedy request of `n` tokens on a serving engine (`build_serving_engine`), waited for:
+    its (completion, error) pair; a request that does not end within `wait_s` fails the test."""
+    import threading
+
+    from tandem.engine.sampling_params import SamplingParams
+
+    done: dict = {}
+    ev = threading.Event()
+
+    def on_done(c, e):
+        done["result"] = (c, e)
+        ev.set()
+
+    engine.generate(
+        [1, 2, 3], SamplingParams(max_tokens=n, temperature=0), (), lambda d: None, on_done
+    )
+    assert ev.wait(wait_s), "generation hung"
+    return done["result"]

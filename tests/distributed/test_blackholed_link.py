@@ -22,17 +22,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from tcp_proxy import BlackholeProxy
-from tp_support import write_ring_configs
+from tp_support import engine_generate, write_ring_configs
 
 from tandem.cluster.launcher import free_ports
 from tandem.cluster.ring_config import keepalive_interval
-from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.make import make_model_dir
 
 OP_TIMEOUT_S = 3.0
@@ -48,21 +46,6 @@ def _ring_configs(tmp: Path, dark: int) -> tuple[list[Path], BlackholeProxy]:
     dial[dark] = proxy.port
     files = write_ring_configs(tmp, "blackhole", OP_TIMEOUT_S, dial, (p0, p1, master))
     return files, proxy
-
-
-def _generate(engine, n: int = 4, wait_s: float = 30.0) -> tuple:
-    done: dict = {}
-    ev = threading.Event()
-
-    def on_done(c, e):
-        done["result"] = (c, e)
-        ev.set()
-
-    engine.generate(
-        [1, 2, 3], SamplingParams(max_tokens=n, temperature=0), (), lambda d: None, on_done
-    )
-    assert ev.wait(wait_s), "generation hung"
-    return done["result"]
 
 
 # 0: the head's link to the worker (every control frame and ping), 1: the worker's link back
@@ -87,7 +70,7 @@ def test_a_blackholed_link_is_seen_on_both_sides_within_the_bound_and_nothing_ha
     close = None
     try:
         engine, close = build_serving_engine(model, ring_config=ring0, max_seq_len=64)
-        completion, error = _generate(engine)
+        completion, error = engine_generate(engine)
         assert error is None and completion.completion_tokens == 4, error
         assert proxy.forwarded > 0 and engine.health()[0]
 
@@ -122,7 +105,7 @@ def test_a_blackholed_link_is_seen_on_both_sides_within_the_bound_and_nothing_ha
         assert not ok and ("closed" in why or "no progress" in why), why
         # a request now fails at once with a reason instead of waiting on the dark link
         t1 = time.monotonic()
-        completion, error = _generate(engine, wait_s=bound)
+        completion, error = engine_generate(engine, wait_s=bound)
         assert error is not None and time.monotonic() - t1 < bound, (completion, error)
         print(f"request: {type(error).__name__}: {str(error).splitlines()[0]}")
     finally:

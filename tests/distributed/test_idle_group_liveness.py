@@ -11,33 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-from tp_support import write_ring_configs
+from tp_support import engine_generate, write_ring_configs
 
 from tandem.cluster.ring_config import keepalive_interval
-from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.make import make_model_dir
 
 OP_TIMEOUT_S = (
     4.0  # well below the 5 s keepalive the server used to ping at, whatever the op timeout
 )
-
-
-def _generate(engine, n: int = 4) -> tuple:
-    done: dict = {}
-    ev = threading.Event()
-
-    def on_done(c, e):
-        done["result"] = (c, e)
-        ev.set()
-
-    engine.generate(
-        [1, 2, 3], SamplingParams(max_tokens=n, temperature=0), (), lambda d: None, on_done
-    )
-    assert ev.wait(30), "generation hung"
-    return done["result"]
 
 
 def test_an_idle_group_outlives_a_short_op_timeout_and_a_hung_worker_is_seen_in_bound(
@@ -59,9 +42,9 @@ def test_an_idle_group_outlives_a_short_op_timeout_and_a_hung_worker_is_seen_in_
     close = None
     try:
         engine, close = build_serving_engine(model, ring_config=ring0, max_seq_len=64)
-        assert _generate(engine)[1] is None
+        assert engine_generate(engine)[1] is None
         time.sleep(2 * OP_TIMEOUT_S)  # idle two op timeouts: only the pings keep it whole
-        completion, error = _generate(engine)
+        completion, error = engine_generate(engine)
         assert error is None and completion.completion_tokens == 4, error
         assert worker.poll() is None and engine.health()[0]
 
