@@ -27,6 +27,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from tandem.cli.cluster_epochs import head_epoch, health_url, next_epoch, publish_epochs
 from tandem.cli.cluster_probe import PROBE_COLUMNS, probe_cells, publish_probes, view_url
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
 from tandem.cluster.status import (
@@ -95,7 +96,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument(
         "--rejoin",
         action="store_true",
-        help="a worker rank: when the head goes, free the model and join the next head",
+        help="a worker rank: when its worker process or the head goes, free the model and join "
+        "the head again (the same head's next epoch, or the next head)",
+    )
+    join.add_argument(
+        "--reform-timeout",
+        type=float,
+        default=120.0,
+        help="rank 0: seconds a group that lost a worker has to re-form (the worker rejoins, "
+        "requests in flight are replayed) before requests fail; 0: a lost worker ends it",
     )
     join.set_defaults(func=run_join)
 
@@ -219,6 +228,7 @@ def run_join(args: argparse.Namespace) -> int:
     console.print(f"rank {rank} of {topo.world_size} ({facts['role']}); RING_CONFIG={ring_file}")
     board = None
     stop_beat = threading.Event()
+    epoch = 0
     try:
         if rank == 0:
             board = StatusBoard(
@@ -227,7 +237,7 @@ def run_join(args: argparse.Namespace) -> int:
                 port=topo.status_port,
                 world_size=topo.world_size,
             ).start()
-            board.update(0, **facts, rtt_ms=0.0, joined_at=time.time())
+            board.update(0, **facts, rtt_ms=0.0, joined_at=time.time(), head=new_instance())
             _wait_for_ranks(console, topo, board, args.timeout)
         elif getattr(args, "rejoin", False) and args.model:
             return _serve_heads(console, args, topo, rank, ring_file, facts)
@@ -235,10 +245,12 @@ def run_join(args: argparse.Namespace) -> int:
             rtt = _reach_head(console, topo, args.timeout)
             instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
             keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
+            epoch = head_epoch(topo)[1] if args.model else 0
         rtts = _join_rtts(board) if board is not None else {}
-        if board is not None and args.model:  # the head's probes onto the board once it serves
+        if board is not None and args.model:  # the head's probes and epoch onto the board
             publish_probes(board, view_url(args.host, args.port), stop_beat)
-        return _run_rank(console, args, rank, ring_file, rtts)
+            publish_epochs(board, health_url(args.host, args.port), stop_beat)
+        return _run_rank(console, args, rank, ring_file, rtts, epoch)
     except KeyboardInterrupt:
         return 130
     except (StatusError, LaunchError, ClusterCliError, OSError) as e:
@@ -257,28 +269,31 @@ def _serve_heads(
     ring_file: Path,
     facts: dict,
 ) -> int:
-    """`join --rejoin` on a worker rank: join the head, run the worker until it exits (the head
-    went: the worker process and its model memory go with it), then wait for the next head on
-    the same token and join it; a worker that fails at start backs off
-    (`worker_rejoin.next_delay`) instead of crash-looping. Ends on Ctrl-C only."""
+    """`join --rejoin` on a worker rank: join the head, run the worker until it exits (the worker
+    process died, or the head went or re-formed: the worker process and its model memory go with
+    it), then join again: the same head's next epoch, or the next head on the same token
+    (`cluster_epochs.next_epoch`); a worker that fails at start backs off
+    (`worker_rejoin.next_delay`) instead of crash-looping. One holder id for the rank throughout,
+    so its row on the board is this node's again at once. Ends on Ctrl-C only."""
     from tandem.cli.worker_rejoin import next_delay
 
-    delay = 0.0
+    delay, served, instance = 0.0, None, new_instance()
     while True:
         rtt = _reach_head(console, topo, math.inf)
-        instance = _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout)
+        _announce(topo, rank, {**facts, "rtt_ms": round(rtt, 3)}, args.timeout, instance)
         stop_beat = threading.Event()
         keep_alive(topo.hosts[0], topo.status_port, topo.secret, rank, instance, stop_beat)
         t0 = time.monotonic()
         try:
-            code = _run_rank(console, args, rank, ring_file)
+            served = next_epoch(topo, served)
+            code = _run_rank(console, args, rank, ring_file, epoch=served[1])
         finally:
             stop_beat.set()
         up = time.monotonic() - t0
         delay = next_delay(up, delay)
         console.print(
-            f"the worker exited with code {code} after {up:.1f} s (its head is gone); "
-            f"waiting for the next head" + (f" in {delay:g} s" if delay else "")
+            f"the worker of epoch {served[1]} exited with code {code} after {up:.1f} s; "
+            f"joining the head again" + (f" in {delay:g} s" if delay else "")
         )
         time.sleep(delay)
 
@@ -303,11 +318,13 @@ def _reach_head(console: Console, topo: ClusterTopology, timeout_s: float) -> fl
                 time.sleep(0.5)
 
 
-def _announce(topo: ClusterTopology, rank: int, facts: dict, timeout_s: float) -> str:
+def _announce(
+    topo: ClusterTopology, rank: int, facts: dict, timeout_s: float, instance: str | None = None
+) -> str:
     """Claims `rank` on the head's board, retrying while the board is busy (past its cap it closes
     connections unread); another live holder (RankOccupied) or another secret is final."""
     deadline = time.monotonic() + timeout_s
-    instance = new_instance()  # one id for every try: a claim whose reply was lost is still ours
+    instance = instance or new_instance()  # one id for every try: a lost reply's claim is ours
     while True:
         try:
             return announce(
@@ -365,9 +382,11 @@ def _run_rank(
     rank: int,
     ring_file: Path,
     rtts: dict[int, float] | None = None,
+    epoch: int = 0,
 ) -> int:
     """With --model, run this rank's process (the head serves, the others work) until it ends.
-    The head's server gets the ranks' join-time RTTs (`TANDEM_JOIN_RTT_MS`) for its cluster view."""
+    The head's server gets the ranks' join-time RTTs (`TANDEM_JOIN_RTT_MS`) for its cluster view
+    and re-forms a group that lost a worker (`--reform-timeout`); a worker claims `epoch`."""
     if not args.model:
         console.print("joined; no --model given, so holding the slot (Ctrl-C to leave)")
         while True:
@@ -375,8 +394,10 @@ def _run_rank(
     if rank == 0:
         argv = [sys.executable, "-m", "tandem", "serve", "--model", args.model]
         argv += ["--ring-config", str(ring_file), "--host", args.host, "--port", str(args.port)]
+        argv += ["--reform-timeout", str(getattr(args, "reform_timeout", 0.0))]
     else:
         argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
+        argv += ["--epoch", str(epoch)]
     argv += ["--device", args.device, "--dtype", args.dtype]
     env = {"RING_CONFIG": str(ring_file)}
     if rank == 0 and rtts:

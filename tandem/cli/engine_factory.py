@@ -31,6 +31,7 @@ from tandem.engine.build import (
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.engine.tp.rejoin import keepable
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
@@ -117,9 +118,10 @@ def build_serving_engine(
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
-    `reform_timeout` > 0: a local group that loses a rank is formed again (new processes, a new
-    epoch) within that many seconds and the scheduler replays (`tandem.engine.recovery`); 0: the
-    first loss ends it. `op_timeout`: a local TP group's bound on one collective. `shrink_after`
+    `reform_timeout` > 0: a group that loses a rank is formed again under a new epoch within that
+    many seconds (a local group starts new processes; a joined head waits for the lost worker to
+    come back), keeping the head's loaded shard when the layout is unchanged, and the scheduler
+    replays (`tandem.engine.recovery`); 0: the first loss ends it. `op_timeout`: a local TP group's bound on one collective. `shrink_after`
     > 0: a local TP group whose lost rank has not come back that long after the loss re-forms over
     one rank fewer (TP=N-1, the same dtype and device). `pp_weights`: `--pp-weights` of a pipeline
     ("2,1", or "auto": from the stages' probes)."""
@@ -140,7 +142,7 @@ def build_serving_engine(
             "--quantize runs on one node; for --tp / --pp write the file once with "
             "`tandem quantize MODEL_DIR OUT.gguf --type ...` and serve OUT.gguf"
         )
-    if layout.world_size == 1 and isinstance(source, ModelDir):
+    if layout.world_size == 1 and ring_config is None and isinstance(source, ModelDir):
         with _progress(console) as bar:  # the weights' bytes as they are read
             source = _ProgressDir(model_dir)
             task = bar.add_task("loading weights", total=source.total_bytes)
@@ -153,12 +155,16 @@ def build_serving_engine(
             status=lambda text: console.status(text + "..."), source=source, notice=console.print
         )
         limits = Limits(max_batch, seq_len)
+        last: list = [None]  # the group built last: its head's shard is kept by the next epoch
 
-        def build(epoch: int):  # epoch > 0: formed again after a loss, from its own processes
-            again = replace(hooks, epoch=epoch) if epoch else hooks
-            return build_executor(model_dir, layout, limits, again)
+        def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
+            again = replace(hooks, epoch=epoch, keep=last[0]) if epoch else hooks
+            ex = build_executor(model_dir, layout, limits, again)
+            last[0] = keepable(ex)  # a TP head; nothing else is held past its group
+            return ex
 
         def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
+            last[0] = None  # the kept shard goes before the wider one loads
             small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
             return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
 
@@ -166,7 +172,7 @@ def build_serving_engine(
         can_shrink = local_group and pp == 1 and "," not in dtype + device
         executor = with_recovery(
             build,
-            reform_timeout if local_group else 0.0,
+            reform_timeout if local_group or ring_config else 0.0,
             shrink=shrink if can_shrink else None,
             shrink_after_s=shrink_after,
         )

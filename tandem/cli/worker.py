@@ -126,12 +126,14 @@ def run(args: argparse.Namespace) -> int:
             cluster_id=cluster_id_for(args.epoch),
         )
     elif os.environ.get("RING_CONFIG"):
-        from tandem import comm as comm_pkg
+        from tandem.cluster.ring_config import epoch_cluster_id, load_ring_config
+        from tandem.comm import from_env
 
-        from_env = getattr(comm_pkg, "from_env", None)
-        if from_env is None:
-            raise WorkerArgsError("RING_CONFIG is set but this build has no tandem.comm.from_env")
-        comm = from_env()
+        env = dict(os.environ)
+        if args.epoch:  # the head re-formed the ring after a loss: claim its epoch
+            base = env.get("TANDEM_CLUSTER_ID") or load_ring_config(env["RING_CONFIG"]).cluster_id
+            env["TANDEM_CLUSTER_ID"] = epoch_cluster_id(base, args.epoch)
+        comm = from_env(env)
     else:
         raise WorkerArgsError("give --rank/--world-size/--peers, or set RING_CONFIG")
     if comm.rank == 0:

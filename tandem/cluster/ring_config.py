@@ -82,6 +82,15 @@ class RingConfig:
         return None if has_secret and not loop else "127.0.0.1"
 
 
+def epoch_cluster_id(base: str, epoch: int) -> str:
+    """The cluster id a ring claims in its handshake in `epoch` (`base` in epoch 0): a group
+    re-formed after a loss claims its epoch, so a rank (or a frame) of an earlier epoch is refused
+    at the handshake though it holds the same secret."""
+    if epoch < 0:
+        raise RingConfigError(f"an epoch is >= 0, got {epoch}")
+    return base if epoch == 0 else f"{base}/epoch-{epoch}"
+
+
 def secret_bytes(text: str | None) -> bytes | None:
     """The cluster key from its text form (the `secret` field or TANDEM_SECRET): hex digits when
     the text is valid hex (what `tandem` generates), else its UTF-8 bytes; None when empty."""

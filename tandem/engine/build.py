@@ -31,6 +31,7 @@ from tandem.loaders.source import ModelSource, open_model
 
 if TYPE_CHECKING:
     from tandem.comm.base import Communicator
+    from tandem.engine.tp.head import TPExecutor
 
 
 class LayoutUnavailable(RuntimeError):
@@ -137,7 +138,9 @@ class BuildHooks:
     wait; `source` the model already opened (a single device loads from it, e.g. one that reports
     its reads to a progress bar); `epoch` > 0: the group is formed again after losing a rank
     (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id;
-    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`).
+    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`);
+    `keep`: the broken group's TP head (`tp.rejoin.keepable`), whose loaded shard the head of the
+    group formed again for the same layout keeps: only the returning workers load.
 
     What the caller already holds or decides (the bench's rank programs): `comm` a TP group
     already formed with this process as rank 0 (e.g. one whose collectives are traced): the head
@@ -152,6 +155,7 @@ class BuildHooks:
     comm: Communicator | None = None
     addresses: Sequence[str] | None = None
     argv_prefix: Callable[[int], list[str]] | None = None
+    keep: Executor | None = None
 
 
 def build_executor(
@@ -183,6 +187,7 @@ def build_executor(
                 op_timeout=layout.op_timeout,
                 threads=layout.threads,  # an idle group pings every keepalive_interval(op_timeout)
                 epoch=hooks.epoch,
+                keep=_kept(hooks),
             )
     from tandem.engine.pp.launch import launch_pipeline
     from tandem.engine.pp.layout import describe_auto, plan_stages
@@ -231,19 +236,46 @@ def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks
 
 
 def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:
-    from tandem.cluster.ring_config import keepalive_interval, load_ring_config
+    from tandem.cluster.ring_config import epoch_cluster_id, keepalive_interval, load_ring_config
     from tandem.comm import from_env
 
     ring_config = layout.ring_config
     assert ring_config is not None
+    cfg = load_ring_config(ring_config)
     # pings inside the workers' op timeout (the ring's own, from the same file), however short
-    keepalive_s = keepalive_interval(load_ring_config(ring_config).op_timeout)
+    keepalive_s = keepalive_interval(cfg.op_timeout)
+    env = {**os.environ, "RING_CONFIG": str(ring_config)}
+    if hooks.epoch:  # formed again after a loss: the workers claim this epoch (`worker --epoch`)
+        base = env.get("TANDEM_CLUSTER_ID") or cfg.cluster_id
+        env["TANDEM_CLUSTER_ID"] = epoch_cluster_id(base, hooks.epoch)
     with hooks.status(f"waiting for the ring of {ring_config} to form (workers joining)"):
         # no fingerprint claim: the workers (`tandem worker`, `cluster join`) make none; the
         # layout agreement (`tp.setup.agree_layout`) compares the model's fingerprint instead
-        comm = from_env({**os.environ, "RING_CONFIG": str(ring_config)})
+        comm = from_env(env)
     rtts = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
+    kept = _kept(hooks)
+    if kept is not None:
+        from tandem.engine.tp.rejoin import rejoin_head
+
+        # the returning workers load their shards under the handshake's bound, not a step's
+        return rejoin_head(
+            model,
+            kept,
+            comm,
+            keepalive_s=keepalive_s,
+            join_rtt_ms=rtts,
+            setup_timeout=cfg.handshake_timeout,
+        )
     return _tp_head(model, comm, layout, limits, hooks, str(ring_config), keepalive_s, rtts)
+
+
+def _kept(hooks: BuildHooks) -> TPExecutor | None:
+    """The TP head whose shard a group formed again keeps (`hooks.keep`), if it can be kept."""
+    if hooks.keep is None:
+        return None
+    from tandem.engine.tp.rejoin import keepable
+
+    return keepable(hooks.keep)
 
 
 def _tp_head(

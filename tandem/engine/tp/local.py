@@ -105,6 +105,7 @@ def launch_local_tp(
     attn_ranks: int | None = None,
     epoch: int = 0,
     kernels: str | list[str] = "auto",
+    keep: TPExecutor | None = None,
 ) -> TPExecutor:
     """The head's executor for a local TP group of `tp` ranks; `.close()` stops every worker.
     `kernels` is each rank's `tandem.kernels.prepare` choice ("auto" or "torch"; one for every
@@ -113,7 +114,9 @@ def launch_local_tp(
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
     never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
     attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`). `epoch` > 0: a
-    group formed again after a loss (`tandem.engine.recovery`), under its own cluster id."""
+    group formed again after a loss (`tandem.engine.recovery`), under its own cluster id; `keep`:
+    the broken group's head (same layout), whose loaded shard the new head keeps
+    (`tp.rejoin`): only the workers load."""
     if keepalive_s is not None and keepalive_s < 0:
         keepalive_s = keepalive_interval(op_timeout)
     dtypes = dtypes or ["float32"] * tp
@@ -144,6 +147,7 @@ def launch_local_tp(
         handshake_timeout=handshake_timeout,
         keepalive_s=keepalive_s,
         attn_ranks=attn_ranks,
+        keep=keep,
     )
 
 
@@ -161,9 +165,10 @@ def form_local_group(
     keepalive_s: float | None,
     attn_ranks: int | None = None,
     kernels: str = "auto",
+    keep: TPExecutor | None = None,
 ) -> TPExecutor:
-    """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard.
-    Any failure shuts the workers down before it is raised."""
+    """Rank 0 joins the ring with the started `workers`, agrees on the layout and loads its shard
+    (or keeps `keep`'s, `tp.rejoin`). Any failure shuts the workers down before it is raised."""
     from tandem.comm.ring import RingCommunicator
 
     ports, tp = workers.ports, workers.tp
@@ -182,6 +187,19 @@ def form_local_group(
             workers.diagnose,
             handshake_timeout,
         )
+        if keep is not None:
+            from tandem.engine.tp.rejoin import rejoin_head
+
+            return rejoin_head(
+                model_dir,
+                keep,
+                comm,
+                on_close=workers.shutdown,
+                keepalive_s=keepalive_s,
+                diagnose=workers.diagnose,
+                local_workers=workers,
+                setup_timeout=handshake_timeout,
+            )
         metered = MeteredCommunicator(comm)
         ex = start_head(
             model_dir,
