@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench/recovery.py [--model DIR | --preset tiny-qwen3] [--tp 2] [--pp 1]
                                                [--streams 4] [--max-tokens 96] [--cycles 3]
                                                [--signal KILL] [--op-timeout S] [--prompt-words 0]
+                                               [--reload-head]
 
 Starts `tandem launch --tp N --pp M` on loopback, runs `streams` concurrent streaming greedy completions
 once without a fault (the reference texts), then `cycles` times: the same streams, and once each
@@ -12,6 +13,7 @@ ring formed under a new epoch), when the first replayed token reached a client (
 every stream had finished, and whether every text equals the reference; and the run without a
 fault's time to first text (what a replay's prefill is to be compared with). JSON on the last line.
 `--prompt-words N` prefixes each prompt with N words, to time the replay of a long context.
+`--reload-head`: the head reloads its own shard at each re-form instead of keeping it (A/B).
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--signal", default="KILL", help="KILL (a dead worker) or STOP (a hung one)")
     ap.add_argument("--prompt-words", type=int, default=0)
+    ap.add_argument(
+        "--reload-head",
+        action="store_true",
+        help="the head reloads its shard at each re-form (TANDEM_REFORM_RELOAD=1), as before it "
+        "kept it: the A side of an A/B",
+    )
     args = ap.parse_args()
     sig = getattr(signal, f"SIG{args.signal}")
     tmp = Path(tempfile.mkdtemp(prefix="tandem-recovery-"))
@@ -85,7 +93,8 @@ def main() -> int:
     argv += ["--max-batch", str(max(args.streams, 1))]
     if args.op_timeout is not None:
         argv += ["--op-timeout", str(args.op_timeout)]
-    group = ProcessGroup([RankProcess("launch", argv)], log_dir=tmp / "logs")
+    env = {"TANDEM_REFORM_RELOAD": "1"} if args.reload_head else {}
+    group = ProcessGroup([RankProcess("launch", argv, env)], log_dir=tmp / "logs")
     prefix = " ".join(["word"] * args.prompt_words)
     prompts = [f"{prefix} {p}".strip() for p in (PROMPTS * args.streams)[: args.streams]]
     cycles = []
@@ -135,6 +144,7 @@ def main() -> int:
         "signal": args.signal,
         "streams": args.streams,
         "prompt_words": args.prompt_words,
+        "head_shard": "reloaded" if args.reload_head else "kept",
         "cycles": len(cycles),
         "median_detect_s": med("detect_s"),
         "median_reformed_s": med("reformed_s"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +36,8 @@ from tandem.engine.tp.rejoin import keepable
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
+
+RELOAD_ENV = "TANDEM_REFORM_RELOAD"  # "1": a re-form reloads the head's shard too (for A/B timing)
 
 
 def _progress(console: Console) -> Progress:
@@ -160,7 +163,8 @@ def build_serving_engine(
         def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
             again = replace(hooks, epoch=epoch, keep=last[0]) if epoch else hooks
             ex = build_executor(model_dir, layout, limits, again)
-            last[0] = keepable(ex)  # a TP head; nothing else is held past its group
+            if os.environ.get(RELOAD_ENV) != "1":
+                last[0] = keepable(ex)  # a TP head; nothing else is held past its group
             return ex
 
         def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
