@@ -106,6 +106,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rank 0: seconds a group that lost a worker has to re-form (the worker rejoins, "
         "requests in flight are replayed) before requests fail; 0: a lost worker ends it",
     )
+    join.add_argument(
+        "--shrink-after",
+        type=float,
+        default=0.0,
+        help="rank 0 of a two-rank group: seconds a lost worker has to come back before the "
+        "head serves alone (if the whole model fits it); 0: wait for the worker",
+    )
     join.set_defaults(func=run_join)
 
     status = sub.add_parser("status", help="who has joined, and what each rank holds")
@@ -395,6 +402,8 @@ def _run_rank(
         argv = [sys.executable, "-m", "tandem", "serve", "--model", args.model]
         argv += ["--ring-config", str(ring_file), "--host", args.host, "--port", str(args.port)]
         argv += ["--reform-timeout", str(getattr(args, "reform_timeout", 0.0))]
+        if getattr(args, "shrink_after", 0.0):
+            argv += ["--shrink-after", str(args.shrink_after)]
     else:
         argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
         argv += ["--epoch", str(epoch)]

@@ -20,6 +20,7 @@ from rich.progress import (
 )
 
 from tandem.cli.threads import local_threads
+from tandem.cluster.ring_config import load_ring_config
 from tandem.devices import DTYPE_NAMES
 from tandem.engine.build import (
     BuildHooks,
@@ -27,6 +28,7 @@ from tandem.engine.build import (
     LayoutUnavailable,
     Limits,
     build_executor,
+    check_fits_alone,
     per_rank,
 )
 from tandem.engine.recovery import with_recovery
@@ -159,9 +161,12 @@ def build_serving_engine(
         )
         limits = Limits(max_batch, seq_len)
         last: list = [None]  # the group built last: its head's shard is kept by the next epoch
+        reform_bound: float | None = None
 
         def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
-            again = replace(hooks, epoch=epoch, keep=last[0]) if epoch else hooks
+            again = hooks
+            if epoch:  # each attempt ends by the shrink time (joined), so no shrink is held up
+                again = replace(hooks, epoch=epoch, keep=last[0], handshake_timeout=reform_bound)
             ex = build_executor(model_dir, layout, limits, again)
             if os.environ.get(RELOAD_ENV) != "1":
                 last[0] = keepable(ex)  # a TP head; nothing else is held past its group
@@ -172,8 +177,21 @@ def build_serving_engine(
             small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
             return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
 
+        def shrink_to_head(epoch: int):  # a joined pair's worker never came back: the head alone
+            last[0] = None  # the kept shard goes before the whole model loads
+            alone = serving_layout(1, 1, dtype, device, None, op_timeout)
+            check_fits_alone(source, alone, limits)
+            return build_executor(model_dir, alone, limits, replace(hooks, epoch=epoch))
+
         local_group = layout.world_size > 1 and ring_config is None
         can_shrink = local_group and pp == 1 and "," not in dtype + device
+        if ring_config is not None and shrink_after > 0:
+            if load_ring_config(ring_config).world_size != 2:
+                raise LayoutUnavailable(
+                    "--shrink-after with --ring-config: a joined group shrinks from 2 ranks to the "
+                    "head alone; a larger joined group re-forms only when its lost ranks return"
+                )
+            reform_bound, shrink, can_shrink = shrink_after, shrink_to_head, True
         executor = with_recovery(
             build,
             reform_timeout if local_group or ring_config else 0.0,

@@ -70,16 +70,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--reform-timeout",
         type=float,
         default=0.0,
-        help="seconds a local TP/PP group that lost a rank has to re-form (new processes, new "
-        "epoch; requests in flight are replayed) before requests fail; 0: a lost rank ends "
-        "it (serve's default; launch's is 120)",
+        help="seconds a TP/PP group that lost a rank has to re-form (new local processes, or "
+        "the joined worker's return; a new epoch; requests in flight are replayed) before "
+        "requests fail; 0: a lost rank ends it (serve's default; launch's and cluster join's "
+        "is 120)",
     )
     p.add_argument(
         "--shrink-after",
         type=float,
         default=0.0,
-        help="seconds a lost rank of a local TP group has to come back before the group re-forms "
-        "over one rank fewer (within --reform-timeout); 0: never shrink",
+        help="seconds a lost rank of a TP group has to come back before the group re-forms over "
+        "one rank fewer (a joined pair: the head alone), within --reform-timeout; 0: never",
     )
 
 

@@ -55,9 +55,13 @@ def _torchrun(env: Mapping[str, str]) -> RingConfig:
 
 
 def from_env(
-    environ: Mapping[str, str] | None = None, *, model_fingerprint: str = ""
+    environ: Mapping[str, str] | None = None,
+    *,
+    model_fingerprint: str = "",
+    handshake_timeout: float | None = None,
 ) -> Communicator:
-    """Build (and connect) the communicator described by `environ` (default: os.environ)."""
+    """Build (and connect) the communicator described by `environ` (default: os.environ).
+    `handshake_timeout`: the bound on forming the group, in place of the file's."""
     env = os.environ if environ is None else environ
     backend = env.get("TANDEM_COMM", "ring").strip().lower()
     if backend not in BACKENDS:
@@ -84,7 +88,7 @@ def from_env(
         cluster_id=cluster_id,
         wire_dtype=wire,
         model_fingerprint=model_fingerprint,
-        handshake_timeout=cfg.handshake_timeout,
+        handshake_timeout=handshake_timeout or cfg.handshake_timeout,
         op_timeout=cfg.op_timeout,
     )
     if backend == "ring":
@@ -120,7 +124,7 @@ def from_env(
         cfg.world_size,
         master=master,
         backend=backend,
-        timeout=cfg.handshake_timeout,
+        timeout=handshake_timeout or cfg.handshake_timeout,
         trusted_network=env.get("TANDEM_TRUSTED_NETWORK", "").strip() == "1",
     )
 

@@ -140,7 +140,9 @@ class BuildHooks:
     (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id;
     `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`);
     `keep`: the broken group's TP head (`tp.rejoin.keepable`), whose loaded shard the head of the
-    group formed again for the same layout keeps: only the returning workers load.
+    group formed again for the same layout keeps: only the returning workers load;
+    `handshake_timeout`: the bound on forming a ring from the layout's RING_CONFIG (None: the
+    file's), so that a re-form attempt ends in time for a shrink.
 
     What the caller already holds or decides (the bench's rank programs): `comm` a TP group
     already formed with this process as rank 0 (e.g. one whose collectives are traced): the head
@@ -156,6 +158,7 @@ class BuildHooks:
     addresses: Sequence[str] | None = None
     argv_prefix: Callable[[int], list[str]] | None = None
     keep: Executor | None = None
+    handshake_timeout: float | None = None
 
 
 def build_executor(
@@ -251,7 +254,7 @@ def _remote_tp_head(model: Path, layout: Layout, limits: Limits, hooks: BuildHoo
     with hooks.status(f"waiting for the ring of {ring_config} to form (workers joining)"):
         # no fingerprint claim: the workers (`tandem worker`, `cluster join`) make none; the
         # layout agreement (`tp.setup.agree_layout`) compares the model's fingerprint instead
-        comm = from_env(env)
+        comm = from_env(env, handshake_timeout=hooks.handshake_timeout)
     rtts = join_rtts(os.environ.get("TANDEM_JOIN_RTT_MS", ""), comm.world_size)
     kept = _kept(hooks)
     if kept is not None:
@@ -334,3 +337,27 @@ def join_rtts(text: str, world_size: int) -> dict[int, float]:
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
             out[int(k)] = float(v)
     return out
+
+
+def check_fits_alone(source: ModelSource, layout: Layout, limits: Limits) -> None:
+    """Raises `PlanDoesNotFitError` (naming the bytes) when the whole model in the layout's first
+    dtype, with its KV cache at `limits`, does not fit the first device's free memory: what a
+    group shrinking onto its head alone checks before it loads (`parallel.fit`)."""
+    from tandem.engine.device_probe import free_gb
+    from tandem.parallel.fit import check_fit, rank_needs
+    from tandem.parallel.plan import plan_for_config
+
+    cfg = source.config
+    elem = torch.tensor([], dtype=layout.dtypes[0]).element_size()
+    fmt = source.weight_format()
+    dense = fmt.startswith("safetensors") and "quantized" not in fmt
+    needs = rank_needs(
+        cfg,
+        plan_for_config(cfg, 1),
+        elem_bytes=[elem],
+        weight_bytes_per_elem=[elem if dense else 0],
+        free_bytes=[int(free_gb(torch.device(layout.devices[0])) * 1e9)],
+        max_batch=limits.max_batch,
+        max_seq_len=min(limits.max_seq_len, cfg.max_position_embeddings),
+    )
+    check_fit(needs)

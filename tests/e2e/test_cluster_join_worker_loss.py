@@ -24,7 +24,7 @@ COUNTERS = (
 )
 
 
-# ~60 s on 2 shared cores: a head node and a worker node start and load the model, then a third
+# ~35 s on 2 shared cores: a head node and a worker node start and load the model, then a third
 # process (the returning worker) starts, loads its shard and joins while 4 streams wait
 @pytest.mark.slow
 def test_a_joined_worker_killed_mid_stream_rejoins_the_next_epoch_and_every_stream_equals_a_quiet_run(
@@ -88,6 +88,55 @@ def test_a_joined_worker_killed_mid_stream_rejoins_the_next_epoch_and_every_stre
             f"detect {drill.detect_s:.2f} s, whole again {drill.whole_s:.2f} s, "
             f"resume {drill.resume_s:.2f} s after the SIGKILL"
         )
+    finally:
+        kill_tree(head)
+        kill_tree(node)
+
+
+# ~30 s on 2 shared cores: a head node and a worker node start and load the model; the head then
+# loads the whole model alone
+@pytest.mark.slow
+def test_a_joined_worker_that_never_returns_leaves_the_head_serving_alone_with_equal_texts(
+    tmp_path,
+):
+    model = make_model(tmp_path / "model")
+    base_port = _free_block(4)
+    token = _cli(
+        "cluster",
+        "init",
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "--base-port",
+        str(base_port),
+        "--no-qr",
+    ).stdout.split()[-1]
+    (http_port,) = free_ports(1)
+    base = f"http://127.0.0.1:{http_port}"
+
+    def join(rank: int, *extra: str):
+        argv = [*TANDEM, "cluster", "join", token, "--rank", str(rank), "--model", str(model)]
+        argv += ["--config-dir", str(tmp_path / f"n{rank}"), "--port", str(http_port), *extra]
+        return spawn(argv)
+
+    node = join(1)
+    head = join(0, "--reform-timeout", "120", "--shrink-after", "3")
+    try:
+        wait_healthy(head, base)
+        quiet = run_drill(base, node.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+        assert [s.error for s in quiet.streams] == [None] * 4
+        # the worker's node goes whole (its join and its worker): nothing comes back
+        drill = run_drill(
+            base, node.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGKILL, timeout_s=240
+        )
+        kill_tree(node)
+        assert drill.in_flight_at_fault == 4
+        assert [s.error for s in drill.streams] == [None] * 4, (drill.health[-3:], output(head))
+        assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+        reasons = {detail for _, code, detail in drill.health if code == 503}
+        assert reasons and all(r.startswith("re-forming") for r in reasons), reasons
+        assert health(base)[0] == 200 and head.poll() is None
+        assert metric(base, "tandem_group_shrinks_total") == 1
+        assert metric(base, "tandem_replayed_sequences_total") == 4
     finally:
         kill_tree(head)
         kill_tree(node)
