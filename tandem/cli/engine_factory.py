@@ -126,10 +126,12 @@ def build_serving_engine(
     `reform_timeout` > 0: a group that loses a rank is formed again under a new epoch within that
     many seconds (a local group starts new processes; a joined head waits for the lost worker to
     come back), keeping the head's loaded shard when the layout is unchanged, and the scheduler
-    replays (`tandem.engine.recovery`); 0: the first loss ends it. `op_timeout`: a local TP group's bound on one collective. `shrink_after`
-    > 0: a local TP group whose lost rank has not come back that long after the loss re-forms over
-    one rank fewer (TP=N-1, the same dtype and device). `pp_weights`: `--pp-weights` of a pipeline
-    ("2,1", or "auto": from the stages' probes)."""
+    replays (`tandem.engine.recovery`); 0: the first loss ends it. `op_timeout`: a local TP
+    group's bound on one collective. `shrink_after` > 0: a group whose lost rank has not come
+    back that long after the loss re-forms smaller: a local TP group over one rank fewer (TP=N-1,
+    the same dtype and device), a pipeline of one-rank stages over one stage fewer (PP=1: the
+    head alone), a joined pair on the head alone (alone: if the whole model fits).
+    `pp_weights`: `--pp-weights` of a pipeline ("2,1", or "auto": from the stages' probes)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     config = source.config
@@ -174,7 +176,13 @@ def build_serving_engine(
 
         def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
             last[0] = None  # the kept shard goes before the wider one loads
-            small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
+            if pp > 1:  # a pipeline of one-rank stages: one stage fewer (PP=1: the head alone)
+                small = serving_layout(1, pp - 1, dtype, device, None, op_timeout)
+                small = replace(small, pp_weights="auto" if pp_weights == "auto" else None)
+                if small.world_size == 1:
+                    check_fits_alone(source, small, limits)
+            else:
+                small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
             return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
 
         def shrink_to_head(epoch: int):  # a joined pair's worker never came back: the head alone
@@ -184,7 +192,7 @@ def build_serving_engine(
             return build_executor(model_dir, alone, limits, replace(hooks, epoch=epoch))
 
         local_group = layout.world_size > 1 and ring_config is None
-        can_shrink = local_group and pp == 1 and "," not in dtype + device
+        can_shrink = local_group and (pp == 1 or tp == 1) and "," not in dtype + device
         if ring_config is not None and shrink_after > 0:
             if load_ring_config(ring_config).world_size != 2:
                 raise LayoutUnavailable(

@@ -35,11 +35,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import itertools
 import logging
 import math
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +108,32 @@ class _Lost:
         pass
 
 
+class _Stepwise:
+    """A group that runs one step at a time, behind the pipeline face (`submit` runs the step at
+    once, `collect` hands the results back in order) for a caller that was given a pipeline: what
+    a pipeline shrunk to the head alone is (the scheduler chose its loop by the first group)."""
+
+    num_stages = 1
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._done: deque[tuple[int, StepResult]] = deque()
+        self._tags = itertools.count()
+
+    def submit(self, step: Step) -> int:
+        tag = next(self._tags)
+        self._done.append((tag, self.inner.run(step)))
+        return tag
+
+    def collect(self) -> tuple[int, StepResult]:
+        return self._done.popleft()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 def _trim_heap() -> None:
     """Hands the heap pages a broken group freed back to the OS: glibc otherwise keeps them in its
     arenas, and the head's RSS would grow with each re-form though nothing leaks."""
@@ -139,6 +167,7 @@ class RecoveringExecutor:
         shrink_after_s: float = math.inf,
     ) -> None:
         self._current = first
+        self._current_face = type(first)  # what the caller was given: a pipeline or not
         self._build = build
         self._shrink = shrink
         self.deadline_s = deadline_s
@@ -362,6 +391,8 @@ class RecoveringExecutor:
             self.counts.reform_failures += 1
             log.warning("re-forming epoch %d over fewer ranks failed: %s", self.epoch + 1, e)
             return None, f"{type(e).__name__}: {e}"
+        if hasattr(self._current_face, "submit") and not hasattr(fresh, "submit"):
+            fresh = _Stepwise(fresh)  # a pipeline shrunk to the head alone: the same face
         log.warning(
             "the lost rank did not come back: epoch %d runs over fewer ranks", self.epoch + 1
         )
