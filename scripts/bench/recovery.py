@@ -11,7 +11,9 @@ has 4 chunks, the signal to one worker. Per cycle it prints, from the signal: wh
 said 503 (detect), when it said 200 again (re-formed: a new worker started, its shard loaded, the
 ring formed under a new epoch), when the first replayed token reached a client (resume), when
 every stream had finished, and whether every text equals the reference; and the run without a
-fault's time to first text (what a replay's prefill is to be compared with). JSON on the last line.
+fault's time to first text (what a replay's prefill is to be compared with), and the CPU seconds
+the head (serve) process used over each cycle (its share of the re-form: a kept shard or a
+reloaded one, plus the same decode and replay either way). JSON on the last line.
 `--prompt-words N` prefixes each prompt with N words, to time the replay of a long context.
 `--reload-head`: the head reloads its own shard at each re-form instead of keeping it (A/B).
 """
@@ -43,6 +45,12 @@ def _server_pid(launch_pid: int) -> int:
         if "serve" in c.cmdline():
             return c.pid
     raise RuntimeError("no `tandem serve` below `tandem launch`")
+
+
+def _cpu_s(pid: int) -> float:
+    """The CPU seconds (user + system) process `pid` has used so far."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def _tree_rss_mb(launch_pid: int, server: int) -> dict[str, float]:
@@ -116,6 +124,7 @@ def main() -> int:
         baseline_rss_mb = round(psutil.Process(server).memory_info().rss / 2**20, 1)
         baseline_tree = _tree_rss_mb(group.procs[0].pid, server)
         for i in range(args.cycles):
+            cpu0 = _cpu_s(server)
             d = run_drill(base, server, prompts, max_tokens=args.max_tokens, sig=sig)
             row = {
                 "cycle": i + 1,
@@ -127,6 +136,7 @@ def main() -> int:
                 "texts_equal": [s.text for s in d.streams] == ref,
                 "errors": [s.error for s in d.streams if s.error],
                 "head_rss_mb": round(psutil.Process(server).memory_info().rss / 2**20, 1),
+                "head_cpu_s": round(_cpu_s(server) - cpu0, 2),
                 "rss_mb": _tree_rss_mb(group.procs[0].pid, server),
             }
             cycles.append(row)
@@ -149,6 +159,7 @@ def main() -> int:
         "median_detect_s": med("detect_s"),
         "median_reformed_s": med("reformed_s"),
         "median_resume_s": med("resume_s"),
+        "median_head_cpu_s": med("head_cpu_s"),
         "quiet_ttft_s": round(quiet.ttft_s, 3) if quiet and quiet.ttft_s else None,
         "all_texts_equal": all(c["texts_equal"] for c in cycles),
         "head_rss_mb_baseline": baseline_rss_mb,

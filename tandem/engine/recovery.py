@@ -4,7 +4,8 @@
 it. When the group breaks (a step fails and the group's `health()` says it is no longer whole, or
 the group turns unhealthy while idle), a recovery thread ends the group's epoch (`close()`: every
 surviving process leaves the old group and the supervisor brings the rest down), then builds a
-fresh group for the same layout through `build(epoch)`, retrying until `deadline_s` has passed
+fresh group for the same layout through `build(epoch)` (a TP head's builder keeps the head's
+loaded shard, `tp.rejoin`: only the returning ranks load), retrying until `deadline_s` has passed
 since the failure. Epoch e+1's ranks authenticate under a cluster id that names their epoch (and,
 for local groups, a fresh secret), so a frame or a handshake from epoch e is refused.
 
@@ -19,7 +20,9 @@ stream of draws.
 A rank that does not come back: with a `shrink` builder, once the full layout has failed to form
 for `shrink_after_s` since the failure, the group is re-planned over fewer ranks (`shrink(epoch)`;
 for a local TP group TP=N-1, every rank started again and loading its new, wider shard: the
-survivors are not kept) and later re-forms keep that smaller layout (it shrinks once). If the
+survivors are not kept; a pipeline one stage fewer, at one stage the head alone, which keeps the
+pipeline face the caller was given, `_Stepwise`) and later re-forms keep that smaller layout (it
+shrinks once). If the
 smaller layout cannot form either (the model does not fit), retries go on until the deadline and
 the final error says why the smaller one failed too. A shrink replays exactly as a re-form does:
 the head's tokens do not depend on the layout.
