@@ -339,3 +339,47 @@ def test_when_the_smaller_group_cannot_form_either_the_error_says_why():
         ex.close()
     with pytest.raises(ValueError, match="shrink-after"):
         with_recovery(build, 10, shrink=shrink, shrink_after_s=-1)
+
+
+class BreakingPipeline(BreakingExecutor):
+    """A two-stage pipeline double: `submit` runs the step, `collect` hands results back in
+    order (the face a `PipelineExecutor` gives the scheduler)."""
+
+    num_stages = 2
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._done, self._tag = [], 0
+
+    def submit(self, step):
+        self._tag += 1
+        self._done.append((self._tag, self.run(step)))
+        return self._tag
+
+    def collect(self):
+        return self._done.pop(0)
+
+
+def test_a_pipeline_shrunk_to_one_group_keeps_the_pipeline_face_and_replays():
+    def build(epoch):  # the lost stage never comes back
+        if epoch > 0:
+            raise ConnectionRefusedError("stage 1 never came back")
+        return BreakingPipeline(epoch, fail_after=5)
+
+    alone = []
+
+    def shrink(epoch):  # the head alone: no submit/collect of its own
+        alone.append(BreakingExecutor(epoch))
+        return alone[-1]
+
+    ex = with_recovery(build, 10, shrink=shrink, shrink_after_s=0.2)
+    ex.retry_s = 0.05
+    try:
+        sched = Scheduler(ex)  # chooses its pipeline loop by the first group
+        params = dict(max_tokens=12, temperature=0)
+        outs = _serve(sched, PROMPTS, **params)
+        assert [o["tokens"] for o in outs] == _reference(**params)
+        assert all(o["error"] is None for o in outs)
+        assert len(alone) == 1 and ex.stats()["group_shrinks"] == 1 and ex.num_stages == 1
+    finally:
+        ex.close()
