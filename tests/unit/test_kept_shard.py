@@ -2,10 +2,13 @@
 worker loads, the head's runner is the same object, and the steps of the new epoch give the
 logits of the first epoch bit for bit (in-process ranks over the reference communicator)."""
 
+import threading
+
 import pytest
 import torch
 from tp_support import tiny_config, write_random_model
 
+import tandem.engine.tp.probe as tp_probe
 import tandem.engine.tp.setup as tp_setup
 from tandem.cli.cluster_epochs import forming_epoch
 from tandem.cluster.ring_config import RingConfigError, epoch_cluster_id
@@ -13,6 +16,9 @@ from tandem.comm.metered import MeteredCommunicator
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.tp.rejoin import KeptShardError, keepable, rejoin_head
+from tandem.parallel.fit import HEADROOM_BYTES
+
+HEADROOM_GB = HEADROOM_BYTES / 1e9
 
 STEPS = [
     Step((StepSequence(0, (3, 5, 7, 11), 0), StepSequence(1, (2, 4), 0))),
@@ -68,6 +74,36 @@ def test_a_group_re_formed_around_the_kept_shard_loads_only_the_worker_and_equal
     assert new.runner is ex.runner and new.health()[0] is False  # closed at the end
     for a, b in zip(before, after):
         assert torch.equal(a, b)
+
+
+def test_a_kept_shard_counts_as_free_memory_so_a_head_full_with_it_re_forms(tmp_path, monkeypatch):
+    model_dir = write_random_model(tmp_path, tiny_config())
+    head_thread: dict[str, int] = {}
+
+    def free_gb(_device):  # the head's device is full (of its own shard) up to the headroom
+        return HEADROOM_GB if threading.get_ident() == head_thread.get("id") else 100.0
+
+    monkeypatch.setattr(tp_probe, "free_gb", free_gb)
+
+    def first(comm):
+        if comm.rank != 0:
+            return _worker(model_dir, comm)
+        ex = tp_setup.start_head(model_dir, MeteredCommunicator(comm), max_batch=2, max_seq_len=32)
+        ex.close()
+        return ex
+
+    ex, _ = run_ranks(ReferenceCommunicator.group(2), first)
+
+    def again(comm):
+        if comm.rank != 0:
+            return _worker(model_dir, comm)
+        head_thread["id"] = threading.get_ident()
+        new = rejoin_head(model_dir, ex, comm)
+        new.close()
+        return new
+
+    new, _ = run_ranks(ReferenceCommunicator.group(2), again)
+    assert new.runner is ex.runner  # formed: without its own bytes counted the plan is refused
 
 
 def test_a_kept_shard_refuses_a_group_of_another_size(tmp_path):

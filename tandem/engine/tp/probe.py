@@ -68,17 +68,23 @@ def _goodput_mbit_s(comm: Communicator) -> float:
 
 
 def measure(
-    comm: Communicator, device: str, dtype: str, mem_limit_gb: float | None = None
+    comm: Communicator,
+    device: str,
+    dtype: str,
+    mem_limit_gb: float | None = None,
+    held_gb: float = 0.0,
 ) -> list[RankProbe]:
     """Collective: every rank measures itself, then all rows are gathered on every rank.
     `mem_limit_gb`: this rank offers at most that much memory (its free figure is capped), for a
-    rank that shares its device with other work."""
+    rank that shares its device with other work. `held_gb`: memory this rank already holds for
+    the group (a shard it keeps across a re-form), counted as free."""
     dev = torch.device(device)
     comm.barrier()  # measure together: co-located ranks share what they share in service too
     gemv = gemv_gb_s(dev, getattr(torch, dtype))
     ping = _allreduce_ms(comm)
     good = _goodput_mbit_s(comm)
-    free = free_gb(dev) if mem_limit_gb is None else min(free_gb(dev), mem_limit_gb)
+    free = free_gb(dev) + held_gb
+    free = free if mem_limit_gb is None else min(free, mem_limit_gb)
     mine = torch.tensor([[gemv, free, ping, good]], dtype=torch.float32)
     rows = comm.all_gather(mine, 0).tolist()  # (N, len(FIELDS))
     return [RankProbe(r, *row) for r, row in enumerate(rows)]

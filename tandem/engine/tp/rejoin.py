@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
+from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.probe import measure
 from tandem.engine.tp.setup import (
@@ -66,6 +67,15 @@ def keepable(ex: object) -> TPExecutor | None:
     return None
 
 
+def _held_gb(runner: ShardRunner) -> float:
+    """The bytes of the kept shard's parameters and buffers and of its KV cache, in GB."""
+    tensors = [*runner.model.parameters(), *runner.model.buffers()]
+    cache = runner.cache
+    if cache is not None:
+        tensors += [*cache.k.values(), *cache.v.values()]
+    return sum(t.numel() * t.element_size() for t in tensors) / 1e9
+
+
 def rejoin_head(
     model_dir: str | Path,
     kept: TPExecutor,
@@ -96,7 +106,8 @@ def rejoin_head(
     md = open_model(model_dir)
     try:
         with setup_bound(metered, setup_timeout):
-            probes = measure(metered, device, dtype, mem_limit_gb)
+            # the shard and cache it keeps count as free: the plan's check adds them again
+            probes = measure(metered, device, dtype, mem_limit_gb, held_gb=_held_gb(runner))
             layout = agree_layout(metered, layout, md.fingerprint())
             ranks = exchange_rank_info(metered, dtype, device)
             check_group_fit(md, layout, ranks, probes)
