@@ -21,15 +21,23 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 from rich.console import Console
 from rich.table import Table
 
-from tandem.cli.cluster_epochs import head_epoch, health_url, next_epoch, publish_epochs
+from tandem.cli.cluster_epochs import (
+    head_epoch,
+    health_url,
+    next_epoch,
+    publish_epochs,
+    superseded,
+)
 from tandem.cli.cluster_probe import PROBE_COLUMNS, probe_cells, publish_probes, view_url
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
+from tandem.cluster.ring_config import RingConfigError, check_timeout
 from tandem.cluster.status import (
     RankOccupied,
     StatusAuthError,
@@ -107,6 +115,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "requests in flight are replayed) before requests fail; 0: a lost worker ends it",
     )
     join.add_argument(
+        "--op-timeout",
+        type=float,
+        default=None,
+        help="seconds one collective may wait on a peer before it counts as hung (default 60)",
+    )
+    join.add_argument(
         "--shrink-after",
         type=float,
         default=0.0,
@@ -149,12 +163,19 @@ def run_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_ring_config(directory: Path, topo: ClusterTopology, rank: int) -> Path:
+def _write_ring_config(
+    directory: Path, topo: ClusterTopology, rank: int, op_timeout: float | None = None
+) -> Path:
+    """This rank's RING_CONFIG (0600: it holds the secret); `op_timeout`: this rank's bound on a
+    collective (the file's default otherwise)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ring{rank}.json"
+    cfg = topo.ring_config(rank)
+    if op_timeout is not None:
+        cfg["op_timeout"] = check_timeout("--op-timeout", op_timeout, "cluster join")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(topo.ring_config(rank), f, indent=2)
+        json.dump(cfg, f, indent=2)
     return path
 
 
@@ -222,8 +243,8 @@ def run_join(args: argparse.Namespace) -> int:
             )
         rank = assign_rank(topo, args.rank)
         config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
-        ring_file = _write_ring_config(config_dir, topo, rank)
-    except (JoinTokenError, ClusterCliError, ModelFileError, OSError) as e:
+        ring_file = _write_ring_config(config_dir, topo, rank, args.op_timeout)
+    except (JoinTokenError, ClusterCliError, ModelFileError, RingConfigError, OSError) as e:
         return _fail("join", e)
     facts = {
         "host": topo.hosts[rank],
@@ -293,13 +314,15 @@ def _serve_heads(
         t0 = time.monotonic()
         try:
             served = next_epoch(topo, served)
-            code = _run_rank(console, args, rank, ring_file, epoch=served[1])
+            stale = superseded(topo, served)  # the head re-formed without it: a hung worker
+            code = _run_rank(console, args, rank, ring_file, epoch=served[1], until=stale)
         finally:
             stop_beat.set()
         up = time.monotonic() - t0
-        delay = next_delay(up, delay)
+        delay = next_delay(up, delay) if code is not None else 0.0
+        why = f"exited with code {code}" if code is not None else "was given up by its head"
         console.print(
-            f"the worker of epoch {served[1]} exited with code {code} after {up:.1f} s; "
+            f"the worker of epoch {served[1]} {why} after {up:.1f} s; "
             f"joining the head again" + (f" in {delay:g} s" if delay else "")
         )
         time.sleep(delay)
@@ -390,10 +413,12 @@ def _run_rank(
     ring_file: Path,
     rtts: dict[int, float] | None = None,
     epoch: int = 0,
-) -> int:
+    until: Callable[[], bool] | None = None,
+) -> int | None:
     """With --model, run this rank's process (the head serves, the others work) until it ends.
     The head's server gets the ranks' join-time RTTs (`TANDEM_JOIN_RTT_MS`) for its cluster view
-    and re-forms a group that lost a worker (`--reform-timeout`); a worker claims `epoch`."""
+    and re-forms a group that lost a worker (`--reform-timeout`); a worker claims `epoch`.
+    `until()` turning true ends the process early (then None)."""
     if not args.model:
         console.print("joined; no --model given, so holding the slot (Ctrl-C to leave)")
         while True:
@@ -413,8 +438,8 @@ def _run_rank(
         env["TANDEM_JOIN_RTT_MS"] = json.dumps(rtts)
     group = ProcessGroup([RankProcess(f"rank{rank}", argv, env)])
     with group:
-        name, code = group.wait()
-    return code
+        gone = group.wait(until)
+    return None if gone is None else gone[1]
 
 
 # ---- status -------------------------------------------------------------------------------------

@@ -13,16 +13,20 @@ which reads the epoch from the board first, so the board always shows it in time
     first worker process         the row's epoch (0 before any re-form: a new head)
     after its worker exited      wait until the row shows another head (a new head: its epoch)
                                  or the same head forming an epoch above the one last served
+    while its worker runs        the same head forming a higher epoch has given this worker up
+                                 (it hung, or its links died unseen): end it and join that epoch
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 from tandem.cluster.status import StatusBoard, StatusError, query
 from tandem.cluster.token import ClusterTopology
@@ -103,3 +107,24 @@ def next_epoch(
             return head, epoch
         time.sleep(poll_s)
     raise KeyboardInterrupt
+
+
+def superseded(
+    topo: ClusterTopology, served: tuple[str, int], every_s: float = 1.0
+) -> Callable[[], bool]:
+    """A check, cheap to call often (it asks the board at most every `every_s`): has the head
+    that `served` names moved on to a higher epoch, without the worker of `served`?"""
+    last = [-math.inf]
+
+    def check() -> bool:
+        now = time.monotonic()
+        if now - last[0] < every_s:
+            return False
+        last[0] = now
+        try:
+            head, epoch = head_epoch(topo)
+        except StatusError:
+            return False  # the head may be down: its worker leaves by itself
+        return head == served[0] and epoch > served[1]
+
+    return check
