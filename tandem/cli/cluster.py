@@ -439,6 +439,8 @@ def _run_rank(
     group = ProcessGroup([RankProcess(f"rank{rank}", argv, env)])
     with group:
         gone = group.wait(until)
+        if gone is None:  # given up by its head (hung): nothing to finish, end it at once
+            group.grace_s = 0.0
     return None if gone is None else gone[1]
 
 
