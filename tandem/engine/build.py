@@ -137,7 +137,8 @@ class BuildHooks:
     wait; `source` the model already opened (a single device loads from it, e.g. one that reports
     its reads to a progress bar); `epoch` > 0: the group is formed again after losing a rank
     (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id;
-    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`).
+    `notice(text)` a line about the layout chosen (the TP weights and why; the probed ranges under
+    `--pp-weights auto`).
 
     What the caller already holds or decides (the bench's rank programs): `comm` a TP group
     already formed with this process as rank 0 (e.g. one whose collectives are traced): the head
@@ -171,7 +172,7 @@ def build_executor(
         from tandem.engine.tp.local import launch_local_tp
 
         with hooks.status(f"starting {layout.tp} ranks, loading their shards, forming the group"):
-            return launch_local_tp(
+            ex = launch_local_tp(
                 model,
                 layout.tp,
                 weights=layout.tp_weights,
@@ -184,6 +185,8 @@ def build_executor(
                 threads=layout.threads,  # an idle group pings every keepalive_interval(op_timeout)
                 epoch=hooks.epoch,
             )
+        hooks.notice(ex.placement)  # the TP weights chosen and why
+        return ex
     from tandem.engine.pp.launch import launch_pipeline
     from tandem.engine.pp.layout import describe_auto, plan_stages
 
@@ -271,7 +274,7 @@ def _tp_head(
         )
     metered = MeteredCommunicator(comm)
     with hooks.status(f"agreeing on the model with {comm.world_size - 1} worker(s)"):
-        return start_head(
+        ex = start_head(
             model,
             metered,
             weights=layout.tp_weights,
@@ -283,6 +286,8 @@ def _tp_head(
             keepalive_s=keepalive_s,
             join_rtt_ms=join_rtt_ms,
         )
+    hooks.notice(ex.placement)  # the TP weights chosen and why
+    return ex
 
 
 def join_rtts(text: str, world_size: int) -> dict[int, float]:

@@ -60,6 +60,7 @@ class TPExecutor:
         local_workers: LocalWorkers | None = None,
         join_rtt_ms: dict[int, float] | None = None,
         ring_probe: tuple[float, float] | None = None,
+        placement: str = "",
     ) -> None:
         if comm.rank != 0:
             raise ValueError(
@@ -85,6 +86,7 @@ class TPExecutor:
         self.local_workers = local_workers  # the worker processes, when this process started them
         self.join_rtt_ms = dict(join_rtt_ms or {})  # rank -> its RTT to the head when it joined
         self.ring_probe = ring_probe  # (all-reduce ms, goodput Mbit/s) measured as it formed
+        self.placement = placement  # the TP weights chosen and why (`tp.probe.choose_weights`)
         if keepalive_s is not None and comm.world_size > 1:
             threading.Thread(
                 target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
@@ -164,7 +166,8 @@ class TPExecutor:
         gone = self.local_workers.exited() if self.local_workers is not None else None
         if gone is not None:
             return "failed", f"worker {gone[0]} exited with code {gone[1]}"
-        return "whole", f"all {self.comm.world_size} ranks are up"
+        up = f"all {self.comm.world_size} ranks are up"
+        return "whole", f"{up}; {self.placement}" if self.placement else up
 
     def health(self) -> tuple[bool, str]:
         state, detail = self._state()

@@ -10,15 +10,17 @@ shard and reads only its own slices (`tandem.parallel.shard_load`).
                                       attn_ranks, 0, 0, fingerprint as 4 int64 words]
     probe (float32, gathered)         before the layout: each rank's decode GEMV speed, free memory,
                                       and the group's all-reduce latency and goodput (`tp.probe`)
+    rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid,
+                                      CFS quota (milli-CPUs, 0: none) and host name (HOST_BYTES of
+                                      UTF-8, zero-padded): what the head chooses the weights from
+                                      (`tp.probe.choose_weights`), for reports and the cluster view
     weights (float32, world_size)     the plan's weights, as every rank will use them
-    rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
-                                      and host name (HOST_BYTES of UTF-8, zero-padded), for
-                                      reports and the cluster view
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import struct
@@ -32,22 +34,26 @@ import torch
 from tandem.comm.base import Communicator
 from tandem.devices import DTYPE_NAMES
 from tandem.engine import cluster_info as ci
+from tandem.engine.device_probe import cpu_quota
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.probe import RankProbe, auto_weights, measure
+from tandem.engine.tp.probe import RankKind, RankProbe, WeightsChoice, choose_weights, measure
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.fit import check_fit, rank_needs
-from tandem.parallel.plan import TPPlan, plan_for_source
+from tandem.parallel.plan import DegeneratePlanError, TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
 
 if TYPE_CHECKING:
     from tandem.engine.tp.local import LocalWorkers
 
+log = logging.getLogger(__name__)
+
 MAGIC = 0x54414E44534554  # "TANDSET"
-VERSION = 4  # 2: rank info carries pid and host name; 3: attention ranks; 4: the probe first
+VERSION = 5  # 2: rank info carries pid and host name; 3: attention ranks; 4: the probe first;
+# 5: rank info, with the CFS quota, before the layout
 SETUP_LEN = 12
 HOST_BYTES = 64
 DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code: index here
@@ -86,6 +92,10 @@ class RankInfo:
     threads: int = 0  # the rank's torch CPU threads (its OpenMP pool)
     pid: int = 0
     host: str = ""
+    cpu_quota: float = 0.0  # CPUs its cgroup's CFS quota allows; 0: none
+
+    def kind(self) -> RankKind:
+        return RankKind(self.device, self.dtype, self.host, self.threads, self.cpu_quota)
 
 
 def _fp_words(fingerprint: str) -> list[int]:
@@ -144,9 +154,17 @@ def _host_text(words: list[int]) -> str:
     return raw.rstrip(b"\0").decode(errors="replace")
 
 
+def _quota_milli() -> int:
+    try:
+        quota = cpu_quota()
+    except (OSError, ValueError):
+        return 0
+    return 0 if quota is None else max(1, round(quota[0] * 1000))
+
+
 def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[RankInfo]:
-    """Every rank's compute dtype, device kind, CPU threads, pid and host name, gathered on every
-    rank (for reports and the cluster view)."""
+    """Every rank's compute dtype, device kind, CPU threads, pid, CFS quota and host name,
+    gathered on every rank (for the weights' choice, reports and the cluster view)."""
     kind = torch.device(device).type
     mine = torch.tensor(
         [
@@ -154,6 +172,7 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
             DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
             torch.get_num_threads(),
             os.getpid(),
+            _quota_milli(),
             *_host_words(socket.gethostname()),
         ],
         dtype=torch.int64,
@@ -161,9 +180,15 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
     rows = comm.all_gather(mine[None], 0).tolist()
     return [
         RankInfo(
-            r, DTYPE_CODES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host)
+            r,
+            DTYPE_CODES[d],
+            DEVICE_KINDS[k] if k >= 0 else "other",
+            t,
+            pid,
+            _host_text(host),
+            quota / 1000,
         )
-        for r, (d, k, t, pid, *host) in enumerate(rows)
+        for r, (d, k, t, pid, quota, *host) in enumerate(rows)
     ]
 
 
@@ -195,6 +220,28 @@ def rank_facts(
         )
         for r, share in zip(ranks, ci.shares(work))
     ]
+
+
+def plannable(
+    md: ModelSource, world_size: int, attn_ranks: int | None, choice: WeightsChoice
+) -> WeightsChoice:
+    """An "auto" choice that the model's blocks cannot realize (a rank left with no kv head or
+    no block at the probed ratio: `DegeneratePlanError`) tempered toward the equal split, weights
+    w -> w^a for a = 3/4, 1/2, 1/4, 0 until the plan forms; other choices as they are (a given
+    split that does not plan is the user's to change, and is refused with the plan's error)."""
+    if choice.how != "auto":
+        return choice
+    for a in (1.0, 0.75, 0.5, 0.25, 0.0):
+        w = _f32(tuple(round(x**a, 3) for x in choice.weights))
+        try:
+            plan_for_source(md, world_size, w, attn_ranks)
+        except DegeneratePlanError:
+            continue
+        if a == 1.0:
+            return choice
+        why = f"{choice.why}; tempered to the power {a:g}: the model's blocks leave a rank no work"
+        return replace(choice, weights=w, why=why)
+    return choice  # the equal split does not plan either: the caller raises the plan's error
 
 
 def check_group_fit(
@@ -310,14 +357,18 @@ def start_head(
     local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
     to the head when it joined, for `describe`; `setup_timeout`: the bound on each setup op
     (`setup_bound`; None: the op timeout). `weights="auto"`: the TP shares from every rank's
-    measured decode GEMV speed (`tp.probe.auto_weights`). `mem_limit_gb`: the most memory this
-    rank offers (`tp.probe.measure`); a plan that does not fit any rank is refused before loading."""
+    measured decode GEMV speed (`tp.probe.auto_weights`); None: the same where the ranks differ,
+    else equal (`tp.probe.choose_weights`; the choice and why are logged and shown in the group's
+    health detail). `mem_limit_gb`: the most memory this rank offers (`tp.probe.measure`); a plan
+    that does not fit any rank is refused before loading."""
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
         probes = measure(comm, device, dtype, mem_limit_gb)  # every rank, before any planning
-    if weights == "auto":
-        weights = auto_weights(probes)
-    weights = _f32(weights or (1.0,) * comm.world_size)
+        ranks = exchange_rank_info(comm, dtype, device)
+    kinds = [r.kind() for r in ranks]
+    choice = plannable(md, comm.world_size, attn_ranks, choose_weights(weights, probes, kinds))
+    log.info("%s", choice.line())
+    weights = _f32(choice.weights)
     plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
     layout = GroupLayout(
@@ -325,7 +376,6 @@ def start_head(
     )
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, layout, md.fingerprint())
-        ranks = exchange_rank_info(comm, dtype, device)
         check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()  # every shard loaded
@@ -354,6 +404,7 @@ def start_head(
         local_workers=local_workers,
         join_rtt_ms=join_rtt_ms,
         ring_probe=(probes[0].allreduce_ms, probes[0].goodput_mbit_s),
+        placement=choice.line(),
     )
 
 
@@ -373,8 +424,8 @@ def run_worker(
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
         probes = measure(comm, device, dtype, mem_limit_gb)  # as the head: before any planning
-        layout = agree_layout(comm, None, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
+        layout = agree_layout(comm, None, md.fingerprint())
         check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()
