@@ -188,11 +188,12 @@ def build_executor(
         hooks.notice(ex.placement)  # the TP weights chosen and why
         return ex
     from tandem.engine.pp.launch import launch_pipeline
-    from tandem.engine.pp.layout import describe_auto, plan_stages
+    from tandem.engine.pp.layout import describe_auto, plan_stages, ranks_differ
 
     config = (hooks.source or open_model(model)).config
     # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0;
-    # under "auto" these are replaced by ranges from the probes the stages run before loading
+    # under "auto" (asked, or the default where the ranks differ) these are replaced by ranges
+    # from the probes the stages run before loading
     auto = layout.pp_weights == "auto"
     stages = plan_stages(
         config,
@@ -201,6 +202,10 @@ def build_executor(
         dtype=",".join(layout.dtype_names()),
         device=",".join(layout.device_names()),
     )
+    why = "--pp-weights auto" if auto else None
+    if layout.pp_weights is None:
+        why = ranks_differ(stages)
+        auto = why is not None
     with hooks.status(f"starting {layout.world_size} ranks in {layout.pp} stages"):
         executor = launch_pipeline(
             model,
@@ -215,7 +220,7 @@ def build_executor(
             argv_prefix=hooks.argv_prefix,
         )
     if auto:
-        hooks.notice(describe_auto(executor.stages, executor.stage_probes))
+        hooks.notice(f"{describe_auto(executor.stages, executor.stage_probes)} ({why})")
     return executor
 
 
