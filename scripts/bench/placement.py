@@ -290,6 +290,23 @@ def balance_ratio(eq: list[dict], au: list[dict]) -> float:
     return s / (1 - s)
 
 
+def marginal_costs(eq: list[dict], au: list[dict]) -> list[tuple[float, float]] | None:
+    """Each rank's decode compute as a_r + b_r s_r (ms/token at plan share s_r), a line through
+    the two layouts' medians: b_r is its time per unit of share (so b_slow / b_fast is the speed
+    ratio net of fixed costs, what the probe measures), a_r its fixed cost per token (the head's
+    sampling and scheduling, work every rank repeats). None where the shares did not move."""
+    out = []
+    for r in (0, 1):
+        s0 = statistics.median(x["shares"][r] for x in eq)
+        s1 = statistics.median(x["shares"][r] for x in au)
+        if abs(s1 - s0) < 0.02:
+            return None
+        c0, c1 = _med(eq, "compute_ms", r), _med(au, "compute_ms", r)
+        b = (c1 - c0) / (s1 - s0)
+        out.append((c0 - b * s0, b))
+    return out
+
+
 def report(runs: dict[str, list[dict]], args) -> str:
     """The side-by-side table and the verdicts (medians over the rounds)."""
     how = {
@@ -324,11 +341,24 @@ def report(runs: dict[str, list[dict]], args) -> str:
         f"(equal split): {100 * (auto_ratio / timed - 1):+.0f}% (target within 20%)",
         f"the split that equalizes the ranks' decode compute (interpolated between the two "
         f"layouts' medians): fast / slow = {balance:.2f}; auto weights {100 * (auto_ratio / balance - 1):+.0f}% from it",
+        *_marginal_lines(eq, au, auto_ratio),
         f"wait per token, both ranks: equal {wait_eq:.1f} ms, auto {wait_au:.1f} ms "
         f"(auto/equal {wait_au / wait_eq:.2f})",
         f"decode tok/s auto/equal: {_med(au, 'decode_tok_s') / _med(eq, 'decode_tok_s'):.2f}",
     ]
     return "\n".join(lines)
+
+
+def _marginal_lines(eq: list[dict], au: list[dict], auto_ratio: float) -> list[str]:
+    costs = marginal_costs(eq, au)
+    if costs is None:
+        return ["(auto kept the equal split: no second point for the marginal speed ratio)"]
+    (a0, b0), (a1, b1) = costs
+    return [
+        f"compute ms/token = a + b * share, fitted through both layouts: fast a {a0:.1f} b "
+        f"{b0:.1f}, slow a {a1:.1f} b {b1:.1f}; marginal speed ratio b_slow / b_fast = "
+        f"{b1 / b0:.2f}; auto weights {100 * (auto_ratio / (b1 / b0) - 1):+.0f}% from it"
+    ]
 
 
 if __name__ == "__main__":

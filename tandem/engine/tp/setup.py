@@ -41,7 +41,8 @@ from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.probe import RankKind, RankProbe, WeightsChoice, choose_weights, measure
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
-from tandem.parallel.fit import check_fit, rank_needs
+from tandem.models.quant.blocks import BY_ID
+from tandem.parallel.fit import check_fit, rank_needs, share_host_memory
 from tandem.parallel.plan import DegeneratePlanError, TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
@@ -244,23 +245,43 @@ def plannable(
     return choice  # the equal split does not plan either: the caller raises the plan's error
 
 
+def stored_bytes_per_elem(md: ModelSource) -> float:
+    """Stored bytes per element over the model's matrices (2-D tensors), each at its ggml type's
+    block bytes / block size: what a rank holds of a quantized file per weight element."""
+    total_bytes = total_elems = 0.0
+    for name in md.manifest:
+        info = md.info(name)
+        if len(info.shape) != 2:
+            continue
+        t = BY_ID[info.type_id]
+        n = info.shape[0] * info.shape[1]
+        total_elems += n
+        total_bytes += n / t.block_size * t.block_bytes
+    return total_bytes / total_elems if total_elems else 0.0
+
+
 def check_group_fit(
     md: ModelSource, layout: GroupLayout, ranks: list[RankInfo], probes: list[RankProbe]
 ) -> None:
     """Every rank, before any shard is loaded: each rank's share of the weights and its KV cache
     at the agreed batch and length against the free memory its probe measured
     (`parallel.fit`); a plan that does not fit raises `PlanDoesNotFitError` on every rank at once
-    (the same inputs everywhere), naming the rank and the bytes. A quantized file is checked for
-    its KV cache only."""
+    (the same inputs everywhere), naming the rank and the bytes. A dense checkpoint's weights are
+    counted in each rank's compute dtype, a quantized one's at the file's stored bytes per element
+    (`stored_bytes_per_elem`: blocks stay quantized); CPU ranks of one host share its RAM
+    (`parallel.fit.share_host_memory`)."""
     elem = [torch.tensor([], dtype=DTYPE_NAMES[r.dtype]).element_size() for r in ranks]
     fmt = md.weight_format()
     dense = fmt.startswith("safetensors") and "quantized" not in fmt
+    stored = None if dense else stored_bytes_per_elem(md)
+    free = [int(p.free_gb * 1e9) for p in probes]
+    hosts = [r.host if r.device == "cpu" else None for r in ranks]
     needs = rank_needs(
         md.config,
         layout.plan(md),
         elem_bytes=elem,
-        weight_bytes_per_elem=[e if dense else 0 for e in elem],
-        free_bytes=[int(p.free_gb * 1e9) for p in probes],
+        weight_bytes_per_elem=[e if stored is None else stored for e in elem],
+        free_bytes=share_host_memory(free, hosts),
         max_batch=layout.max_batch,
         max_seq_len=layout.max_seq_len,
     )
