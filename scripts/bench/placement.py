@@ -10,7 +10,10 @@ How the speeds differ (both ranks run one torch thread; rank 1, the worker, is t
     times rank 1's (220 : 110 at 2, 110 being a nice-10 task's weight). On a machine whose cores are
     contended (the 2-core build machine always is) a rank's CPU is its weight's part, so rank 1 runs
     at about 1/ratio of rank 0's speed, at every scale of time the scheduler slices.
-  - `cgroup`: rank 1 under a CFS quota of --slow-quota CPUs over a 10 ms period. It binds only
+  - `cgroup`: rank 1 under a CFS quota of --slow-quota CPUs over a 10 ms period, rank 0 in a
+    group of its own with no quota (so on a contended machine both compete as one group entity of
+    the same weight: rank 1 alone in a group beside rank 0 among the root's nice-10 tasks took a
+    group's weight, 1024, against rank 0's 110, and ran the faster of the two). It binds only
     below the CPU share the load leaves each task, and a quota shapes a short GEMV window (the
     probe's) differently from a long decode: at load 7-8 a 0.25 quota did not bind and a 0.1 quota
     made the probe read 3.3x where the decode ran 5.5x.
@@ -145,7 +148,8 @@ class Slowdown:
     def __init__(self, via: str, quota: float, ratio: float) -> None:
         self.via = via
         self.groups = [CGROUP_ROOT / f"tandem-placement-{os.getpid()}-r{r}" for r in (0, 1)]
-        if via == "cgroup":
+        if via == "cgroup":  # both in a group of the same weight, only rank 1's capped
+            self.groups[0].mkdir()
             self.groups[1].mkdir()
             (self.groups[1] / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.groups[1] / "cpu.cfs_quota_us").write_text(str(int(quota * PERIOD_US)))
@@ -164,7 +168,7 @@ class Slowdown:
 
     def enter(self, rank: int):
         procs = self.groups[rank] / "cgroup.procs"
-        if (self.via == "cgroup" and rank == 1) or self.via == "shares":
+        if self.via in ("cgroup", "shares"):
             return lambda: procs.write_text(str(os.getpid()))
         return None
 
