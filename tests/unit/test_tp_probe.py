@@ -8,7 +8,6 @@ import pytest
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.engine.tp.probe import (
     FIELDS,
-    SPREAD_AUTO,
     RankKind,
     RankProbe,
     auto_weights,
@@ -40,16 +39,10 @@ def _probes(*gemv):
     return [RankProbe(r, g, 8.0, 0.1, 900.0) for r, g in enumerate(gemv)]
 
 
-def test_alike_ranks_keep_the_equal_split_within_the_spread():
-    choice = choose_weights(None, _probes(10.0, 6.0), [ALIKE, ALIKE])
+def test_alike_ranks_keep_the_equal_split_whatever_the_probe_read():
+    choice = choose_weights(None, _probes(10.0, 3.0), [ALIKE, ALIKE])
     assert (choice.weights, choice.how) == ((1.0, 1.0), "equal")
     assert "alike ranks" in choice.line() and "TP weights 1 : 1" in choice.line()
-
-
-def test_alike_ranks_beyond_the_spread_are_split_by_the_probe():
-    choice = choose_weights(None, _probes(10.0, 10.0 / (SPREAD_AUTO + 0.5)), [ALIKE, ALIKE])
-    assert choice.how == "auto" and choice.weights == (SPREAD_AUTO + 0.5, 1.0)
-    assert "spread" in choice.why
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.comm.metered import MeteredCommunicator
 from tandem.devices import DTYPE_NAMES
 from tandem.engine import cluster_info as ci
 from tandem.engine.device_probe import cpu_quota
 from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.balance import ComputeClock
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
 from tandem.engine.tp.probe import RankKind, RankProbe, WeightsChoice, choose_weights, measure
@@ -442,6 +444,8 @@ def run_worker(
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
+    if not isinstance(comm, MeteredCommunicator):  # its collective time: the clock's waits
+        comm = MeteredCommunicator(comm)
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
         probes = measure(comm, device, dtype, mem_limit_gb)  # as the head: before any planning
@@ -451,4 +455,4 @@ def run_worker(
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()
         admit(comm, runner, ranks, None, None)
-    return serve(runner, BroadcastSource(comm))
+    return serve(runner, BroadcastSource(comm), ComputeClock(comm))
