@@ -32,7 +32,10 @@ run probes again. Per run, from both ranks' collective traces over the decode ph
   - the independently timed speed ratio: (compute_slow / share_slow) / (compute_fast / share_fast),
     each rank's compute per unit of its plan share (work_share of the cluster view);
   - the probe's ratio: gemv_gb_s fast / slow (what `auto` sizes the shards from), and the
-    auto weights' ratio w_fast / w_slow.
+    auto weights' ratio w_fast / w_slow;
+  - the in-service balancing ratio: the head's `measured_balance()` after the run (every rank's
+    compute clock over the warm-up, prefill and decode steps, `engine/tp/balance.py`), as
+    w_fast / w_slow: the weights the group would re-form with.
 
 Greedy ids of every TP run are compared with a single-node run of the same model and dtype.
 """
@@ -109,11 +112,20 @@ def role_tp(args) -> dict | None:
             trace.dump(Path(args.trace_dir) / f"rank{args.rank}.json")
         return None
     weights = "auto" if args.weights == "auto" else tuple(map(float, args.weights.split(",")))
-    ex = start_head(
-        args.model, trace, weights=weights, max_batch=2, max_seq_len=256, dtype=args.dtype
+    from tandem.comm.metered import MeteredCommunicator
+
+    ex = start_head(  # metered: the head's compute clock (`engine/tp/balance.py`)
+        args.model,
+        MeteredCommunicator(trace),
+        weights=weights,
+        max_batch=2,
+        max_seq_len=256,
+        dtype=args.dtype,
     )
     try:
         out = _greedy(ex, args, trace)
+        bal = ex.measured_balance() or {}
+        out["balanced_weights"] = bal.get("balanced_weights")
         out["weights"] = list(ex.layout.weights)
         out["shares"] = [f.work_share for f in ex.facts]
         out["gemv_gb_s"] = [f.probe["gemv_gb_s"] for f in ex.facts]
@@ -217,6 +229,8 @@ def run_layout(common: list[str], slow: Slowdown, weights: str, tokens: int) -> 
     c, s = out["compute_ms"], out["shares"]
     out["timed_ratio"] = (c[1] / s[1]) / (c[0] / s[0])
     out["probe_ratio"] = out["gemv_gb_s"][0] / out["gemv_gb_s"][1]
+    bw = out.get("balanced_weights")
+    out["service_ratio"] = bw[0] / bw[1] if bw else float("nan")
     return out
 
 
@@ -298,7 +312,10 @@ def marginal_costs(eq: list[dict], au: list[dict]) -> list[tuple[float, float]] 
     """Each rank's decode compute as a_r + b_r s_r (ms/token at plan share s_r), a line through
     the two layouts' medians: b_r is its time per unit of share (so b_slow / b_fast is the speed
     ratio net of fixed costs, what the probe measures), a_r its fixed cost per token (the head's
-    sampling and scheduling, work every rank repeats). None where the shares did not move."""
+    sampling and scheduling, work every rank repeats). None where the shares did not move.
+    Unstable where a rank's compute is not linear in its share: under a CFS quota a rank with a
+    smaller share waits longer between its bursts and runs more of each at full speed (a loaded
+    2-core run read a slow-rank intercept of -138 ms/token and a ratio of 6.9)."""
     out = []
     for r in (0, 1):
         s0 = statistics.median(x["shares"][r] for x in eq)
@@ -337,6 +354,7 @@ def report(runs: dict[str, list[dict]], args) -> str:
     timed = _med(eq, "timed_ratio")
     auto_ratio = statistics.median(r["weights"][0] / r["weights"][1] for r in au)
     balance = balance_ratio(eq, au)
+    service = statistics.median(r["service_ratio"] for r in eq)
     wait_eq = statistics.median(sum(r["wait_ms"]) for r in eq)
     wait_au = statistics.median(sum(r["wait_ms"]) for r in au)
     lines += [
@@ -345,6 +363,8 @@ def report(runs: dict[str, list[dict]], args) -> str:
         f"(equal split): {100 * (auto_ratio / timed - 1):+.0f}% (target within 20%)",
         f"the split that equalizes the ranks' decode compute (interpolated between the two "
         f"layouts' medians): fast / slow = {balance:.2f}; auto weights {100 * (auto_ratio / balance - 1):+.0f}% from it",
+        f"the in-service balancing ratio (measured_balance, equal-split runs' median) "
+        f"{service:.2f}: {100 * (service / balance - 1):+.0f}% from the interpolated balance",
         *_marginal_lines(eq, au, auto_ratio),
         f"wait per token, both ranks: equal {wait_eq:.1f} ms, auto {wait_au:.1f} ms "
         f"(auto/equal {wait_au / wait_eq:.2f})",
