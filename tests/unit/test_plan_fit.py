@@ -91,3 +91,17 @@ def test_a_quantized_file_counts_its_block_bytes_per_weight(tmp_path):
     assert q8 == pytest.approx(34 / 32)  # Q8_0: 32 int8 and one f16 scale per block
     q4 = tp_setup.stored_bytes_per_elem(open_model(model_dir, quantize="q4_0"))
     assert q4 == pytest.approx(18 / 32)
+
+
+def test_an_auto_split_the_blocks_cannot_realize_is_tempered_toward_equal(tmp_path):
+    from tandem.engine.tp.probe import WeightsChoice
+    from tandem.loaders.source import open_model
+
+    md = open_model(write_random_model(tmp_path, CONFIG))  # 4 kv heads: 10 : 1 leaves rank 1 none
+    skewed = WeightsChoice((10.0, 1.0), "auto", "probed")
+    got = tp_setup.plannable(md, 2, None, skewed)
+    assert got.weights == pytest.approx((10.0**0.75, 1.0), rel=1e-3)
+    assert "tempered to the power 0.75" in got.why
+    plan_for_config(CONFIG, 2, got.weights)  # forms
+    given = WeightsChoice((10.0, 1.0), "given", "--tp-weights")
+    assert tp_setup.plannable(md, 2, None, given) is given  # the user's to change
