@@ -13,7 +13,7 @@ from tandem.parallel.fit import (
     rank_needs,
     share_host_memory,
 )
-from tandem.parallel.plan import plan_for_config
+from tandem.parallel.plan import DegeneratePlanError, plan_for_config, plan_for_source
 
 CONFIG = tiny_config()  # D 64, hd 16, 2 layers, 8 q / 4 kv heads, 128 MLP rows, vocab 96, tied
 
@@ -97,11 +97,14 @@ def test_an_auto_split_the_blocks_cannot_realize_is_tempered_toward_equal(tmp_pa
     from tandem.engine.tp.probe import WeightsChoice
     from tandem.loaders.source import open_model
 
-    md = open_model(write_random_model(tmp_path, CONFIG))  # 4 kv heads: 10 : 1 leaves rank 1 none
+    md = open_model(write_random_model(tmp_path, CONFIG))  # 10 : 1 leaves rank 1 no block
     skewed = WeightsChoice((10.0, 1.0), "auto", "probed")
     got = tp_setup.plannable(md, 2, None, skewed)
-    assert got.weights == pytest.approx((10.0**0.75, 1.0), rel=1e-3)
-    assert "tempered to the power 0.75" in got.why
-    plan_for_config(CONFIG, 2, got.weights)  # forms
+    power = float(got.why.split("tempered to the power ")[1].split(":")[0])
+    assert power in (0.75, 0.5, 0.25, 0.0)
+    assert got.weights == pytest.approx((10.0**power, 1.0), rel=1e-3)
+    plan_for_source(md, 2, got.weights)  # forms
+    with pytest.raises(DegeneratePlanError):  # and the step before it did not
+        plan_for_source(md, 2, (10.0 ** (power + 0.25), 1.0))
     given = WeightsChoice((10.0, 1.0), "given", "--tp-weights")
     assert tp_setup.plannable(md, 2, None, given) is given  # the user's to change
