@@ -4,6 +4,7 @@ naming the rank and the bytes (`tandem.parallel.fit`, checked in `engine.tp.setu
 import pytest
 from tp_support import tiny_config, write_random_model
 
+import tandem.engine.tp.placement as tp_placement
 import tandem.engine.tp.setup as tp_setup
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.parallel.fit import (
@@ -87,9 +88,9 @@ def test_a_quantized_file_counts_its_block_bytes_per_weight(tmp_path):
     from tandem.loaders.source import open_model
 
     model_dir = write_random_model(tmp_path, CONFIG)
-    q8 = tp_setup.stored_bytes_per_elem(open_model(model_dir, quantize="q8_0"))
+    q8 = tp_placement.stored_bytes_per_elem(open_model(model_dir, quantize="q8_0"))
     assert q8 == pytest.approx(34 / 32)  # Q8_0: 32 int8 and one f16 scale per block
-    q4 = tp_setup.stored_bytes_per_elem(open_model(model_dir, quantize="q4_0"))
+    q4 = tp_placement.stored_bytes_per_elem(open_model(model_dir, quantize="q4_0"))
     assert q4 == pytest.approx(18 / 32)
 
 
@@ -99,7 +100,7 @@ def test_an_auto_split_the_blocks_cannot_realize_is_tempered_toward_equal(tmp_pa
 
     md = open_model(write_random_model(tmp_path, CONFIG))  # 10 : 1 leaves rank 1 no block
     skewed = WeightsChoice((10.0, 1.0), "auto", "probed")
-    got = tp_setup.plannable(md, 2, None, skewed)
+    got = tp_placement.plannable(md, 2, None, skewed)
     power = float(got.why.split("tempered to the power ")[1].split(":")[0])
     assert power in (0.75, 0.5, 0.25, 0.0)
     assert got.weights == pytest.approx((10.0**power, 1.0), rel=1e-3)
@@ -107,4 +108,4 @@ def test_an_auto_split_the_blocks_cannot_realize_is_tempered_toward_equal(tmp_pa
     with pytest.raises(DegeneratePlanError):  # and the step before it did not
         plan_for_source(md, 2, (10.0 ** (power + 0.25), 1.0))
     given = WeightsChoice((10.0, 1.0), "given", "--tp-weights")
-    assert tp_setup.plannable(md, 2, None, given) is given  # the user's to change
+    assert tp_placement.plannable(md, 2, None, given) is given  # the user's to change

@@ -41,3 +41,19 @@ def test_the_clock_leaves_out_the_time_inside_collectives():
         assert waited < 0.05 <= worked and rows == [(rows[0][0], 1), (rows[1][0], 1)]
     (unmetered,) = run_ranks(ReferenceCommunicator.group(1), lambda c: ComputeClock(c).row())
     assert unmetered.tolist() == [[-1.0, 0.0]]
+
+
+def test_the_join_refinement_moves_only_a_split_that_is_off_by_more_than_its_margin():
+    from tandem.engine.tp.refine import REFINE_MIN_CHANGE, agree_refinement, refined_weights
+
+    # probed 3 : 1, but the fast rank took 120 ms for its 3/4 and the slow 60 for its 1/4
+    assert refined_weights([0.75, 0.25], (3.0, 1.0), [(0.12, 8), (0.06, 8)]) == (1.5, 1.0)
+    near = 1 + REFINE_MIN_CHANGE / 2  # within the margin: kept
+    assert refined_weights([0.5, 0.5], (1.0, 1.0), [(0.1 / near, 8), (0.1, 8)]) is None
+    assert refined_weights([0.5, 0.5], (1.0, 1.0), [(0.1, 8), (-1.0, 8)]) is None  # unknown
+    for proposal in ((1.5, 1.0), None):
+        seen = run_ranks(
+            ReferenceCommunicator.group(2),
+            lambda c, p=proposal: agree_refinement(c, p if c.rank == 0 else None),
+        )
+        assert seen == [proposal, proposal]  # the head's verdict on every rank

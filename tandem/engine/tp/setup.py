@@ -7,7 +7,7 @@ a mismatch fails on every rank at once, naming the ranks that differ. Then each 
 shard and reads only its own slices (`tandem.parallel.shard_load`).
 
     setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len,
-                                      attn_ranks, 0, 0, fingerprint as 4 int64 words]
+                                      attn_ranks, probed, 0, fingerprint as 4 int64 words]
     probe (float32, gathered)         before the layout: each rank's decode GEMV speed, free memory,
                                       and the group's all-reduce latency and goodput (`tp.probe`)
     rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid,
@@ -20,6 +20,7 @@ shard and reads only its own slices (`tandem.parallel.shard_load`).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -40,12 +41,12 @@ from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.balance import ComputeClock
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.probe import RankKind, RankProbe, WeightsChoice, choose_weights, measure
+from tandem.engine.tp.placement import check_group_fit, plannable, refinement
+from tandem.engine.tp.probe import RankKind, RankProbe, choose_weights, measure
+from tandem.engine.tp.refine import agree_refinement, warmup_clocks
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
-from tandem.models.quant.blocks import BY_ID
-from tandem.parallel.fit import check_fit, rank_needs, share_host_memory
-from tandem.parallel.plan import DegeneratePlanError, TPPlan, plan_for_source
+from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
 
@@ -81,6 +82,7 @@ class GroupLayout:
     max_seq_len: int
     fingerprint: str
     attn_ranks: int = 0  # attention on the first A ranks only (`TPPlan.attn_ranks`); 0: all
+    probed: int = 0  # 1: the weights came from the probe, refined at join (`tp.refine`)
 
     def plan(self, md: ModelSource) -> TPPlan:
         """The group's TP plan for `md` (every rank computes the same one)."""
@@ -119,7 +121,7 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
     if head:
         assert layout is not None
         vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len]
-        vals += [layout.attn_ranks, 0, 0]
+        vals += [layout.attn_ranks, layout.probed, 0]
         frame = torch.tensor(vals + _fp_words(layout.fingerprint), dtype=torch.int64)
     frame = comm.broadcast(frame, 0)
     if int(frame[0]) != MAGIC:
@@ -143,7 +145,13 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
             f"model directory and run the same tandem version"
         )
     return GroupLayout(
-        n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint, int(frame[5])
+        n,
+        tuple(weights_t.tolist()),
+        int(frame[3]),
+        int(frame[4]),
+        fingerprint,
+        int(frame[5]),
+        int(frame[6]),
     )
 
 
@@ -225,69 +233,26 @@ def rank_facts(
     ]
 
 
-def plannable(
-    md: ModelSource, world_size: int, attn_ranks: int | None, choice: WeightsChoice
-) -> WeightsChoice:
-    """An "auto" choice that the model's blocks cannot realize (a rank left with no kv head or
-    no block at the probed ratio: `DegeneratePlanError`) tempered toward the equal split, weights
-    w -> w^a for a = 3/4, 1/2, 1/4, 0 until the plan forms; other choices as they are (a given
-    split that does not plan is the user's to change, and is refused with the plan's error)."""
-    if choice.how != "auto":
-        return choice
-    for a in (1.0, 0.75, 0.5, 0.25, 0.0):
-        w = _f32(tuple(round(x**a, 3) for x in choice.weights))
-        try:
-            plan_for_source(md, world_size, w, attn_ranks)
-        except DegeneratePlanError:
-            continue
-        if a == 1.0:
-            return choice
-        why = f"{choice.why}; tempered to the power {a:g}: the model's blocks leave a rank no work"
-        return replace(choice, weights=w, why=why)
-    return choice  # the equal split does not plan either: the caller raises the plan's error
-
-
-def stored_bytes_per_elem(md: ModelSource) -> float:
-    """Stored bytes per element over the model's matrices (2-D tensors), each at its ggml type's
-    block bytes / block size: what a rank holds of a quantized file per weight element."""
-    total_bytes = total_elems = 0.0
-    for name in md.manifest:
-        info = md.info(name)
-        if len(info.shape) != 2:
-            continue
-        t = BY_ID[info.type_id]
-        n = info.shape[0] * info.shape[1]
-        total_elems += n
-        total_bytes += n / t.block_size * t.block_bytes
-    return total_bytes / total_elems if total_elems else 0.0
-
-
-def check_group_fit(
-    md: ModelSource, layout: GroupLayout, ranks: list[RankInfo], probes: list[RankProbe]
-) -> None:
-    """Every rank, before any shard is loaded: each rank's share of the weights and its KV cache
-    at the agreed batch and length against the free memory its probe measured
-    (`parallel.fit`); a plan that does not fit raises `PlanDoesNotFitError` on every rank at once
-    (the same inputs everywhere), naming the rank and the bytes. A dense checkpoint's weights are
-    counted in each rank's compute dtype, a quantized one's at the file's stored bytes per element
-    (`stored_bytes_per_elem`: blocks stay quantized); CPU ranks of one host share its RAM
-    (`parallel.fit.share_host_memory`)."""
-    elem = [torch.tensor([], dtype=DTYPE_NAMES[r.dtype]).element_size() for r in ranks]
-    fmt = md.weight_format()
-    dense = fmt.startswith("safetensors") and "quantized" not in fmt
-    stored = None if dense else stored_bytes_per_elem(md)
-    free = [int(p.free_gb * 1e9) for p in probes]
-    hosts = [r.host if r.device == "cpu" else None for r in ranks]
-    needs = rank_needs(
-        md.config,
-        layout.plan(md),
-        elem_bytes=elem,
-        weight_bytes_per_elem=[e if stored is None else stored for e in elem],
-        free_bytes=share_host_memory(free, hosts),
-        max_batch=layout.max_batch,
-        max_seq_len=layout.max_seq_len,
-    )
-    check_fit(needs)
+def _reload(
+    model_dir: str | Path,
+    comm: Communicator,
+    layout: GroupLayout,
+    weights: tuple[float, ...],
+    ranks: list[RankInfo],
+    probes: list[RankProbe],
+    dtype: str,
+    device: str,
+    kernels: str,
+) -> tuple[GroupLayout, ShardRunner]:
+    """Every rank: its shard again under the refined `weights` (the old runner let go first by
+    the caller), fit-checked as the first; the kernels are those the conformance check admitted."""
+    gc.collect()
+    layout = replace(layout, weights=weights)
+    md = open_model(model_dir)
+    check_group_fit(md, layout, ranks, probes)
+    runner = build_shard(md, comm, layout, dtype, device, kernels)
+    comm.barrier()  # every shard loaded again
+    return layout, runner
 
 
 def build_shard(
@@ -374,6 +339,7 @@ def start_head(
     setup_timeout: float | None = None,
     kernels: str = "auto",
     mem_limit_gb: float | None = None,
+    refine: bool = True,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
@@ -395,7 +361,13 @@ def start_head(
     plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
     layout = GroupLayout(
-        comm.world_size, weights, max_batch, seq, md.fingerprint(), attn_ranks or 0
+        comm.world_size,
+        weights,
+        max_batch,
+        seq,
+        md.fingerprint(),
+        attn_ranks or 0,
+        int(choice.how == "auto" and refine),
     )
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, layout, md.fingerprint())
@@ -408,6 +380,25 @@ def start_head(
             admit(comm, runner, ranks, ref, plan)
         finally:
             ref.close()
+        if layout.probed:
+            shares = [f.work_share or 0.0 for f in rank_facts(md, plan, ranks, device)]
+            clocks = warmup_clocks(comm, runner)
+            new = agree_refinement(comm, refinement(md, layout, shares, clocks))
+            ms = ", ".join(f"{1e3 * c / max(k, 1):.1f}" for c, k in clocks)
+            if new is None:
+                why = f"kept after a {clocks[0][1]}-step decode at join (compute ms/step {ms})"
+            else:
+                del runner
+                layout, runner = _reload(
+                    model_dir, comm, layout, new, ranks, probes, dtype, device, kernels
+                )
+                plan = layout.plan(md)
+                why = (
+                    f"refined by a {clocks[0][1]}-step decode at join (compute ms/step {ms}) "
+                    f"from {' : '.join(f'{w:g}' for w in choice.weights)}"
+                )
+            choice = replace(choice, weights=layout.weights, why=f"{choice.why}; {why}")
+            log.info("%s", choice.line())
     facts = [
         replace(f, probe=p.as_dict()) for f, p in zip(rank_facts(md, plan, ranks, device), probes)
     ]
@@ -455,4 +446,12 @@ def run_worker(
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()
         admit(comm, runner, ranks, None, None)
+        if layout.probed:  # as the head: a short decode, then the head's verdict
+            warmup_clocks(comm, runner)
+            new = agree_refinement(comm, None)
+            if new is not None:
+                del runner
+                layout, runner = _reload(
+                    model_dir, comm, layout, new, ranks, probes, dtype, device, kernels
+                )
     return serve(runner, BroadcastSource(comm), ComputeClock(comm))
