@@ -31,8 +31,9 @@ run probes again. Per run, from both ranks' collective traces over the decode ph
     (max over ranks of the entry - its own entry, summed);
   - the independently timed speed ratio: (compute_slow / share_slow) / (compute_fast / share_fast),
     each rank's compute per unit of its plan share (work_share of the cluster view);
-  - the probe's ratio: gemv_gb_s fast / slow (what `auto` sizes the shards from), and the
-    auto weights' ratio w_fast / w_slow;
+  - the probe's ratio: gemv_gb_s fast / slow (what `auto` sizes the shards from first), and the
+    auto weights' ratio w_fast / w_slow (after the join's 8-step decode refined them, where it
+    did: `engine/tp/refine.py`);
   - the in-service balancing ratio: the head's `measured_balance()` after the run (every rank's
     compute clock over the warm-up, prefill and decode steps, `engine/tp/balance.py`), as
     w_fast / w_slow: the weights the group would re-form with.
