@@ -4,8 +4,9 @@ The probe (`tp.probe`) times a GEMV with every rank busy all the time; a decode 
 does not see (the head's LM head gather and sampling, attention, per-layer Python), and a rank under
 a CPU quota runs faster with a smaller share (it idles longer between bursts and runs more of each
 before the quota cuts in), so the probe's split overshoots such a rank. So once every shard is
-loaded and admitted, a group whose weights came from the probe decodes WARMUP_STEPS one-token steps
-of a throwaway sequence (the same steps on every rank: no control frames), each rank clocking its
+loaded and admitted, a group whose weights came from the probe decodes WARMUP_SKIP + WARMUP_STEPS
+one-token steps of a throwaway sequence (the same steps on every rank: no control frames; the
+first WARMUP_SKIP not clocked, as they hold one-time set-up), each rank clocking its
 compute with its waits left out (`tp.balance.ComputeClock`). The head turns the clocks into the
 balancing weights (`tp.balance.balancing_weights`: share / compute, slowest = 1) and broadcasts
 them; where they move any rank's weight relative to the slowest by more than REFINE_MIN_CHANGE,
@@ -25,6 +26,7 @@ from tandem.engine.executor import Step, StepSequence
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.balance import ComputeClock, balancing_weights, gather_clocks
 
+WARMUP_SKIP = 2  # decode steps run first and not clocked
 WARMUP_STEPS = 8
 WARMUP_SEQ = 2**31 - 1  # a sequence id no caller uses
 REFINE_MIN_CHANGE = 0.15
@@ -34,10 +36,14 @@ def warmup_clocks(comm: Communicator, runner: ShardRunner) -> list[tuple[float, 
     """Collective: WARMUP_STEPS one-token decode steps on every rank's shard, clocked; every
     rank's (compute seconds, steps), on every rank. The sequence is released after."""
     clock = ComputeClock(comm)
-    steps = min(WARMUP_STEPS, runner.max_seq_len)
+    steps = min(WARMUP_SKIP + WARMUP_STEPS, runner.max_seq_len)
     for pos in range(steps):
+        step = Step((StepSequence(WARMUP_SEQ, (1,), pos),))
+        if pos < WARMUP_SKIP:  # first calls: kernels' one-time set-up, pages first touched
+            runner.forward(step)
+            continue
         with clock.step():
-            runner.forward(Step((StepSequence(WARMUP_SEQ, (1,), pos),)))
+            runner.forward(step)
     runner.release([WARMUP_SEQ])
     return gather_clocks(comm, clock)
 
