@@ -10,7 +10,10 @@ How the speeds differ (both ranks run one torch thread; rank 1, the worker, is t
     times rank 1's (220 : 110 at 2, 110 being a nice-10 task's weight). On a machine whose cores are
     contended (the 2-core build machine always is) a rank's CPU is its weight's part, so rank 1 runs
     at about 1/ratio of rank 0's speed, at every scale of time the scheduler slices.
-  - `cgroup`: rank 1 under a CFS quota of --slow-quota CPUs over a 10 ms period. It binds only
+  - `cgroup`: rank 1 under a CFS quota of --slow-quota CPUs over a 10 ms period, rank 0 in a
+    group of its own with no quota (so on a contended machine both compete as one group entity of
+    the same weight: rank 1 alone in a group beside rank 0 among the root's nice-10 tasks took a
+    group's weight, 1024, against rank 0's 110, and ran the faster of the two). It binds only
     below the CPU share the load leaves each task, and a quota shapes a short GEMV window (the
     probe's) differently from a long decode: at load 7-8 a 0.25 quota did not bind and a 0.1 quota
     made the probe read 3.3x where the decode ran 5.5x.
@@ -28,8 +31,12 @@ run probes again. Per run, from both ranks' collective traces over the decode ph
     (max over ranks of the entry - its own entry, summed);
   - the independently timed speed ratio: (compute_slow / share_slow) / (compute_fast / share_fast),
     each rank's compute per unit of its plan share (work_share of the cluster view);
-  - the probe's ratio: gemv_gb_s fast / slow (what `auto` sizes the shards from), and the
-    auto weights' ratio w_fast / w_slow.
+  - the probe's ratio: gemv_gb_s fast / slow (what `auto` sizes the shards from first), and the
+    auto weights' ratio w_fast / w_slow (after the join's 8-step decode refined them, where it
+    did: `engine/tp/refine.py`);
+  - the in-service balancing ratio: the head's `measured_balance()` after the run (every rank's
+    compute clock over the warm-up, prefill and decode steps, `engine/tp/balance.py`), as
+    w_fast / w_slow: the weights the group would re-form with.
 
 Greedy ids of every TP run are compared with a single-node run of the same model and dtype.
 """
@@ -106,11 +113,20 @@ def role_tp(args) -> dict | None:
             trace.dump(Path(args.trace_dir) / f"rank{args.rank}.json")
         return None
     weights = "auto" if args.weights == "auto" else tuple(map(float, args.weights.split(",")))
-    ex = start_head(
-        args.model, trace, weights=weights, max_batch=2, max_seq_len=256, dtype=args.dtype
+    from tandem.comm.metered import MeteredCommunicator
+
+    ex = start_head(  # metered: the head's compute clock (`engine/tp/balance.py`)
+        args.model,
+        MeteredCommunicator(trace),
+        weights=weights,
+        max_batch=2,
+        max_seq_len=256,
+        dtype=args.dtype,
     )
     try:
         out = _greedy(ex, args, trace)
+        bal = ex.measured_balance() or {}
+        out["balanced_weights"] = bal.get("balanced_weights")
         out["weights"] = list(ex.layout.weights)
         out["shares"] = [f.work_share for f in ex.facts]
         out["gemv_gb_s"] = [f.probe["gemv_gb_s"] for f in ex.facts]
@@ -145,7 +161,8 @@ class Slowdown:
     def __init__(self, via: str, quota: float, ratio: float) -> None:
         self.via = via
         self.groups = [CGROUP_ROOT / f"tandem-placement-{os.getpid()}-r{r}" for r in (0, 1)]
-        if via == "cgroup":
+        if via == "cgroup":  # both in a group of the same weight, only rank 1's capped
+            self.groups[0].mkdir()
             self.groups[1].mkdir()
             (self.groups[1] / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.groups[1] / "cpu.cfs_quota_us").write_text(str(int(quota * PERIOD_US)))
@@ -164,7 +181,7 @@ class Slowdown:
 
     def enter(self, rank: int):
         procs = self.groups[rank] / "cgroup.procs"
-        if (self.via == "cgroup" and rank == 1) or self.via == "shares":
+        if self.via in ("cgroup", "shares"):
             return lambda: procs.write_text(str(os.getpid()))
         return None
 
@@ -213,6 +230,8 @@ def run_layout(common: list[str], slow: Slowdown, weights: str, tokens: int) -> 
     c, s = out["compute_ms"], out["shares"]
     out["timed_ratio"] = (c[1] / s[1]) / (c[0] / s[0])
     out["probe_ratio"] = out["gemv_gb_s"][0] / out["gemv_gb_s"][1]
+    bw = out.get("balanced_weights")
+    out["service_ratio"] = bw[0] / bw[1] if bw else float("nan")
     return out
 
 
@@ -290,6 +309,26 @@ def balance_ratio(eq: list[dict], au: list[dict]) -> float:
     return s / (1 - s)
 
 
+def marginal_costs(eq: list[dict], au: list[dict]) -> list[tuple[float, float]] | None:
+    """Each rank's decode compute as a_r + b_r s_r (ms/token at plan share s_r), a line through
+    the two layouts' medians: b_r is its time per unit of share (so b_slow / b_fast is the speed
+    ratio net of fixed costs, what the probe measures), a_r its fixed cost per token (the head's
+    sampling and scheduling, work every rank repeats). None where the shares did not move.
+    Unstable where a rank's compute is not linear in its share: under a CFS quota a rank with a
+    smaller share waits longer between its bursts and runs more of each at full speed (a loaded
+    2-core run read a slow-rank intercept of -138 ms/token and a ratio of 6.9)."""
+    out = []
+    for r in (0, 1):
+        s0 = statistics.median(x["shares"][r] for x in eq)
+        s1 = statistics.median(x["shares"][r] for x in au)
+        if abs(s1 - s0) < 0.02:
+            return None
+        c0, c1 = _med(eq, "compute_ms", r), _med(au, "compute_ms", r)
+        b = (c1 - c0) / (s1 - s0)
+        out.append((c0 - b * s0, b))
+    return out
+
+
 def report(runs: dict[str, list[dict]], args) -> str:
     """The side-by-side table and the verdicts (medians over the rounds)."""
     how = {
@@ -316,6 +355,7 @@ def report(runs: dict[str, list[dict]], args) -> str:
     timed = _med(eq, "timed_ratio")
     auto_ratio = statistics.median(r["weights"][0] / r["weights"][1] for r in au)
     balance = balance_ratio(eq, au)
+    service = statistics.median(r["service_ratio"] for r in eq)
     wait_eq = statistics.median(sum(r["wait_ms"]) for r in eq)
     wait_au = statistics.median(sum(r["wait_ms"]) for r in au)
     lines += [
@@ -324,11 +364,26 @@ def report(runs: dict[str, list[dict]], args) -> str:
         f"(equal split): {100 * (auto_ratio / timed - 1):+.0f}% (target within 20%)",
         f"the split that equalizes the ranks' decode compute (interpolated between the two "
         f"layouts' medians): fast / slow = {balance:.2f}; auto weights {100 * (auto_ratio / balance - 1):+.0f}% from it",
+        f"the in-service balancing ratio (measured_balance, equal-split runs' median) "
+        f"{service:.2f}: {100 * (service / balance - 1):+.0f}% from the interpolated balance",
+        *_marginal_lines(eq, au, auto_ratio),
         f"wait per token, both ranks: equal {wait_eq:.1f} ms, auto {wait_au:.1f} ms "
         f"(auto/equal {wait_au / wait_eq:.2f})",
         f"decode tok/s auto/equal: {_med(au, 'decode_tok_s') / _med(eq, 'decode_tok_s'):.2f}",
     ]
     return "\n".join(lines)
+
+
+def _marginal_lines(eq: list[dict], au: list[dict], auto_ratio: float) -> list[str]:
+    costs = marginal_costs(eq, au)
+    if costs is None:
+        return ["(auto kept the equal split: no second point for the marginal speed ratio)"]
+    (a0, b0), (a1, b1) = costs
+    return [
+        f"compute ms/token = a + b * share, fitted through both layouts: fast a {a0:.1f} b "
+        f"{b0:.1f}, slow a {a1:.1f} b {b1:.1f}; marginal speed ratio b_slow / b_fast = "
+        f"{b1 / b0:.2f}; auto weights {100 * (auto_ratio / (b1 / b0) - 1):+.0f}% from it"
+    ]
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
             stage_tp=stage_tp,
             dtypes=tuple(dtypes),
             devices=tuple(devices),
-            tp_weights=(
-                "auto" if args.tp_weights == "auto" else parse_weights(args.tp_weights, world)
+            tp_weights=(  # None: auto where the ranks differ, else equal (tp.probe.choose_weights)
+                args.tp_weights
+                if args.tp_weights in (None, "auto")
+                else parse_weights(args.tp_weights, world)
             ),
             attn_ranks=args.attn_ranks,
             ring_config=Path(ring) if ring else None,

@@ -22,7 +22,8 @@ def add_tp_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tp-weights",
         help="share of the work per rank, e.g. 2,1, or auto: from each rank's decode GEMV speed "
-        "measured as the group forms (default equal)",
+        "measured as the group forms (default: auto where the ranks differ in device, dtype, "
+        "host, threads or CPU quota, else equal)",
     )
     p.add_argument("--attn-ranks", type=int, default=None, metavar="A", help=ATTN_HELP)
     p.add_argument("--op-timeout", type=float, default=60.0, help="seconds any collective may take")

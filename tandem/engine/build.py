@@ -138,7 +138,8 @@ class BuildHooks:
     wait; `source` the model already opened (a single device loads from it, e.g. one that reports
     its reads to a progress bar); `epoch` > 0: the group is formed again after losing a rank
     (`tandem.engine.recovery`), and a local TP ring claims that epoch in its cluster id;
-    `notice(text)` a line about the layout chosen (the probed ranges under `--pp-weights auto`);
+    `notice(text)` a line about the layout chosen (the TP weights and why; the probed ranges under
+    `--pp-weights auto`);
     `keep`: the broken group's TP head (`tp.rejoin.keepable`), whose loaded shard the head of the
     group formed again for the same layout keeps: only the returning workers load;
     `handshake_timeout`: the bound on forming a ring from the layout's RING_CONFIG (None: the
@@ -178,7 +179,7 @@ def build_executor(
         from tandem.engine.tp.local import launch_local_tp
 
         with hooks.status(f"starting {layout.tp} ranks, loading their shards, forming the group"):
-            return launch_local_tp(
+            ex = launch_local_tp(
                 model,
                 layout.tp,
                 weights=layout.tp_weights,
@@ -192,12 +193,15 @@ def build_executor(
                 epoch=hooks.epoch,
                 keep=_kept(hooks),
             )
+        hooks.notice(ex.placement)  # the TP weights chosen and why
+        return ex
     from tandem.engine.pp.launch import launch_pipeline
-    from tandem.engine.pp.layout import describe_auto, plan_stages
+    from tandem.engine.pp.layout import describe_auto, plan_stages, ranks_differ
 
     config = (hooks.source or open_model(model)).config
     # layer ranges by stage speed (its TP degree), the head's LM head counted against stage 0;
-    # under "auto" these are replaced by ranges from the probes the stages run before loading
+    # under "auto" (asked, or the default where the ranks differ) these are replaced by ranges
+    # from the probes the stages run before loading
     auto = layout.pp_weights == "auto"
     stages = plan_stages(
         config,
@@ -206,6 +210,10 @@ def build_executor(
         dtype=",".join(layout.dtype_names()),
         device=",".join(layout.device_names()),
     )
+    why = "--pp-weights auto" if auto else None
+    if layout.pp_weights is None:
+        why = ranks_differ(stages)
+        auto = why is not None
     with hooks.status(f"starting {layout.world_size} ranks in {layout.pp} stages"):
         executor = launch_pipeline(
             model,
@@ -220,7 +228,7 @@ def build_executor(
             argv_prefix=hooks.argv_prefix,
         )
     if auto:
-        hooks.notice(describe_auto(executor.stages, executor.stage_probes))
+        hooks.notice(f"{describe_auto(executor.stages, executor.stage_probes)} ({why})")
     return executor
 
 
@@ -306,7 +314,7 @@ def _tp_head(
         )
     metered = MeteredCommunicator(comm)
     with hooks.status(f"agreeing on the model with {comm.world_size - 1} worker(s)"):
-        return start_head(
+        ex = start_head(
             model,
             metered,
             weights=layout.tp_weights,
@@ -318,6 +326,8 @@ def _tp_head(
             keepalive_s=keepalive_s,
             join_rtt_ms=join_rtt_ms,
         )
+    hooks.notice(ex.placement)  # the TP weights chosen and why
+    return ex
 
 
 def join_rtts(text: str, world_size: int) -> dict[int, float]:

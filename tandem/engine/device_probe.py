@@ -1,18 +1,23 @@
 """What one process measures about its own device for placement, with no group: its decode GEMV
 speed (weight bytes per second through its own linear kernel, `kernels.linear`, in its compute
-dtype) and its free memory. A TP rank runs these inside the group's collective probe
-(`tandem.engine.tp.probe`); a pipeline stage runs `measure_local` before it loads a layer
+dtype and on its own torch threads) and its free memory. A TP rank runs the GEMV in lockstep with
+its group (`tandem.engine.tp.probe`); a pipeline stage runs `measure_local` before it loads a layer
 (`--pp-weights auto`, `tandem.engine.pp.layout.auto_ranges`).
 
-The GEMV is timed as calls back to back over a GEMV_WINDOW_S window (median of GEMV_REPEATS windows),
-not one call: a process under a CPU quota (a CFS period of a few ms) runs one call at full speed
-and pays for it in the next period, so only a window spanning periods sees it.
+The GEMV speed is total bytes over total time of one window of `probe_window_s()` seconds, not a
+median of short windows. A process under a CFS quota of q CPUs over a period P runs at full speed
+for q P and then waits out the period: a window shorter than P sees either the full-speed stretch
+or the throttled one, never the average a decode token (hundreds of ms of work) feels. So the window
+spans QUOTA_PERIODS periods of the tightest quota over the process's cgroup and its ancestors
+(cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`), at least MIN_WINDOW_S; where no
+quota is set, PLAIN_WINDOW_S (several CFS scheduling latencies: what a shared core slices at); where
+no cgroup can be read, MIN_WINDOW_S.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
+from pathlib import Path
 
 import psutil
 import torch
@@ -21,8 +26,11 @@ from tandem.kernels.linear import linear
 
 PROBE_BYTES = 16 << 20
 PROBE_COLS = 2048
-GEMV_REPEATS = 3
-GEMV_WINDOW_S = 0.04
+QUOTA_PERIODS = 4
+MIN_WINDOW_S = 0.3
+PLAIN_WINDOW_S = 0.15
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_V1_CPU_DIRS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
 
 
 def free_gb(device: torch.device) -> float:
@@ -32,28 +40,92 @@ def free_gb(device: torch.device) -> float:
     return psutil.virtual_memory().available / 1e9
 
 
-def gemv_gb_s(device: torch.device, dtype: torch.dtype) -> float:
-    """Weight bytes per second of the rank's decode GEMV: GEMVs back to back for GEMV_WINDOW_S,
-    median of GEMV_REPEATS windows after a warm-up."""
+def _v1_quota(d: Path) -> tuple[float, float] | None:
+    quota = int((d / "cpu.cfs_quota_us").read_text())
+    period = int((d / "cpu.cfs_period_us").read_text())
+    return (quota / period, period / 1e6) if quota > 0 and period > 0 else None
+
+
+def _v2_quota(d: Path) -> tuple[float, float] | None:
+    quota, period = (d / "cpu.max").read_text().split()
+    return None if quota == "max" else (int(quota) / int(period), int(period) / 1e6)
+
+
+def cpu_quota(
+    proc_cgroup: str | None = None, root: Path = CGROUP_ROOT
+) -> tuple[float, float] | None:
+    """(CPUs, period in s) of the tightest CFS quota over this process's cgroup and its ancestors
+    (`proc_cgroup`: the text of /proc/self/cgroup); None where no quota is set. Raises OSError
+    where no cgroup's CPU controller could be read at all."""
+    if proc_cgroup is None:
+        proc_cgroup = Path("/proc/self/cgroup").read_text()
+    found: list[tuple[float, float]] = []
+    read_any = False
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            bases, read = [root, root / "unified"], _v2_quota
+        elif "cpu" in controllers.split(","):
+            bases, read = [root / name for name in _V1_CPU_DIRS], _v1_quota
+        else:
+            continue
+        rel = Path(path.lstrip("/"))
+        for base in bases:
+            for d in [base / rel, *[base / p for p in rel.parents]]:
+                try:
+                    q = read(d)
+                except (OSError, ValueError):
+                    continue
+                read_any = True
+                if q is not None:
+                    found.append(q)
+    if not read_any:
+        raise FileNotFoundError("no cgroup CPU controller readable for this process")
+    return min(found) if found else None
+
+
+def probe_window_s() -> float:
+    """How long the GEMV probe runs (module docstring)."""
+    try:
+        quota = cpu_quota()
+    except (OSError, ValueError):
+        return MIN_WINDOW_S
+    if quota is None:
+        return PLAIN_WINDOW_S
+    return max(MIN_WINDOW_S, QUOTA_PERIODS * quota[1])
+
+
+def probe_operands(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's weight (PROBE_BYTES in `dtype`) and one-row input, seeded, on `device`,
+    after one warm-up call."""
     elem = torch.tensor([], dtype=dtype).element_size()
     rows = max(1, PROBE_BYTES // (PROBE_COLS * elem))
     g = torch.Generator().manual_seed(1)
     w = torch.randn((rows, PROBE_COLS), generator=g).to(device, dtype)  # (rows, cols)
     x = torch.randn((1, PROBE_COLS), generator=g).to(device, dtype)  # (1, cols)
     linear(x, w)
-    rates = []
-    for _ in range(GEMV_REPEATS):
-        calls, t0 = 0, time.perf_counter()
-        while True:
-            linear(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            calls += 1
-            dt = time.perf_counter() - t0
-            if dt >= GEMV_WINDOW_S:
-                break
-        rates.append(calls * w.numel() * elem / dt)
-    return statistics.median(rates) / 1e9
+    return w, x
+
+
+def timed_gemv(w: torch.Tensor, x: torch.Tensor) -> float:
+    """Seconds of one decode GEMV `x w^T` on w's device (synchronized on CUDA)."""
+    t0 = time.perf_counter()
+    linear(x, w)
+    if w.device.type == "cuda":
+        torch.cuda.synchronize(w.device)
+    return time.perf_counter() - t0
+
+
+def gemv_gb_s(device: torch.device, dtype: torch.dtype, window_s: float | None = None) -> float:
+    """Weight bytes per second of the process's decode GEMV: GEMVs back to back for `window_s`
+    (default `probe_window_s()`), total bytes over total time."""
+    window = probe_window_s() if window_s is None else window_s
+    w, x = probe_operands(device, dtype)
+    calls, busy = 0, 0.0
+    while busy < window:
+        busy += timed_gemv(w, x)
+        calls += 1
+    return calls * w.numel() * w.element_size() / busy / 1e9
 
 
 def measure_local(

@@ -9,10 +9,14 @@ Rank r of a TP plan over a model of L layers, hidden size D, head dim hd holds, 
 with q_r, kv_r its query and kv heads, m_r its MLP rows, v_r its vocabulary rows (t = 1 for a tied
 embedding, 2 when the embedding and the LM head are separate matrices), B the batch slots and S the
 maximum sequence length. Bytes are weights_r * w + kv_r * e, with e the rank's compute-dtype
-element size and w the weights' stored bytes per element (e for a dense checkpoint; a quantized
-file passes 0 and is checked for its KV cache only: its block sizes vary by tensor). Norms and
+element size and w the weights' stored bytes per element (e for a dense checkpoint; for a quantized
+file its matrices' average block bytes per element, blocks staying quantized). Norms and
 biases (a few D per layer) are left out; `HEADROOM_BYTES` covers them and the runtime's own
 buffers. A rank needs  weights + kv + HEADROOM_BYTES <= free  (its probe's free memory).
+
+Ranks on one host that hold their shards in its RAM each measured the same free memory: k of them
+share it, so each is held to  min(its own free, host free / k)  (`share_host_memory`; the host's
+free is the largest of their figures, a rank's own may be lower under a memory limit).
 """
 
 from __future__ import annotations
@@ -71,6 +75,21 @@ def rank_needs(
             )
         )
     return out
+
+
+def share_host_memory(free_bytes: list[int], hosts: list[str | None]) -> list[int]:
+    """Each rank's free bytes with a host's RAM divided among the ranks that hold their shards in
+    it (module docstring). `hosts[r]`: rank r's host, or None where its memory is its own (a GPU)."""
+    count: dict[str, int] = {}
+    host_free: dict[str, int] = {}
+    for f, h in zip(free_bytes, hosts, strict=True):
+        if h is not None:
+            count[h] = count.get(h, 0) + 1
+            host_free[h] = max(host_free.get(h, 0), f)
+    return [
+        f if h is None else min(f, host_free[h] // count[h])
+        for f, h in zip(free_bytes, hosts, strict=True)
+    ]
 
 
 def check_fit(needs: list[RankNeed]) -> None:

@@ -101,6 +101,12 @@ class ClusterView(BaseModel):
     wire_bytes: int = Field(description="bytes the head put on the wire, cumulative")
     history: list[Sample]
     time: float
+    balance: dict[str, Any] | None = Field(
+        default=None,
+        description="a TP group's compute as measured in service: steps, compute_ms_per_step per "
+        "rank (waits left out), the weights now and balanced_weights, the TP weights that would "
+        "equalize it (engine/tp/balance.py)",
+    )
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,7 @@ class ClusterMonitor:
             wire_bytes=c["wire_bytes"],
             history=history,
             time=now,
+            balance=snap.get("balance"),
         )
 
 
@@ -239,6 +246,12 @@ def render_cluster_metrics(v: ClusterView) -> str:
         "tandem_rank_wait_fraction", "gauge",
         "Share of step time spent waiting on peers over the last window.", per_rank("wait_fraction"),
     )  # fmt: skip
+    if v.balance is not None:
+        family(
+            "tandem_rank_balanced_weight", "gauge",
+            "TP weight that would balance the ranks' compute measured in service.",
+            [({"rank": r}, w) for r, w in enumerate(v.balance["balanced_weights"])],
+        )  # fmt: skip
     links = [({"a": x.a, "b": x.b}, x.rtt_ms / 1e3) for x in v.links if x.rtt_ms is not None]
     family("tandem_link_rtt_seconds", "gauge", "Round-trip time of a link.", links)
     good = [

@@ -10,6 +10,8 @@ to the first step whose float32 gap is below it and reports how many tokens that
 is the first of a fixed list of seeded prompts whose float32 run covers at least MIN_COVERED tokens
 (a prompt that walks into a near-tie early says nothing about TP)."""
 
+import re
+
 import pytest
 import torch
 from tp_support import SingleNode, greedy_with_gaps, launch_concurrently
@@ -144,3 +146,24 @@ def test_bf16_and_f16_ranks_follow_single_node_bf16_on_qwen3_06b(tmp_path, recor
 def test_covered_prefix_stops_at_the_first_near_tie():
     assert covered_prefix([3.0, 2.0, 0.4, 5.0], 0.5) == 2
     assert covered_prefix([3.0, 2.0], 0.5) == 2
+
+
+def test_a_bf16_and_f16_group_given_no_weights_is_split_by_its_probe(tiny_groups):
+    _, ex = tiny_groups[TINY[0]]
+    assert ex.placement.startswith("TP weights ")
+    assert "(auto: the ranks differ in dtype bfloat16/float16" in ex.placement
+    state, detail = ex.health()
+    assert state and ex.placement in detail  # what /health and `cluster status` show
+    probed = [r["probe"]["gemv_gb_s"] for r in ex.describe()["ranks"]]  # rounded to 1e-3
+    # proportional to the probed speeds, or tempered where the tiny model's 2 kv heads cannot
+    # split that unevenly (`tp.setup.plannable`)
+    power = re.search(r"tempered to the power ([0-9.]+)", ex.placement)
+    a = float(power.group(1)) if power else 1.0
+    want = [(g / min(probed)) ** a for g in probed]
+    # then a short decode at join keeps them or refines them (`engine/tp/refine.py`)
+    assert ("decode at join" in ex.placement) and ex.layout.probed == 1
+    if "refined by" in ex.placement:
+        assert min(ex.layout.weights) == pytest.approx(1.0)
+        assert " from " in ex.placement  # and says what it refined
+    else:
+        assert list(ex.layout.weights) == pytest.approx(want, rel=1e-2)

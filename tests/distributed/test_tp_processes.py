@@ -85,6 +85,20 @@ def test_every_rank_reports_its_probe_and_every_ring_link_the_groups_latency(gro
             assert link["rtt_ms"] > 0 and link["goodput_mbit_s"] > 0
 
 
+def test_each_ranks_compute_in_service_and_its_balancing_weights_are_shown(groups, expected):
+    """Between steps the head gathers every rank's compute clock (`engine/tp/balance.py`), and
+    the group steps on in lockstep after it."""
+    for (tp, _), ex in groups.items():
+        greedy(ex, PROMPTS[:1], 4)
+        bal = ex.describe()["balance"]
+        assert bal["steps"] >= 4 and len(bal["compute_ms_per_step"]) == tp
+        assert all(c > 0 for c in bal["compute_ms_per_step"])
+        assert bal["weights"] == pytest.approx(list(ex.layout.weights), abs=1e-3)
+        assert min(bal["balanced_weights"]) == 1.0 and len(bal["balanced_weights"]) == tp
+        ids, _ = greedy(ex, PROMPTS[:1], 32)
+        assert ids == expected[1][0]
+
+
 ATTN_LAYOUTS = [(3, 2), (2, 1)]  # (ranks, attention ranks): the MLP on every rank
 
 

@@ -4,10 +4,17 @@ naming the rank and the bytes (`tandem.parallel.fit`, checked in `engine.tp.setu
 import pytest
 from tp_support import tiny_config, write_random_model
 
+import tandem.engine.tp.placement as tp_placement
 import tandem.engine.tp.setup as tp_setup
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
-from tandem.parallel.fit import HEADROOM_BYTES, PlanDoesNotFitError, check_fit, rank_needs
-from tandem.parallel.plan import plan_for_config
+from tandem.parallel.fit import (
+    HEADROOM_BYTES,
+    PlanDoesNotFitError,
+    check_fit,
+    rank_needs,
+    share_host_memory,
+)
+from tandem.parallel.plan import DegeneratePlanError, plan_for_config, plan_for_source
 
 CONFIG = tiny_config()  # D 64, hd 16, 2 layers, 8 q / 4 kv heads, 128 MLP rows, vocab 96, tied
 
@@ -67,3 +74,38 @@ def test_a_group_refuses_the_plan_on_every_rank_before_any_shard_loads(tmp_path,
     assert all(m is not None and "rank 1 needs" in m and "rank 0" not in m for m in msgs), msgs
     assert msgs[0] == msgs[1]
     assert loaded == []
+
+
+def test_ranks_of_one_host_share_its_ram_and_a_gpu_keeps_its_own():
+    free = [8_000, 8_000, 3_000, 5_000, 6_000]
+    hosts = ["a", "a", "a", None, "b"]  # three CPU ranks on host a, a GPU, a CPU rank on b
+    assert share_host_memory(free, hosts) == [2_666, 2_666, 2_666, 5_000, 6_000]
+    capped = share_host_memory([8_000, 1_000], ["a", "a"])  # rank 1 offers less (a limit)
+    assert capped == [4_000, 1_000]
+
+
+def test_a_quantized_file_counts_its_block_bytes_per_weight(tmp_path):
+    from tandem.loaders.source import open_model
+
+    model_dir = write_random_model(tmp_path, CONFIG)
+    q8 = tp_placement.stored_bytes_per_elem(open_model(model_dir, quantize="q8_0"))
+    assert q8 == pytest.approx(34 / 32)  # Q8_0: 32 int8 and one f16 scale per block
+    q4 = tp_placement.stored_bytes_per_elem(open_model(model_dir, quantize="q4_0"))
+    assert q4 == pytest.approx(18 / 32)
+
+
+def test_an_auto_split_the_blocks_cannot_realize_is_tempered_toward_equal(tmp_path):
+    from tandem.engine.tp.probe import WeightsChoice
+    from tandem.loaders.source import open_model
+
+    md = open_model(write_random_model(tmp_path, CONFIG))  # 10 : 1 leaves rank 1 no block
+    skewed = WeightsChoice((10.0, 1.0), "auto", "probed")
+    got = tp_placement.plannable(md, 2, None, skewed)
+    power = float(got.why.split("tempered to the power ")[1].split(":")[0])
+    assert power in (0.75, 0.5, 0.25, 0.0)
+    assert got.weights == pytest.approx((10.0**power, 1.0), rel=1e-3)
+    plan_for_source(md, 2, got.weights)  # forms
+    with pytest.raises(DegeneratePlanError):  # and the step before it did not
+        plan_for_source(md, 2, (10.0 ** (power + 0.25), 1.0))
+    given = WeightsChoice((10.0, 1.0), "given", "--tp-weights")
+    assert tp_placement.plannable(md, 2, None, given) is given  # the user's to change

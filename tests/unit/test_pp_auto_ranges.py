@@ -15,6 +15,7 @@ from tandem.engine.pp.layout import (
     auto_ranges,
     describe_auto,
     plan_stages,
+    ranks_differ,
 )
 from tandem.parallel.partition import CapacityError
 from tandem.parallel.partition import LayerRange as R
@@ -96,3 +97,13 @@ def test_a_tp_stage_of_mixed_dtypes_is_sized_by_its_widest_dtype():
     mixed = StageSpec(R(0, 4), tp=2, dtype="bfloat16", rank_dtypes=("bfloat16", "float32"))
     assert mixed.widest_bytes == 4
     assert StageSpec(R(0, 4), tp=2, dtype="bfloat16").widest_bytes == 2
+
+
+def test_auto_is_the_default_only_where_the_stages_ranks_differ():
+    assert ranks_differ(plan_stages(CONFIG, (2, 1))) is None  # alike ranks: split by TP degree
+    mixed = plan_stages(CONFIG, (1, 1), dtype="float32,bfloat16")
+    assert ranks_differ(mixed) == "the ranks differ in dtype float32/bfloat16"
+    in_stage = plan_stages(CONFIG, (2, 1), dtype="bfloat16,float16,bfloat16")
+    assert ranks_differ(in_stage) == "the ranks differ in dtype bfloat16/float16"
+    devices = plan_stages(CONFIG, (1, 1), device="cpu,cuda")
+    assert ranks_differ(devices) == "the ranks differ in device cpu/cuda"

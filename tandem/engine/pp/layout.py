@@ -5,7 +5,8 @@ gives each stage its own TP degree (stage 0 TP=2, stage 1 TP=1; M is then the li
 Layer ranges come from `tandem.parallel.partition`: by default each stage's speed is its TP degree
 (ranks of one machine are alike), and the head's LM head is counted against stage 0; `--pp-weights`
 overrides the split, and `--pp-weights auto` takes each stage's speed and memory from the probe its
-processes run before loading (`auto_ranges`). `--dtype` / `--device` take one value for every rank or a comma list, one per
+processes run before loading (`auto_ranges`); without `--pp-weights`, `auto` is the default where
+the stages' ranks differ in compute dtype or device (`ranks_differ`). `--dtype` / `--device` take one value for every rank or a comma list, one per
 stage or one per rank (ranks numbered stage by stage). Each rank of a TP stage computes in its own
 dtype (its ring reduces in float32 and returns each rank's sum in that rank's dtype,
 `tandem.comm.ring`); a TP stage runs on its first rank's device.
@@ -156,6 +157,20 @@ def auto_ranges(
     caps = [p.capacity(s.widest_bytes) for s, p in zip(stages, probes, strict=True)]
     ranges = partition_layers(caps, model_cost(config))
     return [replace(s, layers=r) for s, r in zip(stages, ranges)]
+
+
+def ranks_differ(stages: Sequence[StageSpec]) -> str | None:
+    """Why the stages' ranks differ (compute dtypes or devices, in words), or None where every
+    rank is alike: a pipeline of unlike ranks is split by the probe unless `--pp-weights` says
+    otherwise, one of alike ranks by TP degree (no probe noise where nothing differs)."""
+    dtypes = [s.dtype_of(r) for s in stages for r in range(s.tp)]
+    devices = [s.device for s in stages]
+    differ = [
+        f"{what} {'/'.join(dict.fromkeys(vals))}"
+        for what, vals in (("dtype", dtypes), ("device", devices))
+        if len(set(vals)) > 1
+    ]
+    return f"the ranks differ in {', '.join(differ)}" if differ else None
 
 
 def describe_auto(stages: Sequence[StageSpec], probes: Sequence[dict]) -> str:

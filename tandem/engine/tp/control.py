@@ -32,6 +32,7 @@ KIND_STEP = 1  # run a forward over `step` (after freeing `release`)
 KIND_RELEASE = 2  # only free the KV caches of `release`
 KIND_STOP = 3  # leave the worker loop
 KIND_PING = 4  # nothing to do: keeps an idle group's sockets inside their op timeout
+KIND_STATS = 5  # every rank all-gathers its compute clock (`tp.balance`)
 
 FLAG_GREEDY = 1
 
@@ -112,7 +113,7 @@ def _check_header(frame: torch.Tensor) -> None:
     if int(frame[0]) != MAGIC:
         raise ControlError("control frame has the wrong magic: peers are out of step")
     kind = int(frame[1])
-    if kind not in (KIND_STEP, KIND_RELEASE, KIND_STOP, KIND_PING):
+    if kind not in (KIND_STEP, KIND_RELEASE, KIND_STOP, KIND_PING, KIND_STATS):
         raise ControlError(f"unknown control kind {kind}")
     if any(int(v) < 0 for v in frame[2:6]):
         raise ControlError("negative count in control frame")

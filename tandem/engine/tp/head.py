@@ -21,6 +21,7 @@ from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp import control
+from tandem.engine.tp.balance import ComputeClock, balance_entry, gather_clocks
 from tandem.engine.tp.control import Control, send_control
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class TPExecutor:
         local_workers: LocalWorkers | None = None,
         join_rtt_ms: dict[int, float] | None = None,
         ring_probe: tuple[float, float] | None = None,
+        placement: str = "",
     ) -> None:
         if comm.rank != 0:
             raise ValueError(
@@ -85,6 +87,8 @@ class TPExecutor:
         self.local_workers = local_workers  # the worker processes, when this process started them
         self.join_rtt_ms = dict(join_rtt_ms or {})  # rank -> its RTT to the head when it joined
         self.ring_probe = ring_probe  # (all-reduce ms, goodput Mbit/s) measured as it formed
+        self.placement = placement  # the TP weights chosen and why (`tp.probe.choose_weights`)
+        self.clock = ComputeClock(comm)  # this rank's compute per step (`tp.balance`)
         if keepalive_s is not None and comm.world_size > 1:
             threading.Thread(
                 target=self._keepalive, args=(keepalive_s,), name="tp-keepalive", daemon=True
@@ -124,7 +128,8 @@ class TPExecutor:
             self._pending_release.clear()
             try:
                 send_control(self.comm, Control(control.KIND_STEP, step, release))
-                logits = self.runner.forward(step)
+                with self.clock.step():
+                    logits = self.runner.forward(step)
             except Exception as e:
                 self._failure = GroupFailedError(self._explain(e))
                 self._abandon()
@@ -164,7 +169,8 @@ class TPExecutor:
         gone = self.local_workers.exited() if self.local_workers is not None else None
         if gone is not None:
             return "failed", f"worker {gone[0]} exited with code {gone[1]}"
-        return "whole", f"all {self.comm.world_size} ranks are up"
+        up = f"all {self.comm.world_size} ranks are up"
+        return "whole", f"{up}; {self.placement}" if self.placement else up
 
     def health(self) -> tuple[bool, str]:
         state, detail = self._state()
@@ -195,9 +201,30 @@ class TPExecutor:
             if self.ring_probe is not None:  # else the group's one-float all-reduce at join
                 x["rtt_ms"] = x["rtt_ms"] if x["rtt_ms"] is not None else self.ring_probe[0]
                 x["goodput_mbit_s"] = self.ring_probe[1]
-        return ci.Description(
-            "tp", n, 1, list(self.facts), state, detail, links, counters
-        ).as_dict()
+        out = ci.Description("tp", n, 1, list(self.facts), state, detail, links, counters).as_dict()
+        out["balance"] = self.measured_balance() if state == "whole" else None
+        return out
+
+    def measured_balance(self) -> dict[str, Any] | None:
+        """Every rank's compute per step since the group formed and the TP weights that would
+        balance it (`tp.balance`): a STATS frame between steps, then one all-gather. None before
+        the first step, on one rank, or where a rank's clock is unknown."""
+        if self.comm.world_size < 2 or self.layout is None:
+            return None
+        with self._lock:
+            if self._closed or self._failure is not None or self.clock.steps == 0:
+                return None
+            try:
+                send_control(self.comm, Control(control.KIND_STATS))
+                clocks = gather_clocks(self.comm, self.clock)
+            except Exception as e:
+                self._failure = GroupFailedError(self._explain(e))
+                self._abandon()
+                return None
+            finally:
+                self._last = time.monotonic()
+        shares = [f.work_share or 0.0 for f in self.facts]
+        return balance_entry(shares, self.layout.weights, clocks)
 
     def release(self, seq_ids: list[int]) -> None:
         with self._lock:

@@ -10,8 +10,8 @@ setup collectives of `tp.setup.start_head` with the layout it already holds, min
 
     head                                    a worker (`tp.setup.run_worker`, unchanged)
     measure (probe, collective)             measure
-    agree_layout(kept layout)               agree_layout(None) -> the kept layout
     exchange_rank_info                      exchange_rank_info
+    agree_layout(kept layout, not probed)   agree_layout(None) -> the kept layout (no refinement)
     check_group_fit                         check_group_fit
     (keeps its shard)                       build_shard: loads its own slices
     barrier                                 barrier
@@ -108,8 +108,9 @@ def rejoin_head(
         with setup_bound(metered, setup_timeout):
             # the shard and cache it keeps count as free: the plan's check adds them again
             probes = measure(metered, device, dtype, mem_limit_gb, held_gb=_held_gb(runner))
-            layout = agree_layout(metered, layout, md.fingerprint())
             ranks = exchange_rank_info(metered, dtype, device)
+            # the kept shard fixes the weights: no decode at join refines them again
+            layout = agree_layout(metered, replace(layout, probed=0), md.fingerprint())
             check_group_fit(md, layout, ranks, probes)
             metered.barrier()  # every returning rank has loaded its shard
             plan = layout.plan(md)

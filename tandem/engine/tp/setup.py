@@ -7,18 +7,21 @@ a mismatch fails on every rank at once, naming the ranks that differ. Then each 
 shard and reads only its own slices (`tandem.parallel.shard_load`).
 
     setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len,
-                                      attn_ranks, 0, 0, fingerprint as 4 int64 words]
+                                      attn_ranks, probed, 0, fingerprint as 4 int64 words]
     probe (float32, gathered)         before the layout: each rank's decode GEMV speed, free memory,
                                       and the group's all-reduce latency and goodput (`tp.probe`)
+    rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid,
+                                      CFS quota (milli-CPUs, 0: none) and host name (HOST_BYTES of
+                                      UTF-8, zero-padded): what the head chooses the weights from
+                                      (`tp.probe.choose_weights`), for reports and the cluster view
     weights (float32, world_size)     the plan's weights, as every rank will use them
-    rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid
-                                      and host name (HOST_BYTES of UTF-8, zero-padded), for
-                                      reports and the cluster view
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 import os
 import socket
 import struct
@@ -30,15 +33,19 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem.comm.base import Communicator
+from tandem.comm.metered import MeteredCommunicator
 from tandem.devices import DTYPE_NAMES
 from tandem.engine import cluster_info as ci
+from tandem.engine.device_probe import cpu_quota
 from tandem.engine.runner import ShardRunner
+from tandem.engine.tp.balance import ComputeClock
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.probe import RankProbe, auto_weights, measure
+from tandem.engine.tp.placement import check_group_fit, plannable, refinement
+from tandem.engine.tp.probe import RankKind, RankProbe, choose_weights, measure
+from tandem.engine.tp.refine import agree_refinement, warmup_clocks
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
-from tandem.parallel.fit import check_fit, rank_needs
 from tandem.parallel.plan import TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
@@ -46,8 +53,11 @@ from tandem.parallel.transform import shard_transformer
 if TYPE_CHECKING:
     from tandem.engine.tp.local import LocalWorkers
 
+log = logging.getLogger(__name__)
+
 MAGIC = 0x54414E44534554  # "TANDSET"
-VERSION = 4  # 2: rank info carries pid and host name; 3: attention ranks; 4: the probe first
+VERSION = 5  # 2: rank info carries pid and host name; 3: attention ranks; 4: the probe first;
+# 5: rank info, with the CFS quota, before the layout
 SETUP_LEN = 12
 HOST_BYTES = 64
 DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code: index here
@@ -72,6 +82,7 @@ class GroupLayout:
     max_seq_len: int
     fingerprint: str
     attn_ranks: int = 0  # attention on the first A ranks only (`TPPlan.attn_ranks`); 0: all
+    probed: int = 0  # 1: the weights came from the probe, refined at join (`tp.refine`)
 
     def plan(self, md: ModelSource) -> TPPlan:
         """The group's TP plan for `md` (every rank computes the same one)."""
@@ -86,6 +97,10 @@ class RankInfo:
     threads: int = 0  # the rank's torch CPU threads (its OpenMP pool)
     pid: int = 0
     host: str = ""
+    cpu_quota: float = 0.0  # CPUs its cgroup's CFS quota allows; 0: none
+
+    def kind(self) -> RankKind:
+        return RankKind(self.device, self.dtype, self.host, self.threads, self.cpu_quota)
 
 
 def _fp_words(fingerprint: str) -> list[int]:
@@ -106,7 +121,7 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
     if head:
         assert layout is not None
         vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len]
-        vals += [layout.attn_ranks, 0, 0]
+        vals += [layout.attn_ranks, layout.probed, 0]
         frame = torch.tensor(vals + _fp_words(layout.fingerprint), dtype=torch.int64)
     frame = comm.broadcast(frame, 0)
     if int(frame[0]) != MAGIC:
@@ -130,7 +145,13 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
             f"model directory and run the same tandem version"
         )
     return GroupLayout(
-        n, tuple(weights_t.tolist()), int(frame[3]), int(frame[4]), fingerprint, int(frame[5])
+        n,
+        tuple(weights_t.tolist()),
+        int(frame[3]),
+        int(frame[4]),
+        fingerprint,
+        int(frame[5]),
+        int(frame[6]),
     )
 
 
@@ -144,9 +165,17 @@ def _host_text(words: list[int]) -> str:
     return raw.rstrip(b"\0").decode(errors="replace")
 
 
+def _quota_milli() -> int:
+    try:
+        quota = cpu_quota()
+    except (OSError, ValueError):
+        return 0
+    return 0 if quota is None else max(1, round(quota[0] * 1000))
+
+
 def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[RankInfo]:
-    """Every rank's compute dtype, device kind, CPU threads, pid and host name, gathered on every
-    rank (for reports and the cluster view)."""
+    """Every rank's compute dtype, device kind, CPU threads, pid, CFS quota and host name,
+    gathered on every rank (for the weights' choice, reports and the cluster view)."""
     kind = torch.device(device).type
     mine = torch.tensor(
         [
@@ -154,6 +183,7 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
             DEVICE_KINDS.index(kind) if kind in DEVICE_KINDS else -1,
             torch.get_num_threads(),
             os.getpid(),
+            _quota_milli(),
             *_host_words(socket.gethostname()),
         ],
         dtype=torch.int64,
@@ -161,9 +191,15 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
     rows = comm.all_gather(mine[None], 0).tolist()
     return [
         RankInfo(
-            r, DTYPE_CODES[d], DEVICE_KINDS[k] if k >= 0 else "other", t, pid, _host_text(host)
+            r,
+            DTYPE_CODES[d],
+            DEVICE_KINDS[k] if k >= 0 else "other",
+            t,
+            pid,
+            _host_text(host),
+            quota / 1000,
         )
-        for r, (d, k, t, pid, *host) in enumerate(rows)
+        for r, (d, k, t, pid, quota, *host) in enumerate(rows)
     ]
 
 
@@ -197,27 +233,26 @@ def rank_facts(
     ]
 
 
-def check_group_fit(
-    md: ModelSource, layout: GroupLayout, ranks: list[RankInfo], probes: list[RankProbe]
-) -> None:
-    """Every rank, before any shard is loaded: each rank's share of the weights and its KV cache
-    at the agreed batch and length against the free memory its probe measured
-    (`parallel.fit`); a plan that does not fit raises `PlanDoesNotFitError` on every rank at once
-    (the same inputs everywhere), naming the rank and the bytes. A quantized file is checked for
-    its KV cache only."""
-    elem = [torch.tensor([], dtype=DTYPE_NAMES[r.dtype]).element_size() for r in ranks]
-    fmt = md.weight_format()
-    dense = fmt.startswith("safetensors") and "quantized" not in fmt
-    needs = rank_needs(
-        md.config,
-        layout.plan(md),
-        elem_bytes=elem,
-        weight_bytes_per_elem=[e if dense else 0 for e in elem],
-        free_bytes=[int(p.free_gb * 1e9) for p in probes],
-        max_batch=layout.max_batch,
-        max_seq_len=layout.max_seq_len,
-    )
-    check_fit(needs)
+def _reload(
+    model_dir: str | Path,
+    comm: Communicator,
+    layout: GroupLayout,
+    weights: tuple[float, ...],
+    ranks: list[RankInfo],
+    probes: list[RankProbe],
+    dtype: str,
+    device: str,
+    kernels: str,
+) -> tuple[GroupLayout, ShardRunner]:
+    """Every rank: its shard again under the refined `weights` (the old runner let go first by
+    the caller), fit-checked as the first; the kernels are those the conformance check admitted."""
+    gc.collect()
+    layout = replace(layout, weights=weights)
+    md = open_model(model_dir)
+    check_group_fit(md, layout, ranks, probes)
+    runner = build_shard(md, comm, layout, dtype, device, kernels)
+    comm.barrier()  # every shard loaded again
+    return layout, runner
 
 
 def build_shard(
@@ -304,28 +339,38 @@ def start_head(
     setup_timeout: float | None = None,
     kernels: str = "auto",
     mem_limit_gb: float | None = None,
+    refine: bool = True,
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
     local, and a worker that exits marks the group failed); `join_rtt_ms`: each rank's round trip
     to the head when it joined, for `describe`; `setup_timeout`: the bound on each setup op
     (`setup_bound`; None: the op timeout). `weights="auto"`: the TP shares from every rank's
-    measured decode GEMV speed (`tp.probe.auto_weights`). `mem_limit_gb`: the most memory this
-    rank offers (`tp.probe.measure`); a plan that does not fit any rank is refused before loading."""
+    measured decode GEMV speed (`tp.probe.auto_weights`); None: the same where the ranks differ,
+    else equal (`tp.probe.choose_weights`; the choice and why are logged and shown in the group's
+    health detail). `mem_limit_gb`: the most memory this rank offers (`tp.probe.measure`); a plan
+    that does not fit any rank is refused before loading."""
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
         probes = measure(comm, device, dtype, mem_limit_gb)  # every rank, before any planning
-    if weights == "auto":
-        weights = auto_weights(probes)
-    weights = _f32(weights or (1.0,) * comm.world_size)
+        ranks = exchange_rank_info(comm, dtype, device)
+    kinds = [r.kind() for r in ranks]
+    choice = plannable(md, comm.world_size, attn_ranks, choose_weights(weights, probes, kinds))
+    log.info("%s", choice.line())
+    weights = _f32(choice.weights)
     plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
     seq = min(max_seq_len, md.config.max_position_embeddings)
     layout = GroupLayout(
-        comm.world_size, weights, max_batch, seq, md.fingerprint(), attn_ranks or 0
+        comm.world_size,
+        weights,
+        max_batch,
+        seq,
+        md.fingerprint(),
+        attn_ranks or 0,
+        int(choice.how == "auto" and refine),
     )
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, layout, md.fingerprint())
-        ranks = exchange_rank_info(comm, dtype, device)
         check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()  # every shard loaded
@@ -335,6 +380,25 @@ def start_head(
             admit(comm, runner, ranks, ref, plan)
         finally:
             ref.close()
+        if layout.probed:
+            shares = [f.work_share or 0.0 for f in rank_facts(md, plan, ranks, device)]
+            clocks = warmup_clocks(comm, runner)
+            new = agree_refinement(comm, refinement(md, layout, shares, clocks))
+            ms = ", ".join(f"{1e3 * c / max(k, 1):.1f}" for c, k in clocks)
+            if new is None:
+                why = f"kept after a {clocks[0][1]}-step decode at join (compute ms/step {ms})"
+            else:
+                del runner
+                layout, runner = _reload(
+                    model_dir, comm, layout, new, ranks, probes, dtype, device, kernels
+                )
+                plan = layout.plan(md)
+                why = (
+                    f"refined by a {clocks[0][1]}-step decode at join (compute ms/step {ms}) "
+                    f"from {' : '.join(f'{w:g}' for w in choice.weights)}"
+                )
+            choice = replace(choice, weights=layout.weights, why=f"{choice.why}; {why}")
+            log.info("%s", choice.line())
     facts = [
         replace(f, probe=p.as_dict()) for f, p in zip(rank_facts(md, plan, ranks, device), probes)
     ]
@@ -354,6 +418,7 @@ def start_head(
         local_workers=local_workers,
         join_rtt_ms=join_rtt_ms,
         ring_probe=(probes[0].allreduce_ms, probes[0].goodput_mbit_s),
+        placement=choice.line(),
     )
 
 
@@ -370,13 +435,23 @@ def run_worker(
     """Any rank but 0: join the layout, load this rank's shard, then serve until the head stops."""
     from tandem.engine.tp.worker import BroadcastSource, serve
 
+    if not isinstance(comm, MeteredCommunicator):  # its collective time: the clock's waits
+        comm = MeteredCommunicator(comm)
     md = open_model(model_dir)
     with setup_bound(comm, setup_timeout):
         probes = measure(comm, device, dtype, mem_limit_gb)  # as the head: before any planning
-        layout = agree_layout(comm, None, md.fingerprint())
         ranks = exchange_rank_info(comm, dtype, device)
+        layout = agree_layout(comm, None, md.fingerprint())
         check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
         comm.barrier()
         admit(comm, runner, ranks, None, None)
-    return serve(runner, BroadcastSource(comm))
+        if layout.probed:  # as the head: a short decode, then the head's verdict
+            warmup_clocks(comm, runner)
+            new = agree_refinement(comm, None)
+            if new is not None:
+                del runner
+                layout, runner = _reload(
+                    model_dir, comm, layout, new, ranks, probes, dtype, device, kernels
+                )
+    return serve(runner, BroadcastSource(comm), ComputeClock(comm))

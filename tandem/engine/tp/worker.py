@@ -22,6 +22,7 @@ import torch
 from tandem.comm.base import Communicator
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp import control
+from tandem.engine.tp.balance import ComputeClock, gather_clocks
 from tandem.engine.tp.control import Control, recv_control
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,12 @@ class BroadcastSource:
         return recv_control(self.comm, self.src), None
 
 
-def serve(runner: ShardRunner, source: StepSource) -> int:
+def serve(runner: ShardRunner, source: StepSource, clock: ComputeClock | None = None) -> int:
     """Runs control messages until STOP; returns how many steps ran. Any error propagates (the
-    caller exits, which closes its sockets, which the head sees at once)."""
+    caller exits, which closes its sockets, which the head sees at once). `clock`: times each
+    step's compute, gathered on the head's STATS (`tp.balance`; a TP group's source only)."""
     steps = 0
+    clock = clock or ComputeClock(getattr(source, "comm", None))
     while True:
         msg, h_in = source.next()
         if msg.release:
@@ -74,7 +77,10 @@ def serve(runner: ShardRunner, source: StepSource) -> int:
         if msg.kind == control.KIND_STOP:
             log.info("worker: stop after %d steps", steps)
             return steps
+        if msg.kind == control.KIND_STATS:
+            gather_clocks(source.comm, clock)  # type: ignore[attr-defined]
         if msg.kind == control.KIND_STEP:
             assert msg.step is not None
-            runner.forward(msg.step, h_in)
+            with clock.step():
+                runner.forward(msg.step, h_in)
             steps += 1
