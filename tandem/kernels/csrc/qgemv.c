@@ -68,10 +68,10 @@
 #define DOT_Q5_K(w, X, o, M) dot_k45_512(GT_Q5_K, w, X, o, M)
 #define DOT_Q6_K(w, X, o, M) dot_q6_k_512(w, X, o, M)
 #else
-#define DOT_Q4_0(w, X, o, M) dot_b32(GT_Q4_0, w, X, o, M)
-#define DOT_Q4_1(w, X, o, M) dot_b32(GT_Q4_1, w, X, o, M)
-#define DOT_Q5_0(w, X, o, M) dot_b32(GT_Q5_0, w, X, o, M)
-#define DOT_Q5_1(w, X, o, M) dot_b32(GT_Q5_1, w, X, o, M)
+#define DOT_Q4_0(w, X, o, M) dot_b32_pairs(GT_Q4_0, w, X, o, M)
+#define DOT_Q4_1(w, X, o, M) dot_b32_pairs(GT_Q4_1, w, X, o, M)
+#define DOT_Q5_0(w, X, o, M) dot_b32_pairs(GT_Q5_0, w, X, o, M)
+#define DOT_Q5_1(w, X, o, M) dot_b32_pairs(GT_Q5_1, w, X, o, M)
 #define DOT_Q8_0(w, X, o, M) dot_b32(GT_Q8_0, w, X, o, M)
 #define DOT_Q4_K(w, X, o, M) dot_k45(GT_Q4_K, w, X, o, M)
 #define DOT_Q5_K(w, X, o, M) dot_k45(GT_Q5_K, w, X, o, M)
@@ -189,7 +189,7 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
         const int64_t t = parts[p].type, bs = tq_block_size(t);
         if (bs == 0 || K % bs || parts[p].rows < 1 || !parts[p].w) return -1;
         quant |= bs > 1;
-        il32 |= HAVE_Q512 && (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1);
+        il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1;
         ilk |= HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K);
         off[p] = N;
         N += parts[p].rows;
