@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = Path.home() / ".cache/tandem-bench-gguf/qwen3-0.6b-Q4_0.gguf"
 
 
-def build(src: Path, out: Path) -> ctypes.CDLL:
+def build(src: Path, out: Path, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
     """csrc/ at `src` compiled as tandem.kernels.native compiles it, loaded privately."""
     from tandem.kernels import native
 
     cc = native._compiler()
     srcs = [str(src / s.name) for s in native.SOURCES if (src / s.name).exists()]
-    subprocess.run([cc, *native.FLAGS, "-o", str(out), *srcs, "-lm"], check=True)
+    subprocess.run([cc, *native.FLAGS, *extra, "-o", str(out), *srcs, "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
     for name in ("tandem_qgemv", "tandem_stream_read"):
         fn = getattr(lib, name)
@@ -113,14 +113,16 @@ def main() -> None:
     p.add_argument("--types", default="")
     p.add_argument("--shape", default="")
     p.add_argument("--calls", type=int, default=1)
+    p.add_argument("--old-flags", default="", help="extra compiler flags, e.g. -DQPREFETCH=2048")
+    p.add_argument("--new-flags", default="")
     a = p.parse_args()
     import torch  # the OpenMP runtime the kernels share, loaded first as in tandem
 
     del torch
     tmp = Path(tempfile.mkdtemp(prefix="qgemv-ab-"))
     libs = {
-        "old": build(checkout_csrc(a.old, tmp / "old"), tmp / "old.so"),
-        "new": build(ROOT / "tandem/kernels/csrc", tmp / "new.so"),
+        "old": build(checkout_csrc(a.old, tmp / "old"), tmp / "old.so", tuple(a.old_flags.split())),
+        "new": build(ROOT / "tandem/kernels/csrc", tmp / "new.so", tuple(a.new_flags.split())),
     }
     if a.shape:
         groups = synthetic(a.shape, a.types.split(",") if a.types else ["Q4_0", "Q4_K", "Q6_K"])

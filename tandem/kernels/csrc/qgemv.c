@@ -189,7 +189,8 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
         const int64_t t = parts[p].type, bs = tq_block_size(t);
         if (bs == 0 || K % bs || parts[p].rows < 1 || !parts[p].w) return -1;
         quant |= bs > 1;
-        il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1;
+        il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 ||
+                (!HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K)); /* the pair kernels */
         ilk |= HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K);
         off[p] = N;
         N += parts[p].rows;
