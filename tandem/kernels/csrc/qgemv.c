@@ -16,9 +16,10 @@
  * states and checks the bound). The dense types (F32, F16, BF16) are widened to float32 in
  * registers and multiplied by X as given (exact up to float32 rounding).
  *
- * Partition as gemv.c: each part's rows split into blocks of QCHUNK_ROWS contiguous rows handed
- * to torch's OpenMP threads on demand; every output is one row's dot product, so the result does
- * not depend on the thread count.
+ * Partition: each part's rows split into blocks of QCHUNK_ROWS contiguous rows, numbered across
+ * the parts; decode gives each of torch's OpenMP threads one contiguous run of them, prefill
+ * hands them out on demand. Every output is one row's dot product, so the result does not
+ * depend on the thread count.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -168,6 +169,26 @@ static xq_t x_rows(const xq_t *X, int64_t g) {
     }
     return v;
 }
+
+/* Chunk c (QCHUNK_ROWS rows of one part, numbered across the parts) against every group of 4
+ * rows of X. */
+static void run_chunk(int64_t c, const tq_part *parts, const int64_t *first_chunk,
+                      const int64_t *off, const xq_t *X, const float *bias, void *y, int64_t M,
+                      int64_t N, int64_t K, int dt) {
+    const int es = dt == DT_F32 ? 4 : 2;
+    int64_t p = 0;
+    while (c >= first_chunk[p + 1]) p++;
+    const tq_part *pt = &parts[p];
+    const int64_t r0 = (c - first_chunk[p]) * QCHUNK_ROWS;
+    const int64_t r1 = r0 + QCHUNK_ROWS < pt->rows ? r0 + QCHUNK_ROWS : pt->rows;
+    const rows_fn fn = rows_for(pt->type);
+    for (int64_t g = 0; g < M; g += QMAX_ROWS) {
+        const xq_t Xg = x_rows(X, g);
+        fn((const uint8_t *)pt->w, tq_row_bytes(pt->type, K), r0, r1, &Xg,
+           bias ? bias + off[p] : NULL, (char *)y + (g * N + off[p]) * es, N, dt,
+           (int)(M - g < QMAX_ROWS ? M - g : QMAX_ROWS));
+    }
+}
 #endif /* QISA */
 
 int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
@@ -200,26 +221,23 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     xq_t X;
     char *buf = prepare_x(x, M, K, dt, quant, il32, ilk, nthreads, &X);
     if (!buf) return -1;
-    const int es = dt == DT_F32 ? 4 : 2;
     const int64_t chunks = first_chunk[nparts];
     int T = nthreads < 1 ? 1 : nthreads;
     if (N * K * M < (1 << 15) || chunks < 2) T = 1;
-    /* each thread takes a block of W rows (cache-resident) and runs it against every group of
-     * 4 rows of X: W is read from memory once however many rows X has */
+    /* decode (M <= 4): each thread streams one contiguous run of chunks, so its software
+     * prefetch (qdot256.h) runs ahead into rows it reads next; handed out one chunk at a time,
+     * every chunk would start with QPREFETCH bytes not yet prefetched and end prefetching the
+     * other thread's. Prefill: each thread takes a block of W rows (cache-resident) at a time
+     * and runs it against every group of 4 rows of X, so W is read from memory once however
+     * many rows X has. */
+    if (M <= QMAX_ROWS) {
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+        for (int64_t c = 0; c < chunks; c++)
+            run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
+    } else {
 #pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1)
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t p = 0;
-        while (c >= first_chunk[p + 1]) p++;
-        const tq_part *pt = &parts[p];
-        const int64_t r0 = (c - first_chunk[p]) * QCHUNK_ROWS;
-        const int64_t r1 = r0 + QCHUNK_ROWS < pt->rows ? r0 + QCHUNK_ROWS : pt->rows;
-        const rows_fn fn = rows_for(pt->type);
-        for (int64_t g = 0; g < M; g += QMAX_ROWS) {
-            const xq_t Xg = x_rows(&X, g);
-            fn((const uint8_t *)pt->w, tq_row_bytes(pt->type, K), r0, r1, &Xg,
-               bias ? bias + off[p] : NULL, (char *)y + (g * N + off[p]) * es, N, dt,
-               (int)(M - g < QMAX_ROWS ? M - g : QMAX_ROWS));
-        }
+        for (int64_t c = 0; c < chunks; c++)
+            run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
     }
     free(buf);
     return 0;
