@@ -32,6 +32,9 @@
 #ifndef QCHUNK_ROWS
 #define QCHUNK_ROWS 32
 #endif
+#ifndef QDECODE_SCHEDULE /* the decode loop's OpenMP schedule (tandem_qgemv) */
+#define QDECODE_SCHEDULE static
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QISA 1
@@ -137,7 +140,7 @@ static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, i
     }
     if (xfb) X->xf = xfb;
     const int T = M >= 16 && nthreads > 1 ? nthreads : 1;
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+#pragma omp parallel for num_threads(T) schedule(QDECODE_SCHEDULE) if (T > 1)
     for (int64_t m = 0; m < M; m++) {
         if (xfb)
             for (int64_t i = m * K; i < (m + 1) * K; i++) xfb[i] = load1(x, i, dt);
@@ -231,7 +234,7 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
      * and runs it against every group of 4 rows of X, so W is read from memory once however
      * many rows X has. */
     if (M <= QMAX_ROWS) {
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+#pragma omp parallel for num_threads(T) schedule(QDECODE_SCHEDULE) if (T > 1)
         for (int64_t c = 0; c < chunks; c++)
             run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
     } else {
