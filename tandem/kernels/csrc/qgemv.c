@@ -17,8 +17,8 @@
  * registers and multiplied by X as given (exact up to float32 rounding).
  *
  * Partition: each part's rows split into blocks of QCHUNK_ROWS contiguous rows, numbered across
- * the parts; decode gives each of torch's OpenMP threads one contiguous run of them, prefill
- * hands them out on demand. Every output is one row's dot product, so the result does not
+ * the parts; decode gives each of torch's OpenMP threads one contiguous run of them (a thread
+ * done early takes the others' last ones), prefill hands them out on demand. Every output is one row's dot product, so the result does not
  * depend on the thread count.
  */
 #include <math.h>
@@ -31,9 +31,6 @@
 
 #ifndef QCHUNK_ROWS
 #define QCHUNK_ROWS 32
-#endif
-#ifndef QDECODE_SCHEDULE /* the decode loop's OpenMP schedule (tandem_qgemv) */
-#define QDECODE_SCHEDULE static
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -140,7 +137,7 @@ static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, i
     }
     if (xfb) X->xf = xfb;
     const int T = M >= 16 && nthreads > 1 ? nthreads : 1;
-#pragma omp parallel for num_threads(T) schedule(QDECODE_SCHEDULE) if (T > 1)
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
     for (int64_t m = 0; m < M; m++) {
         if (xfb)
             for (int64_t i = m * K; i < (m + 1) * K; i++) xfb[i] = load1(x, i, dt);
@@ -171,6 +168,26 @@ static xq_t x_rows(const xq_t *X, int64_t g) {
         v.d4 = X->d4 + 4 * g * nbp, v.s4 = X->s4 + 4 * g * nbp;
     }
     return v;
+}
+
+/* One thread's run of decode chunks: the next to take from the front (low 32 bits) and one
+ * past the last (high 32 bits), in one word so that the owner (front) and a thread done early
+ * (back) claim each chunk exactly once. */
+typedef struct {
+    uint64_t fb;
+    char pad[56];
+} qrun;
+
+/* The front chunk of run r (own) or its back one; -1 when it is empty. */
+static int64_t claim(qrun *r, int own) {
+    uint64_t v = __atomic_load_n(&r->fb, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f >= b) return -1;
+        const uint64_t nv = own ? v + 1 : (uint64_t)(b - 1) << 32 | f;
+        if (__atomic_compare_exchange_n(&r->fb, &v, nv, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return own ? (int64_t)f : (int64_t)b - 1;
+    }
 }
 
 /* Chunk c (QCHUNK_ROWS rows of one part, numbered across the parts) against every group of 4
@@ -227,16 +244,29 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     const int64_t chunks = first_chunk[nparts];
     int T = nthreads < 1 ? 1 : nthreads;
     if (N * K * M < (1 << 15) || chunks < 2) T = 1;
-    /* decode (M <= 4): each thread streams one contiguous run of chunks, so its software
-     * prefetch (qdot256.h) runs ahead into rows it reads next; handed out one chunk at a time,
-     * every chunk would start with QPREFETCH bytes not yet prefetched and end prefetching the
-     * other thread's. Prefill: each thread takes a block of W rows (cache-resident) at a time
-     * and runs it against every group of 4 rows of X, so W is read from memory once however
-     * many rows X has. */
+    /* decode (M <= 4): each thread streams its own contiguous run of chunks front to back, so
+     * its software prefetch (qdot256.h) runs ahead into rows it reads next (handed out one chunk
+     * at a time, every chunk would start with QPREFETCH bytes not yet prefetched); a thread done
+     * early takes the other runs' last chunks, so a descheduled thread does not stall the call.
+     * Prefill: each thread takes a block of W rows (cache-resident) at a time and runs it
+     * against every group of 4 rows of X, so W is read from memory once however many rows X
+     * has. */
     if (M <= QMAX_ROWS) {
-#pragma omp parallel for num_threads(T) schedule(QDECODE_SCHEDULE) if (T > 1)
-        for (int64_t c = 0; c < chunks; c++)
-            run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
+        qrun *runs = (qrun *)aligned_alloc(64, (size_t)T * sizeof(qrun));
+        if (!runs) {
+            free(buf);
+            return -1;
+        }
+        for (int t = 0; t < T; t++)
+            runs[t].fb = (uint64_t)(chunks * t / T) | (uint64_t)(chunks * (t + 1) / T) << 32;
+#pragma omp parallel num_threads(T) if (T > 1)
+        {
+            const int t = omp_get_thread_num();
+            for (int k = 0; k < T; k++) /* its own run from the front, then the others' backs */
+                for (int64_t c; (c = claim(&runs[(t + k) % T], k == 0)) >= 0;)
+                    run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
+        }
+        free(runs);
     } else {
 #pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1)
         for (int64_t c = 0; c < chunks; c++)
