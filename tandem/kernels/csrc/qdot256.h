@@ -142,9 +142,10 @@ static inline __m256i dot2_u(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
  * integer dots of both halves land in the same int32 lanes (0-3: A, 4-7: B) and the float work
  * (convert, multiply-add by [s_A x4, s_B x4]) is paid once per 2 blocks instead of once per
  * block. Per 8 blocks the 8 scales are gathered once and the offsets o * (dx sum q) are one
- * multiply-add, as in dot_b32. Measured single-thread on this AVX2 EPYC, a cache-resident
- * 256 x 1024 Q4_0 block: 1.53 -> 1.11 ns per block of 32 (scripts/bench/qgemv_ab.py). A row's
- * last K/32 % 8 blocks go one at a time over the natural layout. */
+ * multiply-add, as in dot_b32. Measured single-thread on an AVX2 EPYC (Zen 3), a cache-resident
+ * 256 x 1024 Q4_0 weight (scripts/bench/qgemv_micro.c): 1.53 -> 1.11 ns per block of 32 at 1
+ * row of X, 3.46 -> 2.65 at 4. A row's last K/32 % 8 blocks go one at a time over the natural
+ * layout. */
 static inline __attribute__((always_inline)) void dot_b32_pairs(const int t, const uint8_t *wr,
                                                                 const xq_t *X, float *out,
                                                                 const int M) {
@@ -234,9 +235,10 @@ static inline __m256 u8x8_to_ps(const void *p) {
  * two sub-blocks, as in dot_b32_pairs: the 32 qs bytes of sub-blocks 2j (low nibbles) and
  * 2j + 1 (high) rearranged, by two 128-bit lane swaps, into [2j elements 0-15 | 2j+1 elements
  * 0-15] and [elements 16-31 of both], against the i32 layout of X (qx.h), so one convert and
- * one multiply-add by [s_2j x4, s_2j+1 x4] serve both. Measured single-thread on this AVX2 EPYC
- * against one sub-block at a time, a cache-resident 256 x 1024 Q4_K block: 11.4 -> 11.0 ns per
- * superblock at 1 row of X, 26.3 -> 24.0 at 4 (the scale decode, ~3 ns, is the rest). */
+ * one multiply-add by [s_2j x4, s_2j+1 x4] serve both. Measured single-thread on an AVX2 EPYC
+ * (Zen 3) against one sub-block at a time, a cache-resident 256 x 1024 Q4_K weight
+ * (scripts/bench/qgemv_micro.c): 11.4 -> 11.0 ns per superblock at 1 row of X, 26.3 -> 24.0 at
+ * 4; the scale decode is ~3 ns of the 11. */
 static inline __attribute__((always_inline)) void dot_k45(const int t, const uint8_t *wr,
                                                                 const xq_t *X, float *out,
                                                                 const int M) {
