@@ -121,6 +121,28 @@ def test_result_does_not_depend_on_the_thread_count():
 
 
 @needs_native
+def test_fused_parts_split_over_threads_give_the_one_thread_result():
+    """Decode hands each thread one contiguous run of 32-row chunks numbered across the parts:
+    odd part sizes (runs that start and end inside a part), 1 and 4 rows, 1-3 threads."""
+    rng = np.random.default_rng(4)
+    names, rows = ("Q4_0", "Q4_K", "Q6_K", "Q5_1"), (301, 77, 45, 99)
+    ws = [(torch.from_numpy(random_blocks(n, r, 768, rng)), BY_NAME[n].type_id) for n, r in
+          zip(names, rows)]  # fmt: skip
+    parts = quant.Parts(ws, 768)
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 4):
+            x = torch.randn(m, 768)
+            torch.set_num_threads(1)
+            one = quant.matmul(x, parts)
+            for t in (2, 3):
+                torch.set_num_threads(t)
+                assert torch.equal(quant.matmul(x, parts), one), (m, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
 def test_a_nan_activation_makes_the_outputs_nan_and_zeros_stay_exact():
     rng = np.random.default_rng(2)
     blocks = torch.from_numpy(random_blocks("Q4_K", 5, 256, rng))

@@ -16,9 +16,10 @@
  * states and checks the bound). The dense types (F32, F16, BF16) are widened to float32 in
  * registers and multiplied by X as given (exact up to float32 rounding).
  *
- * Partition as gemv.c: each part's rows split into blocks of QCHUNK_ROWS contiguous rows handed
- * to torch's OpenMP threads on demand; every output is one row's dot product, so the result does
- * not depend on the thread count.
+ * Partition: each part's rows split into blocks of QCHUNK_ROWS contiguous rows, numbered across
+ * the parts; decode gives each of torch's OpenMP threads one contiguous run of them (a thread
+ * done early takes the others' last ones), prefill hands them out on demand. Every output is one row's dot product, so the result does not
+ * depend on the thread count.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -68,10 +69,10 @@
 #define DOT_Q5_K(w, X, o, M) dot_k45_512(GT_Q5_K, w, X, o, M)
 #define DOT_Q6_K(w, X, o, M) dot_q6_k_512(w, X, o, M)
 #else
-#define DOT_Q4_0(w, X, o, M) dot_b32(GT_Q4_0, w, X, o, M)
-#define DOT_Q4_1(w, X, o, M) dot_b32(GT_Q4_1, w, X, o, M)
-#define DOT_Q5_0(w, X, o, M) dot_b32(GT_Q5_0, w, X, o, M)
-#define DOT_Q5_1(w, X, o, M) dot_b32(GT_Q5_1, w, X, o, M)
+#define DOT_Q4_0(w, X, o, M) dot_b32_pairs(GT_Q4_0, w, X, o, M)
+#define DOT_Q4_1(w, X, o, M) dot_b32_pairs(GT_Q4_1, w, X, o, M)
+#define DOT_Q5_0(w, X, o, M) dot_b32_pairs(GT_Q5_0, w, X, o, M)
+#define DOT_Q5_1(w, X, o, M) dot_b32_pairs(GT_Q5_1, w, X, o, M)
 #define DOT_Q8_0(w, X, o, M) dot_b32(GT_Q8_0, w, X, o, M)
 #define DOT_Q4_K(w, X, o, M) dot_k45(GT_Q4_K, w, X, o, M)
 #define DOT_Q5_K(w, X, o, M) dot_k45(GT_Q5_K, w, X, o, M)
@@ -168,6 +169,46 @@ static xq_t x_rows(const xq_t *X, int64_t g) {
     }
     return v;
 }
+
+/* One thread's run of decode chunks: the next to take from the front (low 32 bits) and one
+ * past the last (high 32 bits), in one word so that the owner (front) and a thread done early
+ * (back) claim each chunk exactly once. */
+typedef struct {
+    uint64_t fb;
+    char pad[56];
+} qrun;
+
+/* The front chunk of run r (own) or its back one; -1 when it is empty. */
+static int64_t claim(qrun *r, int own) {
+    uint64_t v = __atomic_load_n(&r->fb, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f >= b) return -1;
+        const uint64_t nv = own ? v + 1 : (uint64_t)(b - 1) << 32 | f;
+        if (__atomic_compare_exchange_n(&r->fb, &v, nv, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return own ? (int64_t)f : (int64_t)b - 1;
+    }
+}
+
+/* Chunk c (QCHUNK_ROWS rows of one part, numbered across the parts) against every group of 4
+ * rows of X. */
+static void run_chunk(int64_t c, const tq_part *parts, const int64_t *first_chunk,
+                      const int64_t *off, const xq_t *X, const float *bias, void *y, int64_t M,
+                      int64_t N, int64_t K, int dt) {
+    const int es = dt == DT_F32 ? 4 : 2;
+    int64_t p = 0;
+    while (c >= first_chunk[p + 1]) p++;
+    const tq_part *pt = &parts[p];
+    const int64_t r0 = (c - first_chunk[p]) * QCHUNK_ROWS;
+    const int64_t r1 = r0 + QCHUNK_ROWS < pt->rows ? r0 + QCHUNK_ROWS : pt->rows;
+    const rows_fn fn = rows_for(pt->type);
+    for (int64_t g = 0; g < M; g += QMAX_ROWS) {
+        const xq_t Xg = x_rows(X, g);
+        fn((const uint8_t *)pt->w, tq_row_bytes(pt->type, K), r0, r1, &Xg,
+           bias ? bias + off[p] : NULL, (char *)y + (g * N + off[p]) * es, N, dt,
+           (int)(M - g < QMAX_ROWS ? M - g : QMAX_ROWS));
+    }
+}
 #endif /* QISA */
 
 int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
@@ -189,7 +230,8 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
         const int64_t t = parts[p].type, bs = tq_block_size(t);
         if (bs == 0 || K % bs || parts[p].rows < 1 || !parts[p].w) return -1;
         quant |= bs > 1;
-        il32 |= HAVE_Q512 && (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1);
+        il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 ||
+                (!HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K)); /* the pair kernels */
         ilk |= HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K);
         off[p] = N;
         N += parts[p].rows;
@@ -199,26 +241,36 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     xq_t X;
     char *buf = prepare_x(x, M, K, dt, quant, il32, ilk, nthreads, &X);
     if (!buf) return -1;
-    const int es = dt == DT_F32 ? 4 : 2;
     const int64_t chunks = first_chunk[nparts];
     int T = nthreads < 1 ? 1 : nthreads;
     if (N * K * M < (1 << 15) || chunks < 2) T = 1;
-    /* each thread takes a block of W rows (cache-resident) and runs it against every group of
-     * 4 rows of X: W is read from memory once however many rows X has */
-#pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1)
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t p = 0;
-        while (c >= first_chunk[p + 1]) p++;
-        const tq_part *pt = &parts[p];
-        const int64_t r0 = (c - first_chunk[p]) * QCHUNK_ROWS;
-        const int64_t r1 = r0 + QCHUNK_ROWS < pt->rows ? r0 + QCHUNK_ROWS : pt->rows;
-        const rows_fn fn = rows_for(pt->type);
-        for (int64_t g = 0; g < M; g += QMAX_ROWS) {
-            const xq_t Xg = x_rows(&X, g);
-            fn((const uint8_t *)pt->w, tq_row_bytes(pt->type, K), r0, r1, &Xg,
-               bias ? bias + off[p] : NULL, (char *)y + (g * N + off[p]) * es, N, dt,
-               (int)(M - g < QMAX_ROWS ? M - g : QMAX_ROWS));
+    /* decode (M <= 4): each thread streams its own contiguous run of chunks front to back, so
+     * its software prefetch (qdot256.h) runs ahead into rows it reads next (handed out one chunk
+     * at a time, every chunk would start with QPREFETCH bytes not yet prefetched); a thread done
+     * early takes the other runs' last chunks, so a descheduled thread does not stall the call.
+     * Prefill: each thread takes a block of W rows (cache-resident) at a time and runs it
+     * against every group of 4 rows of X, so W is read from memory once however many rows X
+     * has. */
+    if (M <= QMAX_ROWS) {
+        qrun *runs = (qrun *)aligned_alloc(64, (size_t)T * sizeof(qrun));
+        if (!runs) {
+            free(buf);
+            return -1;
         }
+        for (int t = 0; t < T; t++)
+            runs[t].fb = (uint64_t)(chunks * t / T) | (uint64_t)(chunks * (t + 1) / T) << 32;
+#pragma omp parallel num_threads(T) if (T > 1)
+        {
+            const int t = omp_get_thread_num();
+            for (int k = 0; k < T; k++) /* its own run from the front, then the others' backs */
+                for (int64_t c; (c = claim(&runs[(t + k) % T], k == 0)) >= 0;)
+                    run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
+        }
+        free(runs);
+    } else {
+#pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1)
+        for (int64_t c = 0; c < chunks; c++)
+            run_chunk(c, parts, first_chunk, off, &X, bias, y, M, N, K, dt);
     }
     free(buf);
     return 0;
