@@ -72,6 +72,7 @@ def test_a_group_re_formed_around_the_kept_shard_loads_only_the_worker_and_equal
     (new, after), _ = run_ranks(ReferenceCommunicator.group(2), again)
     assert loaded == [1]  # only the returning worker read its shard
     assert new.runner is ex.runner and new.health()[0] is False  # closed at the end
+    assert new.placement == ex.placement != ""  # the weights and why, as the first group chose
     for a, b in zip(before, after):
         assert torch.equal(a, b)
 

@@ -39,6 +39,7 @@ from tandem.engine.tp.setup import (
     agree_layout,
     check_group_fit,
     exchange_rank_info,
+    head_executor,
     rank_facts,
     setup_bound,
 )
@@ -128,20 +129,18 @@ def rejoin_head(
         "the head kept its loaded shard; the group of %d ranks re-formed around it",
         layout.world_size,
     )
-    if local_workers is not None:
-        ours = local_workers.pids()
-        facts = [replace(f, local=f.local or f.pid in ours) for f in facts]
-    return TPExecutor(
+    return head_executor(
         runner,
         metered,
         kept.vocab_size,
+        facts,
+        ranks,
+        layout,
+        probes,
+        placement=kept.placement,
+        local_workers=local_workers,
         on_close=on_close,
         keepalive_s=keepalive_s,
         diagnose=diagnose,
-        facts=facts,
-        ranks=ranks,
-        layout=layout,
-        local_workers=local_workers,
         join_rtt_ms=join_rtt_ms,
-        ring_probe=(probes[0].allreduce_ms, probes[0].goodput_mbit_s),
     )

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -402,23 +402,54 @@ def start_head(
     facts = [
         replace(f, probe=p.as_dict()) for f, p in zip(rank_facts(md, plan, ranks, device), probes)
     ]
+    return head_executor(
+        runner,
+        comm,
+        md.config.vocab_size,
+        facts,
+        ranks,
+        layout,
+        probes,
+        placement=choice.line(),
+        local_workers=local_workers,
+        on_close=on_close,
+        keepalive_s=keepalive_s,
+        diagnose=diagnose,
+        join_rtt_ms=join_rtt_ms,
+    )
+
+
+def head_executor(
+    runner: ShardRunner,
+    comm: Communicator,
+    vocab_size: int,
+    facts: list,
+    ranks: list[RankInfo],
+    layout: GroupLayout,
+    probes: list[RankProbe],
+    *,
+    placement: str,
+    local_workers: LocalWorkers | None,
+    **kw: Any,
+) -> TPExecutor:
+    """The head's executor over a formed group (a first join's, or one re-formed around a kept
+    shard, `tp.rejoin`): the ranks of `local_workers` shown as local, the group's all-reduce
+    latency and goodput from its probe. `kw`: TPExecutor's on_close, keepalive_s, diagnose,
+    join_rtt_ms."""
     if local_workers is not None:
         ours = local_workers.pids()
         facts = [replace(f, local=f.local or f.pid in ours) for f in facts]
     return TPExecutor(
         runner,
         comm,
-        md.config.vocab_size,
-        on_close=on_close,
-        keepalive_s=keepalive_s,
-        diagnose=diagnose,
+        vocab_size,
         facts=facts,
         ranks=ranks,
         layout=layout,
         local_workers=local_workers,
-        join_rtt_ms=join_rtt_ms,
         ring_probe=(probes[0].allreduce_ms, probes[0].goodput_mbit_s),
-        placement=choice.line(),
+        placement=placement,
+        **kw,
     )
 
 
