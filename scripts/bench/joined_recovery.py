@@ -32,7 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tandem.bench.fault_drill import health, run_drill  # noqa: E402
-from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports  # noqa: E402
+from tandem.cluster.launcher import (  # noqa: E402
+    ProcessGroup,
+    RankProcess,
+    free_port_block,
+    free_ports,
+)
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello", "Numbers: 1 2 3"]
 TANDEM = [sys.executable, "-m", "tandem"]
@@ -64,7 +69,7 @@ def main() -> int:
     model = args.model or str(tmp / "model")
     if args.model is None:
         _cli("make-model", model, "--preset", args.preset)
-    base_port = _free_block(args.ranks + 2)  # every rank's, the master's, the status board's
+    base_port = free_port_block(args.ranks + 2)  # every rank's, the master's, the status board's
     hosts = ",".join(["127.0.0.1"] * args.ranks)
     token = _cli("cluster", "init", "--hosts", hosts, "--base-port", str(base_port), "--no-qr")
     token = token.split()[-1]
@@ -133,28 +138,6 @@ def main() -> int:
         )
     )
     return 0
-
-
-def _free_block(n: int) -> int:
-    """A base port with n consecutive free ports after it."""
-    import random
-    import socket
-
-    for _ in range(200):
-        base = random.randint(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {n} free ports")
 
 
 if __name__ == "__main__":

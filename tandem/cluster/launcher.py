@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -66,6 +67,26 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """A base port with `n` consecutive ports after it that were free a moment ago (all bound
+    together, then released): for a join token, whose ranks' ports follow its base port."""
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((host, p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise LaunchError(f"no block of {n} consecutive free ports on {host}")
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -1,7 +1,6 @@
 """`tandem cluster init / join / status` across real processes on loopback."""
 
 import json
-import random
 import socket
 import subprocess
 import sys
@@ -9,29 +8,11 @@ import time
 
 import pytest
 
+from tandem.cluster.launcher import free_port_block
 from tandem.cluster.status import StatusAuthError, StatusBoard, announce, query
 from tandem.cluster.token import decode_token, encode_token, new_topology
 
 TANDEM = [sys.executable, "-m", "tandem"]
-
-
-def _free_block(n: int) -> int:
-    """A base port with n consecutive free ports after it."""
-    for _ in range(200):
-        base = random.randint(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 def _cli(*args, timeout=60):
@@ -39,7 +20,7 @@ def _cli(*args, timeout=60):
 
 
 def test_cluster_init_prints_a_token_that_join_and_status_accept(tmp_path):
-    base = _free_block(4)
+    base = free_port_block(4)
     out = _cli(
         "cluster",
         "init",
@@ -137,7 +118,7 @@ def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
     from tandem.cluster.launcher import free_ports
 
     model = make_model(tmp_path / "model")
-    base = _free_block(4)
+    base = free_port_block(4)
     token = _cli(
         "cluster", "init", "--hosts", "127.0.0.1,127.0.0.1", "--base-port", str(base), "--no-qr"
     ).stdout.split()[-1]
@@ -192,7 +173,7 @@ def test_nodes_holding_different_models_are_refused_in_one_line_at_the_head(tmp_
 
     head_model = make_model(tmp_path / "a", preset="tiny-qwen3")
     other_model = make_model(tmp_path / "b", preset="tiny-llama")
-    base = _free_block(4)
+    base = free_port_block(4)
     token = _cli(
         "cluster", "init", "--hosts", "127.0.0.1,127.0.0.1", "--base-port", str(base), "--no-qr"
     ).stdout.split()[-1]
@@ -237,7 +218,7 @@ def test_nodes_holding_different_models_are_refused_in_one_line_at_the_head(tmp_
 
 
 def test_an_unreachable_head_is_a_one_line_error_within_the_timeout():
-    base = _free_block(4)
+    base = free_port_block(4)
     token = encode_token(new_topology(["127.0.0.1", "127.0.0.1"], 2, 1, base_port=base))
     t0 = time.time()
     out = _cli("cluster", "join", token, "--rank", "1", "--timeout", "2")
@@ -252,7 +233,7 @@ def test_a_head_whose_workers_never_come_is_a_one_line_error_naming_the_missing_
     from tandem.cluster.launcher import free_ports
 
     model = make_model(tmp_path / "model")
-    base = _free_block(4)
+    base = free_port_block(4)
     _cli(
         "cluster",
         "init",

@@ -7,8 +7,7 @@ import subprocess
 import sys
 import time
 
-from test_cluster_cli import _free_block
-
+from tandem.cluster.launcher import free_port_block
 from tandem.cluster.status import StatusError, query
 from tandem.cluster.token import encode_token, new_topology
 
@@ -16,7 +15,7 @@ TANDEM = [sys.executable, "-m", "tandem"]
 
 
 def test_a_second_join_for_an_occupied_rank_is_refused_and_the_first_row_kept(tmp_path):
-    topo = new_topology(["127.0.0.1"] * 2, 2, 1, base_port=_free_block(4))
+    topo = new_topology(["127.0.0.1"] * 2, 2, 1, base_port=free_port_block(4))
     token = encode_token(topo)
 
     def rows() -> dict:

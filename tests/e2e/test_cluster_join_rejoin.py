@@ -11,9 +11,9 @@ import psutil
 import pytest
 from hostile_support import HTTP_DRIP, Drip, Flood, listening_ports
 from serve_support import TANDEM, complete, kill_tree, make_model, spawn, wait_healthy
-from test_cluster_cli import _cli, _free_block
+from test_cluster_cli import _cli
 
-from tandem.cluster.launcher import free_ports
+from tandem.cluster.launcher import free_port_block, free_ports
 from tandem.server.http_limits import REQUEST_READ_TIMEOUT_S
 
 RELEASE_BOUND_S = 15.0  # a closed connection is seen at once; then the worker's exit
@@ -35,7 +35,7 @@ def _workers(join_pid: int) -> list[psutil.Process]:
 @pytest.mark.slow
 def test_a_joined_worker_frees_its_model_when_the_head_dies_and_joins_the_next_head(tmp_path):
     model = make_model(tmp_path / "model")
-    base_port = _free_block(4)
+    base_port = free_port_block(4)
     token = _cli(
         "cluster",
         "init",

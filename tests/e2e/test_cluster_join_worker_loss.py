@@ -13,10 +13,10 @@ import signal
 
 import pytest
 from serve_support import TANDEM, kill_tree, make_model, metric, output, spawn, wait_healthy
-from test_cluster_cli import _cli, _free_block
+from test_cluster_cli import _cli
 
 from tandem.bench.fault_drill import health, run_drill, worker_pids
-from tandem.cluster.launcher import free_ports
+from tandem.cluster.launcher import free_port_block, free_ports
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
 MAX_TOKENS = 40
@@ -31,7 +31,7 @@ OP_TIMEOUT_S = 5  # the head's bound on a step: a SIGSTOPped worker counts as hu
 
 
 def _token() -> str:
-    base_port = _free_block(4)
+    base_port = free_port_block(4)
     return _cli(
         "cluster",
         "init",
