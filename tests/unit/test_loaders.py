@@ -31,8 +31,8 @@ def test_make_model_is_deterministic_for_a_seed(tmp_path, qwen_dir):
 
 def test_every_preset_config_round_trips_through_config_json(tmp_path):
     for name, preset in PRESETS.items():
-        if name == "qwen3-0.6b":
-            continue
+        if not name.startswith("tiny-"):
+            continue  # the real shapes (qwen3-0.6b, qwen3-1.7b) take seconds and GBs to make
         make_model_dir(tmp_path / name, name, seed=0)
         cfg = ModelDir(tmp_path / name).config
         assert cfg.architecture == preset.config.architecture
