@@ -164,6 +164,39 @@ def write_random_model(out, config: ModelConfig, seed: int = 0):
     return out
 
 
+# Steps over two sequences that rewind: seq 0 goes back to position 4 with other tokens (a
+# re-prefill in the same step as seq 1's decode token), then seq 1 back to position 0. Token ids
+# below 97 (the smallest test vocabulary).
+REWIND_SCRIPT = [
+    ((0, (5, 17, 33, 2, 8, 90, 7), 0), (1, (9, 9, 9, 1, 2, 3, 4, 70, 11, 12), 0)),
+    ((0, (11,), 7), (1, (12,), 10)),
+    ((0, (13,), 8), (1, (14,), 11)),
+    ((0, (50, 51, 52), 4), (1, (15,), 12)),
+    ((0, (16,), 7), (1, (60, 61), 0)),
+    ((0, (17,), 8), (1, (18,), 2)),
+]
+
+
+def run_rewind_script(executor) -> list[torch.Tensor]:
+    """Each step's logits (2, vocab) for `REWIND_SCRIPT` through any `Executor`; both sequences
+    released at the end."""
+    from tandem.engine.executor import Step, StepSequence
+
+    out = []
+    for seqs in REWIND_SCRIPT:
+        step = Step(tuple(StepSequence(i, tuple(t), pos) for i, t, pos in seqs))
+        out.append(executor.run(step).logits)
+    executor.release([0, 1])
+    return out
+
+
+def assert_same_logits(got: list[torch.Tensor], want: list[torch.Tensor], atol: float = 1e-4):
+    """Step by step: the logits within `atol` and the same argmax per row."""
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g - w).abs().max().item() < atol, f"step {k}"
+        assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), f"step {k}"
+
+
 def greedy_with_gaps(executor, prompt: list[int], n_new: int):
     """Greedy ids plus, per step, the top-1 minus top-2 logit gap."""
     from tandem.engine.executor import Step, StepSequence

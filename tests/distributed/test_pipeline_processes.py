@@ -17,6 +17,7 @@ from pp_support import (
     tiny_config,
     write_model,
 )
+from tp_support import SingleNode, assert_same_logits, run_rewind_script
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.pp.head import PipelineFailedError
@@ -46,8 +47,15 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def rewind_reference(model_dir):
+    return run_rewind_script(SingleNode(model_dir[1]))
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_pipeline_processes_match_single_node_at_batch_1_and_3(model_dir, references, layout):
+def test_pipeline_processes_match_single_node_at_batch_1_and_3(
+    model_dir, references, rewind_reference, layout
+):
     _, path = model_dir
     ex = launch_pipeline(path, LAYOUTS[layout], max_batch=4, max_seq_len=64, timeout=30, threads=1)
     try:
@@ -56,6 +64,8 @@ def test_pipeline_processes_match_single_node_at_batch_1_and_3(model_dir, refere
             ref_first, ref_ids = references[b]
             torch.testing.assert_close(first, ref_first, atol=1e-4, rtol=0)
             assert ids == ref_ids, f"batch {b}"
+        # a rewind (start_pos behind the cached length) re-prefills on every stage and rank
+        assert_same_logits(run_rewind_script(ex), rewind_reference)
     finally:
         ex.close()
 

@@ -9,7 +9,15 @@ import time
 
 import psutil
 import pytest
-from tp_support import SingleNode, greedy, launch_concurrently, tiny_config, write_random_model
+from tp_support import (
+    SingleNode,
+    assert_same_logits,
+    greedy,
+    launch_concurrently,
+    run_rewind_script,
+    tiny_config,
+    write_random_model,
+)
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.runner import StepOrderError
@@ -97,6 +105,15 @@ def test_each_ranks_compute_in_service_and_its_balancing_weights_are_shown(group
         assert min(bal["balanced_weights"]) == 1.0 and len(bal["balanced_weights"]) == tp
         ids, _ = greedy(ex, PROMPTS[:1], 32)
         assert ids == expected[1][0]
+
+
+def test_a_tp_group_rewinds_a_sequence_as_single_node_does(groups, model_dir):
+    """A step whose start_pos is behind the cached length re-prefills from there on every rank
+    (each rank's `SequenceCache` applies the same rule), mixed in one step with another
+    sequence's decode token: every step's logits equal single node's."""
+    want = run_rewind_script(SingleNode(model_dir))
+    for ex in groups.values():
+        assert_same_logits(run_rewind_script(ex), want)
 
 
 ATTN_LAYOUTS = [(3, 2), (2, 1)]  # (ranks, attention ranks): the MLP on every rank
