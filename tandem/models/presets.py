@@ -57,50 +57,33 @@ def _tiny(arch: str, **kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
+def _qwen3(hidden: int, intermediate: int) -> Preset:
+    """A Qwen3 release's shape (28 layers, 16 q / 8 kv heads of 128, tied, 151936 tokens),
+    bfloat16 weights and a 4096-token byte-level BPE."""
+    config = ModelConfig(
+        architecture="Qwen3ForCausalLM",
+        vocab_size=151936,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        eos_token_ids=(0,),
+        torch_dtype="bfloat16",
+    )
+    return Preset(config, tokenizer_vocab=4096, dtype=torch.bfloat16)
+
+
 PRESETS: dict[str, Preset] = {
-    "qwen3-0.6b": Preset(
-        ModelConfig(
-            architecture="Qwen3ForCausalLM",
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=True,
-            qk_norm=True,
-            eos_token_ids=(0,),
-            torch_dtype="bfloat16",
-        ),
-        tokenizer_vocab=4096,
-        dtype=torch.bfloat16,
-    ),
-    # Qwen3-1.7B's shape: for benchmarks at the size people run (a ~1.1 GB Q4_K_M file)
-    "qwen3-1.7b": Preset(
-        ModelConfig(
-            architecture="Qwen3ForCausalLM",
-            vocab_size=151936,
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=True,
-            qk_norm=True,
-            eos_token_ids=(0,),
-            torch_dtype="bfloat16",
-        ),
-        tokenizer_vocab=4096,
-        dtype=torch.bfloat16,
-    ),
+    "qwen3-0.6b": _qwen3(1024, 3072),
+    # for benchmarks at the size people run (a ~1.1 GB Q4_K_M file)
+    "qwen3-1.7b": _qwen3(2048, 6144),
     "tiny-llama": Preset(_tiny("LlamaForCausalLM"), 512, torch.float32),
     "tiny-llama-untied": Preset(
         _tiny("LlamaForCausalLM", tie_word_embeddings=False), 512, torch.float32
