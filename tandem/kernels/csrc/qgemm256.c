@@ -16,8 +16,8 @@
  *   Q6_K  u <= 63:  2 vectors, <= 32004, four (the halves of 16 have their own scales, s0 / s1);
  *   Q8_0: signed w, |w| <= 128 as u8 with w's sign moved onto x (VPSIGNB), o = 0, one per vector.
  * So 8 blocks of one row of X cost 8 VPMADDUBSW, 1-8 VPMADDWD, 1 convert and 3 float ops (Q6_K
- * 2 converts, 6), where the decode kernels (qdot256.h) pay 1 convert and 2 float ops per 2 blocks
- * and decode each weight block again for every 4 rows of X. Lanes past a row's last block are
+ * 2 converts, 6), where the decode kernels (qdot256.h) pay a convert and a multiply-add per block
+ * (Q4_x, Q5_x, Q4_K, Q5_K: per 2 blocks) and decode each weight block again for every 4 rows of X. Lanes past a row's last block are
  * zero (scale 0, quants 0), so partial groups need no code.
  *
  * The math is the decode kernels': the same quantized activations, exact integer dots per block,
