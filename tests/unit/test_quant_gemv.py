@@ -70,6 +70,8 @@ def check_all() -> None:
         for cols in _widths(name):
             for m in (1, 2, 3, 4, 9, 17):
                 check_type(name, rows=37 if m % 2 else 1, cols=cols, m=m, seed=100 * i + m)
+    for name in ("Q4_0", "Q6_K"):  # bf16 in and out of the prefill kernels
+        check_type(name, rows=37, cols=_widths(name)[0], m=17, seed=5, dtype=torch.bfloat16)
 
 
 @needs_native
@@ -90,7 +92,8 @@ def test_prefill_product_of_many_rows_is_within_the_same_bound(name):
 @needs_native
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K", "BF16"])
 def test_bf16_activations_are_widened_and_the_output_rounded_once(name):
-    check_type(name, rows=37, cols=_widths(name)[0], m=2, seed=3, dtype=torch.bfloat16)
+    for m in (2, 17):  # decode, prefill
+        check_type(name, rows=37, cols=_widths(name)[0], m=m, seed=3, dtype=torch.bfloat16)
 
 
 @needs_native
