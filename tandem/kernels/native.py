@@ -57,8 +57,11 @@ from tandem.devices import cpu_flags
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
     CSRC / c
-    for c in ("gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c")
-)
+    for c in (
+        "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
+        "qgemm256.c",
+    )
+)  # fmt: skip
 HEADERS = tuple(CSRC / h for h in ("dtypes.h", "quant.h", "qx.h", "qdot256.h", "qdot512.h"))
 # TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
 MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")

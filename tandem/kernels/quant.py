@@ -19,8 +19,12 @@ where w_i = a_i + o_i splits a weight into its scaled quant and its block offset
 weights are widened in registers and multiplied by X as given (float32 rounding only). The
 result is cast once to x's dtype; bf16/f16 x is widened to float32 first (exact).
 
-Prefill runs the same kernels: X is quantized once, each thread takes a cache-resident block of
-W's rows and sweeps every group of 4 rows of X over it, so W streams from memory once per call.
+Prefill quantizes X the same way, once per call. Where every part is block-quantized and X has
+enough rows (5 with AVX-512 VNNI, csrc/qgemm.c; 16 on AVX2, csrc/qgemm256.c), each thread decodes
+a chunk of W's rows once into a transposed form and multiplies it against tiles of X's rows;
+otherwise each thread takes a cache-resident block of W's rows and runs the decode kernels over
+every group of 4 rows of X. Either way W streams from memory once per call, and the same bound
+holds.
 
 Every function raises `QuantKernelError` (a `NativeError`) for a weight or input it cannot run
 (wrong width, type, dtype, layout) and for an unavailable build (`native.why()`).

@@ -64,11 +64,14 @@ def check_type(name: str, rows: int, cols: int, m: int, seed: int, dtype=torch.f
 
 
 def check_all() -> None:
-    """Every type at 1-4 rows and a prefill of 9 rows (a partial group of 4), odd row counts."""
+    """Every type at 1-4 rows and prefills of 9 rows (the decode kernels, a partial group of 4)
+    and 17 (the prefill kernels, a partial tile of 8 rows of X), odd row counts."""
     for i, name in enumerate(ALL):
         for cols in _widths(name):
-            for m in (1, 2, 3, 4, 9):
+            for m in (1, 2, 3, 4, 9, 17):
                 check_type(name, rows=37 if m % 2 else 1, cols=cols, m=m, seed=100 * i + m)
+    for name in ("Q4_0", "Q6_K"):  # bf16 in and out of the prefill kernels
+        check_type(name, rows=37, cols=_widths(name)[0], m=17, seed=5, dtype=torch.bfloat16)
 
 
 @needs_native
@@ -89,7 +92,8 @@ def test_prefill_product_of_many_rows_is_within_the_same_bound(name):
 @needs_native
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K", "BF16"])
 def test_bf16_activations_are_widened_and_the_output_rounded_once(name):
-    check_type(name, rows=37, cols=_widths(name)[0], m=2, seed=3, dtype=torch.bfloat16)
+    for m in (2, 17):  # decode, prefill
+        check_type(name, rows=37, cols=_widths(name)[0], m=m, seed=3, dtype=torch.bfloat16)
 
 
 @needs_native
@@ -122,8 +126,9 @@ def test_result_does_not_depend_on_the_thread_count():
 
 @needs_native
 def test_fused_parts_split_over_threads_give_the_one_thread_result():
-    """Decode hands each thread one contiguous run of 32-row chunks numbered across the parts:
-    odd part sizes (runs that start and end inside a part), 1 and 4 rows, 1-3 threads."""
+    """Decode hands each thread one contiguous run of 32-row chunks numbered across the parts,
+    prefill chunks on demand: odd part sizes (runs that start and end inside a part), 1 and 4
+    rows (decode), 19 (prefill), 1-3 threads."""
     rng = np.random.default_rng(4)
     names, rows = ("Q4_0", "Q4_K", "Q6_K", "Q5_1"), (301, 77, 45, 99)
     ws = [(torch.from_numpy(random_blocks(n, r, 768, rng)), BY_NAME[n].type_id) for n, r in
@@ -131,7 +136,7 @@ def test_fused_parts_split_over_threads_give_the_one_thread_result():
     parts = quant.Parts(ws, 768)
     threads = torch.get_num_threads()
     try:
-        for m in (1, 4):
+        for m in (1, 4, 19):
             x = torch.randn(m, 768)
             torch.set_num_threads(1)
             one = quant.matmul(x, parts)
@@ -181,13 +186,15 @@ def test_wrong_width_type_shape_dtype_or_row_count_is_refused_typed():
 @needs_native
 def test_the_portable_avx2_build_is_correct_too(tmp_path):
     """This CPU builds the AVX-512 VNNI kernels; -march=haswell builds the AVX2 ones (VPMADDUBSW,
-    the natural activation layout) that CPUs without them run: the same checks in a subprocess."""
+    the natural activation layout, csrc/qgemm256.c for prefill) that CPUs without them run: the
+    same checks and the thread-count one in a subprocess."""
     here = Path(__file__).parent
     code = (
         f"import sys; sys.path.insert(0, {str(here)!r}); import quant_support, test_quant_gemv as t\n"
         "from tandem.kernels import native\n"
         "assert native.available(), native.why()\n"
-        "t.check_all(); print('ok')\n"
+        "t.check_all(); t.test_fused_parts_split_over_threads_give_the_one_thread_result()\n"
+        "print('ok')\n"
     )
     env = dict(os.environ, TANDEM_NATIVE_MARCH="haswell", TANDEM_CACHE=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

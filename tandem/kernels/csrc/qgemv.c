@@ -213,14 +213,17 @@ static void run_chunk(int64_t c, const tq_part *parts, const int64_t *first_chun
 
 int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
                  int64_t M, int64_t K, int dt, int nthreads);
+int tandem_qgemm256(const void *x, const tq_part *parts, int64_t nparts, const float *bias,
+                    void *y, int64_t M, int64_t K, int dt, int nthreads);
 
 int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
                  int64_t M, int64_t K, int dt, int nthreads) {
 #if QISA
     if (M < 1 || K < 1 || nparts < 1 || nparts > 16 || dt < DT_F32 || dt > DT_F16) return -1;
     if (dt == DT_F16 && !HAVE_F16) return -1;
-    if (M > QMAX_ROWS) { /* prefill: the transposed-weight kernel where it applies (qgemm.c) */
-        const int rc = tandem_qgemm(x, parts, nparts, bias, y, M, K, dt, nthreads);
+    if (M > QMAX_ROWS) { /* prefill: the transposed-weight kernels where they apply */
+        int rc = tandem_qgemm(x, parts, nparts, bias, y, M, K, dt, nthreads); /* AVX-512 VNNI */
+        if (rc == -2) rc = tandem_qgemm256(x, parts, nparts, bias, y, M, K, dt, nthreads);
         if (rc != -2) return rc;
     }
     int64_t N = 0, first_chunk[17], off[16];
