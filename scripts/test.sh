@@ -10,9 +10,10 @@ bash scripts/browser.sh || echo "test.sh: no chromium: the web page's browser te
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=15 "$@"
 fi
-# The in-process unit tests on both cores (pytest-xdist); the tests that start processes and bound
-# their time, one at a time. Both always run; the script fails if either did.
+# The in-process tests (unit, and the equivalence runs against transformers, one torch thread each)
+# on both cores (pytest-xdist); the tests that start processes and bound their time, one at a
+# time. Both always run; the script fails if either did.
 rc=0
-.venv/bin/python -m pytest -q --durations=10 -n 2 tests/unit || rc=$?
-.venv/bin/python -m pytest -q --durations=15 tests/distributed tests/e2e tests/equivalence || rc=$?
+.venv/bin/python -m pytest -q --durations=10 -n 2 tests/unit tests/equivalence || rc=$?
+.venv/bin/python -m pytest -q --durations=15 tests/distributed tests/e2e || rc=$?
 exit "$rc"

@@ -1,8 +1,10 @@
 """Starting a real `tandem serve` / `tandem launch` process for the e2e tests, and cleaning it up."""
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,14 +21,26 @@ TANDEM = [sys.executable, "-m", "tandem"]
 PRESET = "tiny-qwen3"
 
 
+_MADE: dict[tuple[str, int], Path] = {}  # (preset, seed) -> the directory `make-model` wrote
+
+
 def make_model(out: Path, preset: str = PRESET, seed: int = 0) -> Path:
-    r = subprocess.run(
-        [*TANDEM, "make-model", str(out), "--preset", preset, "--seed", str(seed)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
+    """`tandem make-model OUT --preset P --seed S`, run once per (preset, seed) in the test session
+    (a process start and a model write) and copied to each later `out`: the same bytes, since
+    make-model is deterministic in its seed, in a directory the calling test owns."""
+    made = _MADE.get((preset, seed))
+    if made is None:
+        made = Path(tempfile.mkdtemp(prefix="tandem-made-")) / f"{preset}-{seed}"
+        atexit.register(shutil.rmtree, made.parent, True)
+        r = subprocess.run(
+            [*TANDEM, "make-model", str(made), "--preset", preset, "--seed", str(seed)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        _MADE[(preset, seed)] = made
+    shutil.copytree(made, out)
     return out
 
 

@@ -38,16 +38,6 @@ TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "K_MIX"]
 PROMPTS = [[5, 17, 42, 99, 3, 7, 250, 11], [300, 1, 2]]  # one batch, different lengths
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are small enough that a second OpenMP thread buys little, and on a shared
-    machine its spin-waits cost 10x: one thread for the module, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """HF's greedy ids over raw logits (no logits processors) and each step's top-2 gap."""
     with torch.no_grad():
