@@ -227,8 +227,11 @@ def launch_concurrently(specs: dict, **common) -> dict:
     (model_dir, tp, extra kwargs). Every group formed is closed if any fails."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from tandem.cluster.launcher import free_ports
     from tandem.engine.tp.local import LocalWorkers, launch_local_tp
 
+    # every group's ports taken together: distinct across groups, not only within one
+    ports = iter(free_ports(sum(tp for _, tp, _ in specs.values())))
     started = {}
     for key, (model_dir, tp, kw) in specs.items():
         opts = {**common, **kw}
@@ -241,6 +244,7 @@ def launch_concurrently(specs: dict, **common) -> dict:
             handshake_timeout=opts.get("handshake_timeout", 120.0),
             threads=opts.get("threads"),
             kernels=_kernels_per_rank(opts.get("kernels", "auto"), tp),
+            ports=[next(ports) for _ in range(tp)],
         )
 
     def one(key):

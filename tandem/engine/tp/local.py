@@ -46,12 +46,18 @@ class LocalWorkers:
         threads: int | None,
         epoch: int = 0,
         kernels: list[str] | None = None,
+        ports: list[int] | None = None,
     ) -> None:
+        """`ports`: rank r's listening port at index r (default: `tp` ports free a moment ago;
+        a caller starting several groups at once passes ports taken together, so that no two
+        groups are handed the same port before either binds it)."""
         if tp < 2:
             raise LocalGroupError(f"a local TP group needs at least 2 ranks, got {tp}")
+        if ports is not None and len(ports) != tp:
+            raise LocalGroupError(f"{tp} ranks need {tp} ports, got {len(ports)}")
         self.tp = tp
         self.epoch = epoch
-        self.ports = free_ports(tp)
+        self.ports = list(ports) if ports is not None else free_ports(tp)
         self.secret = secrets.token_hex(32).encode()
         self.log_dir = Path(tempfile.mkdtemp(prefix="tandem-tp-"))
         peers = ",".join(f"127.0.0.1:{p}" for p in self.ports)
