@@ -17,6 +17,9 @@ from tandem.bench.fault_drill import health, run_drill, worker_pids
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
 MAX_TOKENS = 32
+# a PP=2 pipeline of the tiny preset streams 32 tokens in ~0.1 s on a quiet machine, faster than
+# the drill sees every stream's 4th chunk: long enough streams that the fault lands mid-stream
+PP_MAX_TOKENS = 256
 SHRINK_AFTER_S = 5
 
 
@@ -99,12 +102,12 @@ def test_a_pp2_pipeline_whose_stage_never_returns_shrinks_to_the_head_alone_with
     args += ["--max-batch", "4", "--reform-timeout", "120", "--op-timeout", "5"]
     with running([*args, "--shrink-after", str(SHRINK_AFTER_S)]) as (proc, base):
         server = _server_pid(proc)
-        quiet = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+        quiet = run_drill(base, server, PROMPTS, max_tokens=PP_MAX_TOKENS, sig=None)
         assert [s.error for s in quiet.streams] == [None] * 4
         first = worker_pids(server)
         reaper = _NeverBack(server, None, set(first))
         reaper.start()
-        res = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, timeout_s=240)
+        res = run_drill(base, server, PROMPTS, max_tokens=PP_MAX_TOKENS, timeout_s=240)
         reaper.halt.set()
         assert res.victim_pid == first[0] and res.in_flight_at_fault == 4
         assert [s.error for s in res.streams] == [None] * 4, res.health[-3:]
