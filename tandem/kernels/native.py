@@ -62,7 +62,9 @@ SOURCES = tuple(
         "qgemm256.c",
     )
 )  # fmt: skip
-HEADERS = tuple(CSRC / h for h in ("dtypes.h", "quant.h", "qx.h", "qdot256.h", "qdot512.h"))
+HEADERS = tuple(
+    CSRC / h for h in ("dtypes.h", "quant.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h")
+)
 # TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
 MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")
 FLAGS = ("-O3", f"-march={MARCH}", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")

@@ -313,56 +313,22 @@ static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, 
     }
     return buf;
 }
+
+/* qgemm_drive.h's hooks: the types dot_for knows */
+static inline int qgemm_takes(int64_t t) { return dot_for(t) != NULL; }
+static inline void qgemm_dot(const wgroup *wg, const xt_t *X, int64_t m0, float *out, int mt,
+                             int64_t t) {
+    dot_for(t)(wg, X, m0, out, mt);
+}
+
+#include "qgemm_drive.h"
 #endif
 
 int tandem_qgemm256(const void *x, const tq_part *parts, int64_t nparts, const float *bias,
                     void *y, int64_t M, int64_t K, int dt, int nthreads) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (M < QGEMM256_MIN_ROWS || K < 32 || K % 32 || nparts < 1 || nparts > 16) return -2;
-    int64_t N = 0, first[17], off[16];
-    first[0] = 0;
-    for (int64_t p = 0; p < nparts; p++) {
-        const int64_t bs = tq_block_size(parts[p].type);
-        if (bs <= 1 || K % bs || parts[p].rows < 1 || !dot_for(parts[p].type)) return -2;
-        off[p] = N;
-        N += parts[p].rows;
-        first[p + 1] = first[p] + (parts[p].rows + WT - 1) / WT;
-    }
-    xt_t X;
-    char *buf = prepare(x, M, K, dt, nthreads, &X);
-    if (!buf) return -1;
-    const int64_t chunks = first[nparts], G = X.groups;
-    int bad = 0;
-#pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads) reduction(| : bad)
-    {
-        wgroup *wg = (wgroup *)aligned_alloc(64, sizeof(wgroup) * (size_t)(WT * G));
-        if (!wg) bad = 1;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t c = 0; c < chunks; c++) {
-            if (!wg) continue;
-            int64_t p = 0;
-            while (c >= first[p + 1]) p++;
-            const tq_part *pt = &parts[p];
-            const int64_t r0 = (c - first[p]) * WT, r1 = r0 + WT < pt->rows ? r0 + WT : pt->rows;
-            const int64_t rb = tq_row_bytes(pt->type, K);
-            for (int64_t r = r0; r < r1; r++)
-                decode_row(pt->type, (const uint8_t *)pt->w + r * rb, K / 32, wg + (r - r0) * G);
-            const dot_fn dot = dot_for(pt->type);
-            float out[MT];
-            for (int64_t m0 = 0; m0 < M; m0 += MT) {
-                const int mt = (int)(M - m0 < MT ? M - m0 : MT);
-                for (int64_t r = r0; r < r1; r++) {
-                    dot(wg + (r - r0) * G, &X, m0, out, mt);
-                    const float bv = bias ? bias[off[p] + r] : 0.0f;
-                    for (int m = 0; m < mt; m++)
-                        store1(y, (m0 + m) * N + off[p] + r, out[m] + bv, dt);
-                }
-            }
-        }
-        free(wg);
-    }
-    free(buf);
-    return bad ? -1 : 0;
+    if (M < QGEMM256_MIN_ROWS) return -2;
+    return qgemm_drive(x, parts, nparts, bias, y, M, K, dt, nthreads);
 #else
     (void)x; (void)parts; (void)nparts; (void)bias; (void)y; (void)M; (void)K; (void)dt;
     (void)nthreads;
