@@ -222,8 +222,9 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     if (M < 1 || K < 1 || nparts < 1 || nparts > 16 || dt < DT_F32 || dt > DT_F16) return -1;
     if (dt == DT_F16 && !HAVE_F16) return -1;
     if (M > QMAX_ROWS) { /* prefill: the transposed-weight kernels where they apply */
-        /* AVX-512 VNNI first (qgemm.c), except for K-quant superblocks, which the AVX2 kernel
-         * (qgemm256.c) decodes faster on a Zen 4 (a Q4_K_M prefill 1.09x, Q8_0 0.75x) */
+        /* AVX-512 VNNI first (qgemm.c), except where every part is a K-quant: the AVX2 kernel
+         * (qgemm256.c) decodes their superblocks faster (whole-model prefill against qgemm.c on
+         * a Zen 4: Q4_K_M 1.09-1.14x; but Q4_0 0.96x and Q8_0 0.75x, so K-quants only) */
         int kq = 1;
         for (int64_t p = 0; p < nparts; p++)
             kq &= parts[p].type == GT_Q4_K || parts[p].type == GT_Q5_K || parts[p].type == GT_Q6_K;
