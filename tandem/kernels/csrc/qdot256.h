@@ -215,6 +215,33 @@ static inline __attribute__((always_inline)) void dot_b32_pairs(const int t, con
 
 /* Q4_K / Q5_K's 12 bytes of packed 6-bit scales and mins (llama.cpp's get_scale_min_k4): the 8
  * scales as bytes 0-7 of u, the 8 mins as bytes 8-15. */
+/* 32 bytes of Q4_K / Q5_K quants: the low nibbles (sub-block 2j) to *lo, the high nibbles
+ * (sub-block 2j + 1) to *hi; for Q5_K (q5) each takes its fifth bit from bits 0 and 1 of each
+ * byte of *hb, which then moves on to the next pair (shifted down 2). */
+static inline __attribute__((always_inline)) void kq_nibbles(__m256i raw, int q5, __m256i *hb,
+                                                             __m256i *lo, __m256i *hi) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    *lo = _mm256_and_si256(raw, lo4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
+    if (q5) { /* bit 2j of each qh byte, then bit 2j + 1, to bit 4 */
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_slli_epi16(*hb, 4), b4));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_slli_epi16(*hb, 3), b4));
+        *hb = _mm256_srli_epi16(*hb, 2);
+    }
+}
+
+/* Q6_K: 64 bytes of low nibbles (A, B) and 32 of high bit pairs (C) of one half of a superblock
+ * -> its four runs of 32 six-bit quants (0..63), in element order. */
+static inline __attribute__((always_inline)) void q6k_quants(__m256i A, __m256i B, __m256i C,
+                                                             __m256i q[4]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    q[0] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(C, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4),
+                           _mm256_and_si256(_mm256_srli_epi16(C, 2), m30));
+}
+
 static inline void kquant_scales(const uint8_t *p, uint32_t u[4]) {
     const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
     memcpy(u, p, 12);
@@ -244,7 +271,6 @@ static inline __attribute__((always_inline)) void dot_k45(const int t, const uin
                                                                 const int M) {
     const int64_t bytes = t == GT_Q4_K ? 144 : 176, qs_at = t == GT_Q4_K ? 16 : 48;
     const int64_t nsb = X->K / 256;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     const __m256i ix[4] = {
         _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
         _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
@@ -265,14 +291,9 @@ static inline __attribute__((always_inline)) void dot_k45(const int t, const uin
         __m256i hb = _mm256_setzero_si256();
         if (t == GT_Q5_K) hb = _mm256_loadu_si256((const __m256i *)(b + 16));
         for (int j = 0; j < 4; j++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + qs_at + 32 * j));
-            __m256i lo = _mm256_and_si256(raw, lo4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-            if (t == GT_Q5_K) { /* bit 2j of each qh byte, then bit 2j + 1, to bit 4 */
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), b4));
-                hb = _mm256_srli_epi16(hb, 2);
-            }
+            __m256i lo, hi;
+            kq_nibbles(_mm256_loadu_si256((const __m256i *)(b + qs_at + 32 * j)), t == GT_Q5_K,
+                       &hb, &lo, &hi);
             const __m256i w0 = _mm256_permute2x128_si256(lo, hi, 0x20); /* elements 0-15 */
             const __m256i w1 = _mm256_permute2x128_si256(lo, hi, 0x31); /* elements 16-31 */
             const int64_t xo = 256 * sb + 128 * (j >> 1) + 32 * (j & 1);
@@ -299,7 +320,6 @@ static inline __attribute__((always_inline)) void dot_k45(const int t, const uin
 static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, const xq_t *X,
                                                            float *out, const int M) {
     const int64_t nsb = X->K / 256;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     const __m256i z = _mm256_setzero_si256();
     const __m256i idx[4] = {
         _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
@@ -328,11 +348,7 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, co
             __m256i B = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
             __m256i C = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 2), m30));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(C, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4),
-                                   _mm256_and_si256(_mm256_srli_epi16(C, 2), m30));
+            q6k_quants(A, B, C, q);
             for (int tg = 0; tg < 4; tg++)
                 for (int m = 0; m < M; m++) {
                     const int8_t *xm = xs + m * X->K + 128 * h + 32 * tg;

@@ -89,7 +89,6 @@ static inline __m256i nibbles32(const uint8_t *qs) {
 /* Group g of one row of W: its (up to) 8 blocks in natural order into u[], scales to s0..o1. */
 static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m256i u[8],
                          float s0[8], float s1[8], float o0[8], float o1[8]) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 || t == GT_Q8_0) {
         const int64_t bytes = tq_block_bytes(t);
         for (int64_t i = 0; i < n; i++) {
@@ -119,34 +118,19 @@ static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m2
         const uint8_t *sc = (const uint8_t *)sm;
         const float d = f16(b), dmin = f16(b + 2);
         __m256i hb = t == GT_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) { /* sub-blocks 2j (low nibbles), 2j + 1 (high) */
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * j));
-            __m256i lo = _mm256_and_si256(raw, lo4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);
-            if (t == GT_Q5_K) { /* bit 2j of each qh byte, then bit 2j + 1, to bit 4 */
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), b4));
-                hb = _mm256_srli_epi16(hb, 2);
-            }
-            u[2 * j] = lo, u[2 * j + 1] = hi;
-        }
+        for (int j = 0; j < 4; j++) /* sub-blocks 2j (low nibbles), 2j + 1 (high) */
+            kq_nibbles(_mm256_loadu_si256((const __m256i *)(b + qs + 32 * j)), t == GT_Q5_K, &hb,
+                       &u[2 * j], &u[2 * j + 1]);
         for (int j = 0; j < 8; j++) s0[j] = s1[j] = d * sc[j], o0[j] = o1[j] = -dmin * sc[8 + j];
         return;
     }
     /* Q6_K, lane jj = 4 h + t: elements 128 h + 32 t .. + 31, sub-blocks of 16 2 jj, 2 jj + 1 */
     const uint8_t *b = w + g * 210;
-    const __m256i m30 = _mm256_set1_epi8(0x30);
     const float d = f16(b + 208);
-    for (int h = 0; h < 2; h++) {
-        const __m256i A = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-        const __m256i B = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-        const __m256i C = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-        u[4 * h] = _mm256_or_si256(_mm256_and_si256(A, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 4), m30));
-        u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(B, lo4), _mm256_and_si256(_mm256_slli_epi16(C, 2), m30));
-        u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), lo4), _mm256_and_si256(C, m30));
-        u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), lo4),
-                                       _mm256_and_si256(_mm256_srli_epi16(C, 2), m30));
-    }
+    for (int h = 0; h < 2; h++)
+        q6k_quants(_mm256_loadu_si256((const __m256i *)(b + 64 * h)),
+                   _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
+                   _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)), u + 4 * h);
     for (int j = 0; j < 8; j++) {
         s0[j] = d * (float)(int8_t)b[192 + 2 * j], s1[j] = d * (float)(int8_t)b[193 + 2 * j];
         o0[j] = -32.0f * s0[j], o1[j] = -32.0f * s1[j];
