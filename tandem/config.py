@@ -124,6 +124,28 @@ class ModelConfig:
         """Query heads per key/value head (grouped-query attention)."""
         return self.num_attention_heads // self.num_key_value_heads
 
+    def checkpoint_names(self) -> frozenset[str]:
+        """The HF names of every tensor a checkpoint of this model holds (a tied head reads the
+        embedding: no `lm_head.weight`); the reference model's parameters map onto exactly these
+        (`Transformer.checkpoint_name`, tests/unit/test_config.py)."""
+        names = {"model.embed_tokens.weight", "model.norm.weight"}
+        if not self.tie_word_embeddings:
+            names.add("lm_head.weight")
+        per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+        for p in ("q", "k", "v", "o"):
+            per_layer.append(f"self_attn.{p}_proj.weight")
+            if self.o_bias if p == "o" else self.qkv_bias:
+                per_layer.append(f"self_attn.{p}_proj.bias")
+        for p in ("gate", "up", "down"):
+            per_layer.append(f"mlp.{p}_proj.weight")
+            if self.mlp_bias:
+                per_layer.append(f"mlp.{p}_proj.bias")
+        if self.qk_norm:
+            per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+        for i in range(self.num_hidden_layers):
+            names.update(f"model.layers.{i}.{n}" for n in per_layer)
+        return frozenset(names)
+
     # ---- parsing -------------------------------------------------------------------------------
 
     @classmethod

@@ -20,6 +20,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from tandem.config import ModelConfig
+from tandem.loaders.errors import (  # noqa: F401  (re-exported: where callers have found them)
+    CorruptFileError,
+    MissingFileError,
+    MissingTensorError,
+    ModelFileError,
+    TensorDtypeError,
+    TensorShapeError,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -39,30 +47,6 @@ DTYPES: dict[str, tuple[torch.dtype, int]] = {
     "BOOL": (torch.bool, 1),
 }
 FLOAT_CODES = ("F32", "F16", "BF16")
-
-
-class ModelFileError(ValueError):
-    """Base of every error about a model directory's files; the message names file and tensor."""
-
-
-class MissingFileError(ModelFileError):
-    """A file the directory needs is absent or unreadable."""
-
-
-class CorruptFileError(ModelFileError):
-    """A file whose bytes are not what its format says: bad header, truncated data, bad offsets."""
-
-
-class MissingTensorError(ModelFileError):
-    """The model needs a tensor that no file in the directory holds."""
-
-
-class TensorShapeError(ModelFileError):
-    """A tensor's stored shape differs from the one the config implies."""
-
-
-class TensorDtypeError(ModelFileError):
-    """A tensor stored in a dtype the model cannot take (weights must be F32, F16 or BF16)."""
 
 
 @dataclass(frozen=True)

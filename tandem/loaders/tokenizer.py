@@ -16,7 +16,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from tandem.loaders.safetensors_dir import CorruptFileError, ModelFileError
+from tandem.loaders.errors import CorruptFileError, ModelFileError
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

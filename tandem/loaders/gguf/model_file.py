@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from tandem.loaders.errors import MissingTensorError, TensorShapeError
 from tandem.loaders.gguf.config import (
     PERMUTED_QK,
     GGUFArchitectureError,
@@ -45,12 +45,8 @@ from tandem.loaders.gguf.reader import (
     open_reader,
 )
 from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
-from tandem.loaders.safetensors_dir import MissingTensorError, TensorShapeError
 from tandem.loaders.tokenizer import Tokenizer
-from tandem.models.llama import Transformer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
-from tandem.models.quant.dequant import dequantize
-from tandem.models.skeleton import skeleton
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -180,9 +176,7 @@ class GGUFModel:
         """Every tensor must feed a parameter of the model the config describes: one it has no
         place for (q/k norms in a llama file, an unknown name) means a variant tandem would
         silently run wrong."""
-        with skeleton():
-            full = Transformer(self.config)
-        used = {full.checkpoint_name(n) for n, _ in full.named_parameters(remove_duplicate=False)}
+        used = self.config.checkpoint_names()
         stray = [
             i.gguf_name
             for name, i in self._raw.items()
@@ -198,7 +192,7 @@ class GGUFModel:
         info = self._raw.get(ROPE_FREQS)
         if info is None:
             return None
-        return self._dense(info, ROPE_FREQS).float().reshape(-1).tolist()
+        return self.values_array(info, ROPE_FREQS).reshape(-1).tolist()
 
     # ---- tensors --------------------------------------------------------------------------
 
@@ -226,11 +220,56 @@ class GGUFModel:
             )
         return info
 
-    def _view(self, info: GGUFTensorInfo) -> torch.Tensor:
+    def _bytes(self, info: GGUFTensorInfo) -> np.ndarray:
         """The raw bytes of a tensor, zero-copy: uint8 (rows, row_bytes), or (nbytes,) for 1-D."""
         data = self.readers[info.part].data
-        raw = torch.from_numpy(np.asarray(data[info.offset : info.offset + info.nbytes]))
-        return raw.view(info.shape[0], -1) if len(info.shape) == 2 else raw
+        raw = np.asarray(data[info.offset : info.offset + info.nbytes])
+        return raw.reshape(info.shape[0], -1) if len(info.shape) == 2 else raw
+
+    def _view(self, info: GGUFTensorInfo):
+        """`_bytes` as a torch tensor (the same memory)."""
+        import torch
+
+        return torch.from_numpy(self._bytes(info))
+
+    # ---- torch-free reads (the single-node CPU path that never imports torch) -------------
+
+    def block_array(self, name: str) -> np.ndarray:
+        """Parameter `name` as uint8 blocks (rows, row_bytes) in HF row order, as numpy: a view of
+        the mapped file, or an un-permuted copy for a llama q/k (module docstring)."""
+        raw = self._bytes(self.info(name))
+        heads = self._heads(name)
+        return raw if heads is None else unpermute_rows(raw, heads)
+
+    def values_array(self, info: GGUFTensorInfo | str, name: str | None = None) -> np.ndarray:
+        """A tensor (an HF parameter name or a raw info) as float32 values in HF row order, as
+        numpy: F32 as stored (a view), F16 / BF16 widened, a quantized one dequantized by gguf-py
+        (`gguf.quants.dequantize`, which `models/quant/dequant.py` equals bit for bit). For the
+        small tensors (norms, biases, rope factors) and single rows: a copy of the whole."""
+        heads = None
+        if isinstance(info, str):
+            name = info
+            info, heads = self.info(name), self._heads(name)
+        raw = self._bytes(info)
+        if info.type_id not in BY_ID:
+            raise GGUFTensorTypeError(
+                f"{info.file}: tensor {name or info.gguf_name!r} is of type "
+                f"{_type_name(info.type_id)}; tandem reads {', '.join(t.name for t in LAYOUTS)}"
+            )
+        kind = BY_ID[info.type_id].name
+        flat = raw.reshape(-1)
+        if kind == "F32":
+            out = flat.view(np.float32)
+        elif kind == "F16":
+            out = flat.view(np.float16).astype(np.float32)
+        elif kind == "BF16":
+            out = (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            from gguf.quants import dequantize as gguf_dequantize
+
+            out = gguf_dequantize(raw.reshape(-1, raw.shape[-1]), info.type_id)
+        out = out.reshape(info.shape)
+        return out if heads is None else unpermute_rows(out, heads)
 
     def _heads(self, name: str) -> int | None:
         if self.arch not in PERMUTED_QK:
@@ -240,7 +279,7 @@ class GGUFModel:
 
     def blocks(
         self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
-    ) -> torch.Tensor:
+    ):
         """Quantized parameter `name` as uint8 blocks (rows, row_bytes), HF row order: a view
         of the mapped file, or an un-permuted copy for a llama q/k (module docstring).
 
@@ -295,7 +334,11 @@ class GGUFModel:
                 f"not fall on its {align}-element block boundaries"
             )
 
-    def _dense(self, info: GGUFTensorInfo, name: str) -> torch.Tensor:
+    def _dense(self, info: GGUFTensorInfo, name: str):
+        import torch
+
+        from tandem.models.quant.dequant import dequantize
+
         raw = self._view(info)
         if info.type_id not in BY_ID:
             raise GGUFTensorTypeError(
@@ -310,12 +353,14 @@ class GGUFModel:
 
     def read(
         self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
-    ) -> torch.Tensor:
+    ):
         """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
         un-permuted), a quantized tensor dequantized to float32 (a new tensor). With `dim`, the
         slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized)."""
         info = self.info(name)
         if dim is not None and info.quantized:
+            from tandem.models.quant.dequant import dequantize
+
             return dequantize(self.blocks(name, dim, start, end), info.type_id)
         t = self._dense(info, info.gguf_name)
         heads = self._heads(name)
@@ -374,7 +419,7 @@ class GGUFModel:
         self.readers = []
 
 
-def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> torch.Tensor:
+def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int):
     """Bytes `[b0, b1)` of rows `[r0, r1)` of a 2-D tensor, read with pread into a new uint8
     (r1 - r0, b1 - b0) tensor: exactly those bytes, and none of the tensor's other pages become
     this process's resident memory (a copy through the mapping would keep every page of every
@@ -392,6 +437,8 @@ def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> tor
                 n = os.preadv(fd, [out[i]], info.offset + r * rb + b0)
                 if n != b1 - b0:
                     raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+    import torch
+
     return torch.from_numpy(out)
 
 

@@ -11,8 +11,7 @@ so on quantized blocks it is a row gather of whole-block rows: no requantization
 from __future__ import annotations
 
 import re
-
-import torch
+from typing import TypeVar
 
 GLOBAL_NAMES: dict[str, str] = {  # GGUF name -> HF name
     "token_embd.weight": "model.embed_tokens.weight",
@@ -75,15 +74,20 @@ def permuted_heads(hf: str, n_heads: int, n_kv_heads: int) -> int | None:
     return None
 
 
-def permute_rows(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """HF rows (n_heads * hd, ...) -> llama.cpp's order (what its converter writes). A copy."""
+Rows = TypeVar("Rows")  # a torch tensor or a numpy array: both are moved alike
+
+
+def permute_rows(rows: Rows, n_heads: int) -> Rows:
+    """HF rows (n_heads * hd, ...) -> llama.cpp's order (what its converter writes). A new
+    contiguous copy, of the array type given (torch or numpy)."""
     hd = rows.shape[0] // n_heads
     split = rows.reshape(n_heads, 2, hd // 2, *rows.shape[1:])
-    return split.transpose(1, 2).reshape(rows.shape).contiguous()
+    return split.swapaxes(1, 2).reshape(tuple(rows.shape))  # a non-contiguous view: reshape copies
 
 
-def unpermute_rows(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """llama.cpp's rows (n_heads * hd, ...) -> HF order; exact inverse of `permute_rows`. A copy."""
+def unpermute_rows(rows: Rows, n_heads: int) -> Rows:
+    """llama.cpp's rows (n_heads * hd, ...) -> HF order; exact inverse of `permute_rows`. A new
+    contiguous copy, of the array type given (torch or numpy)."""
     hd = rows.shape[0] // n_heads
     split = rows.reshape(n_heads, hd // 2, 2, *rows.shape[1:])
-    return split.transpose(1, 2).reshape(rows.shape).contiguous()
+    return split.swapaxes(1, 2).reshape(tuple(rows.shape))

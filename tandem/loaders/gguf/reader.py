@@ -38,7 +38,7 @@ import numpy as np
 from gguf import GGUFReader, ReaderField
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from tandem.loaders.safetensors_dir import (
+from tandem.loaders.errors import (
     CorruptFileError,
     MissingFileError,
     ModelFileError,

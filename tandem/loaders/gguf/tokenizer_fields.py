@@ -12,7 +12,7 @@ from typing import Any
 
 import gguf
 
-from tandem.loaders.safetensors_dir import ModelFileError
+from tandem.loaders.errors import ModelFileError
 
 V = gguf.GGUFValueType
 _INT_TYPES = frozenset((V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64))

@@ -1,0 +1,28 @@
+"""The typed errors every model source raises (safetensors folders, GGUF files), torch-free so
+that the GGUF reader and the torch-free single-node path can raise them too."""
+
+from __future__ import annotations
+
+
+class ModelFileError(ValueError):
+    """Base of every error about a model directory's files; the message names file and tensor."""
+
+
+class MissingFileError(ModelFileError):
+    """A file the directory needs is absent or unreadable."""
+
+
+class CorruptFileError(ModelFileError):
+    """A file whose bytes are not what its format says: bad header, truncated data, bad offsets."""
+
+
+class MissingTensorError(ModelFileError):
+    """The model needs a tensor that no file in the directory holds."""
+
+
+class TensorShapeError(ModelFileError):
+    """A tensor's stored shape differs from the one the config implies."""
+
+
+class TensorDtypeError(ModelFileError):
+    """A tensor stored in a dtype the model cannot take (weights must be F32, F16 or BF16)."""
