@@ -18,18 +18,10 @@ import ctypes
 import torch
 
 from tandem.kernels import native
+from tandem.kernels.cstructs import TqLinear as _Linear
 from tandem.kernels.linear import NATIVE, KernelLinear
 from tandem.kernels.quant_linear import QuantKernelLinear
 from tandem.models.context import ForwardContext
-
-
-class _Linear(ctypes.Structure):  # csrc/quant.h tq_linear
-    _fields_ = (
-        ("w", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("parts", ctypes.c_void_p),
-        ("nparts", ctypes.c_int64),
-    )
 
 
 def _native_linear(m, dtype: torch.dtype) -> bool:

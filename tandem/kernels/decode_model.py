@@ -26,25 +26,8 @@ import weakref
 import torch
 
 from tandem.kernels import decode_layer, native
+from tandem.kernels.cstructs import TqLayer as _Layer
 from tandem.models.context import ForwardContext
-
-
-class _Layer(ctypes.Structure):  # csrc/decode_model.c tq_layer
-    _fields_ = (
-        ("in_norm", ctypes.c_void_p),
-        ("post_norm", ctypes.c_void_p),
-        ("in_eps", ctypes.c_float),
-        ("post_eps", ctypes.c_float),
-        ("qk_eps", ctypes.c_float),
-        ("qkv", ctypes.c_void_p),
-        ("o", ctypes.c_void_p),
-        ("gate_up", ctypes.c_void_p),
-        ("down", ctypes.c_void_p),
-        ("q_norm", ctypes.c_void_p),
-        ("k_norm", ctypes.c_void_p),
-        ("k_cache", ctypes.c_void_p),
-        ("v_cache", ctypes.c_void_p),
-    )
 
 
 class Plan:

@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from tandem.devices import cpu_flags
+from tandem.models.quant.blocks import BY_NAME
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
@@ -47,6 +48,23 @@ MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")
 FLAGS = ("-O3", f"-march={MARCH}", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
 MAX_ROWS = 4  # X rows per call (the C kernel's MAX_ROWS): decode batches up to 4 sequences
 BUILD_TIMEOUT_S = 120
+# the GGUF types csrc/qgemv.c multiplies
+KERNEL_NAMES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
+KERNEL_TYPES = frozenset(BY_NAME[n].type_id for n in KERNEL_NAMES)  # what csrc/qgemv.c multiplies
+DENSE_TYPES = frozenset(BY_NAME[n].type_id for n in ("F32", "F16", "BF16"))
+MAX_PARTS = 16  # csrc/qgemv.c: weights per call
 
 
 class NativeError(ValueError):

@@ -33,39 +33,19 @@ Every function raises `QuantKernelError` (a `NativeError`) for a weight or input
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 
 import torch
 
 from tandem.kernels import native
-from tandem.models.quant.blocks import BY_NAME, UnsupportedTypeError, layout
-
-KERNEL_NAMES = (
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-)
-KERNEL_TYPES = frozenset(BY_NAME[n].type_id for n in KERNEL_NAMES)  # what csrc/qgemv.c multiplies
-DENSE_TYPES = frozenset(BY_NAME[n].type_id for n in ("F32", "F16", "BF16"))
-MAX_PARTS = 16  # csrc/qgemv.c: weights per call
+from tandem.kernels.cstructs import TqPart as _Part
+from tandem.kernels.library import DENSE_TYPES, KERNEL_NAMES, KERNEL_TYPES, MAX_PARTS  # noqa: F401
+from tandem.models.quant.blocks import UnsupportedTypeError, layout
 
 
 class QuantKernelError(native.NativeError):
     """A quantized weight or input the native kernel cannot run (type, shape, dtype, layout), or
     the kernel is unavailable."""
-
-
-class _Part(ctypes.Structure):  # csrc/quant.h tq_part
-    _fields_ = (("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("type", ctypes.c_int64))
 
 
 def available() -> bool:

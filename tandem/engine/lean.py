@@ -1,0 +1,108 @@
+"""`LeanExecutor`: a GGUF model on this host's CPU without torch (`tandem.kernels.lean`), behind
+the executor face. Where the weights are a few hundred MB of quantized blocks, torch's resident
+runtime (~250 MB) would be most of the process; this path keeps peak RSS near the file's size.
+
+The step rule is `SequenceCache`'s, as every executor's; the forward pass is `LeanModel`'s
+(float32 activations, the native kernels on the mapped blocks), whose logits the equivalence
+tests hold against `LocalExecutor` on the same file (tests/unit/test_lean_executor.py).
+`from_file` raises `LeanUnsupportedError` for a model it does not run (sliding-window attention,
+a tensor type the kernels lack, no native build); the caller then takes `LocalExecutor`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tandem.engine import cluster_info as ci
+from tandem.engine.executor import Step, StepResult
+from tandem.engine.sequences import SequenceCache
+from tandem.kernels.lean import ops
+from tandem.kernels.lean.model import LeanModel, LeanUnsupportedError
+
+__all__ = ["LeanExecutor", "LeanUnsupportedError", "default_threads"]
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class LeanExecutor:
+    def __init__(
+        self,
+        model: LeanModel,
+        max_batch: int,
+        max_seq_len: int,
+        *,
+        weight_format: str | None = None,
+    ) -> None:
+        self.model = model
+        self.weight_format = weight_format
+        self.vocab_size = model.config.vocab_size
+        self.max_seq_len = max_seq_len
+        self.max_batch = max_batch
+        self.seqs = SequenceCache(
+            max_batch, max_seq_len, vocab_size=self.vocab_size, owner="the KV cache"
+        )
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str | Path,
+        *,
+        max_batch: int = 8,
+        max_seq_len: int = 2048,
+        threads: int | None = None,
+    ) -> LeanExecutor:
+        """The GGUF model at `path` (a file, a folder holding one, split parts)."""
+        from tandem.loaders.gguf.model_file import GGUFModel
+
+        src = GGUFModel(path)
+        max_seq_len = min(max_seq_len, src.config.max_position_embeddings)
+        model = LeanModel(src, max_batch, max_seq_len, threads or default_threads())
+        return cls(model, max_batch, max_seq_len, weight_format=src.weight_format())
+
+    def run(self, step: Step) -> StepResult:
+        slots = self.seqs.check(step)
+        rows = [(slot, s.start_pos, s.token_ids) for slot, s in zip(slots, step.sequences)]
+        logits = self.model.logits(self.model.forward(rows))  # (B, vocab)
+        self.seqs.advance(step)
+        if step.greedy:
+            return StepResult(token_ids=ops.argmax(logits))
+        return StepResult(logits=logits)
+
+    def release(self, seq_ids: list[int]) -> None:
+        self.seqs.release(seq_ids)
+
+    def health(self) -> tuple[bool, str]:
+        """One process: whole while it runs."""
+        return True, "ok"
+
+    def stats(self) -> dict[str, float]:
+        """No collectives and no wire."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """One rank holding every layer, in this process, torch-free."""
+        facts = ci.RankFacts(
+            rank=0,
+            role="head",
+            host=ci.hostname(),
+            device="cpu",
+            dtype="float32",
+            weight_format=self.weight_format,
+            shard=ci.layer_shard((0, self.model.config.num_hidden_layers)),
+            work_share=1.0,
+            pid=os.getpid(),
+            local=True,
+            threads=self.model.threads,
+        )
+        return ci.Description("single", 1, 1, [facts]).as_dict()
+
+    def close(self) -> None:
+        self.seqs.clear()

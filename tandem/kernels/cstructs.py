@@ -1,0 +1,38 @@
+"""The C structs the kernels take (csrc/quant.h, csrc/decode_model.c), declared once for ctypes
+and torch-free: the torch modules (quant.py, decode_layer.py, decode_model.py) and the torch-free
+single-node path (`tandem.kernels.lean`) fill the same types."""
+
+from __future__ import annotations
+
+import ctypes
+
+
+class TqPart(ctypes.Structure):  # csrc/quant.h tq_part: one row-stacked weight of a layer
+    _fields_ = (("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("type", ctypes.c_int64))
+
+
+class TqLinear(ctypes.Structure):  # csrc/quant.h tq_linear: a dense weight, or GGUF parts
+    _fields_ = (
+        ("w", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("parts", ctypes.c_void_p),
+        ("nparts", ctypes.c_int64),
+    )
+
+
+class TqLayer(ctypes.Structure):  # csrc/decode_model.c tq_layer: one decoder layer's arguments
+    _fields_ = (
+        ("in_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("in_eps", ctypes.c_float),
+        ("post_eps", ctypes.c_float),
+        ("qk_eps", ctypes.c_float),
+        ("qkv", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    )

@@ -1,0 +1,247 @@
+"""`LeanModel`: a Llama / Qwen2 / Qwen3 model's forward pass without torch, over GGUF blocks as
+stored. The same math as the reference model (`tandem.models.llama`) in float32:
+
+    x = embed(ids)                                           (N, D), N new tokens of the step
+    per layer:  h = rmsnorm(x);  q, k, v = split(h Wqkv^T + b)
+                q, k = rope(qk_norm(q), qk_norm(k))          k, v written at their positions
+                x = x + attend(q, K, V) Wo^T                 causal; grouped-query (H / G)
+                x = x + (silu(g) * u)(rmsnorm(x) Wgu^T) Wdown^T
+    logits = rmsnorm(x_last) Whead^T                         (B, V), one row per sequence
+
+The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`), the norms, RoPE and
+SwiGLU the csrc/decode_ops.c calls, attention numpy (float32 BLAS, query rows in chunks of
+`ATTN_CHUNK` so the score matrix stays bounded). One sequence with one new token takes the
+one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer).
+
+The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
+OS: a page is resident once a token is written into it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from tandem.config import ModelConfig
+from tandem.kernels import library
+from tandem.kernels.cstructs import TqLayer
+from tandem.kernels.lean import ops
+from tandem.kernels.lean.linear import LeanWeightError, Linear
+from tandem.kernels.lean.rope import cos_sin, inv_freq
+from tandem.models.quant.blocks import QUANTIZED
+
+ATTN_CHUNK = 128  # query rows per attention block: scores (H, 128, S) float32
+
+
+class LeanUnsupportedError(ops.LeanKernelError):
+    """A model the torch-free path does not run (the caller takes the torch path instead)."""
+
+
+class WeightSource(Protocol):
+    """What `LeanModel` reads (`loaders.gguf.model_file.GGUFModel` is one)."""
+
+    config: ModelConfig
+
+    def info(self, name: str): ...  # .type_id
+
+    def block_array(self, name: str) -> np.ndarray: ...
+
+    def values_array(self, name: str) -> np.ndarray: ...
+
+
+class Layer:
+    """One decoder layer's weights: norms float32, fused q/k/v and gate/up projections."""
+
+    def __init__(self, src: WeightSource, i: int) -> None:
+        c = src.config
+        p = f"model.layers.{i}."
+        D = c.hidden_size
+
+        def parts(*names: str) -> list[tuple[np.ndarray, int]]:
+            return [(src.block_array(p + n), src.info(p + n).type_id) for n in names]
+
+        def bias(on: bool, *names: str) -> np.ndarray | None:
+            return np.concatenate([src.values_array(p + n) for n in names]) if on else None
+
+        qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+        gu = ("mlp.gate_proj", "mlp.up_proj")
+        self.in_norm = _vec(src, p + "input_layernorm.weight")
+        self.post_norm = _vec(src, p + "post_attention_layernorm.weight")
+        self.qkv = Linear(
+            parts(*(n + ".weight" for n in qkv)),
+            D,
+            bias(c.qkv_bias, *(n + ".bias" for n in qkv)),
+            p + "qkv",
+        )
+        self.o = Linear(
+            parts("self_attn.o_proj.weight"), c.num_attention_heads * c.head_dim,
+            bias(c.o_bias, "self_attn.o_proj.bias"), p + "o_proj",
+        )  # fmt: skip
+        self.gate_up = Linear(
+            parts(*(n + ".weight" for n in gu)),
+            D,
+            bias(c.mlp_bias, *(n + ".bias" for n in gu)),
+            p + "gate_up",
+        )
+        self.down = Linear(
+            parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
+            p + "down_proj",
+        )  # fmt: skip
+        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
+        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
+
+
+def _vec(src: WeightSource, name: str) -> np.ndarray:
+    return np.ascontiguousarray(src.values_array(name), dtype=np.float32)
+
+
+def check_supported(config: ModelConfig) -> None:
+    """Raises LeanUnsupportedError for a model shape this path lacks."""
+    if config.sliding_window is not None:
+        raise LeanUnsupportedError("sliding-window attention (the torch path runs it)")
+    if config.head_dim % 2 or config.head_dim > 256:
+        raise LeanUnsupportedError(f"head_dim {config.head_dim}")
+
+
+class LeanModel:
+    """The whole model over `src`'s blocks, a KV cache of `slots` sequences of `max_seq_len`,
+    `threads` threads in every native call (module docstring)."""
+
+    def __init__(self, src: WeightSource, slots: int, max_seq_len: int, threads: int) -> None:
+        if not library.available():
+            raise LeanUnsupportedError(f"the native kernels are unavailable: {library.why()}")
+        c = self.config = src.config
+        check_supported(c)
+        self.threads = threads
+        self.D, self.H, self.G, self.hd = (
+            c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        )  # fmt: skip
+        self.eps = c.rms_norm_eps
+        try:
+            self.layers = [Layer(src, i) for i in range(c.num_hidden_layers)]
+            embed = "model.embed_tokens.weight"
+            self.embed_blocks, self.embed_type = src.block_array(embed), src.info(embed).type_id
+            head = embed if c.tie_word_embeddings else "lm_head.weight"
+            self.head = Linear(
+                [(src.block_array(head), src.info(head).type_id)], self.D, None, head
+            )
+        except LeanWeightError as e:
+            raise LeanUnsupportedError(str(e)) from None
+        self.norm = _vec(src, "model.norm.weight")
+        self.inv_freq = inv_freq(c)
+        self.max_seq_len = max_seq_len
+        shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
+        self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
+        self.v = np.zeros(shape, np.float32)
+        self._decode = self._decode_plan()
+
+    # ---- the pieces -----------------------------------------------------------------------
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """ids (N,) -> their embedding rows (N, D) float32 (quantized rows dequantized as gguf-py
+        does, which the torch path's dequantization equals bit for bit)."""
+        rows = self.embed_blocks[ids]  # (N, row_bytes), a copy of those rows only
+        t = self.embed_type
+        if t in QUANTIZED:
+            from gguf.quants import dequantize
+
+            return np.ascontiguousarray(dequantize(rows, t), dtype=np.float32)
+        flat = rows.reshape(len(ids), -1)
+        if t == 0:
+            return flat.view(np.float32).copy()
+        if t == 1:
+            return flat.view(np.float16).astype(np.float32)
+        return (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+        """q (n, H*hd) of positions start..start+n-1 against k, v (G, start+n, hd) -> (n, H*hd):
+        softmax(q k^T * hd^-0.5, causal) v per head, head h reading kv head h // (H / G)."""
+        n, G, hd = q.shape[0], self.G, self.hd
+        R = self.H // G
+        out = np.empty((n, G, R, hd), np.float32)
+        qh = q.reshape(n, G, R, hd).transpose(1, 2, 0, 3)  # (G, R, n, hd)
+        kt = k.transpose(0, 2, 1)[:, None]  # (G, 1, hd, S)
+        scale = np.float32(hd**-0.5)
+        for a in range(0, n, ATTN_CHUNK):
+            b = min(n, a + ATTN_CHUNK)
+            end = start + b  # keys visible to the chunk's last row
+            s = np.matmul(qh[:, :, a:b], kt[..., :end]) * scale  # (G, R, b-a, end)
+            pos = np.arange(start + a, start + b)[:, None]
+            s[..., np.arange(end)[None, :] > pos] = -np.inf  # causal
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            o = np.matmul(s, v[:, None, :end])  # (G, R, b-a, hd)
+            out[a:b] = o.transpose(2, 0, 1, 3)
+        return out.reshape(n, G * R * hd)
+
+    # ---- the forward pass -----------------------------------------------------------------
+
+    def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
+        """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
+        token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
+        if len(rows) == 1 and len(rows[0][2]) == 1:
+            slot, pos, ids = rows[0]
+            return self._decode_one(slot, pos, ids[0])
+        H, G, hd, th = self.H, self.G, self.hd, self.threads
+        ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
+        pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
+        cos, sin = cos_sin(self.inv_freq, pos)  # (N, hd) each
+        x = self.embed(ids)  # (N, D)
+        bounds = np.cumsum([0] + [len(tok) for _, _, tok in rows])
+        for li, L in enumerate(self.layers):
+            h = ops.rmsnorm(x, L.in_norm, self.eps, th)
+            qkv = L.qkv(h, th)  # (N, (H + 2G) hd)
+            q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + G) * hd], qkv[:, (H + G) * hd :]
+            ops.norm_rope_(q, H, L.q_norm, self.eps, cos, sin, th)
+            ops.norm_rope_(k, G, L.k_norm, self.eps, cos, sin, th)
+            attn = np.empty((len(ids), H * hd), np.float32)
+            for (slot, p, tok), r0, r1 in zip(rows, bounds[:-1], bounds[1:]):
+                n = len(tok)
+                kc, vc = self.k[li, slot], self.v[li, slot]  # (G, S, hd)
+                kc[:, p : p + n] = k[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
+                vc[:, p : p + n] = v[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
+                attn[r0:r1] = self._attend(q[r0:r1], kc[:, : p + n], vc[:, : p + n], p)
+            x = x + L.o(attn, th)
+            x = x + L.down(
+                ops.silu_mul(L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th), th), th
+            )
+        return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Normed hidden (B, D) -> logits (B, vocab) float32."""
+        return self.head(hidden, self.threads)
+
+    # ---- one decode token in one native call ----------------------------------------------
+
+    def _decode_plan(self):
+        layers = (TqLayer * len(self.layers))()
+        for i, L in enumerate(self.layers):
+            layers[i] = TqLayer(
+                L.in_norm.ctypes.data, L.post_norm.ctypes.data, self.eps, self.eps, self.eps,
+                ctypes.addressof(L.qkv.desc), ctypes.addressof(L.o.desc),
+                ctypes.addressof(L.gate_up.desc), ctypes.addressof(L.down.desc),
+                None if L.q_norm is None else L.q_norm.ctypes.data,
+                None if L.k_norm is None else L.k_norm.ctypes.data,
+                self.k[i].ctypes.data, self.v[i].ctypes.data,
+            )  # fmt: skip
+        es = 4
+        k0 = self.k[0]  # (slots, G, S, hd)
+        strides = (ctypes.c_int64 * 2)(k0.strides[1] // es, k0.strides[2] // es)
+        return layers, k0.strides[0] // es, strides
+
+    def _decode_one(self, slot: int, pos: int, token: int) -> np.ndarray:
+        layers, slot_stride, kv_strides = self._decode
+        h = self.embed(np.array([token]))  # (1, D)
+        cos, sin = cos_sin(self.inv_freq, np.array([pos]))
+        rc = library.library().tandem_decode_layers(
+            ctypes.addressof(layers), len(layers), h.ctypes.data, cos.ctypes.data,
+            sin.ctypes.data, slot, slot_stride, kv_strides, pos, self.D, self.H, self.G, self.hd,
+            self.config.intermediate_size, self.hd**-0.5, ops.F32, self.threads,
+        )  # fmt: skip
+        if rc != 0:
+            raise ops.LeanKernelError("the native decode layers refused their arguments")
+        return ops.rmsnorm(h, self.norm, self.eps, self.threads)

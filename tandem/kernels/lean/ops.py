@@ -1,0 +1,114 @@
+"""numpy faces of the native kernels (csrc/decode_ops.c, qgemv.c) for the torch-free path. Every
+array is float32 on the host; each function checks what the C call would otherwise read past
+(shapes, contiguity, dtype) and raises `LeanKernelError` for what it cannot run."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from tandem.kernels import library
+
+F32 = 0  # csrc/dtypes.h DT_F32: the torch-free path computes in float32
+
+
+class LeanKernelError(library.NativeError):
+    """Arguments a native call refuses (shape, dtype, layout), or the library is unavailable."""
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _f32(a: np.ndarray, what: str, ndim: int = 2) -> None:
+    if a.dtype != np.float32 or a.ndim != ndim or a.strides[-1] != 4:
+        raise LeanKernelError(f"{what}: float32 {ndim}-d with a contiguous last dimension")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise LeanKernelError(f"the native {what} refused its arguments")
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, threads: int) -> np.ndarray:
+    """layers.RMSNorm: x (N, D), rows possibly strided -> (N, D) contiguous; w (D,)."""
+    _f32(x, "rmsnorm x")
+    if w.shape != (x.shape[1],) or w.dtype != np.float32 or not w.flags.c_contiguous:
+        raise LeanKernelError(f"rmsnorm weight {w.shape} {w.dtype} for width {x.shape[1]}")
+    y = np.empty(x.shape, np.float32)
+    rc = library.library().tandem_rmsnorm(
+        _ptr(x), x.strides[0] // 4, _ptr(w), _ptr(y), x.shape[0], x.shape[1], eps, F32, threads
+    )
+    _check(rc, "rmsnorm")
+    return y
+
+
+def norm_rope_(
+    x: np.ndarray,
+    heads: int,
+    w: np.ndarray | None,
+    eps: float,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    threads: int,
+) -> None:
+    """In place on x (N, heads * hd), rows possibly strided (a slice of the fused q/k/v output):
+    the per-head RMSNorm with w (hd,) when given (Qwen3), then RoPE with this row's cos and signed
+    sin (N, hd) contiguous."""
+    _f32(x, "norm_rope x")
+    n, width = x.shape
+    hd = width // heads
+    if hd * heads != width or cos.shape != (n, hd) or sin.shape != (n, hd):
+        raise LeanKernelError(f"norm_rope on {x.shape} with {heads} heads, cos {cos.shape}")
+    for t in (cos, sin) + (() if w is None else (w,)):
+        if t.dtype != np.float32 or not t.flags.c_contiguous:
+            raise LeanKernelError("norm_rope tables and weight: contiguous float32")
+    if w is not None and w.shape != (hd,):
+        raise LeanKernelError(f"norm_rope weight {w.shape} for head_dim {hd}")
+    rc = library.library().tandem_norm_rope(
+        _ptr(x), n, heads, hd, x.strides[0] // 4, _ptr(w), eps, _ptr(cos), _ptr(sin), F32, threads
+    )
+    _check(rc, "norm_rope")
+
+
+def silu_mul(gu: np.ndarray, threads: int) -> np.ndarray:
+    """gu (N, 2 * inter) = [gate, up] per row, contiguous -> silu(gate) * up (N, inter)."""
+    _f32(gu, "silu_mul")
+    if not gu.flags.c_contiguous or gu.shape[1] % 2:
+        raise LeanKernelError(f"silu_mul takes contiguous (N, 2 * inter), got {gu.shape}")
+    inter = gu.shape[1] // 2
+    y = np.empty((gu.shape[0], inter), np.float32)
+    rc = library.library().tandem_silu_mul(_ptr(gu), _ptr(y), gu.shape[0], inter, F32, threads)
+    _check(rc, "silu_mul")
+    return y
+
+
+def argmax(x: np.ndarray) -> np.ndarray:
+    """x (B, V) contiguous -> the first maximum of each row (B,) int64 (a NaN counts as the
+    maximum, as torch.argmax)."""
+    _f32(x, "argmax")
+    if not x.flags.c_contiguous:
+        raise LeanKernelError("argmax takes a contiguous (B, V)")
+    out = np.empty(x.shape[0], np.int64)
+    _check(
+        library.library().tandem_argmax(_ptr(x), x.shape[0], x.shape[1], _ptr(out), F32), "argmax"
+    )
+    return out
+
+
+def qgemv(
+    x: np.ndarray, parts: ctypes.Array, bias: np.ndarray | None, out_features: int, threads: int
+) -> np.ndarray:
+    """x (M, K) contiguous @ [W_0; W_1; ...]^T (+ bias) -> (M, out_features): csrc/qgemv.c over
+    row-stacked GGUF parts (`quant.py`'s math and bound), any M. The caller (`linear.Linear`)
+    has checked the parts and the bias once."""
+    _f32(x, "qgemv x")
+    if not x.flags.c_contiguous:
+        raise LeanKernelError("qgemv takes a contiguous x")
+    y = np.empty((x.shape[0], out_features), np.float32)
+    rc = library.library().tandem_qgemv(
+        _ptr(x), parts, len(parts), _ptr(bias), _ptr(y), x.shape[0], x.shape[1], F32, threads
+    )
+    _check(rc, "quantized GEMV")
+    return y

