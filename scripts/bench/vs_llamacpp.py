@@ -159,21 +159,38 @@ def tandem_round(f: Path, dtype: str, a: argparse.Namespace) -> dict:
 
 
 def worker(a: argparse.Namespace) -> None:
-    """One tandem process: load, warm up, one prefill and one decode measurement, JSON out."""
-    import torch
-
-    from tandem.devices import DTYPE_NAMES
+    """One tandem process: load, warm up, one prefill and one decode measurement, JSON out. The
+    executor is the one `tandem generate --device cpu --dtype D` takes: the torch-free
+    LeanExecutor for a quantized GGUF in float32, else LocalExecutor (torch imported only then)."""
     from tandem.engine.executor import Step, StepSequence
-    from tandem.engine.local import LocalExecutor
-    from tandem.kernels import native
+    from tandem.engine.lean import lean_executor_for
 
-    torch.set_num_threads(a.threads)
-    dtype = DTYPE_NAMES[a.dtype]
-    ex = LocalExecutor.from_dir(
-        a.worker, dtype=dtype, max_batch=1, max_seq_len=a.prompt + 8 + a.decode
+    seq_len = a.prompt + 8 + a.decode
+    ex = lean_executor_for(
+        a.worker, device="cpu", dtype=a.dtype, max_batch=1, max_seq_len=seq_len, threads=a.threads
     )
-    tensors = decode_tensors(ex.model)
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if ex is not None:
+        from tandem.kernels.lean import ops
+
+        tensors = ex.model.weight_arrays()
+        nbytes = sum(t.nbytes for t in tensors)
+
+        def read(t) -> None:
+            ops.stream_read(t, a.threads)
+    else:
+        import torch
+
+        from tandem.devices import DTYPE_NAMES
+        from tandem.engine.local import LocalExecutor
+        from tandem.kernels import native
+
+        torch.set_num_threads(a.threads)
+        ex = LocalExecutor.from_dir(
+            a.worker, dtype=DTYPE_NAMES[a.dtype], max_batch=1, max_seq_len=seq_len
+        )
+        tensors = decode_tensors(ex.model)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        read = native.stream_read
     prompt = tuple(range(10, 10 + a.prompt))
 
     def prefill() -> float:
@@ -198,9 +215,12 @@ def worker(a: argparse.Namespace) -> None:
     for _ in range(3):
         t0 = time.perf_counter()
         for t in tensors:
-            native.stream_read(t)
+            read(t)
         reads.append(nbytes / (time.perf_counter() - t0))
-    print(json.dumps(dict(pre=pre, dec=dec, bytes=nbytes, read=statistics.median(reads))))
+    path = "lean" if "torch" not in sys.modules else "torch"
+    print(
+        json.dumps(dict(pre=pre, dec=dec, bytes=nbytes, read=statistics.median(reads), path=path))
+    )
 
 
 def decode_tensors(model) -> list:

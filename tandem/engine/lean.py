@@ -21,7 +21,7 @@ from tandem.engine.sequences import SequenceCache
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import LeanModel, LeanUnsupportedError
 
-__all__ = ["LeanExecutor", "LeanUnsupportedError", "default_threads"]
+__all__ = ["LeanExecutor", "LeanUnsupportedError", "default_threads", "lean_executor_for"]
 
 
 def default_threads() -> int:
@@ -30,6 +30,41 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def lean_executor_for(
+    model: str | Path,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    single_node: bool = True,
+    kernels: str = "auto",
+    max_batch: int = 8,
+    max_seq_len: int = 2048,
+    threads: int | None = None,
+) -> LeanExecutor | None:
+    """The executor a single-node run of `model` takes without torch, or None where it takes the
+    torch path: the model must be GGUF, the run one node on the CPU (`device` cpu, or auto on a
+    host with no accelerator, `devices.host_has_accelerator`) with float32 activations (`dtype`
+    float32 or auto: llama.cpp's choice for quantized weights too) and the default kernels, and
+    `TANDEM_LEAN` not "0"; a model `LeanModel` does not run (`LeanUnsupportedError`) takes the
+    torch path too. Errors in the file itself (corrupt, missing) propagate: the torch path would
+    refuse it the same way."""
+    from tandem.devices import host_has_accelerator
+    from tandem.loaders.source import is_gguf
+
+    if os.environ.get("TANDEM_LEAN", "1") == "0" or not single_node or kernels != "auto":
+        return None
+    if dtype not in ("auto", "float32") or not is_gguf(model):
+        return None
+    if device not in ("cpu", "auto") or (device == "auto" and host_has_accelerator()):
+        return None
+    try:
+        return LeanExecutor.from_file(
+            model, max_batch=max_batch, max_seq_len=max_seq_len, threads=threads
+        )
+    except LeanUnsupportedError:
+        return None
 
 
 class LeanExecutor:

@@ -140,6 +140,11 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         _INT,
         (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
+    # q, q_stride, k, k_strides, v, v_strides, out, T, G, R, start, hd, scale, dtype, threads
+    "tandem_prefill_attention": (
+        _INT,
+        (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
+    ),
     # h, norm_w, eps, qkv (tq_linear*), q_norm, k_norm, qk_eps, cos, sin, k_cache, v_cache,
     # kv_strides, pos, o (tq_linear*), out, D, H, G, hd, scale, dtype, threads
     "tandem_attention_block": (

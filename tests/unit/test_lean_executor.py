@@ -33,6 +33,7 @@ from tandem.engine.lean import LeanExecutor, LeanUnsupportedError
 from tandem.engine.local import LocalExecutor
 from tandem.engine.sequences import SequenceError
 from tandem.kernels import native
+from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import check_supported
 from tandem.kernels.lean.rope import inv_freq
 from tandem.loaders.gguf.writer import write_preset_gguf
@@ -65,7 +66,7 @@ def _gguf(tmp_path_factory, preset: str, qtype: str):
 @pytest.mark.parametrize(
     ("preset", "qtype"),
     [("tiny-llama", "Q4_0"), ("tiny-llama", "K_MIX"), ("tiny-qwen2", "Q5_1"),
-     ("tiny-qwen2", "K_MIX"), ("tiny-qwen3", "Q8_0"), ("tiny-qwen3", "Q4_1"), ("tiny-qwen3", "F32")],
+     ("tiny-qwen2", "K_MIX"), ("tiny-qwen3", "Q8_0"), ("tiny-qwen3", "Q4_1")],
 )  # fmt: skip
 def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) -> None:
     f = _gguf(tmp_path_factory, preset, qtype)
@@ -110,9 +111,11 @@ def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     assert ex.seqs.cached(0) == 3
 
 
-def test_sliding_window_models_take_the_torch_path() -> None:
+def test_sliding_window_and_dense_models_take_the_torch_path(tmp_path_factory) -> None:
     with pytest.raises(LeanUnsupportedError, match="sliding-window"):
         check_supported(get_preset("tiny-mistral").config)
+    with pytest.raises(LeanUnsupportedError, match="dense"):
+        LeanExecutor.from_file(_gguf(tmp_path_factory, "tiny-qwen3", "F32"))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -167,3 +170,25 @@ def test_the_lean_path_never_imports_torch(tmp_path_factory) -> None:
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("T", "start", "G", "R"), [(1, 0, 1, 1), (5, 3, 2, 3), (17, 0, 4, 2)])
+def test_prefill_attention_is_causal_grouped_query_attention(T, start, G, R) -> None:
+    """csrc's causal prefill attention against float64 numpy: row t sees keys 0..start+t, query
+    head h reads kv head h // R; q rows strided (a slice of a wider row), the cache longer than
+    the keys in use. Float32 scores and sums over <= 20 keys: within 1e-5."""
+    rng = np.random.default_rng(T)
+    hd, S = 64, start + T + 6
+    wide = rng.standard_normal((T, G * R * hd + 40), dtype=np.float32)
+    q = wide[:, : G * R * hd]  # (T, H*hd), row stride wider than the row
+    k = rng.standard_normal((G, S, hd), dtype=np.float32)
+    v = rng.standard_normal((G, S, hd), dtype=np.float32)
+    got = ops.prefill_attention(q, k, v, start, hd**-0.5, 2)
+    want = np.empty((T, G * R, hd))
+    for t in range(T):
+        for h in range(G * R):
+            keys, vals = k[h // R, : start + t + 1], v[h // R, : start + t + 1]
+            s = keys.astype(np.float64) @ q[t, h * hd : (h + 1) * hd] * hd**-0.5
+            p = np.exp(s - s.max())
+            want[t, h] = (p / p.sum()) @ vals
+    np.testing.assert_allclose(got, want.reshape(T, -1), rtol=0, atol=1e-5)

@@ -222,6 +222,53 @@ int tandem_argmax(const void *x, int64_t rows, int64_t n, int64_t *out, int dt) 
 
 enum { STACK_KEYS = 8192 };
 
+/* The R query heads of kv head g for one query row against S keys:
+ *     out[j] = softmax_s(scale * q[g*R + j] . k[s]) . v[s]      (j < R, s < S)
+ * q_row: the row's heads contiguous; kb, vb: key / value s at kb + s*k_step (elements);
+ * out_row: the row's output heads, contiguous. p: S floats of scratch. Float32 scores, softmax
+ * and sums, one rounding of the output. */
+static void attend_group(const char *q_row, const char *kb, int64_t k_step, const char *vb,
+                         int64_t v_step, void *out_row, int64_t g, int64_t R, int64_t S,
+                         int64_t hd, float scale, int dt, float *p) {
+    const int es = dt == DT_F32 ? 4 : 2;
+    float acc[MAX_HEAD_DIM], qf[MAX_HEAD_DIM];
+    for (int64_t j = 0; j < R; j++) {
+        const int64_t h = g * R + j;
+        const char *qh = q_row + h * hd * es;
+        for (int64_t d = 0; d < hd; d++) qf[d] = load1(qh, d, dt);
+        float m = -INFINITY;
+        for (int64_t s = 0; s < S; s++) {
+            const char *kr = kb + s * k_step * es;
+            float dot = 0.f;
+            int64_t d = 0;
+#if defined(__AVX2__)
+            __m256 a = _mm256_setzero_ps();
+            for (; d + 8 <= hd; d += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qf + d), load8(kr, d, dt), a);
+            dot = hsum8(a);
+#endif
+            for (; d < hd; d++) dot += qf[d] * load1(kr, d, dt);
+            p[s] = dot * scale;
+            m = p[s] > m ? p[s] : m;
+        }
+        float sum = 0.f;
+        for (int64_t s = 0; s < S; s++) sum += (p[s] = expf(p[s] - m));
+        for (int64_t d = 0; d < hd; d++) acc[d] = 0.f;
+        for (int64_t s = 0; s < S; s++) {
+            const char *vr = vb + s * v_step * es;
+            int64_t d = 0;
+#if defined(__AVX2__)
+            const __m256 ps = _mm256_set1_ps(p[s]);
+            for (; d + 8 <= hd; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ps, load8(vr, d, dt), _mm256_loadu_ps(acc + d)));
+#endif
+            for (; d < hd; d++) acc[d] += p[s] * load1(vr, d, dt);
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < hd; d++) store1(out_row, h * hd + d, acc[d] * inv, dt);
+    }
+}
+
 /* One decode step of grouped-query attention, every cached key visible (no mask):
  *     out[b, g*R + j] = softmax_s(scale * q[b, g*R + j] . k[b, g, s]) . v[b, g, :]
  * for B rows, G key/value heads, R = n_rep query heads per kv head, S keys, head_dim hd.
@@ -243,49 +290,51 @@ int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, cons
     reduction(| : fail)
     for (int64_t bg = 0; bg < B * G; bg++) {
         const int64_t b = bg / G, g = bg % G;
-        float stack[STACK_KEYS], acc[MAX_HEAD_DIM], qf[MAX_HEAD_DIM];
+        float stack[STACK_KEYS];
         float *p = S <= STACK_KEYS ? stack : (float *)malloc((size_t)S * sizeof(float));
         if (!p) {
             fail = 1;
             continue;
         }
-        const char *kb = (const char *)k + (b * ks[0] + g * ks[1]) * es;
-        const char *vb = (const char *)v + (b * vs[0] + g * vs[1]) * es;
-        for (int64_t j = 0; j < R; j++) {
-            const int64_t h = g * R + j;
-            const char *qh = (const char *)q + (b * q_stride + h * hd) * es;
-            for (int64_t d = 0; d < hd; d++) qf[d] = load1(qh, d, dt);
-            float m = -INFINITY;
-            for (int64_t s = 0; s < S; s++) {
-                const char *kr = kb + s * ks[2] * es;
-                float dot = 0.f;
-                int64_t d = 0;
-#if defined(__AVX2__)
-                __m256 a = _mm256_setzero_ps();
-                for (; d + 8 <= hd; d += 8)
-                    a = _mm256_fmadd_ps(_mm256_loadu_ps(qf + d), load8(kr, d, dt), a);
-                dot = hsum8(a);
-#endif
-                for (; d < hd; d++) dot += qf[d] * load1(kr, d, dt);
-                p[s] = dot * scale;
-                m = p[s] > m ? p[s] : m;
-            }
-            float sum = 0.f;
-            for (int64_t s = 0; s < S; s++) sum += (p[s] = expf(p[s] - m));
-            for (int64_t d = 0; d < hd; d++) acc[d] = 0.f;
-            for (int64_t s = 0; s < S; s++) {
-                const char *vr = vb + s * vs[2] * es;
-                int64_t d = 0;
-#if defined(__AVX2__)
-                const __m256 ps = _mm256_set1_ps(p[s]);
-                for (; d + 8 <= hd; d += 8)
-                    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ps, load8(vr, d, dt), _mm256_loadu_ps(acc + d)));
-#endif
-                for (; d < hd; d++) acc[d] += p[s] * load1(vr, d, dt);
-            }
-            const float inv = 1.0f / sum;
-            for (int64_t d = 0; d < hd; d++) store1(out, (b * G * R + h) * hd + d, acc[d] * inv, dt);
+        attend_group((const char *)q + b * q_stride * es,
+                     (const char *)k + (b * ks[0] + g * ks[1]) * es, ks[2],
+                     (const char *)v + (b * vs[0] + g * vs[1]) * es, vs[2],
+                     (char *)out + b * G * R * hd * es, g, R, S, hd, scale, dt, p);
+        if (p != stack) free(p);
+    }
+    return fail ? -1 : 0;
+}
+
+/* Causal grouped-query attention for T new query rows of one sequence, at positions
+ * start .. start+T-1 (a prefill chunk), their keys and values already in the cache:
+ *     out[t, g*R + j] = softmax_{s <= start+t}(scale * q[t, g*R + j] . k[g, s]) . v[g, s]
+ * q: row t at q + t*q_stride, heads contiguous; k, v: element (g, s, d) at g*ks[0] + s*ks[1] + d;
+ * out contiguous (T, G*R*hd). The decode step's arithmetic per row; (t, g) pairs split over
+ * threads. */
+int tandem_prefill_attention(const void *q, int64_t q_stride, const void *k, const int64_t *ks,
+                             const void *v, const int64_t *vs, void *out, int64_t T, int64_t G,
+                             int64_t R, int64_t start, int64_t hd, float scale, int dt,
+                             int nthreads) {
+    if (T < 1 || G < 1 || R < 1 || start < 0 || hd < 1 || hd > MAX_HEAD_DIM || dt < DT_F32 ||
+        dt > DT_F16 || (dt == DT_F16 && !HAVE_F16))
+        return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    const int64_t S_max = start + T;
+    int fail = 0;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for schedule(dynamic, 1) if (T * G * S_max * hd >= 2 * PARALLEL_MIN) \
+    num_threads(nthreads) reduction(| : fail)
+    for (int64_t tg = 0; tg < T * G; tg++) {
+        const int64_t t = tg / G, g = tg % G, S = start + t + 1;
+        float stack[STACK_KEYS];
+        float *p = S <= STACK_KEYS ? stack : (float *)malloc((size_t)S * sizeof(float));
+        if (!p) {
+            fail = 1;
+            continue;
         }
+        attend_group((const char *)q + t * q_stride * es, (const char *)k + g * ks[0] * es, ks[1],
+                     (const char *)v + g * vs[0] * es, vs[1], (char *)out + t * G * R * hd * es,
+                     g, R, S, hd, scale, dt, p);
         if (p != stack) free(p);
     }
     return fail ? -1 : 0;

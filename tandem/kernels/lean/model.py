@@ -8,9 +8,9 @@ stored. The same math as the reference model (`tandem.models.llama`) in float32:
                 x = x + (silu(g) * u)(rmsnorm(x) Wgu^T) Wdown^T
     logits = rmsnorm(x_last) Whead^T                         (B, V), one row per sequence
 
-The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`), the norms, RoPE and
-SwiGLU the csrc/decode_ops.c calls, attention numpy (float32 BLAS, query rows in chunks of
-`ATTN_CHUNK` so the score matrix stays bounded). One sequence with one new token takes the
+The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE, SwiGLU
+and the causal attention the csrc/decode_ops.c calls, so no BLAS runs (numpy's OpenBLAS threads
+would spin against the kernels' OpenMP threads). One sequence with one new token takes the
 one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer).
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
@@ -32,8 +32,6 @@ from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.rope import cos_sin, inv_freq
 from tandem.models.quant.blocks import QUANTIZED
-
-ATTN_CHUNK = 128  # query rows per attention block: scores (H, 128, S) float32
 
 
 class LeanUnsupportedError(ops.LeanKernelError):
@@ -130,6 +128,12 @@ class LeanModel:
             )
         except LeanWeightError as e:
             raise LeanUnsupportedError(str(e)) from None
+        dense = [t for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) for t in x.types]
+        if any(t not in QUANTIZED for t in dense):
+            raise LeanUnsupportedError(
+                "dense (F32/F16/BF16) layer weights: the torch path's GEMMs prefill them faster, "
+                "and torch's runtime is a small share of such a file"
+            )
         self.norm = _vec(src, "model.norm.weight")
         self.inv_freq = inv_freq(c)
         self.max_seq_len = max_seq_len
@@ -155,28 +159,6 @@ class LeanModel:
         if t == 1:
             return flat.view(np.float16).astype(np.float32)
         return (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16
-
-    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-        """q (n, H*hd) of positions start..start+n-1 against k, v (G, start+n, hd) -> (n, H*hd):
-        softmax(q k^T * hd^-0.5, causal) v per head, head h reading kv head h // (H / G)."""
-        n, G, hd = q.shape[0], self.G, self.hd
-        R = self.H // G
-        out = np.empty((n, G, R, hd), np.float32)
-        qh = q.reshape(n, G, R, hd).transpose(1, 2, 0, 3)  # (G, R, n, hd)
-        kt = k.transpose(0, 2, 1)[:, None]  # (G, 1, hd, S)
-        scale = np.float32(hd**-0.5)
-        for a in range(0, n, ATTN_CHUNK):
-            b = min(n, a + ATTN_CHUNK)
-            end = start + b  # keys visible to the chunk's last row
-            s = np.matmul(qh[:, :, a:b], kt[..., :end]) * scale  # (G, R, b-a, end)
-            pos = np.arange(start + a, start + b)[:, None]
-            s[..., np.arange(end)[None, :] > pos] = -np.inf  # causal
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            o = np.matmul(s, v[:, None, :end])  # (G, R, b-a, hd)
-            out[a:b] = o.transpose(2, 0, 1, 3)
-        return out.reshape(n, G * R * hd)
 
     # ---- the forward pass -----------------------------------------------------------------
 
@@ -204,12 +186,24 @@ class LeanModel:
                 kc, vc = self.k[li, slot], self.v[li, slot]  # (G, S, hd)
                 kc[:, p : p + n] = k[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
                 vc[:, p : p + n] = v[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
-                attn[r0:r1] = self._attend(q[r0:r1], kc[:, : p + n], vc[:, : p + n], p)
+                attn[r0:r1] = ops.prefill_attention(q[r0:r1], kc, vc, p, self.hd**-0.5, th)
             x = x + L.o(attn, th)
             x = x + L.down(
                 ops.silu_mul(L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th), th), th
             )
         return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
+
+    def weight_arrays(self) -> list[np.ndarray]:
+        """The weights one decode token reads in full, each once: every projection's blocks and
+        the head's (a tied head is the embedding's table, counted once; the embedding itself reads
+        one row). For the benchmarks' roofline."""
+        seen, out = set(), []
+        for lin in [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down)] + [self.head]:
+            for a in lin.arrays:
+                if a.ctypes.data not in seen:
+                    seen.add(a.ctypes.data)
+                    out.append(a)
+        return out
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """Normed hidden (B, D) -> logits (B, vocab) float32."""

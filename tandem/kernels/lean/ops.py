@@ -112,3 +112,43 @@ def qgemv(
     )
     _check(rc, "quantized GEMV")
     return y
+
+
+def stream_read(a: np.ndarray, threads: int) -> int:
+    """Reads every byte of the contiguous array `a` with 256-bit loads on `threads` threads (the
+    read-bandwidth probe the benchmarks divide by); returns a checksum of what it read."""
+    if not a.flags.c_contiguous:
+        raise LeanKernelError("stream_read takes a contiguous array")
+    return library.library().tandem_stream_read(_ptr(a), a.nbytes, threads)
+
+
+def prefill_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, threads: int
+) -> np.ndarray:
+    """Causal grouped-query attention (csrc/decode_ops.c) for the T new rows of one sequence at
+    positions start..start+T-1: q (T, H * hd), rows possibly strided (a slice of the fused q/k/v
+    output); k, v (G, >= start + T, hd) with the last dimension contiguous (the cache's slot, keys
+    and values of these rows already written) -> (T, H * hd); query head h reads kv head
+    h // (H / G)."""
+    _f32(q, "attention q")
+    G, S, hd = k.shape
+    T, width = q.shape
+    if (
+        v.shape != k.shape
+        or width % (G * hd)
+        or S < start + T
+        or k.dtype != np.float32
+        or v.dtype != np.float32
+        or k.strides[2] != 4
+        or v.strides[2] != 4
+    ):
+        raise LeanKernelError(f"prefill attention on q {q.shape}, k {k.shape}, start {start}")
+    out = np.empty((T, width), np.float32)
+    ks = (ctypes.c_int64 * 2)(k.strides[0] // 4, k.strides[1] // 4)
+    vs = (ctypes.c_int64 * 2)(v.strides[0] // 4, v.strides[1] // 4)
+    rc = library.library().tandem_prefill_attention(
+        _ptr(q), q.strides[0] // 4, _ptr(k), ks, _ptr(v), vs, _ptr(out), T, G,
+        width // (G * hd), start, hd, scale, F32, threads,
+    )  # fmt: skip
+    _check(rc, "prefill attention")
+    return out
