@@ -14,6 +14,9 @@ gathered back into HF order, one new contiguous copy per q and k matrix *in its 
 `(n_heads + n_kv_heads) * head_dim * row_bytes(hidden)` bytes per layer of anonymous memory
 (8.3 MB, 9%, of the 92 MB SmolLM2-135M Q4_1 file; about 8% of a Llama-3-8B Q4_K file), while the
 rest of the file stays mapped.
+
+Opening a model (metadata, config, the check that every tensor has a place in the model) needs no
+torch; `read`, `blocks` and the views they return import it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from tandem.loaders.gguf.config import (
     PERMUTED_QK,
@@ -47,10 +50,11 @@ from tandem.loaders.gguf.reader import (
 from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
 from tandem.loaders.safetensors_dir import MissingTensorError, TensorShapeError
 from tandem.loaders.tokenizer import Tokenizer
-from tandem.models.llama import Transformer
+from tandem.models.checkpoint_names import checkpoint_names
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
-from tandem.models.quant.dequant import dequantize
-from tandem.models.skeleton import skeleton
+
+if TYPE_CHECKING:
+    import torch
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -180,9 +184,7 @@ class GGUFModel:
         """Every tensor must feed a parameter of the model the config describes: one it has no
         place for (q/k norms in a llama file, an unknown name) means a variant tandem would
         silently run wrong."""
-        with skeleton():
-            full = Transformer(self.config)
-        used = {full.checkpoint_name(n) for n, _ in full.named_parameters(remove_duplicate=False)}
+        used = checkpoint_names(self.config)
         stray = [
             i.gguf_name
             for name, i in self._raw.items()
@@ -228,6 +230,8 @@ class GGUFModel:
 
     def _view(self, info: GGUFTensorInfo) -> torch.Tensor:
         """The raw bytes of a tensor, zero-copy: uint8 (rows, row_bytes), or (nbytes,) for 1-D."""
+        import torch
+
         data = self.readers[info.part].data
         raw = torch.from_numpy(np.asarray(data[info.offset : info.offset + info.nbytes]))
         return raw.view(info.shape[0], -1) if len(info.shape) == 2 else raw
@@ -302,6 +306,10 @@ class GGUFModel:
                 f"{info.file}: tensor {name!r} is of type {_type_name(info.type_id)}; tandem "
                 f"reads {', '.join(t.name for t in LAYOUTS)}"
             )
+        import torch
+
+        from tandem.models.quant.dequant import dequantize
+
         kind = BY_ID[info.type_id].name
         if kind in ("F32", "F16", "BF16"):
             dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
@@ -314,6 +322,8 @@ class GGUFModel:
         """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
         un-permuted), a quantized tensor dequantized to float32 (a new tensor). With `dim`, the
         slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized)."""
+        from tandem.models.quant.dequant import dequantize  # torch: only reading values needs it
+
         info = self.info(name)
         if dim is not None and info.quantized:
             return dequantize(self.blocks(name, dim, start, end), info.type_id)
@@ -392,6 +402,8 @@ def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> tor
                 n = os.preadv(fd, [out[i]], info.offset + r * rb + b0)
                 if n != b1 - b0:
                     raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+    import torch
+
     return torch.from_numpy(out)
 
 

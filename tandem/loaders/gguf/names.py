@@ -11,8 +11,10 @@ so on quantized blocks it is a row gather of whole-block rows: no requantization
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GLOBAL_NAMES: dict[str, str] = {  # GGUF name -> HF name
     "token_embd.weight": "model.embed_tokens.weight",
