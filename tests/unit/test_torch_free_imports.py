@@ -29,7 +29,12 @@ TORCH_FREE = (
     "tandem.models.slots",
     "tandem.models.checkpoint_names",
     "tandem.server.app",
+    "tandem.server.cluster_view",
     "tandem.server.forming",
+    "tandem.server.http_limits",
+    "tandem.server.metrics",
+    "tandem.server.page",
+    "tandem.server.protocol",
 )
 
 
