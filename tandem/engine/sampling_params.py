@@ -87,24 +87,46 @@ def sample_next(logits: Any, params: SamplingParams, generator: np.random.Genera
     row = np.asarray(as_float() if callable(as_float) else logits, dtype=np.float32)
     if params.greedy:
         return int(np.argmax(row))
-    scaled = row.astype(np.float64) / params.temperature
+    scaled = np.divide(row, params.temperature, dtype=np.float64)
     n = scaled.shape[-1]
     if 0 < params.top_k < n:
         kth = np.partition(scaled, n - params.top_k)[n - params.top_k]
         scaled[scaled < kth] = -np.inf
-    top = scaled.max()
-    if not np.isfinite(top) or np.isnan(scaled).any():
+    top = scaled.max()  # NaN where any logit is NaN
+    if not np.isfinite(top):
         raise SamplingError(f"cannot sample from logits whose maximum is {top}")
     probs = np.exp(scaled - top)
     probs /= probs.sum()
     if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        sorted_p = probs[order]
-        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
-        sorted_p[np.cumsum(sorted_p) - sorted_p >= params.top_p] = 0.0
-        probs = np.empty_like(probs)
-        probs[order] = sorted_p
+        probs = _top_p(probs, params.top_p)
     return _draw(probs, generator)
+
+
+TOP_P_CANDIDATES = (1024, 16384, 65536)  # sorted first: a full sort of 150k ids costs ~25 ms
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """`probs` with all but the smallest prefix of tokens by descending probability (ties by id)
+    whose mass reaches `top_p` set to 0 (always at least the top token).
+
+    Sorts only the nonzero tokens at or above the m-th largest probability (m in
+    `TOP_P_CANDIDATES`, every tie of it included) once their mass reaches `top_p`: the prefix then
+    lies among them, in the order a full sort gives; else all tokens."""
+    ids = np.arange(len(probs))
+    for m in TOP_P_CANDIDATES:
+        if len(probs) <= m:
+            break
+        cut = np.partition(probs, len(probs) - m)[len(probs) - m]
+        above = np.flatnonzero((probs >= cut) & (probs > 0))
+        if probs[above].sum() >= top_p:
+            ids = above
+            break
+    order = ids[np.argsort(-probs[ids], kind="stable")]  # ids ascending: ties by id
+    sorted_p = probs[order]
+    keep = np.cumsum(sorted_p) - sorted_p < top_p
+    out = np.zeros_like(probs)
+    out[order[keep]] = sorted_p[keep]
+    return out
 
 
 def _draw(probs: np.ndarray, generator: np.random.Generator) -> int:

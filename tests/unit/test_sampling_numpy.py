@@ -106,3 +106,31 @@ def test_logits_no_token_can_be_drawn_from_raise_a_typed_error(bad: float) -> No
         sample_next(row, SamplingParams(temperature=1.0), make_generator(0))
     with pytest.raises(SamplingError):
         sample_next(np.full(4, -np.inf, dtype=np.float32), SamplingParams(), make_generator(0))
+
+
+def _top_p_by_full_sort(probs: np.ndarray, top_p: float) -> np.ndarray:
+    order = np.argsort(-probs, kind="stable")
+    kept = probs[order].copy()
+    kept[np.cumsum(kept) - kept >= top_p] = 0.0
+    out = np.zeros_like(probs)
+    out[order] = kept
+    return out
+
+
+def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch) -> None:
+    from tandem.engine import sampling_params
+
+    monkeypatch.setattr(sampling_params, "TOP_P_CANDIDATES", (16, 256))
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        n = int(rng.integers(2, 3000))
+        x = rng.standard_normal(n) * rng.uniform(0.1, 20)
+        if trial % 3 == 0:
+            x = np.round(x)  # ties, also at the candidates' cut
+        if trial % 5 == 0:
+            x[rng.random(n) < 0.5] = -np.inf  # zero mass (what top_k leaves)
+        probs = np.exp(x - x.max())
+        probs /= probs.sum()
+        top_p = float(rng.uniform(0.01, 0.999))
+        got = sampling_params._top_p(probs, top_p)
+        assert np.array_equal(got, _top_p_by_full_sort(probs, top_p)), trial
