@@ -3,34 +3,54 @@
 `--dtype auto` looks the device up in `AUTO_DTYPE_TABLE`, first matching row wins. The rule of the
 table: take the 16-bit format the hardware computes natively (decode is bound by reading weights, so
 16 bits is about twice as fast as 32), and float32 where no 16-bit arithmetic is native.
+
+The module imports torch only inside the functions that return or take torch objects:
+`COMPUTE_DTYPES`, `cpu_flags` and `host_has_accelerator` answer without it. `DTYPE_NAMES` (name ->
+torch dtype) is built on first access.
 """
 
 from __future__ import annotations
 
+import glob
+import platform
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPE_NAMES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}  # the compute dtypes a rank may run, by the name flags, frames and reports use
+# the compute dtypes a rank may run, by the name flags, frames and reports use
+COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+@cache
+def dtype_names() -> dict[str, torch.dtype]:
+    """`COMPUTE_DTYPES` name -> torch dtype (imports torch)."""
+    import torch
+
+    return {name: getattr(torch, name) for name in COMPUTE_DTYPES}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPE_NAMES":  # built on first access, so importing this module needs no torch
+        return dtype_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.bfloat16` -> "bfloat16" (the name `DTYPE_NAMES` and the flags use)."""
+    """`"bfloat16"` -> "bfloat16" (the name `DTYPE_NAMES` and the flags use)."""
     return str(dtype).removeprefix("torch.")
 
 
 def compute_dtype(name: str) -> torch.dtype:
     """One of `DTYPE_NAMES` by name; `DeviceError` for any other."""
-    if name not in DTYPE_NAMES:
-        raise DeviceError(f"dtype {name!r}: choose one of {', '.join(DTYPE_NAMES)}")
-    return DTYPE_NAMES[name]
+    if name not in COMPUTE_DTYPES:
+        raise DeviceError(f"dtype {name!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
+    return dtype_names()[name]
 
 
 class DeviceError(ValueError):
@@ -47,30 +67,30 @@ class DeviceInfo:
 class AutoDtypeRule:
     kind: str
     matches: Callable[[str], bool]
-    dtype: torch.dtype
+    dtype: str  # one of COMPUTE_DTYPES
     why: str
 
 
 AUTO_DTYPE_TABLE: tuple[AutoDtypeRule, ...] = (
     AutoDtypeRule(
-        "rocm", lambda a: a.startswith("gfx11"), torch.float16, "RDNA3: f16 WMMA, no fast bf16"
+        "rocm", lambda a: a.startswith("gfx11"), "float16", "RDNA3: f16 WMMA, no fast bf16"
     ),
     AutoDtypeRule(
-        "rocm", lambda a: a.startswith("gfx9"), torch.bfloat16, "CDNA: native bf16 matrix cores"
+        "rocm", lambda a: a.startswith("gfx9"), "bfloat16", "CDNA: native bf16 matrix cores"
     ),
-    AutoDtypeRule("rocm", lambda a: True, torch.float16, "other AMD GPUs: f16"),
+    AutoDtypeRule("rocm", lambda a: True, "float16", "other AMD GPUs: f16"),
     AutoDtypeRule(
-        "cuda", lambda a: _sm(a) >= 80, torch.bfloat16, "Ampere and newer: bf16 tensor cores"
+        "cuda", lambda a: _sm(a) >= 80, "bfloat16", "Ampere and newer: bf16 tensor cores"
     ),
-    AutoDtypeRule("cuda", lambda a: True, torch.float16, "pre-Ampere: f16 tensor cores only"),
-    AutoDtypeRule("mps", lambda a: True, torch.float16, "Apple GPUs: f16 native"),
+    AutoDtypeRule("cuda", lambda a: True, "float16", "pre-Ampere: f16 tensor cores only"),
+    AutoDtypeRule("mps", lambda a: True, "float16", "Apple GPUs: f16 native"),
     AutoDtypeRule(
         "cpu",
         lambda a: a in ("amx_bf16", "avx512_bf16"),
-        torch.bfloat16,
+        "bfloat16",
         "CPU with bf16 dot-product instructions: half the bytes per weight",
     ),
-    AutoDtypeRule("cpu", lambda a: True, torch.float32, "CPU without bf16 instructions"),
+    AutoDtypeRule("cpu", lambda a: True, "float32", "CPU without bf16 instructions"),
 )
 
 
@@ -90,8 +110,21 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def host_has_accelerator() -> bool:
+    """Whether a GPU torch could use may be present, answered without importing torch: on Linux a
+    CUDA (/dev/nvidia0, ...) or ROCm (/dev/kfd) device node, on macOS arm64 (MPS), and on any
+    other system True (unknown). False means `resolve_device("auto")` would pick the CPU."""
+    if sys.platform == "darwin":
+        return platform.machine() == "arm64"
+    if sys.platform.startswith("linux"):
+        return bool(glob.glob("/dev/nvidia[0-9]*")) or Path("/dev/kfd").exists()
+    return True
+
+
 def resolve_device(name: str | None = None) -> torch.device:
     """`None`/"auto" picks CUDA/ROCm, then MPS, then CPU; an explicit name must be available."""
+    import torch
+
     if name in (None, "auto"):
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -111,6 +144,8 @@ def resolve_device(name: str | None = None) -> torch.device:
 
 def describe(device: torch.device) -> DeviceInfo:
     if device.type == "cuda":
+        import torch
+
         props = torch.cuda.get_device_properties(device)
         if torch.version.hip:
             return DeviceInfo("rocm", getattr(props, "gcnArchName", "gfx").split(":")[0])
@@ -128,16 +163,23 @@ def auto_dtype(device: torch.device) -> torch.dtype:
 
 def dtype_for(info: DeviceInfo) -> torch.dtype:
     """The first AUTO_DTYPE_TABLE row matching `info`."""
+    return dtype_names()[dtype_name_for(info)]
+
+
+def dtype_name_for(info: DeviceInfo) -> str:
+    """The name of the first AUTO_DTYPE_TABLE row's dtype matching `info` (no torch)."""
     for rule in AUTO_DTYPE_TABLE:
         if rule.kind == info.kind and rule.matches(info.arch):
             return rule.dtype
-    return torch.float32
+    return "float32"
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """ "auto" or one of DTYPE_NAMES."""
     if name == "auto":
         return auto_dtype(device)
-    if name not in DTYPE_NAMES:
-        raise DeviceError(f"unknown dtype {name!r}; choose auto or one of {', '.join(DTYPE_NAMES)}")
-    return DTYPE_NAMES[name]
+    if name not in COMPUTE_DTYPES:
+        raise DeviceError(
+            f"unknown dtype {name!r}; choose auto or one of {', '.join(COMPUTE_DTYPES)}"
+        )
+    return dtype_names()[name]

@@ -1,14 +1,16 @@
 """Composition: model (directory or GGUF) + layout -> executor -> scheduler -> `ServingEngine`
-(for serve, launch and bench). Not a command itself."""
+(for serve, launch and bench). Not a command itself. Opening the model and its tokenizer imports
+no torch; the layout (torch dtypes) and the executors over torch do."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -21,7 +23,7 @@ from rich.progress import (
 
 from tandem.cli.threads import local_threads
 from tandem.cluster.ring_config import load_ring_config
-from tandem.devices import DTYPE_NAMES
+from tandem.devices import COMPUTE_DTYPES, dtype_names
 from tandem.engine.build import (
     BuildHooks,
     Layout,
@@ -34,10 +36,14 @@ from tandem.engine.build import (
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
-from tandem.engine.tp.rejoin import keepable
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
+
+if TYPE_CHECKING:
+    import torch
+
+    from tandem.engine.executor import Executor
 
 RELOAD_ENV = "TANDEM_REFORM_RELOAD"  # "1": a re-form reloads the head's shard too (for A/B timing)
 
@@ -86,13 +92,13 @@ def serving_layout(
             raise LayoutUnavailable(f"--tp and --pp must be at least 1, got tp={tp} pp={pp}")
         stage_tp = (tp,) * pp
         names, devices = per_rank(dtype, tp * pp, "dtype"), per_rank(device, tp * pp, "device")
-    bad = [n for n in names if n not in DTYPE_NAMES]
+    bad = [n for n in names if n not in COMPUTE_DTYPES]
     if bad:
-        raise LayoutUnavailable(f"--dtype {bad[0]!r}: choose one of {', '.join(DTYPE_NAMES)}")
+        raise LayoutUnavailable(f"--dtype {bad[0]!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
     world = tp * pp
     return Layout(
         stage_tp=stage_tp,
-        dtypes=tuple(DTYPE_NAMES[n] for n in names),
+        dtypes=tuple(dtype_names()[n] for n in names),
         devices=tuple(devices),
         ring_config=ring_config,
         # The ranks share this machine's cores: oversubscribed OpenMP pools spin against each
@@ -100,6 +106,15 @@ def serving_layout(
         threads=local_threads(world) if ring_config is None and world > 1 else None,
         **({} if op_timeout is None else {"op_timeout": op_timeout}),
     )
+
+
+def _keepable(ex: Executor) -> Executor | None:
+    """`tp.rejoin.keepable(ex)`, without importing the TP runtime (torch) where no TP head exists."""
+    if "tandem.engine.tp.head" not in sys.modules:
+        return None
+    from tandem.engine.tp.rejoin import keepable
+
+    return keepable(ex)
 
 
 def build_serving_engine(
@@ -171,7 +186,7 @@ def build_serving_engine(
                 again = replace(hooks, epoch=epoch, keep=last[0], handshake_timeout=reform_bound)
             ex = build_executor(model_dir, layout, limits, again)
             if os.environ.get(RELOAD_ENV) != "1":
-                last[0] = keepable(ex)  # a TP head; nothing else is held past its group
+                last[0] = _keepable(ex)  # a TP head; nothing else is held past its group
             return ex
 
         def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard

@@ -1,25 +1,26 @@
 """`tandem generate`: one prompt through the generation loop, text streamed to the terminal or one
-JSON object with the ids, text and timings (`--json`)."""
+JSON object with the ids, text and timings (`--json`).
+
+Everything up to resolving the layout (the model's config and tokenizer, the prompt ids, the
+sampling parameters) runs without importing torch; the layout and the executors over torch import
+it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-
-import torch
+from typing import Any
 
 from tandem.builtin import BUILTIN_PROMPT, default_model
 from tandem.cli.layout_args import generate_layout
 from tandem.cli.pp_options import add_pp_arguments, pipeline_report
 from tandem.cli.tp_args import TPMeter, add_tp_arguments
 from tandem.config import ConfigError
-from tandem.devices import DTYPE_NAMES, dtype_name
+from tandem.devices import COMPUTE_DTYPES, dtype_name
 from tandem.engine.build import BuildHooks, Limits, build_executor
 from tandem.engine.generate import generate
-from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.tp.head import TPExecutor
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QTYPES, QuantizeChoiceError, QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelFileError
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        help=f"auto or one of {', '.join(DTYPE_NAMES)}; with --tp one per rank, e.g. bfloat16,float16",
+        help=f"auto or one of {', '.join(COMPUTE_DTYPES)}; with --tp one per rank, e.g. bfloat16,float16",
     )
     p.add_argument(
         "--quantize",
@@ -91,9 +92,14 @@ def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None, vocab_size
     return ids
 
 
+def instance_of(obj: Any, module: str, name: str) -> bool:
+    """`isinstance(obj, module.name)` without importing `module`: an object of that class exists
+    only once its module has been imported."""
+    mod = sys.modules.get(module)
+    return mod is not None and isinstance(obj, getattr(mod, name))
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     prompt = BUILTIN_PROMPT
     if args.model is None:
         model, prompt = default_model()
@@ -113,9 +119,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = source.config
-    layout = generate_layout(args, gguf=isinstance(source, (GGUFModel, QuantizedModelDir)))
-    dtype = ",".join(dtype_name(d) for d in layout.dtypes)  # one, or one per rank of a TP group
-    device = ",".join(layout.devices)
     stop = (
         ()
         if args.ignore_eos
@@ -130,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
         stop_token_ids=stop,
     )
     limits = Limits(max_batch=1, max_seq_len=len(ids) + args.max_tokens)
+    # torch is first imported from here on: the layout holds torch dtypes and devices
+    layout = generate_layout(args, gguf=isinstance(source, (GGUFModel, QuantizedModelDir)))
+    dtype = ",".join(dtype_name(d) for d in layout.dtypes)  # one, or one per rank of a TP group
+    device = ",".join(layout.devices)
     hooks = BuildHooks(source=source, notice=lambda text: print(text, file=sys.stderr))
     try:
         executor = build_executor(args.model, layout, limits, hooks)
@@ -138,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
-    meter = TPMeter(executor) if isinstance(executor, TPExecutor) else None
+    is_tp = instance_of(executor, "tandem.engine.tp.head", "TPExecutor")
+    meter = TPMeter(executor) if is_tp else None
 
     def on_token(_row: int, tok: int) -> None:
         if meter is not None:
@@ -166,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if meter is not None:
             out["tensor_parallel"] = meter.report()
-        if isinstance(executor, PipelineExecutor):
+        if instance_of(executor, "tandem.engine.pp.head", "PipelineExecutor"):
             out["pipeline"] = pipeline_report(executor, len(ids) + len(res.token_ids))
         print(json.dumps(out))
     else:

@@ -1,6 +1,7 @@
 """`tandem generate`'s layout flags (`--tp`, `--tp-weights`, `--pp`, `--layout`, `--pp-weights`,
 `--wire-dtype`, `--microbatches`, `--dtype`, `--device`, `--threads`, `--op-timeout`) parsed into
-one `Layout`; `tandem.engine.build.build_executor` does the rest.
+one `Layout`; `tandem.engine.build.build_executor` does the rest. Importing this module needs no
+torch; resolving a layout (devices, dtypes) imports it.
 
 With `RING_CONFIG` set and `--tp N`, this process is rank 0 of the ring that file describes (each
 other node runs `tandem worker --model DIR` with its own RING_CONFIG) and nothing is launched.
@@ -11,14 +12,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from tandem.cli.threads import local_threads
-from tandem.devices import resolve_device, resolve_dtype
+from tandem.devices import dtype_names, resolve_device, resolve_dtype
 from tandem.engine.build import Layout, per_rank
 from tandem.engine.pp.layout import parse_layout
 from tandem.parallel.plan import parse_weights
+
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_ranks(args: argparse.Namespace, n: int) -> tuple[list[torch.dtype], list[str]]:
@@ -68,7 +71,7 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
         dev = resolve_device(args.device)
         dtypes, devices = [resolve_dtype(args.dtype, dev)], [str(dev)]
     if gguf and args.dtype == "auto":
-        dtypes = [torch.float32] * len(dtypes)
+        dtypes = [dtype_names()["float32"]] * len(dtypes)
     return Layout(
         stage_tp=stage_tp,
         dtypes=tuple(dtypes),

@@ -2,7 +2,10 @@
 over ordinary Ethernet, with tensor and pipeline parallelism and an OpenAI-compatible server.
 
 The composition root: each command lives in its own module of this package; a command module
-exposes `register(subparsers)`, which adds its parser and sets `func=run`.
+exposes `register(subparsers)`, which adds its parser and sets `func=run`. A command line that
+names a command imports that command's module only (so `tandem generate` imports no other
+command's dependencies, torch among them, before it needs them); any other line (`--help`, a
+typo) builds the whole parser.
 """
 
 from __future__ import annotations
@@ -26,16 +29,26 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the command `only` alone."""
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"tandem.cli.{name}").register(sub)
+        if only is None or name == only:
+            importlib.import_module(f"tandem.cli.{name}").register(sub)
     return parser
 
 
+def command_named(argv: list[str]) -> str | None:
+    """The module of the command `argv` names (its first argument: the top-level parser takes no
+    option but --help; "make-model" -> "make_model"), when it is one of COMMAND_MODULES."""
+    module = argv[0].replace("-", "_") if argv else None
+    return module if module in COMMAND_MODULES else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(command_named(argv)).parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tandem.devices import DTYPE_NAMES
+from tandem.devices import COMPUTE_DTYPES, dtype_names
 from tandem.loaders.make import make_model_dir
 from tandem.models.presets import PRESETS
 
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", required=True, choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--dtype", choices=sorted(DTYPE_NAMES), help="stored dtype (default: the preset's)"
+        "--dtype", choices=sorted(COMPUTE_DTYPES), help="stored dtype (default: the preset's)"
     )
     p.add_argument(
         "--shard-mb", type=float, help="split weights into shards of about this many MiB"
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     shard = int(args.shard_mb * 2**20) if args.shard_mb else None
     cfg = make_model_dir(
-        args.out, args.preset, args.seed, DTYPE_NAMES.get(args.dtype) if args.dtype else None, shard
+        args.out, args.preset, args.seed, dtype_names()[args.dtype] if args.dtype else None, shard
     )
     print(
         f"wrote {args.out}: {cfg.architecture}, {cfg.num_hidden_layers} layers, hidden "

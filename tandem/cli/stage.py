@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from tandem.devices import DTYPE_NAMES
+from tandem.devices import COMPUTE_DTYPES
 from tandem.engine.pp.worker import StageOptions, run_stage
 
 
@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--tp-listen", default="127.0.0.1:0", help="host:port for the TP ring listener")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port for the upstream link")
     p.add_argument("--cluster-id", required=True)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
+    p.add_argument("--dtype", default="float32", choices=sorted(COMPUTE_DTYPES))
     p.add_argument("--device", default="cpu")
     p.add_argument("--wire-dtype", default="float32")
     p.add_argument("--max-batch", type=int, default=8)

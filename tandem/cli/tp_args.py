@@ -10,9 +10,11 @@ node runs `tandem worker --model DIR` with its own RING_CONFIG) and nothing is l
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from tandem.comm.metered import CommStats
-from tandem.engine.tp.head import TPExecutor
+if TYPE_CHECKING:  # torch: only a TP group's head, which already imported them, passes these
+    from tandem.comm.metered import CommStats
+    from tandem.engine.tp.head import TPExecutor
 
 ATTN_HELP = "attention on the first A ranks of the TP group only, the MLP on every rank"
 

@@ -19,7 +19,7 @@ import sys
 import torch
 
 from tandem.comm.base import Communicator
-from tandem.devices import DTYPE_NAMES
+from tandem.devices import COMPUTE_DTYPES
 from tandem.engine.tp.setup import cluster_id_for, run_worker
 
 DEFAULT_OP_TIMEOUT_S = 60.0
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="run one tensor-parallel worker rank (not the head)")
     p.add_argument("--model", required=True, help="model directory (same files as the head's)")
     p.add_argument(
-        "--dtype", default="float32", choices=list(DTYPE_NAMES), help="this rank's compute dtype"
+        "--dtype", default="float32", choices=list(COMPUTE_DTYPES), help="this rank's compute dtype"
     )
     p.add_argument("--device", default="cpu", help="this rank's device (cpu, cuda:0, mps, ...)")
     p.add_argument("--rank", type=int, help="this rank (1..N-1); default from RING_CONFIG")

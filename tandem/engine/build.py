@@ -8,7 +8,8 @@ hold. `build_executor` picks the executor the layout names:
     one stage of N > 1 ranks         -> TPExecutor      (N-1 local `tandem worker` processes)
     M > 1 stages of t_0..t_M-1 ranks -> PipelineExecutor (local `tandem stage` processes)
 
-Whatever it starts, the executor's `close()` brings down.
+Whatever it starts, the executor's `close()` brings down. Importing this module needs no torch;
+a `Layout` holds torch dtypes, so making one imports it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
-from tandem.devices import DTYPE_NAMES, dtype_name
+from tandem.devices import COMPUTE_DTYPES, dtype_name, dtype_names
 from tandem.engine.executor import Executor
 from tandem.loaders.source import ModelSource, open_model
 
 if TYPE_CHECKING:
+    import torch
+
     from tandem.comm.base import Communicator
     from tandem.engine.tp.head import TPExecutor
 
@@ -65,7 +66,7 @@ class Layout:
     (`parallel.plan`; None: every rank)."""
 
     stage_tp: tuple[int, ...] = (1,)
-    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    dtypes: tuple[torch.dtype, ...] = field(default_factory=lambda: (dtype_names()["float32"],))
     devices: tuple[str, ...] = ("cpu",)
     tp_weights: tuple[float, ...] | str | None = None  # or "auto": from the probe at join
     pp_weights: str | None = None
@@ -85,9 +86,9 @@ class Layout:
                     f"give one {what} or exactly {self.world_size} (one per rank), "
                     f"got {len(values)}"
                 )
-        bad = [d for d in self.dtypes if d not in DTYPE_NAMES.values()]
+        bad = [d for d in self.dtypes if d not in dtype_names().values()]
         if bad:
-            raise LayoutUnavailable(f"dtype {bad[0]}: choose one of {', '.join(DTYPE_NAMES)}")
+            raise LayoutUnavailable(f"dtype {bad[0]}: choose one of {', '.join(COMPUTE_DTYPES)}")
         if self.attn_ranks is not None and (self.pp > 1 or not 1 <= self.attn_ranks <= self.tp):
             raise LayoutUnavailable(
                 f"--attn-ranks {self.attn_ranks}: a one-stage TP group of {self.tp} ranks takes "
@@ -168,6 +169,8 @@ def build_executor(
     """The executor for `layout` over the model at `model` (a directory or a GGUF file)."""
     hooks = hooks or BuildHooks()
     if layout.threads:
+        import torch
+
         torch.set_num_threads(layout.threads)
     if hooks.comm is not None:
         return _tp_head(Path(model), hooks.comm, layout, limits, hooks, "the given group")
@@ -353,6 +356,8 @@ def check_fits_alone(source: ModelSource, layout: Layout, limits: Limits) -> Non
     """Raises `PlanDoesNotFitError` (naming the bytes) when the whole model in the layout's first
     dtype, with its KV cache at `limits`, does not fit the first device's free memory: what a
     group shrinking onto its head alone checks before it loads (`parallel.fit`)."""
+    import torch
+
     from tandem.engine.device_probe import free_gb
     from tandem.parallel.fit import check_fit, rank_needs
     from tandem.parallel.plan import plan_for_config

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-import torch
+import numpy as np
 
-from tandem.engine.sampling_params import SamplingParams, sample_next
+from tandem.engine.sampling_params import SamplingParams, is_floating, sample_next
+
+if TYPE_CHECKING:
+    import torch
+
+    HostArray: TypeAlias = np.ndarray | torch.Tensor  # a numpy array or a torch CPU tensor
 
 
 @dataclass(frozen=True)
@@ -65,19 +70,20 @@ class StepResultError(ValueError):
 class StepResult:
     """What one step yields at each sequence's last new token, row b for `step.sequences[b]`:
     exactly one of `logits` (B, vocab_size) float32 on the host, or `token_ids` (B,) int64 on the
-    host, the argmax of each row (ties go to the lowest token id, as `torch.argmax` of the full
-    row) when the step was `greedy`."""
+    host, the argmax of each row (ties go to the lowest token id, as `argmax` of the full row)
+    when the step was `greedy`. Either is a numpy array or a torch CPU tensor: an executor over
+    torch returns tensors, a torch-free one numpy arrays; the head reads both alike."""
 
-    logits: torch.Tensor | None = None
-    token_ids: torch.Tensor | None = None
+    logits: HostArray | None = None
+    token_ids: HostArray | None = None
 
     def __post_init__(self) -> None:
         if (self.logits is None) == (self.token_ids is None):
             raise StepResultError("a StepResult holds exactly one of logits and token_ids")
-        if self.logits is not None and self.logits.ndim != 2:
+        if self.logits is not None and np.ndim(self.logits) != 2:
             raise StepResultError(f"logits are (B, vocab), got shape {tuple(self.logits.shape)}")
         if self.token_ids is not None and (
-            self.token_ids.ndim != 1 or self.token_ids.is_floating_point()
+            np.ndim(self.token_ids) != 1 or not _is_integer(self.token_ids)
         ):
             raise StepResultError(
                 f"token ids are (B,) integers, got {self.token_ids.dtype} "
@@ -85,7 +91,7 @@ class StepResult:
             )
 
     @classmethod
-    def of(cls, step: Step, out: torch.Tensor) -> StepResult:
+    def of(cls, step: Step, out: HostArray) -> StepResult:
         """`ShardRunner.forward`'s output for `step` on the head, typed: the ids (B,) of a greedy
         step, else the logits (B, vocab)."""
         return cls(token_ids=out) if step.greedy else cls(logits=out)
@@ -95,19 +101,28 @@ class StepResult:
         assert t is not None
         return t.shape[0]
 
-    def ids(self) -> torch.Tensor:
-        """The argmax token id of each row, (B,) int64, whichever form the result holds."""
+    def ids(self) -> HostArray:
+        """The argmax token id of each row, (B,) integers, whichever form the result holds (a
+        numpy array or a torch tensor, as the result holds them)."""
         if self.token_ids is not None:
             return self.token_ids
         assert self.logits is not None
         return self.logits.argmax(-1)
 
-    def pick(self, row: int, params: SamplingParams, generator: torch.Generator) -> int:
+    def pick(self, row: int, params: SamplingParams, generator: np.random.Generator) -> int:
         """Row `row`'s next token: the chosen id of a greedy step, else sampled from its logits."""
         if self.token_ids is not None:
             return int(self.token_ids[row])
         assert self.logits is not None
         return sample_next(self.logits[row], params, generator)
+
+
+def _is_integer(x: HostArray) -> bool:
+    """Integer ids: a numpy array of a signed or unsigned integer dtype, or a torch tensor that is
+    not floating point (read by duck typing, without importing torch)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "iu"
+    return not is_floating(x)
 
 
 class Executor(Protocol):

@@ -1,7 +1,9 @@
 """Per-request sampling parameters and the draw of one token from one row of logits.
 
-Each request owns a `torch.Generator` seeded from its `seed`, so the token it draws at step k depends
-only on its own logits and its own seed, never on which other requests shared the step.
+Each request owns a `numpy.random.Generator` (PCG64) seeded from its `seed`, so the token it draws
+at step k depends only on its own logits and its own seed, never on which other requests shared the
+step. Sampling runs on numpy and never imports torch: a row of logits may be a numpy array or a
+torch CPU tensor (read through the array protocol, without a copy for float32).
 """
 
 from __future__ import annotations
@@ -9,17 +11,22 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
-import torch
+import numpy as np
 
 # Below this a temperature is greedy (as vLLM does): logits / 1e-40 overflow to inf, and a
 # softmax over infinities is NaN.
 GREEDY_BELOW = 1e-5
-SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # a request's seed: any int64 or uint64
 
 
 class SamplingParamsError(ValueError):
     """A sampling parameter outside its valid range."""
+
+
+class SamplingError(ValueError):
+    """A row of logits no token can be drawn from (NaN, +inf, or every logit -inf)."""
 
 
 @dataclass(frozen=True)
@@ -52,28 +59,89 @@ class SamplingParams:
             raise SamplingParamsError(f"seed must be in [{lo}, {hi}], got {self.seed}")
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator(device="cpu")
-    g.manual_seed(seed if seed is not None else secrets.randbits(63))
-    return g
+def numpy_seed(seed: int) -> int:
+    """`seed` as a non-negative numpy seed, one-to-one over all ints: 0.. stay as they are, -1,
+    -2, .. go to 2**64, 2**64 + 1, .. (past every uint64, so no two seeds of SEED_RANGE meet)."""
+    return seed if seed >= 0 else (1 << 64) - 1 - seed
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token id from `logits` (vocab,), float32 on the host; a 0-d integer tensor is a token
-    the executor already chose (a greedy step) and is returned as it is."""
-    if logits.ndim == 0 and not logits.is_floating_point():
+def make_generator(seed: int | None) -> np.random.Generator:
+    """A PCG64 generator seeded from `seed` (`numpy_seed`); None: a random seed."""
+    return np.random.Generator(
+        np.random.PCG64(numpy_seed(seed) if seed is not None else secrets.randbits(64))
+    )
+
+
+def sample_next(logits: Any, params: SamplingParams, generator: np.random.Generator) -> int:
+    """One token id from `logits` (vocab,), a float numpy array or torch CPU tensor; a 0-d integer
+    is a token the executor already chose (a greedy step) and is returned as it is.
+
+    Greedy takes the argmax (ties to the lowest id). Else the logits are divided by the
+    temperature; `top_k` keeps the logits >= the k-th largest; `top_p` keeps the smallest prefix of
+    tokens by descending probability (ties by id) whose mass reaches `top_p`, at least the top
+    token; one token is drawn from what is left with one uniform number from `generator`. The
+    softmax runs in float64. `SamplingError` for logits no token can be drawn from."""
+    if np.ndim(logits) == 0 and not is_floating(logits):
         return int(logits)
+    as_float = getattr(logits, "float", None)  # a torch tensor in another float dtype: float32
+    row = np.asarray(as_float() if callable(as_float) else logits, dtype=np.float32)
     if params.greedy:
-        return int(torch.argmax(logits))
-    scaled = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+        return int(np.argmax(row))
+    scaled = np.divide(row, params.temperature, dtype=np.float64)
+    n = scaled.shape[-1]
+    if 0 < params.top_k < n:
+        kth = np.partition(scaled, n - params.top_k)[n - params.top_k]
+        scaled[scaled < kth] = -np.inf
+    top = scaled.max()  # NaN where any logit is NaN
+    if not np.isfinite(top):
+        raise SamplingError(f"cannot sample from logits whose maximum is {top}")
+    probs = np.exp(scaled - top)
+    probs /= probs.sum()
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
-        drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= params.top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        probs = _top_p(probs, params.top_p)
+    return _draw(probs, generator)
+
+
+TOP_P_CANDIDATES = (1024, 16384, 65536)  # sorted first: a full sort of 150k ids costs ~25 ms
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """`probs` with all but the smallest prefix of tokens by descending probability (ties by id)
+    whose mass reaches `top_p` set to 0 (always at least the top token).
+
+    Sorts only the nonzero tokens at or above the m-th largest probability (m in
+    `TOP_P_CANDIDATES`, every tie of it included) once their mass reaches `top_p`: the prefix then
+    lies among them, in the order a full sort gives; else all tokens."""
+    ids = np.arange(len(probs))
+    for m in TOP_P_CANDIDATES:
+        if len(probs) <= m:
+            break
+        cut = np.partition(probs, len(probs) - m)[len(probs) - m]
+        above = np.flatnonzero((probs >= cut) & (probs > 0))
+        if probs[above].sum() >= top_p:
+            ids = above
+            break
+    order = ids[np.argsort(-probs[ids], kind="stable")]  # ids ascending: ties by id
+    sorted_p = probs[order]
+    keep = np.cumsum(sorted_p) - sorted_p < top_p
+    out = np.zeros_like(probs)
+    out[order[keep]] = sorted_p[keep]
+    return out
+
+
+def _draw(probs: np.ndarray, generator: np.random.Generator) -> int:
+    """The index whose cumulative-mass interval holds one uniform draw; zero-mass ids never."""
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, generator.random() * cdf[-1], side="right"))
+    if i >= len(probs):  # the draw rounded up to the total: the last id with mass
+        i = int(np.flatnonzero(probs)[-1])
+    return i
+
+
+def is_floating(x: Any) -> bool:
+    """Whether `x` (a torch tensor, numpy array or Python number) holds floats, without importing
+    torch: a tensor answers `is_floating_point()`, anything else by its numpy dtype."""
+    is_fp = getattr(x, "is_floating_point", None)
+    if callable(is_fp):
+        return bool(is_fp())
+    return np.asarray(x).dtype.kind in "fc"

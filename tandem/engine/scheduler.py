@@ -8,7 +8,7 @@ request that arrives mid-generation joins the very next step instead of waiting 
 drain. Each request samples with its own parameters and its own seeded generator, so its output does
 not depend on what else shares its steps.
 
-Failures are contained: what goes wrong with one request (a seed torch refuses, logits it cannot
+Failures are contained: what goes wrong with one request (a seed it cannot take, logits it cannot
 sample from, a callback that raises) finishes that request with "error" and the loop goes on; an
 executor failure fails every request (the group is broken); and if the loop itself dies, every
 waiting request is failed and `failure` says why, so health checks turn unhealthy instead of
@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from tandem.engine.executor import Executor, Pipelined, Step, StepResult, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
@@ -89,7 +89,7 @@ class _Running:
     tokens: list[int]  # prompt + generated so far
     cached: int = 0  # tokens of `tokens` already in the executor's KV cache
     generated: int = 0
-    generator: torch.Generator | None = None
+    generator: np.random.Generator | None = None
     busy: bool = False  # in a pipeline step that has not come back yet
 
 
@@ -328,7 +328,7 @@ class Scheduler:
                 r = _Running(req=req, seq_id=next(self._ids), tokens=list(req.prompt_ids))
                 try:
                     r.generator = make_generator(req.params.seed)
-                except Exception as e:  # e.g. a seed outside torch's 64-bit range
+                except Exception as e:  # e.g. a seed that is not an int
                     self._finish(r, "error", RequestFailed(f"seed {req.params.seed!r}: {e}"))
                     continue
                 self.stats.prompt_tokens += len(req.prompt_ids)

@@ -20,27 +20,32 @@ holds the same slots.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from tandem.engine.executor import Step
-from tandem.models import kv_cache
-from tandem.models.kv_cache import KVCache, SlotTable
+from tandem.models import slots as kv_slots
+from tandem.models.slots import SlotTable
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from tandem.models.kv_cache import KVCache
 
 
 class SequenceError(ValueError):
     """A step that breaks the sequence rule (see the module docstring); the message says which."""
 
 
-class SequenceTooLongError(SequenceError, kv_cache.SequenceTooLongError):
+class SequenceTooLongError(SequenceError, kv_slots.SequenceTooLongError):
     """A sequence would run past `max_seq_len` (also the KV cache's own error type)."""
 
 
 class SequenceCache:
     """Per live sequence: its slot in `kv` (None: this process holds no layers) and its length.
+    The bookkeeping needs no torch; only `for_model`, which builds a `KVCache`, imports it.
 
-    `owner` names the holder in messages ("this stage"); `vocab_size` (None: not checked) bounds
-    the token ids where this process embeds them."""
+        `owner` names the holder in messages ("this stage"); `vocab_size` (None: not checked) bounds
+        the token ids where this process embeds them."""
 
     def __init__(
         self,
@@ -65,6 +70,8 @@ class SequenceCache:
     ) -> SequenceCache:
         """A cache sized for the layers `model` holds (none: no `kv`), checking token ids when
         `model` holds the embedding."""
+        from tandem.models.kv_cache import KVCache  # torch: only a model's own cache needs it
+
         kv = KVCache.for_model(model, max_batch, max_seq_len) if len(model.model.layers) else None
         vocab = model.config.vocab_size if model.with_embed else None
         return cls(max_batch, max_seq_len, kv=kv, vocab_size=vocab, owner=owner)

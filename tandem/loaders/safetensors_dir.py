@@ -13,10 +13,10 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from tandem.config import ModelConfig
@@ -29,23 +29,42 @@ from tandem.loaders.errors import (  # noqa: F401  (re-exported: where callers h
     TensorShapeError,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
-# safetensors dtype code -> (torch dtype, bytes per element)
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F32": (torch.float32, 4),
-    "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2),
-    "F64": (torch.float64, 8),
-    "I64": (torch.int64, 8),
-    "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "BOOL": (torch.bool, 1),
+# safetensors dtype code -> (torch dtype name, bytes per element)
+ELEMENT_TYPES: dict[str, tuple[str, int]] = {
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "F64": ("float64", 8),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I16": ("int16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
 }
+
+
+@cache
+def torch_dtypes() -> dict[str, tuple[torch.dtype, int]]:
+    """safetensors dtype code -> (torch dtype, bytes per element); imports torch."""
+    import torch
+
+    return {code: (getattr(torch, name), n) for code, (name, n) in ELEMENT_TYPES.items()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":  # built on first access, so reading headers needs no torch
+        return torch_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 FLOAT_CODES = ("F32", "F16", "BF16")
 
 
@@ -57,7 +76,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPES[self.dtype][1]
+        n = ELEMENT_TYPES[self.dtype][1]
         for d in self.shape:
             n *= d
         return n
@@ -96,7 +115,7 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
                 raise TypeError
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptFileError(f"{file}: tensor {name!r} has a malformed header entry") from e
-        if code not in DTYPES:
+        if code not in ELEMENT_TYPES:
             raise TensorDtypeError(f"{file}: tensor {name!r} has unknown dtype {code!r}")
         info = TensorInfo(file, code, shape)
         if b < a or b - a != info.nbytes:

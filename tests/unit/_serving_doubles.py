@@ -3,6 +3,7 @@ character tokenizer. (The real model is exercised end to end in tests/e2e.)"""
 
 import os
 
+import numpy as np
 import torch
 
 from tandem.engine import cluster_info as ci
@@ -14,11 +15,21 @@ VOCAB = 50
 class HistoryExecutor:
     """Keeps each sequence's tokens like a KV cache would and refuses a wrong start_pos; the logits
     are a smooth function of the whole history, so a token fed at the wrong place changes the output.
-    `offset`/`vocab` let the greedy choice land in printable ASCII for the text-level tests."""
+    `offset`/`vocab` let the greedy choice land in printable ASCII for the text-level tests.
+    `numpy`: results hold numpy arrays (as a torch-free executor's do) instead of torch tensors,
+    with the same values."""
 
     def __init__(
-        self, max_batch=8, max_seq_len=64, fail_after=None, vocab=VOCAB, span=VOCAB, offset=0
+        self,
+        max_batch=8,
+        max_seq_len=64,
+        fail_after=None,
+        vocab=VOCAB,
+        span=VOCAB,
+        offset=0,
+        numpy=False,
     ):
+        self.numpy = numpy
         self.vocab_size = vocab
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
@@ -40,8 +51,10 @@ class HistoryExecutor:
             h.extend(s.token_ids)
             assert len(h) <= self.max_seq_len
             target = self.offset + (sum(t * (i + 1) for i, t in enumerate(h)) * 31 + 7) % self.span
-            rows.append(-(torch.arange(self.vocab_size, dtype=torch.float32) - target).abs())
-        logits = torch.stack(rows)  # (B, vocab)
+            rows.append(-np.abs(np.arange(self.vocab_size, dtype=np.float32) - target))
+        logits = np.stack(rows)  # (B, vocab) float32
+        if not self.numpy:
+            logits = torch.from_numpy(logits)
         return StepResult(token_ids=logits.argmax(-1)) if step.greedy else StepResult(logits=logits)
 
     def release(self, seq_ids):

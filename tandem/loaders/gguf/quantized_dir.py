@@ -2,7 +2,7 @@
 a model source that `gguf.load.load_gguf_model` builds exactly as it builds the GGUF file
 `tandem quantize` writes from the same directory:
 
-    a matrix   -> the ggml type `writer.tensor_type` gives it (e.g. Q4_K, or F16 where a row is
+    a matrix   -> the ggml type `tensor_types.tensor_type` gives it (e.g. Q4_K, or F16 where a row is
                   not whole blocks), packed by `models.quant.quantize` into the same blocks as
                   the file's (the `llama` q/k row permutation a file carries, which its loader
                   undoes, commutes with quantizing row by row, so it changes nothing here)
@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from tandem.loaders.gguf.names import gguf_name
-from tandem.loaders.gguf.writer import K_MIX, tensor_type
+from tandem.loaders.gguf.tensor_types import K_MIX, tensor_type
 from tandem.loaders.safetensors_dir import ModelDir, TensorShapeError
 from tandem.models.quant.blocks import BY_ID, BY_NAME, QUANTIZED
-from tandem.models.quant.dequant import dequantize
 from tandem.models.quant.quantize import quantize
+
+if TYPE_CHECKING:
+    import torch
 
 # the --quantize / --type choices -> the writer's qtype
 QTYPES: dict[str, str] = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "q4_k_m": K_MIX}
-_FLOAT = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_FLOAT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # torch dtype names
 
 
 class QuantizeChoiceError(ValueError):
@@ -90,16 +91,22 @@ class QuantizedModelDir:
         q = self._blocks.get(name)
         if q is None:
             info = self.info(name)
+            import torch
+
             x = self.md.read(name).float().numpy()  # (rows, cols)
             q = self._blocks[name] = torch.from_numpy(quantize(x, info.type_id))
         return q
 
     def read(self, name: str) -> torch.Tensor:
         """`name` as the file would hold it: float32 / float16 values, or its blocks dequantized."""
+        import torch
+
+        from tandem.models.quant.dequant import dequantize
+
         info = self.info(name)
         if info.quantized:
             return dequantize(self.blocks(name), info.type_id).view(info.shape)
-        return self.md.read(name).float().to(_FLOAT[info.dtype])
+        return self.md.read(name).float().to(getattr(torch, _FLOAT[info.dtype]))
 
     def fingerprint(self) -> str:
         """The directory's fingerprint folded with the quantize type."""

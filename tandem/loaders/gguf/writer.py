@@ -28,6 +28,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tandem.config import ModelConfig
 from tandem.loaders.gguf.config import ARCHITECTURES, PERMUTED_QK
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, permute_rows, permuted_heads
+from tandem.loaders.gguf.tensor_types import K_MIX as K_MIX  # re-exported: the mix's name
+from tandem.loaders.gguf.tensor_types import GGUFWriteError, tensor_type
 from tandem.loaders.tokenizer_build import (
     SPECIAL_TOKENS,
     build_byte_bpe,
@@ -38,31 +40,7 @@ from tandem.models.presets import get_preset, hot_rows, random_weights
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.quantize import quantize
 
-K_MIX = "K_MIX"
-_MIX = {"attn_v": "Q6_K", "output": "Q6_K", "attn_output": "Q5_K", "ffn_down": "Q5_K"}
-_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 _ARCH_OF = {v: k for k, v in ARCHITECTURES.items()}
-
-
-class GGUFWriteError(ValueError):
-    """A model the writer cannot express as GGUF (architecture, type or shape)."""
-
-
-def tensor_type(name: str, shape: tuple[int, ...], qtype: str, tied: bool) -> str:
-    """The ggml type name GGUF tensor `name` of `shape` is written in."""
-    if len(shape) == 1:
-        return "F32"
-    role = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
-    kind = qtype
-    if qtype == K_MIX:
-        kind = _MIX.get(role, "Q4_K")
-        if role == "token_embd" and tied:
-            kind = "Q6_K"
-    if kind not in BY_NAME:
-        raise GGUFWriteError(f"unknown ggml type {kind!r}; choose one of {', '.join(BY_NAME)}")
-    while shape[-1] % BY_NAME[kind].block_size:
-        kind = _FALLBACK.get(kind, "F16")
-    return kind
 
 
 def write_gguf(
