@@ -14,12 +14,13 @@ package; with `--large`, the `qwen3-1.7b` preset in Q4_K_M too (a ~1.1 GB file, 
 bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
-process (LocalExecutor on the GGUF through tandem's loader and kernels, greedy): prefill tok/s of
-one PROMPT-token step, decode tok/s over DECODE one-token steps after a one-token prompt. Peak RSS
-of each process (wait4), in MB and as a multiple of the file size (tandem's includes the ~0.3 GB
-of the Python + torch runtime). Roofline fraction: decode tok/s x the weight bytes one token
-reads (every matrix's blocks, the head once when tied) / a plain read of those very bytes in place
-(native.stream_read, same threads).
+process on the executor `tandem generate --device cpu` takes (`engine.lean.lean_executor_for`): the
+torch-free LeanExecutor for a quantized file in float32, LocalExecutor (torch) for F32 / BF16
+("tandem path" says which): prefill tok/s of one PROMPT-token step, decode tok/s over DECODE
+one-token steps after a one-token prompt, greedy. Peak RSS of each process (wait4), in MB and as a
+multiple of the file size (the torch path's includes ~0.25 GB of torch's runtime). Roofline
+fraction: decode tok/s x the weight bytes one token reads (every matrix's blocks, the head once
+when tied) / a plain read of those very bytes in place (native.stream_read, same threads).
 
 `--extra NAME=FILE` adds a file (e.g. one written by `tandem quantize`, which llama.cpp must load
 too). `--tandem-only` runs without llama.cpp: the files already under --work, the extras and
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.repeats} interleaved rounds (tok/s; RSS MB and x file size; roof: decode x bytes "
           f"per token / a read of those bytes); 1-min load average {load0:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end")  # fmt: skip
-    hdr = ("file", "MB", "dec tandem", "dec llama", "ratio", "pre tandem", "pre llama", "ratio",
+    hdr = ("file", "MB", "tandem path", "dec tandem", "dec llama", "ratio", "pre tandem", "pre llama", "ratio",
            "RSS tandem", "RSS llama", "roof tandem", "roof llama")  # fmt: skip
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         pl, pt = med(x["pre"] for x in ll), med(x["pre"] for x in td)
         rl, rt = med(x["rss"] for x in ll), med(x["rss"] for x in td)
         nbytes, read = td[0]["bytes"], med(x["read"] for x in td)
-        cells = (name, f"{size / 1e6:.0f}", f"{dt:.1f}", f"{dl:.1f}", f"{dt / dl:.2f}",
+        cells = (name, f"{size / 1e6:.0f}", td[0].get("path", "torch"), f"{dt:.1f}", f"{dl:.1f}", f"{dt / dl:.2f}",
                  f"{pt:.1f}", f"{pl:.1f}", f"{pt / pl:.2f}", f"{rt / 1e6:.0f} ({rt / size:.2f}x)",
                  f"{rl / 1e6:.0f} ({rl / size:.2f}x)", f"{dt * nbytes / read:.0%}",
                  f"{dl * nbytes / read:.0%}")  # fmt: skip
