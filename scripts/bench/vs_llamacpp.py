@@ -15,8 +15,9 @@ bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
 process on the executor `tandem generate --device cpu` takes (`engine.lean.lean_executor_for`): the
-torch-free LeanExecutor for a quantized file in float32, LocalExecutor (torch) for F32 / BF16
-("tandem path" says which): prefill tok/s of one PROMPT-token step, decode tok/s over DECODE
+torch-free LeanExecutor for a file of quantized or 16-bit layer weights, LocalExecutor (torch)
+for F32 ("tandem path" says which), `--dtype auto` as the CLI's default: prefill tok/s of one
+PROMPT-token step, decode tok/s over DECODE
 one-token steps after a one-token prompt, greedy. Peak RSS of each process (wait4), in MB and as a
 multiple of the file size (the torch path's includes ~0.25 GB of torch's runtime). Roofline
 fraction: decode tok/s x the weight bytes one token reads (every matrix's blocks, the head once
@@ -162,7 +163,7 @@ def tandem_round(f: Path, dtype: str, a: argparse.Namespace) -> dict:
 def worker(a: argparse.Namespace) -> None:
     """One tandem process: load, warm up, one prefill and one decode measurement, JSON out. The
     executor is the one `tandem generate --device cpu --dtype D` takes: the torch-free
-    LeanExecutor for a quantized GGUF in float32, else LocalExecutor (torch imported only then)."""
+    LeanExecutor where it runs the file, else LocalExecutor (torch imported only then)."""
     from tandem.engine.executor import Step, StepSequence
     from tandem.engine.lean import lean_executor_for
 
@@ -181,14 +182,13 @@ def worker(a: argparse.Namespace) -> None:
     else:
         import torch
 
-        from tandem.devices import DTYPE_NAMES
+        from tandem.devices import resolve_dtype
         from tandem.engine.local import LocalExecutor
         from tandem.kernels import native
 
         torch.set_num_threads(a.threads)
-        ex = LocalExecutor.from_dir(
-            a.worker, dtype=DTYPE_NAMES[a.dtype], max_batch=1, max_seq_len=seq_len
-        )
+        dtype = resolve_dtype(a.dtype, torch.device("cpu"))  # auto: this CPU's choice
+        ex = LocalExecutor.from_dir(a.worker, dtype=dtype, max_batch=1, max_seq_len=seq_len)
         tensors = decode_tensors(ex.model)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         read = native.stream_read
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     for r in range(a.repeats):
         for name, f in files.items():
-            dtype = "bfloat16" if name.endswith("BF16") else "float32"
+            dtype = "auto"  # what `tandem generate --device cpu` runs by default
             ll = llama_round(cpp, f, a) if cpp is not None else None
             rounds[name].append((ll, tandem_round(f, dtype, a)))
             print(f"round {r + 1}/{a.repeats} {name} done", file=sys.stderr, flush=True)

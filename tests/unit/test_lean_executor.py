@@ -67,7 +67,7 @@ def _gguf(tmp_path_factory, preset: str, qtype: str):
 @pytest.mark.parametrize(
     ("preset", "qtype"),
     [("tiny-llama", "Q4_0"), ("tiny-llama", "K_MIX"), ("tiny-qwen2", "Q5_1"),
-     ("tiny-qwen2", "K_MIX"), ("tiny-qwen3", "Q8_0"), ("tiny-qwen3", "Q4_1")],
+     ("tiny-qwen2", "K_MIX"), ("tiny-qwen3", "Q8_0"), ("tiny-qwen3", "Q4_1"), ("tiny-qwen3", "BF16")],
 )  # fmt: skip
 def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) -> None:
     f = _gguf(tmp_path_factory, preset, qtype)
@@ -120,10 +120,10 @@ def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     assert ex.seqs.cached(0) == 3
 
 
-def test_sliding_window_and_dense_models_take_the_torch_path(tmp_path_factory) -> None:
+def test_sliding_window_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
     with pytest.raises(LeanUnsupportedError, match="sliding-window"):
         check_supported(get_preset("tiny-mistral").config)
-    with pytest.raises(LeanUnsupportedError, match="dense"):
+    with pytest.raises(LeanUnsupportedError, match="F32 layer weights"):
         LeanExecutor.from_file(_gguf(tmp_path_factory, "tiny-qwen3", "F32"))
 
 

@@ -31,7 +31,9 @@ from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.rope import cos_sin, inv_freq
-from tandem.models.quant.blocks import QUANTIZED
+from tandem.models.quant.blocks import BY_NAME, QUANTIZED
+
+F32_TYPE = BY_NAME["F32"].type_id
 
 
 class LeanUnsupportedError(ops.LeanKernelError):
@@ -128,11 +130,11 @@ class LeanModel:
             )
         except LeanWeightError as e:
             raise LeanUnsupportedError(str(e)) from None
-        dense = [t for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) for t in x.types]
-        if any(t not in QUANTIZED for t in dense):
+        types = {t for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) for t in x.types}
+        if F32_TYPE in types:
             raise LeanUnsupportedError(
-                "dense (F32/F16/BF16) layer weights: the torch path's GEMMs prefill them faster, "
-                "and torch's runtime is a small share of such a file"
+                "F32 layer weights: the torch path's float32 GEMM prefills them faster, and "
+                "torch's runtime is a small share of such a file"
             )
         self.norm = _vec(src, "model.norm.weight")
         self.inv_freq = inv_freq(c)
