@@ -31,7 +31,8 @@ from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.rope import cos_sin, inv_freq
-from tandem.models.quant.blocks import BY_NAME, QUANTIZED
+from tandem.models.quant.blocks import BY_NAME
+from tandem.models.quant.values import as_float32
 
 F32_TYPE = BY_NAME["F32"].type_id
 
@@ -150,17 +151,7 @@ class LeanModel:
         """ids (N,) -> their embedding rows (N, D) float32 (quantized rows dequantized as gguf-py
         does, which the torch path's dequantization equals bit for bit)."""
         rows = self.embed_blocks[ids]  # (N, row_bytes), a copy of those rows only
-        t = self.embed_type
-        if t in QUANTIZED:
-            from gguf.quants import dequantize
-
-            return np.ascontiguousarray(dequantize(rows, t), dtype=np.float32)
-        flat = rows.reshape(len(ids), -1)
-        if t == 0:
-            return flat.view(np.float32).copy()
-        if t == 1:
-            return flat.view(np.float16).astype(np.float32)
-        return (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16
+        return np.ascontiguousarray(as_float32(rows, self.embed_type))
 
     # ---- the forward pass -----------------------------------------------------------------
 

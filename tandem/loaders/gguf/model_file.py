@@ -47,6 +47,7 @@ from tandem.loaders.gguf.reader import (
 from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
 from tandem.loaders.tokenizer import Tokenizer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
+from tandem.models.quant.values import as_float32
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -243,31 +244,15 @@ class GGUFModel:
 
     def values_array(self, info: GGUFTensorInfo | str, name: str | None = None) -> np.ndarray:
         """A tensor (an HF parameter name or a raw info) as float32 values in HF row order, as
-        numpy: F32 as stored (a view), F16 / BF16 widened, a quantized one dequantized by gguf-py
-        (`gguf.quants.dequantize`, which `models/quant/dequant.py` equals bit for bit). For the
-        small tensors (norms, biases, rope factors) and single rows: a copy of the whole."""
+        numpy (`models.quant.values.as_float32`: F32 a view, the rest widened or dequantized). For
+        the small tensors (norms, biases, rope factors)."""
         heads = None
         if isinstance(info, str):
             name = info
             info, heads = self.info(name), self._heads(name)
+        self._check_type(info, name or info.gguf_name)
         raw = self._bytes(info)
-        if info.type_id not in BY_ID:
-            raise GGUFTensorTypeError(
-                f"{info.file}: tensor {name or info.gguf_name!r} is of type "
-                f"{_type_name(info.type_id)}; tandem reads {', '.join(t.name for t in LAYOUTS)}"
-            )
-        kind = BY_ID[info.type_id].name
-        flat = raw.reshape(-1)
-        if kind == "F32":
-            out = flat.view(np.float32)
-        elif kind == "F16":
-            out = flat.view(np.float16).astype(np.float32)
-        elif kind == "BF16":
-            out = (flat.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            from gguf.quants import dequantize as gguf_dequantize
-
-            out = gguf_dequantize(raw.reshape(-1, raw.shape[-1]), info.type_id)
+        out = as_float32(raw.reshape(-1, raw.shape[-1]), info.type_id)
         out = out.reshape(info.shape)
         return out if heads is None else unpermute_rows(out, heads)
 
@@ -334,17 +319,21 @@ class GGUFModel:
                 f"not fall on its {align}-element block boundaries"
             )
 
-    def _dense(self, info: GGUFTensorInfo, name: str):
-        import torch
-
-        from tandem.models.quant.dequant import dequantize
-
-        raw = self._view(info)
+    @staticmethod
+    def _check_type(info: GGUFTensorInfo, name: str) -> None:
         if info.type_id not in BY_ID:
             raise GGUFTensorTypeError(
                 f"{info.file}: tensor {name!r} is of type {_type_name(info.type_id)}; tandem "
                 f"reads {', '.join(t.name for t in LAYOUTS)}"
             )
+
+    def _dense(self, info: GGUFTensorInfo, name: str):
+        import torch
+
+        from tandem.models.quant.dequant import dequantize
+
+        self._check_type(info, name)
+        raw = self._view(info)
         kind = BY_ID[info.type_id].name
         if kind in ("F32", "F16", "BF16"):
             dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
