@@ -103,8 +103,8 @@ def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
     if config.sliding_window is not None:
         raise LeanUnsupportedError("sliding-window attention (the torch path runs it)")
-    if config.head_dim % 2 or config.head_dim > 256:
-        raise LeanUnsupportedError(f"head_dim {config.head_dim}")
+    if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
+        raise LeanUnsupportedError(f"an odd head_dim {config.head_dim}")
 
 
 class LeanModel:
@@ -121,6 +121,17 @@ class LeanModel:
             c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         )  # fmt: skip
         self.eps = c.rms_norm_eps
+        projections = [
+            f"model.layers.{i}.{p}_proj.weight"
+            for i in range(c.num_hidden_layers)
+            for p in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "mlp.gate",
+                      "mlp.up", "mlp.down")
+        ]  # fmt: skip
+        if any(src.info(n).type_id == F32_TYPE for n in projections):
+            raise LeanUnsupportedError(
+                "F32 layer weights: the torch path's float32 GEMM prefills them faster, and "
+                "torch's runtime is a small share of such a file"
+            )
         try:
             self.layers = [Layer(src, i) for i in range(c.num_hidden_layers)]
             embed = "model.embed_tokens.weight"
@@ -131,12 +142,6 @@ class LeanModel:
             )
         except LeanWeightError as e:
             raise LeanUnsupportedError(str(e)) from None
-        types = {t for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) for t in x.types}
-        if F32_TYPE in types:
-            raise LeanUnsupportedError(
-                "F32 layer weights: the torch path's float32 GEMM prefills them faster, and "
-                "torch's runtime is a small share of such a file"
-            )
         self.norm = _vec(src, "model.norm.weight")
         self.inv_freq = inv_freq(c)
         self.max_seq_len = max_seq_len
