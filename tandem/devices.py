@@ -42,7 +42,7 @@ def __getattr__(name: str) -> Any:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """`"bfloat16"` -> "bfloat16" (the name `DTYPE_NAMES` and the flags use)."""
+    """`torch.bfloat16` -> "bfloat16" (the name `DTYPE_NAMES` and the flags use)."""
     return str(dtype).removeprefix("torch.")
 
 

@@ -155,95 +155,94 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
-    # one node on the CPU over a quantized GGUF: the torch-free executor, where it runs the model
-    executor = None
+    name = name or model_dir.resolve().name.removesuffix(".gguf")
+    # one node on the CPU over a GGUF the torch-free executor runs: no layout, no torch
     if tp == 1 and pp == 1 and ring_config is None and not quantize:
-        executor = lean_executor_for(
+        lean = lean_executor_for(
             source, device=device, dtype=dtype, max_batch=max_batch, max_seq_len=seq_len
         )
-    if executor is None:  # torch from here on: the layout holds torch dtypes
-        layout = replace(
-            serving_layout(tp, pp, dtype, device, ring_config, op_timeout),
-            attn_ranks=attn_ranks,
-            pp_weights=pp_weights if pp > 1 else None,
+        if lean is not None:
+            return _start(lean, config, tokenizer, name)
+    # torch from here on: the layout holds torch dtypes
+    layout = replace(
+        serving_layout(tp, pp, dtype, device, ring_config, op_timeout),
+        attn_ranks=attn_ranks,
+        pp_weights=pp_weights if pp > 1 else None,
+    )
+    if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
+        raise LayoutUnavailable(
+            "--quantize runs on one node; for --tp / --pp write the file once with "
+            "`tandem quantize MODEL_DIR OUT.gguf --type ...` and serve OUT.gguf"
         )
-        if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):
-            raise LayoutUnavailable(
-                "--quantize runs on one node; for --tp / --pp write the file once with "
-                "`tandem quantize MODEL_DIR OUT.gguf --type ...` and serve OUT.gguf"
+    if layout.world_size == 1 and ring_config is None and isinstance(source, ModelDir):
+        with _progress(console) as bar:  # the weights' bytes as they are read
+            source = _ProgressDir(model_dir)
+            task = bar.add_task("loading weights", total=source.total_bytes)
+            source.on_read = lambda n: bar.advance(task, n)
+            executor = build_executor(
+                model_dir, layout, Limits(max_batch, seq_len), BuildHooks(source=source)
             )
-        if layout.world_size == 1 and ring_config is None and isinstance(source, ModelDir):
-            with _progress(console) as bar:  # the weights' bytes as they are read
-                source = _ProgressDir(model_dir)
-                task = bar.add_task("loading weights", total=source.total_bytes)
-                source.on_read = lambda n: bar.advance(task, n)
-                executor = build_executor(
-                    model_dir, layout, Limits(max_batch, seq_len), BuildHooks(source=source)
+    else:  # a GGUF file's weights stay mapped in their blocks: there is little to wait for
+        hooks = BuildHooks(
+            status=lambda text: console.status(text + "..."), source=source, notice=console.print
+        )
+        limits = Limits(max_batch, seq_len)
+        last: list = [None]  # the group built last: its head's shard is kept by the next epoch
+        reform_bound: float | None = None
+
+        def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
+            again = hooks
+            if epoch:  # each attempt ends by the shrink time (joined), so no shrink is held up
+                again = replace(hooks, epoch=epoch, keep=last[0], handshake_timeout=reform_bound)
+            ex = build_executor(model_dir, layout, limits, again)
+            if os.environ.get(RELOAD_ENV) != "1":
+                last[0] = _keepable(ex)  # a TP head; nothing else is held past its group
+            return ex
+
+        def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
+            last[0] = None  # the kept shard goes before the wider one loads
+            if pp > 1:  # a pipeline of one-rank stages: one stage fewer (PP=1: the head alone)
+                small = serving_layout(1, pp - 1, dtype, device, None, op_timeout)
+                small = replace(small, pp_weights="auto" if pp_weights == "auto" else None)
+                if small.world_size == 1:
+                    check_fits_alone(source, small, limits)
+            else:
+                small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
+            return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
+
+        def shrink_to_head(epoch: int):  # a joined pair's worker never came back: the head alone
+            last[0] = None  # the kept shard goes before the whole model loads
+            alone = serving_layout(1, 1, dtype, device, None, op_timeout)
+            check_fits_alone(source, alone, limits)
+            return build_executor(model_dir, alone, limits, replace(hooks, epoch=epoch))
+
+        local_group = layout.world_size > 1 and ring_config is None
+        can_shrink = local_group and (pp == 1 or tp == 1) and "," not in dtype + device
+        if ring_config is not None and shrink_after > 0:
+            if load_ring_config(ring_config).world_size != 2:
+                raise LayoutUnavailable(
+                    "--shrink-after with --ring-config: a joined group shrinks from 2 ranks to the "
+                    "head alone; a larger joined group re-forms only when its lost ranks return"
                 )
-        else:  # a GGUF file's weights stay mapped in their blocks: there is little to wait for
-            hooks = BuildHooks(
-                status=lambda text: console.status(text + "..."),
-                source=source,
-                notice=console.print,
-            )
-            limits = Limits(max_batch, seq_len)
-            last: list = [None]  # the group built last: its head's shard is kept by the next epoch
-            reform_bound: float | None = None
+            reform_bound, shrink, can_shrink = shrink_after, shrink_to_head, True
+        executor = with_recovery(
+            build,
+            reform_timeout if local_group or ring_config else 0.0,
+            shrink=shrink if can_shrink else None,
+            shrink_after_s=shrink_after,
+        )
+    return _start(executor, config, tokenizer, name)
 
-            def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
-                again = hooks
-                if epoch:  # each attempt ends by the shrink time (joined), so no shrink is held up
-                    again = replace(
-                        hooks, epoch=epoch, keep=last[0], handshake_timeout=reform_bound
-                    )
-                ex = build_executor(model_dir, layout, limits, again)
-                if os.environ.get(RELOAD_ENV) != "1":
-                    last[0] = _keepable(ex)  # a TP head; nothing else is held past its group
-                return ex
 
-            def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
-                last[0] = None  # the kept shard goes before the wider one loads
-                if pp > 1:  # a pipeline of one-rank stages: one stage fewer (PP=1: the head alone)
-                    small = serving_layout(1, pp - 1, dtype, device, None, op_timeout)
-                    small = replace(small, pp_weights="auto" if pp_weights == "auto" else None)
-                    if small.world_size == 1:
-                        check_fits_alone(source, small, limits)
-                else:
-                    small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
-                return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
-
-            def shrink_to_head(
-                epoch: int,
-            ):  # a joined pair's worker never came back: the head alone
-                last[0] = None  # the kept shard goes before the whole model loads
-                alone = serving_layout(1, 1, dtype, device, None, op_timeout)
-                check_fits_alone(source, alone, limits)
-                return build_executor(model_dir, alone, limits, replace(hooks, epoch=epoch))
-
-            local_group = layout.world_size > 1 and ring_config is None
-            can_shrink = local_group and (pp == 1 or tp == 1) and "," not in dtype + device
-            if ring_config is not None and shrink_after > 0:
-                if load_ring_config(ring_config).world_size != 2:
-                    raise LayoutUnavailable(
-                        "--shrink-after with --ring-config: a joined group shrinks from 2 ranks to the "
-                        "head alone; a larger joined group re-forms only when its lost ranks return"
-                    )
-                reform_bound, shrink, can_shrink = shrink_after, shrink_to_head, True
-            executor = with_recovery(
-                build,
-                reform_timeout if local_group or ring_config else 0.0,
-                shrink=shrink if can_shrink else None,
-                shrink_after_s=shrink_after,
-            )
+def _start(
+    executor: Executor, config, tokenizer, name: str
+) -> tuple[ServingEngine, Callable[[], None]]:
+    """The scheduler over `executor` started, the engine over it, and the function that stops
+    both (scheduler first, then the executor)."""
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     scheduler = Scheduler(executor, eos_token_ids=eos)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
-    engine = ServingEngine(
-        scheduler,
-        tokenizer,
-        name or model_dir.resolve().name.removesuffix(".gguf"),
-        chat_template=chat,
-    )
+    engine = ServingEngine(scheduler, tokenizer, name, chat_template=chat)
     scheduler.start()
 
     def close() -> None:

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(max_batch=1, max_seq_len=len(ids) + args.max_tokens)
     executor = None
     if args.tp == 1 and args.pp == 1 and not args.layout and not args.quantize:
-        # one node on the CPU over a quantized GGUF: the torch-free executor, where it runs it
+        # one node on the CPU over a GGUF the torch-free executor runs: no layout, no torch
         executor = lean_executor_for(
             source, device=args.device, dtype=args.dtype, max_batch=1,
             max_seq_len=limits.max_seq_len, threads=args.threads,

@@ -42,8 +42,6 @@ def lean_executor_for(
     *,
     device: str = "auto",
     dtype: str = "auto",
-    single_node: bool = True,
-    kernels: str = "auto",
     max_batch: int = 8,
     max_seq_len: int = 2048,
     threads: int | None = None,
@@ -53,15 +51,14 @@ def lean_executor_for(
     `LeanModel` runs it (layer weights quantized or 16-bit, no sliding window; else
     `LeanUnsupportedError` is caught), the run is one node on the CPU (`device` cpu, or auto on a
     host with no accelerator, `devices.host_has_accelerator`) in float32 (`dtype` float32 or auto:
-    llama.cpp's choice on the CPU too) with the default kernels, and `TANDEM_LEAN` is not "0".
+    llama.cpp's choice on the CPU too), and `TANDEM_LEAN` is not "0". The caller has checked the
+    run is one node (no TP, PP or ring config, no --quantize).
     Errors in the file itself (corrupt, missing) propagate: the torch path would refuse it the same
     way."""
     from tandem.devices import host_has_accelerator
     from tandem.loaders.source import is_gguf
 
-    if os.environ.get("TANDEM_LEAN", "1") == "0" or not single_node or kernels != "auto":
-        return None
-    if dtype not in ("auto", "float32"):
+    if os.environ.get("TANDEM_LEAN", "1") == "0" or dtype not in ("auto", "float32"):
         return None
     if not isinstance(model, GGUFModel) and not (
         isinstance(model, (str, Path)) and is_gguf(model)

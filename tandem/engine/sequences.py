@@ -44,8 +44,8 @@ class SequenceCache:
     """Per live sequence: its slot in `kv` (None: this process holds no layers) and its length.
     The bookkeeping needs no torch; only `for_model`, which builds a `KVCache`, imports it.
 
-        `owner` names the holder in messages ("this stage"); `vocab_size` (None: not checked) bounds
-        the token ids where this process embeds them."""
+    `owner` names the holder in messages ("this stage"); `vocab_size` (None: not checked) bounds
+    the token ids where this process embeds them."""
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from tandem.devices import cpu_flags
-from tandem.models.quant.blocks import BY_NAME
+from tandem.models.quant.blocks import BY_NAME, UnsupportedTypeError, layout
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
@@ -65,6 +65,22 @@ KERNEL_NAMES = (
 KERNEL_TYPES = frozenset(BY_NAME[n].type_id for n in KERNEL_NAMES)  # what csrc/qgemv.c multiplies
 DENSE_TYPES = frozenset(BY_NAME[n].type_id for n in ("F32", "F16", "BF16"))
 MAX_PARTS = 16  # csrc/qgemv.c: weights per call
+
+
+def kernel_row_bytes(type_id: int, in_features: int) -> tuple[str, int]:
+    """(type name, bytes per row) of a weight of ggml type `type_id`, `in_features` columns wide,
+    as csrc/qgemv.c multiplies it; `NativeError` for a type it lacks or a width that is not whole
+    blocks (of 32 too, the activations' quantization group). Each caller checks its own array
+    (torch or numpy) against the row bytes."""
+    try:
+        t = layout(type_id)
+    except UnsupportedTypeError as e:
+        raise NativeError(str(e)) from None
+    if t.type_id not in KERNEL_TYPES:
+        raise NativeError(f"the native quantized GEMV has no kernel for {t.name}")
+    if in_features < 1 or in_features % t.block_size or (t.block_size > 1 and in_features % 32):
+        raise NativeError(f"{t.name}: {in_features} columns is not whole blocks")
+    return t.name, t.row_bytes(in_features)
 
 
 class NativeError(ValueError):

@@ -39,8 +39,13 @@ import torch
 
 from tandem.kernels import native
 from tandem.kernels.cstructs import TqPart as _Part
-from tandem.kernels.library import DENSE_TYPES, KERNEL_NAMES, KERNEL_TYPES, MAX_PARTS  # noqa: F401
-from tandem.models.quant.blocks import UnsupportedTypeError, layout
+from tandem.kernels.library import (  # noqa: F401  (re-exported)
+    DENSE_TYPES,
+    KERNEL_NAMES,
+    KERNEL_TYPES,
+    MAX_PARTS,
+    kernel_row_bytes,
+)
 
 
 class QuantKernelError(native.NativeError):
@@ -57,14 +62,9 @@ def check_weight(qweight: torch.Tensor, qtype: int, in_features: int) -> None:
     """Raises QuantKernelError unless `qweight` is W (rows, in_features) of type `qtype` as the
     kernel reads it: uint8 (rows, row_bytes), contiguous, on the CPU, of a type in KERNEL_TYPES."""
     try:
-        t = layout(qtype)
-    except UnsupportedTypeError as e:
+        name, want = kernel_row_bytes(qtype, in_features)
+    except native.NativeError as e:
         raise QuantKernelError(str(e)) from None
-    if t.type_id not in KERNEL_TYPES:
-        raise QuantKernelError(f"the native quantized GEMV has no kernel for {t.name}")
-    if in_features < 1 or in_features % t.block_size or (t.block_size > 1 and in_features % 32):
-        raise QuantKernelError(f"{t.name}: {in_features} columns is not whole blocks")
-    want = t.row_bytes(in_features)
     if (
         qweight.dtype != torch.uint8
         or qweight.dim() != 2
@@ -72,7 +72,7 @@ def check_weight(qweight: torch.Tensor, qtype: int, in_features: int) -> None:
         or qweight.shape[0] < 1
     ):
         raise QuantKernelError(
-            f"{t.name} weight of {in_features} columns must be uint8 (rows, {want}), got "
+            f"{name} weight of {in_features} columns must be uint8 (rows, {want}), got "
             f"{qweight.dtype} {tuple(qweight.shape)}"
         )
     if qweight.device.type != "cpu" or not qweight.is_contiguous():

@@ -12,7 +12,6 @@ import numpy as np
 from tandem.kernels import library
 from tandem.kernels.cstructs import TqLinear, TqPart
 from tandem.kernels.lean import ops
-from tandem.models.quant.blocks import UnsupportedTypeError, layout
 
 
 class LeanWeightError(ops.LeanKernelError):
@@ -23,17 +22,12 @@ def check_part(w: np.ndarray, type_id: int, in_features: int, name: str) -> None
     """Raises LeanWeightError unless `w` is uint8 (rows, row_bytes) C-contiguous blocks of a type
     csrc/qgemv.c multiplies, `in_features` columns wide."""
     try:
-        t = layout(type_id)
-    except UnsupportedTypeError as e:
+        kind, want = library.kernel_row_bytes(type_id, in_features)
+    except library.NativeError as e:
         raise LeanWeightError(f"{name}: {e}") from None
-    if t.type_id not in library.KERNEL_TYPES:
-        raise LeanWeightError(f"{name}: the native kernels have no {t.name} product")
-    if in_features % t.block_size or (t.block_size > 1 and in_features % 32):
-        raise LeanWeightError(f"{name}: {in_features} columns is not whole {t.name} blocks")
-    want = t.row_bytes(in_features)
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] != want or not w.flags.c_contiguous:
         raise LeanWeightError(
-            f"{name}: {t.name} of {in_features} columns must be contiguous uint8 (rows, {want}), "
+            f"{name}: {kind} of {in_features} columns must be contiguous uint8 (rows, {want}), "
             f"got {w.dtype} {w.shape}"
         )
 

@@ -24,6 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,6 +49,9 @@ from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
 from tandem.loaders.tokenizer import Tokenizer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
 from tandem.models.quant.values import as_float32
+
+if TYPE_CHECKING:
+    import torch
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -227,7 +231,7 @@ class GGUFModel:
         raw = np.asarray(data[info.offset : info.offset + info.nbytes])
         return raw.reshape(info.shape[0], -1) if len(info.shape) == 2 else raw
 
-    def _view(self, info: GGUFTensorInfo):
+    def _view(self, info: GGUFTensorInfo) -> torch.Tensor:
         """`_bytes` as a torch tensor (the same memory)."""
         import torch
 
@@ -264,7 +268,7 @@ class GGUFModel:
 
     def blocks(
         self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
-    ):
+    ) -> torch.Tensor:
         """Quantized parameter `name` as uint8 blocks (rows, row_bytes), HF row order: a view
         of the mapped file, or an un-permuted copy for a llama q/k (module docstring).
 
@@ -278,11 +282,13 @@ class GGUFModel:
                    bytes of every row, read with pread (not through the mapping, so the
                    tensor's other bytes never become this process's resident pages)
         Never the whole tensor: a shard reads only its own blocks."""
+        if dim is None:
+            import torch
+
+            return torch.from_numpy(self.block_array(name))
         info = self.info(name)
         raw = self._view(info)
         heads = self._heads(name)
-        if dim is None:
-            return raw if heads is None else unpermute_rows(raw, heads)
         rows, cols = info.shape
         if dim == 0:
             self._check_range(info, start, end, rows, 1, "rows")
@@ -327,7 +333,7 @@ class GGUFModel:
                 f"reads {', '.join(t.name for t in LAYOUTS)}"
             )
 
-    def _dense(self, info: GGUFTensorInfo, name: str):
+    def _dense(self, info: GGUFTensorInfo, name: str) -> torch.Tensor:
         import torch
 
         from tandem.models.quant.dequant import dequantize
@@ -342,7 +348,7 @@ class GGUFModel:
 
     def read(
         self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
-    ):
+    ) -> torch.Tensor:
         """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
         un-permuted), a quantized tensor dequantized to float32 (a new tensor). With `dim`, the
         slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized)."""
@@ -408,7 +414,7 @@ class GGUFModel:
         self.readers = []
 
 
-def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int):
+def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> torch.Tensor:
     """Bytes `[b0, b1)` of rows `[r0, r1)` of a 2-D tensor, read with pread into a new uint8
     (r1 - r0, b1 - b0) tensor: exactly those bytes, and none of the tensor's other pages become
     this process's resident memory (a copy through the mapping would keep every page of every
