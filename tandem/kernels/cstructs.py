@@ -35,4 +35,5 @@ class TqLayer(ctypes.Structure):  # csrc/decode_model.c tq_layer: one decoder la
         ("k_norm", ctypes.c_void_p),
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
+        ("rope_pairs", ctypes.c_int),  # 0 HF halves, 1 llama.cpp's pairs (csrc tandem_norm_rope)
     )

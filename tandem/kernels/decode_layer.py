@@ -90,7 +90,7 @@ def run(layer, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h.data_ptr(), layer.input_layernorm.weight.data_ptr(), layer.input_layernorm.eps,
         ctypes.byref(_desc(attn.qkv_proj)),
         _ptr(None if qn is None else qn.weight), _ptr(None if kn is None else kn.weight),
-        0.0 if qn is None else qn.eps, ctx.cos.data_ptr(), ctx.sin.data_ptr(),
+        0.0 if qn is None else qn.eps, ctx.cos.data_ptr(), ctx.sin.data_ptr(), 0,
         k.data_ptr(), v.data_ptr(), strides, pos, ctypes.byref(_desc(attn.o_proj)), a.data_ptr(),
         D, attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.head_dim**-0.5, code, threads,
     )  # fmt: skip

@@ -148,7 +148,7 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     # x, x_stride, w, y, rows, dim, eps, dtype, threads
     "tandem_rmsnorm": (_INT, (_P, _I64, _P, _P, _I64, _I64, _F32, _INT, _INT)),
     # x, rows, heads, hd, row_stride, w, eps, cos, sin, dtype, threads
-    "tandem_norm_rope": (_INT, (_P, _I64, _I64, _I64, _I64, _P, _F32, _P, _P, _INT, _INT)),
+    "tandem_norm_rope": (_INT, (_P, _I64, _I64, _I64, _I64, _P, _F32, _P, _P, _INT, _INT, _INT)),
     "tandem_silu_mul": (_INT, (_P, _P, _I64, _I64, _INT, _INT)),  # gu, y, rows, inter, dt, thr
     "tandem_argmax": (_INT, (_P, _I64, _I64, _P, _INT)),  # x, rows, n, out, dtype
     # q, q_stride, k, k_strides, v, v_strides, out, B, G, R, S, hd, scale, dtype, threads
@@ -161,11 +161,11 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         _INT,
         (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
-    # h, norm_w, eps, qkv (tq_linear*), q_norm, k_norm, qk_eps, cos, sin, k_cache, v_cache,
-    # kv_strides, pos, o (tq_linear*), out, D, H, G, hd, scale, dtype, threads
+    # h, norm_w, eps, qkv (tq_linear*), q_norm, k_norm, qk_eps, cos, sin, pairs, k_cache,
+    # v_cache, kv_strides, pos, o (tq_linear*), out, D, H, G, hd, scale, dtype, threads
     "tandem_attention_block": (
         _INT,
-        (_P, _P, _F32, _P, _P, _P, _F32, _P, _P, _P, _P, _P, _I64)
+        (_P, _P, _F32, _P, _P, _P, _F32, _P, _P, _INT, _P, _P, _P, _I64)
         + (_P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
     # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads

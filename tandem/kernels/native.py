@@ -172,7 +172,7 @@ def norm_rope_(
         )
     rc = _library().tandem_norm_rope(
         t.data_ptr(), rows, heads, hd, t.stride(0),
-        None if weight is None else weight.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), code,
+        None if weight is None else weight.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), 0, code,
         torch.get_num_threads(),
     )  # fmt: skip
     _check(rc, "norm_rope")

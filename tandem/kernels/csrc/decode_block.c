@@ -22,7 +22,7 @@ int tandem_gemv(const void *x, const void *w, const float *bias, void *y, int64_
 int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
                    int64_t dim, float eps, int dt, int nthreads);
 int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t row_stride,
-                     const void *w, float eps, const void *cos, const void *sin, int dt,
+                     const void *w, float eps, const void *cos, const void *sin, int pairs, int dt,
                      int nthreads);
 int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt, int nthreads);
 int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, const int64_t *ks,
@@ -40,13 +40,14 @@ static int linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_
 }
 
 /* h (D) -> out (D), all of dtype dt. qkv: (H*hd + 2*G*hd, D) = [W_q; W_k; W_v] (quant.h's
- * tq_linear: dense of dtype dt or GGUF parts, bias float32 or NULL); o: (D, H*hd); q_norm / k_norm (hd) or NULL; cos, sin (hd) for this position; the layer's
+ * tq_linear: dense of dtype dt or GGUF parts, bias float32 or NULL); o: (D, H*hd); q_norm / k_norm (hd) or NULL; cos, sin (hd) for this position, `pairs` the q/k layout
+ * (tandem_norm_rope's); the layer's
  * cache for this sequence's slot: element (g, s, d) of k at k_cache + g*kv_strides[0] +
  * s*kv_strides[1] + d (v likewise); keys 0..pos are attended, pos being written here, with
  * scores scaled by `scale`. */
 int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
                            const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
-                           const void *sin, void *k_cache, void *v_cache,
+                           const void *sin, int pairs, void *k_cache, void *v_cache,
                            const int64_t *kv_strides, int64_t pos, const tq_linear *o_l,
                            void *out, int64_t D, int64_t H, int64_t G, int64_t hd, float scale,
                            int dt, int nthreads) {
@@ -59,8 +60,8 @@ int tandem_attention_block(const void *h, const void *norm_w, float eps, const t
     char *q = qkv, *k = q + H * hd * es, *v = k + G * hd * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, 1, D, eps, dt, nthreads);
     if (!rc) rc = linear1(qkv_l, xn, qkv, width, D, dt, nthreads);
-    if (!rc) rc = tandem_norm_rope(q, 1, H, hd, width, q_norm, qk_eps, cos, sin, dt, nthreads);
-    if (!rc) rc = tandem_norm_rope(k, 1, G, hd, width, k_norm, qk_eps, cos, sin, dt, nthreads);
+    if (!rc) rc = tandem_norm_rope(q, 1, H, hd, width, q_norm, qk_eps, cos, sin, pairs, dt, nthreads);
+    if (!rc) rc = tandem_norm_rope(k, 1, G, hd, width, k_norm, qk_eps, cos, sin, pairs, dt, nthreads);
     if (!rc) {
         for (int64_t g = 0; g < G; g++) { /* this token's key and value rows into the cache */
             int64_t off = (g * kv_strides[0] + pos * kv_strides[1]) * es;

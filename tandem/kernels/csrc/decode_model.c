@@ -17,7 +17,7 @@
 
 int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
                            const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
-                           const void *sin, void *k_cache, void *v_cache,
+                           const void *sin, int pairs, void *k_cache, void *v_cache,
                            const int64_t *kv_strides, int64_t pos, const tq_linear *o_l,
                            void *out, int64_t D, int64_t H, int64_t G, int64_t hd, float scale,
                            int dt, int nthreads);
@@ -28,13 +28,15 @@ int tandem_mlp_block(const void *h, const void *norm_w, float eps, const tq_line
 /* One decoder layer as the model call takes it (tandem/kernels/decode_model.py builds these):
  * the two RMSNorm weights and eps, the four projections (quant.h tq_linear), the q/k norm weights
  * (or NULL) and eps, and the layer's k and v caches at slot 0: element (slot, g, s, d) at
- * k + slot*slot_stride + g*kv_strides[0] + s*kv_strides[1] + d, every layer alike. */
+ * k + slot*slot_stride + g*kv_strides[0] + s*kv_strides[1] + d, every layer alike; the q/k
+ * rows' RoPE layout (decode_ops.c tandem_norm_rope's `pairs`). */
 typedef struct {
     const void *in_norm, *post_norm;
     float in_eps, post_eps, qk_eps;
     const tq_linear *qkv, *o, *gate_up, *down;
     const void *q_norm, *k_norm;
     void *k_cache, *v_cache;
+    int rope_pairs; /* the q/k rows' RoPE layout: tandem_norm_rope's `pairs` */
 } tq_layer;
 
 /* h += x elementwise over n elements of dtype dt, each sum rounded once to dt. */
@@ -62,7 +64,8 @@ int tandem_decode_layers(const tq_layer *layers, int64_t n, void *h, const void 
         const tq_layer *L = &layers[l];
         const int64_t off = slot * slot_stride * es;
         rc = tandem_attention_block(h, L->in_norm, L->in_eps, L->qkv, L->q_norm, L->k_norm,
-                                    L->qk_eps, cos, sin, (char *)L->k_cache + off,
+                                    L->qk_eps, cos, sin, L->rope_pairs,
+                                    (char *)L->k_cache + off,
                                     (char *)L->v_cache + off, kv_strides, pos, L->o, x, D, H, G,
                                     hd, scale, dt, nthreads);
         if (rc) break;

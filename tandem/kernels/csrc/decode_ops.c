@@ -77,10 +77,16 @@ int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int6
  * heads contiguous within a row): optionally the per-head RMSNorm with weight w (hd) (Qwen3's
  * q_norm / k_norm; w NULL skips it), then the rotary embedding of rope.apply_rope with this row's
  * cos and signed sin (rows, hd, contiguous):
- *     out_i = round(round(v_i * cos_i) + round(v_{(i + hd/2) mod hd} * sin_i))
+ *     out_i = round(round(v_i * cos_i) + round(v_{p(i)} * sin_i))
+ * where i's rotation partner p(i) is (i + hd/2) mod hd in the HF layout (pairs 0: a head's first
+ * and second halves rotate together), or i ^ 1 in llama.cpp's (pairs 1: a llama GGUF's q/k rows
+ * as its converter stored them, element j of the first half at 2j and of the second at 2j + 1;
+ * cos, sin and w then in that order too). Same products, same roundings: without w a pairs-1
+ * row is the pairs-0 row's elements in the stored order, bit for bit (with w, the norm's sum of
+ * squares runs in the stored order).
  */
 int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t row_stride,
-                     const void *w, float eps, const void *cos, const void *sin, int dt,
+                     const void *w, float eps, const void *cos, const void *sin, int pairs, int dt,
                      int nthreads) {
     if (rows < 0 || heads < 1 || hd < 2 || hd % 2 || hd > MAX_HEAD_DIM || dt < DT_F32 ||
         dt > DT_F16 || (dt == DT_F16 && !HAVE_F16))
@@ -97,7 +103,7 @@ int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t r
             const float inv = w ? inv_rms(p, hd, eps, dt) : 1.0f;
             int64_t i = 0;
 #if defined(__AVX2__)
-            if (half % 8 == 0) {
+            if (pairs ? hd % 8 == 0 : half % 8 == 0) {
                 const __m256 vinv = _mm256_set1_ps(inv);
                 for (; i < hd; i += 8) {
                     __m256 e = load8(p, i, dt);
@@ -105,7 +111,9 @@ int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t r
                 }
                 for (i = 0; i < hd; i += 8) {
                     __m256 a = round8(_mm256_mul_ps(_mm256_loadu_ps(v + i), load8(c, i, dt)), dt);
-                    __m256 b = round8(_mm256_mul_ps(_mm256_loadu_ps(v + (i + half) % hd), load8(s, i, dt)), dt);
+                    __m256 o = pairs ? _mm256_permute_ps(_mm256_loadu_ps(v + i), 0xB1) /* lanes 1,0,3,2.. */
+                                     : _mm256_loadu_ps(v + (i + half) % hd);
+                    __m256 b = round8(_mm256_mul_ps(o, load8(s, i, dt)), dt);
                     store8(p, i, _mm256_add_ps(a, b), dt);
                 }
                 continue;
@@ -115,7 +123,7 @@ int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t r
                 v[i] = w ? round_to(load1(p, i, dt) * inv * load1(w, i, dt), dt) : load1(p, i, dt);
             for (i = 0; i < hd; i++) {
                 float a = round_to(v[i] * load1(c, i, dt), dt);
-                float b = round_to(v[(i + half) % hd] * load1(s, i, dt), dt);
+                float b = round_to(v[pairs ? i ^ 1 : (i + half) % hd] * load1(s, i, dt), dt);
                 store1(p, i, a + b, dt);
             }
         }

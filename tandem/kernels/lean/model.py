@@ -15,6 +15,13 @@ one-call decode (csrc/decode_model.c: every layer in C, as the torch path's Fast
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
 OS: a page is resident once a token is written into it.
+
+A `llama` file's q/k rows are used in the order llama.cpp's converter stored them (`qk_pairs`):
+within each head, HF element j of the first half at 2j and of the second half at 2j + 1. RoPE
+then rotates adjacent pairs (csrc tandem_norm_rope's `pairs`), which gives each q and k element
+the value the HF order gives it, at its stored place; the cached keys are in that order too, and
+a score q.k is the same sum in another order. So no un-permuted copy of q/k is made (8 MB on
+SmolLM2-135M, ~380 MB on a Llama-3-8B Q4_K_M); v, and so every attention output, is untouched.
 """
 
 from __future__ import annotations
@@ -45,16 +52,18 @@ class WeightSource(Protocol):
     """What `LeanModel` reads (`loaders.gguf.model_file.GGUFModel` is one)."""
 
     config: ModelConfig
+    qk_pairs: bool  # q/k rows stored in llama.cpp's RoPE pair order (module docstring)
 
     def info(self, name: str): ...  # .type_id
 
-    def block_array(self, name: str) -> np.ndarray: ...
+    def block_array(self, name: str, as_stored: bool = False) -> np.ndarray: ...
 
-    def values_array(self, name: str) -> np.ndarray: ...
+    def values_array(self, name: str, as_stored: bool = False) -> np.ndarray: ...
 
 
 class Layer:
-    """One decoder layer's weights: norms float32, fused q/k/v and gate/up projections."""
+    """One decoder layer's weights: norms float32, fused q/k/v and gate/up projections; q/k rows
+    (and a q/k norm weight) in the file's order (module docstring)."""
 
     def __init__(self, src: WeightSource, i: int) -> None:
         c = src.config
@@ -62,10 +71,14 @@ class Layer:
         D = c.hidden_size
 
         def parts(*names: str) -> list[tuple[np.ndarray, int]]:
-            return [(src.block_array(p + n), src.info(p + n).type_id) for n in names]
+            return [
+                (src.block_array(p + n, as_stored=True), src.info(p + n).type_id) for n in names
+            ]
 
         def bias(on: bool, *names: str) -> np.ndarray | None:
-            return np.concatenate([src.values_array(p + n) for n in names]) if on else None
+            if not on:
+                return None
+            return np.concatenate([src.values_array(p + n, as_stored=True) for n in names])
 
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         gu = ("mlp.gate_proj", "mlp.up_proj")
@@ -91,12 +104,20 @@ class Layer:
             parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
             p + "down_proj",
         )  # fmt: skip
-        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
-        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
+        self.q_norm = self.k_norm = None
+        if c.qk_norm:
+            self.q_norm = _head_vec(src, p + "self_attn.q_norm.weight")
+            self.k_norm = _head_vec(src, p + "self_attn.k_norm.weight")
 
 
 def _vec(src: WeightSource, name: str) -> np.ndarray:
     return np.ascontiguousarray(src.values_array(name), dtype=np.float32)
+
+
+def _head_vec(src: WeightSource, name: str) -> np.ndarray:
+    """A per-head weight (hd,) in the q/k rows' order: HF's, or pair order where `qk_pairs`."""
+    w = _vec(src, name)
+    return np.ascontiguousarray(w.reshape(2, -1).T.reshape(-1)) if src.qk_pairs else w
 
 
 def check_supported(config: ModelConfig) -> None:
@@ -121,6 +142,7 @@ class LeanModel:
             c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         )  # fmt: skip
         self.eps = c.rms_norm_eps
+        self.pairs = src.qk_pairs
         projections = [
             f"model.layers.{i}.{p}_proj.weight"
             for i in range(c.num_hidden_layers)
@@ -169,15 +191,15 @@ class LeanModel:
         H, G, hd, th = self.H, self.G, self.hd, self.threads
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
         pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
-        cos, sin = cos_sin(self.inv_freq, pos)  # (N, hd) each
+        cos, sin = cos_sin(self.inv_freq, pos, self.pairs)  # (N, hd) each
         x = self.embed(ids)  # (N, D)
         bounds = np.cumsum([0] + [len(tok) for _, _, tok in rows])
         for li, L in enumerate(self.layers):
             h = ops.rmsnorm(x, L.in_norm, self.eps, th)
             qkv = L.qkv(h, th)  # (N, (H + 2G) hd)
             q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + G) * hd], qkv[:, (H + G) * hd :]
-            ops.norm_rope_(q, H, L.q_norm, self.eps, cos, sin, th)
-            ops.norm_rope_(k, G, L.k_norm, self.eps, cos, sin, th)
+            ops.norm_rope_(q, H, L.q_norm, self.eps, cos, sin, th, self.pairs)
+            ops.norm_rope_(k, G, L.k_norm, self.eps, cos, sin, th, self.pairs)
             attn = np.empty((len(ids), H * hd), np.float32)
             for (slot, p, tok), r0, r1 in zip(rows, bounds[:-1], bounds[1:]):
                 n = len(tok)
@@ -218,7 +240,7 @@ class LeanModel:
                 ctypes.addressof(L.gate_up.desc), ctypes.addressof(L.down.desc),
                 None if L.q_norm is None else L.q_norm.ctypes.data,
                 None if L.k_norm is None else L.k_norm.ctypes.data,
-                self.k[i].ctypes.data, self.v[i].ctypes.data,
+                self.k[i].ctypes.data, self.v[i].ctypes.data, int(self.pairs),
             )  # fmt: skip
         es = 4
         k0 = self.k[0]  # (slots, G, S, hd)
@@ -228,7 +250,7 @@ class LeanModel:
     def _decode_one(self, slot: int, pos: int, token: int) -> np.ndarray:
         layers, slot_stride, kv_strides = self._decode
         h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = cos_sin(self.inv_freq, np.array([pos]))
+        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs)
         rc = library.library().tandem_decode_layers(
             ctypes.addressof(layers), len(layers), h.ctypes.data, cos.ctypes.data,
             sin.ctypes.data, slot, slot_stride, kv_strides, pos, self.D, self.H, self.G, self.hd,

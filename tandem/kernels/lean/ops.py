@@ -52,10 +52,12 @@ def norm_rope_(
     cos: np.ndarray,
     sin: np.ndarray,
     threads: int,
+    pairs: bool = False,
 ) -> None:
     """In place on x (N, heads * hd), rows possibly strided (a slice of the fused q/k/v output):
     the per-head RMSNorm with w (hd,) when given (Qwen3), then RoPE with this row's cos and signed
-    sin (N, hd) contiguous."""
+    sin (N, hd) contiguous; `pairs`: x, w and the tables in llama.cpp's pair order
+    (`rope.cos_sin`)."""
     _f32(x, "norm_rope x")
     n, width = x.shape
     hd = width // heads
@@ -67,7 +69,18 @@ def norm_rope_(
     if w is not None and w.shape != (hd,):
         raise LeanKernelError(f"norm_rope weight {w.shape} for head_dim {hd}")
     rc = library.library().tandem_norm_rope(
-        _ptr(x), n, heads, hd, x.strides[0] // 4, _ptr(w), eps, _ptr(cos), _ptr(sin), F32, threads
+        _ptr(x),
+        n,
+        heads,
+        hd,
+        x.strides[0] // 4,
+        _ptr(w),
+        eps,
+        _ptr(cos),
+        _ptr(sin),
+        int(pairs),
+        F32,
+        threads,
     )
     _check(rc, "norm_rope")
 

@@ -40,10 +40,15 @@ def inv_freq(config: ModelConfig) -> np.ndarray:
     return np.where(is_medium, smoothed, scaled).astype(f32)
 
 
-def cos_sin(inv: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cos_sin(
+    inv: np.ndarray, positions: np.ndarray, pairs: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """positions (N,) -> cos, signed sin, each (N, head_dim) float32 contiguous: the angle
     `position * inv_freq` in float32, cos and sin repeated over both halves, sin's first half
-    negated (rope.RotaryEmbedding's form)."""
+    negated (rope.RotaryEmbedding's form). With `pairs`, the same columns in llama.cpp's pair
+    order (HF column j at 2j, j + hd/2 at 2j + 1), for q/k rows stored in that order."""
     freqs = positions.astype(np.float32)[:, None] * inv[None, :]  # (N, hd/2)
     c, s = np.cos(freqs), np.sin(freqs)
+    if pairs:  # (N, hd/2, 2) -> (N, hd)
+        return np.repeat(c, 2, axis=1), np.stack((-s, s), axis=2).reshape(len(c), -1)
     return np.concatenate((c, c), axis=1), np.concatenate((-s, s), axis=1)

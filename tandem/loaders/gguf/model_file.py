@@ -239,21 +239,30 @@ class GGUFModel:
 
     # ---- torch-free reads (the single-node CPU path that never imports torch) -------------
 
-    def block_array(self, name: str) -> np.ndarray:
-        """Parameter `name` as uint8 blocks (rows, row_bytes) in HF row order, as numpy: a view of
-        the mapped file, or an un-permuted copy for a llama q/k (module docstring)."""
+    @property
+    def qk_pairs(self) -> bool:
+        """Whether this file's q/k rows are stored in llama.cpp's RoPE pair order (a `llama`
+        file, module docstring): what `as_stored` reads keep."""
+        return self.arch in PERMUTED_QK
+
+    def block_array(self, name: str, as_stored: bool = False) -> np.ndarray:
+        """Parameter `name` as uint8 blocks (rows, row_bytes) as numpy: a view of the mapped file
+        in HF row order, or an un-permuted copy for a llama q/k (module docstring). With
+        `as_stored`, a view in the file's row order always (`qk_pairs` says which that is)."""
         raw = self._bytes(self.info(name))
-        heads = self._heads(name)
+        heads = None if as_stored else self._heads(name)
         return raw if heads is None else unpermute_rows(raw, heads)
 
-    def values_array(self, info: GGUFTensorInfo | str, name: str | None = None) -> np.ndarray:
-        """A tensor (an HF parameter name or a raw info) as float32 values in HF row order, as
-        numpy (`models.quant.values.as_float32`: F32 a view, the rest widened or dequantized). For
-        the small tensors (norms, biases, rope factors)."""
+    def values_array(
+        self, info: GGUFTensorInfo | str, name: str | None = None, as_stored: bool = False
+    ) -> np.ndarray:
+        """A tensor (an HF parameter name or a raw info) as float32 values in HF row order (the
+        file's with `as_stored`), as numpy (`models.quant.values.as_float32`: F32 a view, the rest
+        widened or dequantized). For the small tensors (norms, biases, rope factors)."""
         heads = None
         if isinstance(info, str):
             name = info
-            info, heads = self.info(name), self._heads(name)
+            info, heads = self.info(name), None if as_stored else self._heads(name)
         self._check_type(info, name or info.gguf_name)
         raw = self._bytes(info)
         out = as_float32(raw.reshape(-1, raw.shape[-1]), info.type_id)
