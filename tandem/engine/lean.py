@@ -19,7 +19,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult
 from tandem.engine.sequences import SequenceCache
 from tandem.kernels.lean import ops
@@ -130,6 +129,8 @@ class LeanExecutor:
 
     def describe(self) -> dict[str, Any]:
         """One rank holding every layer, in this process, torch-free."""
+        from tandem.engine import cluster_info as ci  # psutil: asked for by the server only
+
         facts = ci.RankFacts(
             rank=0,
             role="head",

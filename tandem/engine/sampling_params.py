@@ -9,7 +9,6 @@ torch CPU tensor (read through the array protocol, without a copy for float32).
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +65,9 @@ def numpy_seed(seed: int) -> int:
 
 
 def make_generator(seed: int | None) -> np.random.Generator:
-    """A PCG64 generator seeded from `seed` (`numpy_seed`); None: a random seed."""
-    return np.random.Generator(
-        np.random.PCG64(numpy_seed(seed) if seed is not None else secrets.randbits(64))
-    )
+    """A PCG64 generator seeded from `seed` (`numpy_seed`); None: from the OS's entropy (numpy's
+    own seeding)."""
+    return np.random.Generator(np.random.PCG64(None if seed is None else numpy_seed(seed)))
 
 
 def sample_next(logits: Any, params: SamplingParams, generator: np.random.Generator) -> int:

@@ -45,13 +45,13 @@ from tandem.loaders.gguf.reader import (
     GuardedReader,
     open_reader,
 )
-from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
-from tandem.loaders.tokenizer import Tokenizer
 from tandem.models.quant.blocks import BY_ID, LAYOUTS, QUANTIZED
 from tandem.models.quant.values import as_float32
 
 if TYPE_CHECKING:
     import torch
+
+    from tandem.loaders.tokenizer import Tokenizer
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
@@ -415,6 +415,8 @@ class GGUFModel:
         for a file that carries no tokenizer (prompts must then be token ids)."""
         if "tokenizer.ggml.model" not in self.metadata:
             return None
+        from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer  # tokenizers + jinja2: 10 MB
+
         return load_gguf_tokenizer(self.readers[0], self.path)
 
     def close(self) -> None:
