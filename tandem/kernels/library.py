@@ -147,7 +147,7 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     "tandem_qgemv": (_INT, (_P, _P, _I64, _P, _P, _I64, _I64, _INT, _INT)),
     # x, x_stride, w, y, rows, dim, eps, dtype, threads
     "tandem_rmsnorm": (_INT, (_P, _I64, _P, _P, _I64, _I64, _F32, _INT, _INT)),
-    # x, rows, heads, hd, row_stride, w, eps, cos, sin, dtype, threads
+    # x, rows, heads, hd, row_stride, w, eps, cos, sin, pairs, dtype, threads
     "tandem_norm_rope": (_INT, (_P, _I64, _I64, _I64, _I64, _P, _F32, _P, _P, _INT, _INT, _INT)),
     "tandem_silu_mul": (_INT, (_P, _P, _I64, _I64, _INT, _INT)),  # gu, y, rows, inter, dt, thr
     "tandem_argmax": (_INT, (_P, _I64, _I64, _P, _INT)),  # x, rows, n, out, dtype

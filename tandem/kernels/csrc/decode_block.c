@@ -40,11 +40,11 @@ static int linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_
 }
 
 /* h (D) -> out (D), all of dtype dt. qkv: (H*hd + 2*G*hd, D) = [W_q; W_k; W_v] (quant.h's
- * tq_linear: dense of dtype dt or GGUF parts, bias float32 or NULL); o: (D, H*hd); q_norm / k_norm (hd) or NULL; cos, sin (hd) for this position, `pairs` the q/k layout
- * (tandem_norm_rope's); the layer's
- * cache for this sequence's slot: element (g, s, d) of k at k_cache + g*kv_strides[0] +
- * s*kv_strides[1] + d (v likewise); keys 0..pos are attended, pos being written here, with
- * scores scaled by `scale`. */
+ * tq_linear: dense of dtype dt or GGUF parts, bias float32 or NULL); o: (D, H*hd); q_norm /
+ * k_norm (hd) or NULL; cos, sin (hd) for this position; `pairs` the q/k rows' RoPE layout
+ * (decode_ops.c tandem_norm_rope's); the layer's cache for this sequence's slot: element
+ * (g, s, d) of k at k_cache + g*kv_strides[0] + s*kv_strides[1] + d (v likewise); keys 0..pos
+ * are attended, pos being written here, with scores scaled by `scale`. */
 int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
                            const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
                            const void *sin, int pairs, void *k_cache, void *v_cache,

@@ -69,19 +69,9 @@ def norm_rope_(
     if w is not None and w.shape != (hd,):
         raise LeanKernelError(f"norm_rope weight {w.shape} for head_dim {hd}")
     rc = library.library().tandem_norm_rope(
-        _ptr(x),
-        n,
-        heads,
-        hd,
-        x.strides[0] // 4,
-        _ptr(w),
-        eps,
-        _ptr(cos),
-        _ptr(sin),
-        int(pairs),
-        F32,
-        threads,
-    )
+        _ptr(x), n, heads, hd, x.strides[0] // 4, _ptr(w), eps, _ptr(cos), _ptr(sin), int(pairs),
+        F32, threads,
+    )  # fmt: skip
     _check(rc, "norm_rope")
 
 
