@@ -9,11 +9,13 @@ tensors, none twice. Metadata is the first part's.
 
 Whole tensors are zero-copy views of the memory-mapped files (a TP shard's slices are read with
 pread: `blocks`) except the q/k weights (and biases) of a
-`llama` file, whose rows llama.cpp's converter permuted (`names.unpermute_rows`): those are
+`llama` file, whose rows llama.cpp's converter permuted (`names.unpermute_rows`): those are read
+with pread (so their pages never become this process's resident memory through the mapping) and
 gathered back into HF order, one new contiguous copy per q and k matrix *in its blocks*, i.e.
 `(n_heads + n_kv_heads) * head_dim * row_bytes(hidden)` bytes per layer of anonymous memory
 (8.3 MB, 9%, of the 92 MB SmolLM2-135M Q4_1 file; about 8% of a Llama-3-8B Q4_K file), while the
-rest of the file stays mapped.
+rest of the file stays mapped. The torch-free path reads them as stored instead (`as_stored`,
+`qk_pairs`: its RoPE rotates the file's pairs), with no copy.
 """
 
 from __future__ import annotations
@@ -249,9 +251,9 @@ class GGUFModel:
         """Parameter `name` as uint8 blocks (rows, row_bytes) as numpy: a view of the mapped file
         in HF row order, or an un-permuted copy for a llama q/k (module docstring). With
         `as_stored`, a view in the file's row order always (`qk_pairs` says which that is)."""
-        raw = self._bytes(self.info(name))
+        info = self.info(name)
         heads = None if as_stored else self._heads(name)
-        return raw if heads is None else unpermute_rows(raw, heads)
+        return self._bytes(info) if heads is None else unpermute_rows(_stored(info), heads)
 
     def values_array(
         self, info: GGUFTensorInfo | str, name: str | None = None, as_stored: bool = False
@@ -264,7 +266,7 @@ class GGUFModel:
             name = info
             info, heads = self.info(name), None if as_stored else self._heads(name)
         self._check_type(info, name or info.gguf_name)
-        raw = self._bytes(info)
+        raw = self._bytes(info) if heads is None else _stored(info)
         out = as_float32(raw.reshape(-1, raw.shape[-1]), info.type_id)
         out = out.reshape(info.shape)
         return out if heads is None else unpermute_rows(out, heads)
@@ -342,13 +344,15 @@ class GGUFModel:
                 f"reads {', '.join(t.name for t in LAYOUTS)}"
             )
 
-    def _dense(self, info: GGUFTensorInfo, name: str) -> torch.Tensor:
+    def _dense(self, info: GGUFTensorInfo, name: str, pread: bool = False) -> torch.Tensor:
+        """The tensor as values: a view of the mapping (16/32-bit) or dequantized; `pread`: from
+        a copy read with pread instead of the mapping."""
         import torch
 
         from tandem.models.quant.dequant import dequantize
 
         self._check_type(info, name)
-        raw = self._view(info)
+        raw = torch.from_numpy(_stored(info)) if pread else self._view(info)
         kind = BY_ID[info.type_id].name
         if kind in ("F32", "F16", "BF16"):
             dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
@@ -366,10 +370,11 @@ class GGUFModel:
             from tandem.models.quant.dequant import dequantize
 
             return dequantize(self.blocks(name, dim, start, end), info.type_id)
-        t = self._dense(info, info.gguf_name)
         heads = self._heads(name)
-        if dim is None:
+        if dim is None:  # a whole permuted q/k: read with pread, then un-permuted (one copy kept)
+            t = self._dense(info, info.gguf_name, pread=heads is not None)
             return t if heads is None else unpermute_rows(t, heads)
+        t = self._dense(info, info.gguf_name)
         self._check_range(info, start, end, info.shape[dim], 1, "elements")
         part = t.narrow(dim, start, end - start)
         if heads is None:
@@ -425,9 +430,21 @@ class GGUFModel:
         self.readers = []
 
 
+def _stored(info: GGUFTensorInfo) -> np.ndarray:
+    """A whole 2-D tensor's bytes as stored, uint8 (rows, row_bytes), read with pread."""
+    return _pread_array(info, 0, info.shape[0], 0, info.nbytes // info.shape[0])
+
+
 def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> torch.Tensor:
+    """`_pread_array` as a torch tensor (the same memory)."""
+    import torch
+
+    return torch.from_numpy(_pread_array(info, r0, r1, b0, b1))
+
+
+def _pread_array(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> np.ndarray:
     """Bytes `[b0, b1)` of rows `[r0, r1)` of a 2-D tensor, read with pread into a new uint8
-    (r1 - r0, b1 - b0) tensor: exactly those bytes, and none of the tensor's other pages become
+    (r1 - r0, b1 - b0) array: exactly those bytes, and none of the tensor's other pages become
     this process's resident memory (a copy through the mapping would keep every page of every
     row it crosses mapped and resident)."""
     rb = info.nbytes // info.shape[0]
@@ -443,9 +460,7 @@ def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> tor
                 n = os.preadv(fd, [out[i]], info.offset + r * rb + b0)
                 if n != b1 - b0:
                     raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
-    import torch
-
-    return torch.from_numpy(out)
+    return out
 
 
 def _type_name(type_id: int) -> str:
