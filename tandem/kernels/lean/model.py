@@ -63,7 +63,7 @@ class WeightSource(Protocol):
 
 class Layer:
     """One decoder layer's weights: norms float32, fused q/k/v and gate/up projections; q/k rows
-    (and a q/k norm weight) in the file's order (module docstring)."""
+    in the file's order (module docstring)."""
 
     def __init__(self, src: WeightSource, i: int) -> None:
         c = src.config
@@ -104,20 +104,12 @@ class Layer:
             parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
             p + "down_proj",
         )  # fmt: skip
-        self.q_norm = self.k_norm = None
-        if c.qk_norm:
-            self.q_norm = _head_vec(src, p + "self_attn.q_norm.weight")
-            self.k_norm = _head_vec(src, p + "self_attn.k_norm.weight")
+        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
+        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
 
 
 def _vec(src: WeightSource, name: str) -> np.ndarray:
     return np.ascontiguousarray(src.values_array(name), dtype=np.float32)
-
-
-def _head_vec(src: WeightSource, name: str) -> np.ndarray:
-    """A per-head weight (hd,) in the q/k rows' order: HF's, or pair order where `qk_pairs`."""
-    w = _vec(src, name)
-    return np.ascontiguousarray(w.reshape(2, -1).T.reshape(-1)) if src.qk_pairs else w
 
 
 def check_supported(config: ModelConfig) -> None:
@@ -143,6 +135,8 @@ class LeanModel:
         )  # fmt: skip
         self.eps = c.rms_norm_eps
         self.pairs = src.qk_pairs
+        if self.pairs and c.qk_norm:  # no architecture has both (llama pairs, qwen3 norms)
+            raise LeanUnsupportedError("q/k norms on q/k rows in llama.cpp's pair order")
         projections = [
             f"model.layers.{i}.{p}_proj.weight"
             for i in range(c.num_hidden_layers)

@@ -431,7 +431,8 @@ class GGUFModel:
 
 
 def _stored(info: GGUFTensorInfo) -> np.ndarray:
-    """A whole 2-D tensor's bytes as stored, uint8 (rows, row_bytes), read with pread."""
+    """A whole tensor's bytes as stored, uint8 (rows, row_bytes) (a 1-D tensor: one element a
+    row), read with pread."""
     return _pread_array(info, 0, info.shape[0], 0, info.nbytes // info.shape[0])
 
 
