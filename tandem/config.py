@@ -2,7 +2,8 @@
 
 `ModelConfig` is the model's shape as Hugging Face `config.json` states it (field names kept as HF
 spells them), normalised across the supported architectures: Llama, Mistral, Qwen2 and Qwen3 differ
-only in which of these switches they set.
+only in which of these switches they set; the mixture-of-experts families (Qwen3-MoE, Mixtral) add
+a `MoESpec`, parsed by `tandem.moe_config`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem import boundedjson
+from tandem.moe_config import MoESpec, moe_checkpoint_names, moe_hf_fields, parse_moe
 
 # architecture name -> HF model_type written into config.json
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -20,6 +22,8 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
@@ -114,6 +118,11 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"
+    moe: MoESpec | None = None  # a mixture-of-experts model: its sparse layers (`moe_config`)
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer` holds the MoE block (else the dense MLP of `intermediate_size`)."""
+        return self.moe is not None and self.moe.is_sparse(layer)
 
     @property
     def model_type(self) -> str:
@@ -136,14 +145,16 @@ class ModelConfig:
             per_layer.append(f"self_attn.{p}_proj.weight")
             if self.o_bias if p == "o" else self.qkv_bias:
                 per_layer.append(f"self_attn.{p}_proj.bias")
+        dense = []
         for p in ("gate", "up", "down"):
-            per_layer.append(f"mlp.{p}_proj.weight")
+            dense.append(f"mlp.{p}_proj.weight")
             if self.mlp_bias:
-                per_layer.append(f"mlp.{p}_proj.bias")
+                dense.append(f"mlp.{p}_proj.bias")
         if self.qk_norm:
             per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
         for i in range(self.num_hidden_layers):
-            names.update(f"model.layers.{i}.{n}" for n in per_layer)
+            ffn = moe_checkpoint_names(self.moe) if self.is_sparse(i) else dense
+            names.update(f"model.layers.{i}.{n}" for n in per_layer + ffn)
         return frozenset(names)
 
     # ---- parsing -------------------------------------------------------------------------------
@@ -214,6 +225,9 @@ class ModelConfig:
             raise ConfigError(f"{source}: Qwen2 'use_sliding_window' is not supported")
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        moe = parse_moe(arch, d, need("num_hidden_layers"), source)
+        if arch == "MixtralForCausalLM":
+            window = d.get("sliding_window")
 
         try:
             return cls(
@@ -233,13 +247,14 @@ class ModelConfig:
                 qkv_bias=qkv_bias,
                 o_bias=o_bias,
                 mlp_bias=bool(d.get("mlp_bias", False)),
-                qk_norm=arch == "Qwen3ForCausalLM",
+                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
                 sliding_window=_typed(window, int, "sliding_window", source) if window else None,
                 bos_token_id=d.get("bos_token_id")
                 if isinstance(d.get("bos_token_id"), int)
                 else None,
                 eos_token_ids=eos_ids,
                 torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+                moe=moe,
             )
         except ConfigFieldError as e:  # __post_init__ validated it
             raise e.at(source) from None
@@ -300,6 +315,8 @@ class ModelConfig:
             _check_int("eos_token_id", t, 0, TOKEN_ID_MAX)
         if not isinstance(self.torch_dtype, str) or len(self.torch_dtype) > 32:
             raise ConfigFieldError("torch_dtype", self.torch_dtype, "a dtype name")
+        if self.moe is not None:
+            self.moe.validate(self.num_hidden_layers)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config.json Hugging Face `transformers` writes for this shape (old rope layout, which
@@ -333,8 +350,14 @@ class ModelConfig:
             d["attention_bias"] = False
         if self.architecture == "MistralForCausalLM":
             d["sliding_window"] = self.sliding_window
-        if self.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        if self.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             d["use_sliding_window"] = False
+        if self.architecture == "Qwen3MoeForCausalLM":
+            d["attention_bias"] = False
+        if self.architecture == "MixtralForCausalLM":
+            d["sliding_window"] = self.sliding_window
+        if self.moe is not None:
+            d.update(moe_hf_fields(self.architecture, self.moe, self.num_hidden_layers))
         return d
 
 

@@ -22,6 +22,7 @@ from tandem.kernels.cstructs import TqLinear as _Linear
 from tandem.kernels.linear import NATIVE, KernelLinear
 from tandem.kernels.quant_linear import QuantKernelLinear
 from tandem.models.context import ForwardContext
+from tandem.models.layers import MLP
 
 
 def _native_linear(m, dtype: torch.dtype) -> bool:
@@ -52,7 +53,8 @@ def eligible(layer, h: torch.Tensor, ctx: ForwardContext) -> bool:
     """`layer` can run this step through the native halves (module docstring)."""
     attn, mlp, dt = layer.self_attn, layer.mlp, h.dtype
     return (
-        h.dim() == 2
+        isinstance(mlp, MLP)  # a sparse layer's MoE block runs on its own (kernels.moe)
+        and h.dim() == 2
         and h.shape[0] == 1
         and ctx.cache is not None
         and ctx.attn_mask is None

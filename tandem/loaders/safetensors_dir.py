@@ -28,6 +28,7 @@ from tandem.loaders.errors import (  # noqa: F401  (re-exported: where callers h
     TensorDtypeError,
     TensorShapeError,
 )
+from tandem.loaders.expert_tensors import View, expert_views, is_expert_source, router_alias
 
 if TYPE_CHECKING:
     import torch
@@ -132,7 +133,11 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
 
 
 class ModelDir:
-    """An opened model directory. `config` is parsed, every header checked; tensors are read lazily."""
+    """An opened model directory. `config` is parsed, every header checked; tensors are read lazily.
+
+    `manifest` is keyed by the reference model's names: a mixture-of-experts checkpoint's
+    per-expert (or fused) tensors appear as the stacked (E, out, in) tensors the model holds, and
+    Mixtral's router under `mlp.gate` (`expert_tensors`); `sources` keeps the files' own names."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -147,7 +152,42 @@ class ModelDir:
                         f"{file}: tensor {name!r} also in {self.manifest[name].file}"
                     )
                 self.manifest[name] = info
+        self.sources = dict(self.manifest)
+        self._renames: dict[str, str] = {}  # reference name -> source name
+        self._views = self._expert_views()
         self._handles: dict[Path, Any] = {}
+
+    def _expert_views(self) -> dict[str, View]:
+        """Renames Mixtral's routers and replaces the expert sources by their stacked views."""
+        views = expert_views(self.sources)
+        for name in list(self.manifest):
+            alias = router_alias(name)
+            if alias is not None:
+                self.manifest[alias] = self.manifest.pop(name)
+                self._renames[alias] = name
+            elif is_expert_source(name):
+                del self.manifest[name]
+        for name, view in list(views.items()):
+            if view.fused is not None:
+                src = self.sources[view.fused]
+                e, rows, cols = src.shape
+                out = rows // 2 if name.endswith(("gate_proj.weight", "up_proj.weight")) else rows
+                if view.row0 == -1:
+                    view = views[name] = View((), view.fused, out)
+                self.manifest[name] = TensorInfo(src.file, src.dtype, (e, out, cols))
+                continue
+            first = self.sources[view.parts[0]]
+            for part in view.parts:
+                info = self.sources[part]
+                if (info.dtype, info.shape) != (first.dtype, first.shape):
+                    raise TensorShapeError(
+                        f"{info.file}: expert tensor {part!r} is {info.dtype}{list(info.shape)}, "
+                        f"{view.parts[0]!r} is {first.dtype}{list(first.shape)}"
+                    )
+            self.manifest[name] = TensorInfo(
+                first.file, first.dtype, (len(view.parts), *first.shape)
+            )
+        return views
 
     def _weight_files(self) -> list[Path]:
         index = self.path / INDEX_FILE
@@ -182,6 +222,20 @@ class ModelDir:
     ) -> torch.Tensor:
         """Tensor `name`, or its slice [start, end) along `dim`, in its stored dtype on the CPU."""
         info = self.info(name)
+        view = self._views.get(name)
+        if view is not None or name in self._renames:
+            if dim is not None:
+                lo, hi = start or 0, info.shape[dim] if end is None else end
+                if not (0 <= dim < len(info.shape) and 0 <= lo <= hi <= info.shape[dim]):
+                    raise TensorShapeError(
+                        f"{info.file}: slice [{lo}, {hi}) of dim {dim} outside {name!r} {info.shape}"
+                    )
+                start, end = lo, hi
+            if view is None:  # a renamed tensor
+                return self._read_index(
+                    self._renames[name], self._index(info.shape, dim, start, end)
+                )
+            return view.read(self._read_index, info.shape, dim, start, end)
         handle = self._handles.get(info.file)
         try:
             if handle is None:
@@ -200,6 +254,21 @@ class ModelDir:
             index = tuple(
                 slice(lo, hi) if d == dim else slice(None) for d in range(len(info.shape))
             )
+            return handle.get_slice(name)[index]
+        except SafetensorError as e:
+            raise CorruptFileError(f"{info.file}: reading tensor {name!r} failed ({e})") from e
+
+    @staticmethod
+    def _index(shape: tuple[int, ...], dim: int | None, start, end) -> tuple[slice, ...]:
+        return tuple(slice(start, end) if d == dim else slice(0, n) for d, n in enumerate(shape))
+
+    def _read_index(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        """`index` (one slice per dimension) of source tensor `name`, reading only those bytes."""
+        info = self.sources[name]
+        handle = self._handles.get(info.file)
+        try:
+            if handle is None:
+                handle = self._handles[info.file] = safe_open(str(info.file), framework="pt")
             return handle.get_slice(name)[index]
         except SafetensorError as e:
             raise CorruptFileError(f"{info.file}: reading tensor {name!r} failed ({e})") from e

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from tandem.config import ModelConfig
+from tandem.loaders.expert_tensors import checkpoint_tensors
 from tandem.loaders.safetensors_dir import INDEX_FILE, SINGLE_FILE
 from tandem.loaders.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -24,7 +25,10 @@ def write_model_dir(
     tokenizer_config: dict[str, Any] | None = None,
     shard_bytes: int | None = None,
 ) -> Path:
-    """Writes `out`; with `shard_bytes`, tensors go into shards of about that size plus an index."""
+    """Writes `out`; with `shard_bytes`, tensors go into shards of about that size plus an index.
+    `tensors` are the reference model's; experts are written as the family's checkpoints hold
+    them (`expert_tensors.checkpoint_tensors`)."""
+    tensors = checkpoint_tensors(config.architecture, tensors)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")

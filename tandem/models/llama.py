@@ -1,5 +1,6 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain PyTorch: the single-device
-reference every parallel path is proven against.
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts Qwen3-MoE and
+Mixtral, whose sparse layers hold `models.moe.MoE` as their `mlp`) in plain PyTorch: the
+single-device reference every parallel path is proven against.
 
 Module names equal Hugging Face state-dict keys (`model.embed_tokens`, `model.layers.<i>.self_attn.
 q_proj`, ..., `model.norm`, `lm_head`), so checkpoints load by name. `model.layers` is keyed by the
@@ -18,6 +19,7 @@ from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext, build_context
 from tandem.models.kv_cache import KVCache
 from tandem.models.layers import MLP, RMSNorm
+from tandem.models.moe import MoE
 from tandem.models.rope import RotaryEmbedding
 
 
@@ -25,7 +27,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_idx)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        if config.is_sparse(layer_idx):
+            self.mlp: nn.Module = MoE(config.hidden_size, config.moe)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from tandem.config import ModelConfig, RopeScaling
+from tandem.moe_config import MoESpec
 
 HOT_ROWS = 24
 HOT_SCALE = 4.0
@@ -80,10 +81,37 @@ def _qwen3(hidden: int, intermediate: int) -> Preset:
     return Preset(config, tokenizer_vocab=4096, dtype=torch.bfloat16)
 
 
+def _qwen3_moe_bench() -> Preset:
+    """Qwen3-30B-A3B's expert shape (64 of its 128 experts, 8 active, width 768; 16 q / 4 kv heads
+    of 128) on 7 layers of width 1024: ~1.25 B parameters, ~0.3 B active per token."""
+    config = ModelConfig(
+        architecture="Qwen3MoeForCausalLM",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=7,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        eos_token_ids=(0,),
+        torch_dtype="bfloat16",
+        moe=MoESpec(num_experts=64, top_k=8, intermediate_size=768, norm_topk_prob=True),
+    )
+    return Preset(config, tokenizer_vocab=4096, dtype=torch.bfloat16)
+
+
+_TINY_MOE = MoESpec(num_experts=8, top_k=2, intermediate_size=64, norm_topk_prob=True)
+
 PRESETS: dict[str, Preset] = {
     "qwen3-0.6b": _qwen3(1024, 3072),
     # for benchmarks at the size people run (a ~1.1 GB Q4_K_M file)
     "qwen3-1.7b": _qwen3(2048, 6144),
+    "qwen3-moe-1.2b": _qwen3_moe_bench(),
     "tiny-llama": Preset(_tiny("LlamaForCausalLM"), 512, torch.float32),
     "tiny-llama-untied": Preset(
         _tiny("LlamaForCausalLM", tie_word_embeddings=False), 512, torch.float32
@@ -106,6 +134,22 @@ PRESETS: dict[str, Preset] = {
     "tiny-qwen3-untied": Preset(
         _tiny("Qwen3ForCausalLM", qk_norm=True, tie_word_embeddings=False, num_hidden_layers=3),
         None,
+        torch.float32,
+    ),
+    # mixture of experts: 8 experts, 2 active; Qwen3-MoE with a dense layer (1) among sparse ones
+    "tiny-qwen3-moe": Preset(
+        _tiny(
+            "Qwen3MoeForCausalLM",
+            qk_norm=True,
+            num_hidden_layers=3,
+            moe=replace(_TINY_MOE, norm_topk_prob=False, dense_layers=(1,)),
+        ),
+        512,
+        torch.float32,
+    ),
+    "tiny-mixtral": Preset(
+        _tiny("MixtralForCausalLM", tie_word_embeddings=False, moe=_TINY_MOE, intermediate_size=64),
+        512,
         torch.float32,
     ),
 }
@@ -172,10 +216,13 @@ def random_weights(
         if config.qk_norm:
             w[p + "self_attn.q_norm.weight"] = 1.0 + normal((hd,), 0.1)
             w[p + "self_attn.k_norm.weight"] = 1.0 + normal((hd,), 0.1)
-        w[p + "mlp.gate_proj.weight"] = linear(F, D)
-        w[p + "mlp.up_proj.weight"] = linear(F, D)
-        w[p + "mlp.down_proj.weight"] = linear(D, F, residual_scale)
-        if config.mlp_bias:
+        if config.is_sparse(i):
+            w.update(_expert_weights(p, config.moe, D, normal, residual_scale))
+        else:
+            w[p + "mlp.gate_proj.weight"] = linear(F, D)
+            w[p + "mlp.up_proj.weight"] = linear(F, D)
+            w[p + "mlp.down_proj.weight"] = linear(D, F, residual_scale)
+        if config.mlp_bias and not config.is_sparse(i):
             for name, n in (("gate_proj", F), ("up_proj", F), ("down_proj", D)):
                 w[p + f"mlp.{name}.bias"] = normal((n,), 0.1)
         w[p + "input_layernorm.weight"] = 1.0 + normal((D,), 0.1)
@@ -189,3 +236,22 @@ def random_weights(
         head[out_rows] *= HOT_SCALE
         w["lm_head.weight"] = head
     return {k: v.to(torch.bfloat16).to(dtype).contiguous() for k, v in w.items()}
+
+
+ROUTER_STD = 1.5  # std of a router logit on a unit-rms input: decisive, context-dependent routing
+
+
+def _expert_weights(p: str, spec: MoESpec, D: int, normal, residual_scale: float) -> dict:
+    """A sparse layer's router and experts, each expert a SwiGLU at the dense MLP's scales."""
+    E, W = spec.num_experts, spec.intermediate_size
+    w = {p + "mlp.gate.weight": normal((E, D), ROUTER_STD / math.sqrt(D))}
+    w[p + "mlp.experts.gate_proj.weight"] = normal((E, W, D), 1 / math.sqrt(D))
+    w[p + "mlp.experts.up_proj.weight"] = normal((E, W, D), 1 / math.sqrt(D))
+    w[p + "mlp.experts.down_proj.weight"] = normal((E, D, W), residual_scale / math.sqrt(W))
+    if spec.shared_intermediate_size:
+        S = spec.shared_intermediate_size
+        w[p + "mlp.shared_expert.gate_proj.weight"] = normal((S, D), 1 / math.sqrt(D))
+        w[p + "mlp.shared_expert.up_proj.weight"] = normal((S, D), 1 / math.sqrt(D))
+        w[p + "mlp.shared_expert.down_proj.weight"] = normal((D, S), residual_scale / math.sqrt(S))
+        w[p + "mlp.shared_expert_gate.weight"] = normal((1, D), 1 / math.sqrt(D))
+    return w

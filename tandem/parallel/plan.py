@@ -36,6 +36,19 @@ boundary of that tensor's type (`down_block`, `o_block`: 32 elements, or 256 for
     rank r contracts o_proj's columns `o_cols[r]`, a weighted split of `[0, H hd)` in blocks of
     `o_block`, followed by the usual all-reduce. Same math; only the summation order differs.
 
+Mixture-of-experts layers (`config.moe`) are placed one of two ways (`moe`):
+  - "tp" (the default): every rank holds rows `expert_rows[r]` of every expert's gate/up and the
+    matching columns of its down projection, in blocks of `expert_align` (as the MLP: the largest
+    of 64, 32, ... dividing the expert width, lcm'd with the down_exps block size). Each rank
+    routes the full token, applies its rows of the chosen experts, and one all-reduce sums them.
+    Qwen3-30B-A3B's width 768 in K-quant superblocks of 256 is 3 units: 512 / 256 at TP=2. Where
+    the width cannot give every rank a block (768 at TP=4 in K-quants), the plan falls back to
+    "experts" and says so in `moe_fallback`.
+  - "experts": rank r holds whole experts `experts[r]`, their count apportioned by the ranks'
+    weights (the measured speeds) over the E experts; every rank routes, computes only its
+    experts' contributions, and one all-reduce sums them. A shared expert is row-split as in "tp".
+Attention stays split by kv heads either way.
+
 Attention and the MLP may have different degrees (the fak design's AttnRanks / FFNRanks): with
 `attn_ranks = A < N`, the kv heads are split over ranks `[0, A)` only (by their weights), and ranks
 `[A, N)` hold no attention at all (empty head spans at the end, no q/k/v/o weights, no KV cache);
@@ -141,6 +154,12 @@ class TPPlan:
     o_block: int = 1
     down_block: int = 1
     attn_ranks: int = 0  # ranks [0, attn_ranks) hold attention; 0 means every rank
+    moe: str = "tp"  # "tp" or "experts" (module docstring); "tp" for a dense model
+    experts: tuple[Span, ...] = ()  # experts held per rank (all of them under "tp")
+    expert_rows: tuple[Span, ...] = ()  # rows of each held expert per rank (all under "experts")
+    shared_rows: tuple[Span, ...] = ()  # rows of the shared expert per rank
+    expert_align: int = 1
+    moe_fallback: str = ""  # why "tp" was asked for and "experts" is the placement
 
     @property
     def q_per_kv(self) -> int:
@@ -189,11 +208,17 @@ def make_tp_plan(
     o_block: int = 1,
     down_block: int = 1,
     attn_ranks: int | None = None,
+    n_experts: int = 0,
+    expert_width: int = 0,
+    shared_width: int = 0,
+    experts_down_block: int = 1,
+    moe: str = "tp",
 ) -> TPPlan:
     """The plan for `world_size` ranks; equal weights unless `weights` is given (one per rank).
     `o_block` / `down_block`: the block size (elements) of o_proj's / down_proj's contraction
     (1 for dense weights). `attn_ranks`: attention on the first A ranks only (module docstring;
-    None: every rank)."""
+    None: every rank). `n_experts` > 0: a mixture of experts of `expert_width` rows each (and a
+    shared expert of `shared_width`), placed by `moe` ("tp" or "experts")."""
     if world_size < 1:
         raise TPPlanError(f"world size must be >= 1, got {world_size}")
     weights = (1.0,) * world_size if weights is None else tuple(float(w) for w in weights)
@@ -224,6 +249,9 @@ def make_tp_plan(
             )
         o_split = "gather"
         o_cols = split_by_weights(n_heads * head_dim, weights, o_block, "o_proj contraction")
+    moe_fields = _place_experts(
+        world_size, weights, n_experts, expert_width, shared_width, experts_down_block, moe
+    )
     return TPPlan(
         world_size=world_size,
         weights=weights,
@@ -241,6 +269,54 @@ def make_tp_plan(
         o_block=o_block,
         down_block=down_block,
         attn_ranks=a,
+        **moe_fields,
+    )
+
+
+MOE_PLACEMENTS = ("tp", "experts")
+
+
+def _place_experts(
+    n: int,
+    weights: tuple[float, ...],
+    n_experts: int,
+    width: int,
+    shared_width: int,
+    down_block: int,
+    moe: str,
+) -> dict[str, Any]:
+    """The MoE fields of a TPPlan (module docstring); none for a dense model."""
+    if moe not in MOE_PLACEMENTS:
+        raise TPPlanError(f"--moe {moe!r}: choose one of {', '.join(MOE_PLACEMENTS)}")
+    if n_experts == 0:
+        return {}
+    fallback = ""
+    align = math.lcm(choose_align(width, n), down_block)
+    if moe == "tp" and (width % align or width // align < n):
+        fallback = (
+            f"the expert width {width} is {width // align} blocks of {align}, fewer than the "
+            f"{n} ranks: experts are placed whole instead"
+        )
+        moe = "experts"
+    shared = ()
+    if shared_width:
+        shared_align = math.lcm(choose_align(shared_width, n), down_block)
+        shared = split_by_weights(shared_width, weights, shared_align, "shared expert")
+    if moe == "experts":
+        return dict(
+            moe=moe,
+            experts=split_by_weights(n_experts, weights, 1, "experts"),
+            expert_rows=(Span(0, width),) * n,
+            shared_rows=shared,
+            expert_align=1,
+            moe_fallback=fallback,
+        )
+    return dict(
+        moe=moe,
+        experts=(Span(0, n_experts),) * n,
+        expert_rows=split_by_weights(width, weights, align, "expert width"),
+        shared_rows=shared,
+        expert_align=align,
     )
 
 
@@ -277,10 +353,22 @@ def plan_for_config(
     o_block: int = 1,
     down_block: int = 1,
     attn_ranks: int | None = None,
+    experts_down_block: int = 1,
+    moe: str = "tp",
 ) -> TPPlan:
     """`make_tp_plan` from a `ModelConfig` (fields named like HF's config.json)."""
     n_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    spec = getattr(config, "moe", None)
+    moe_args = {}
+    if spec is not None:
+        moe_args = dict(
+            n_experts=spec.num_experts,
+            expert_width=spec.intermediate_size,
+            shared_width=spec.shared_intermediate_size,
+            experts_down_block=experts_down_block,
+            moe=moe,
+        )
     return make_tp_plan(
         world_size=world_size,
         n_heads=n_heads,
@@ -292,23 +380,27 @@ def plan_for_config(
         o_block=o_block,
         down_block=down_block,
         attn_ranks=attn_ranks,
+        **moe_args,
     )
 
 
 def contraction_blocks(source: Any) -> dict[str, int]:
-    """`{"o_block": b_o, "down_block": b_d}`: the largest block size (elements) of any layer's
-    o_proj / down_proj weight in `source` (a model source whose `manifest` infos carry a GGUF
-    `type_id`); 1 for a dense source."""
+    """`{"o_block": b_o, "down_block": b_d, "experts_down_block": b_e}`: the largest block size
+    (elements) of any layer's o_proj / down_proj / experts' down weight in `source` (a model
+    source whose `manifest` infos carry a GGUF `type_id`); 1 for a dense source. The shared
+    expert's down counts as a down_proj."""
     from tandem.models.quant.blocks import BY_ID
 
-    out = {"o_block": 1, "down_block": 1}
+    out = {"o_block": 1, "down_block": 1, "experts_down_block": 1}
     for name, info in getattr(source, "manifest", {}).items():
         t = BY_ID.get(getattr(info, "type_id", -1))
         if t is None:
             continue
         if name.endswith("self_attn.o_proj.weight"):
             out["o_block"] = max(out["o_block"], t.block_size)
-        elif name.endswith("mlp.down_proj.weight"):
+        elif name.endswith("experts.down_proj.weight"):
+            out["experts_down_block"] = max(out["experts_down_block"], t.block_size)
+        elif name.endswith("down_proj.weight"):
             out["down_block"] = max(out["down_block"], t.block_size)
     return out
 
@@ -318,8 +410,14 @@ def plan_for_source(
     world_size: int,
     weights: tuple[float, ...] | None = None,
     attn_ranks: int | None = None,
+    moe: str = "tp",
 ) -> TPPlan:
     """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights."""
     return plan_for_config(
-        source.config, world_size, weights, attn_ranks=attn_ranks, **contraction_blocks(source)
+        source.config,
+        world_size,
+        weights,
+        attn_ranks=attn_ranks,
+        moe=moe,
+        **contraction_blocks(source),
     )

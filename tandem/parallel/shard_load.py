@@ -12,7 +12,12 @@ materialized on a rank:
     gate_proj, up_proj .{w,b}       dim 0, the rank's intermediate rows
     down_proj.weight                dim 1, the rank's intermediate columns
     embed_tokens.weight, lm_head    dim 0, the rank's vocabulary rows
-    everything else (norms, o/down biases)   replicated
+    mlp.experts.{gate,up}_proj      (E, out, in): "tp" dim 1, the rank's rows of every expert;
+                                    "experts" dim 0, the rank's experts (`TPPlan.moe`)
+    mlp.experts.down_proj           (E, D, width): "tp" dim 2, the same rows as columns;
+                                    "experts" dim 0
+    mlp.shared_expert.*             as gate/up/down over `plan.shared_rows`
+    everything else (norms, o/down biases, the MoE router)   replicated
 
 A GGUF source's quantized tensors fill the layers' `quant` modules with the same slices, read as
 blocks (`GGUFModel.blocks(name, dim, start, end)`: a row slice is a view of the mapped file, a
@@ -27,7 +32,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from tandem.models.quant.linear import QuantEmbedding, QuantLinear
+from tandem.models.quant.linear import QuantEmbedding, QuantExpertLinear, QuantLinear
 from tandem.parallel.plan import TPPlan
 
 
@@ -47,6 +52,18 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
     """`(dim, start, end)` of the checkpoint tensor behind `param_name` owned by `rank`."""
     parts = param_name.split(".")
     leaf, module = parts[-1], parts[-2] if len(parts) >= 2 else ""
+    owner = parts[-3] if len(parts) >= 3 else ""
+    if owner == "experts":
+        if plan.moe == "experts":
+            s = plan.experts[rank]
+            return (0, s.start, s.end)
+        s = plan.expert_rows[rank]
+        return (2, s.start, s.end) if module == "down_proj" else (1, s.start, s.end)
+    if owner == "shared_expert":
+        s = plan.shared_rows[rank]
+        if module == "down_proj":
+            return (1, s.start, s.end) if leaf == "weight" else None
+        return (0, s.start, s.end)
     if module == "q_proj":
         s = plan.q_rows(rank)
         return (0, s.start, s.end)
@@ -81,8 +98,8 @@ def _load_quant(model: nn.Module, reader, plan: TPPlan, rank: int) -> int:
     shared: dict[str, torch.Tensor] = {}  # checkpoint name -> blocks (a tied head: once)
     nbytes = 0
     for mname, mod in model.named_modules():
-        q = getattr(mod, "quant", None)
-        if not isinstance(q, (QuantLinear, QuantEmbedding)):
+        q = mod if isinstance(mod, QuantExpertLinear) else getattr(mod, "quant", None)
+        if not isinstance(q, (QuantLinear, QuantEmbedding, QuantExpertLinear)):
             continue
         source = model.checkpoint_name(mname + ".weight")
         spec = slice_spec(mname + ".weight", plan, rank)

@@ -10,6 +10,8 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
                down_proj              -> RowParallelLinear (all-reduce)
                on a rank without attention (`plan.attn_ranks`): AbsentAttention (adds zeros
                to o_proj's all-reduce; no weights, no KV cache)
+    MoE        a sparse layer's mlp   -> ParallelMoE: its experts' rows or whole experts, the
+                                      router replicated (`parallel.moe`, `TPPlan.moe`)
     embedding  embed_tokens           -> VocabParallelEmbedding (all-reduce)
     LM head    lm_head                -> VocabParallelLMHead (logits to rank 0 only; tied -> shared)
     norms                             -> replicated
@@ -36,6 +38,7 @@ from tandem.models.llama import Transformer
 from tandem.models.rope import RotaryEmbedding
 from tandem.models.skeleton import skeleton
 from tandem.parallel.absent import AbsentAttention
+from tandem.parallel.moe import parallel_moe
 from tandem.parallel.plan import TPPlan
 from tandem.parallel.tensor import (
     ColumnParallelLinear,
@@ -113,6 +116,10 @@ def shard_transformer(
             attn.n_kv_heads = plan.kv_heads[r].size
         else:  # no heads here: meets o_proj's all-reduce with zeros
             layer.self_attn = AbsentAttention(comm, int(i), plan.head_dim)
+        if config.is_sparse(int(i)):
+            with skeleton():
+                layer.mlp = parallel_moe(D, config.moe, plan, comm, p, qt)
+            continue
         mlp = layer.mlp
         mlp.gate_proj = col("mlp.gate_proj", inter.size, config.mlp_bias)
         mlp.up_proj = col("mlp.up_proj", inter.size, config.mlp_bias)

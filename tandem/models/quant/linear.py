@@ -6,7 +6,8 @@ holding W[r, :] as `in_features / block_size` whole blocks. A row-parallel TP sh
 row slice (free); a column shard cuts at multiples of `block_size` elements.
 
 `QuantEmbedding` holds a `(vocab, embedding_dim)` table the same way and dequantizes only the rows
-looked up. A tied LM head is a QuantLinear whose `qweight` is the embedding's own tensor (no copy).
+looked up. `QuantExpertLinear` holds E such matrices stacked by expert (a GGUF `ffn_*_exps` tensor,
+`qweight` (E, out_features, row_bytes)) and multiplies by one expert's blocks at a time. A tied LM head is a QuantLinear whose `qweight` is the embedding's own tensor (no copy).
 
 `qweight` is a non-persistent buffer (it may be a zero-copy view of the memory-mapped GGUF file, and
 it is not a trained parameter); its bytes are never written. The forward passes dequantize to
@@ -71,6 +72,36 @@ class QuantLinear(nn.Module):
         return (
             f"in={self.in_features}, out={self.out_features}, qtype={layout(self.qtype).name}, "
             f"bias={self.bias is not None}"
+        )
+
+
+class QuantExpertLinear(nn.Module):
+    """`models.moe.ExpertLinear` over blocks: x (N, in) through expert e -> (N, out) in x.dtype,
+    only expert e's blocks dequantized."""
+
+    def __init__(
+        self, qtype: int, n_experts: int, in_features: int, out_features: int, qweight: torch.Tensor
+    ) -> None:
+        super().__init__()
+        t = layout(qtype)
+        want = (n_experts, out_features, t.row_bytes(in_features))
+        if qweight.dtype != torch.uint8 or tuple(qweight.shape) != want:
+            raise QuantShapeError(
+                f"QuantExpertLinear: {t.name} blocks for {n_experts} experts ({out_features}, "
+                f"{in_features}) must be uint8 {want}, got {qweight.dtype} {tuple(qweight.shape)}"
+            )
+        self.qtype = int(qtype)
+        self.n_experts, self.in_features, self.out_features = n_experts, in_features, out_features
+        self.register_buffer("qweight", qweight, persistent=False)
+
+    def forward(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        w = dequantize(self.qweight[e], self.qtype).to(x.dtype)  # (out, in)
+        return F.linear(x, w)
+
+    def extra_repr(self) -> str:
+        return (
+            f"experts={self.n_experts}, in={self.in_features}, out={self.out_features}, "
+            f"qtype={layout(self.qtype).name}"
         )
 
 
