@@ -132,6 +132,7 @@ def build_serving_engine(
     ring_config: Path | None = None,
     quantize: str | None = None,
     attn_ranks: int | None = None,
+    moe: str = "tp",
     reform_timeout: float = 0.0,
     op_timeout: float | None = None,
     shrink_after: float = 0.0,
@@ -167,6 +168,7 @@ def build_serving_engine(
     layout = replace(
         serving_layout(tp, pp, dtype, device, ring_config, op_timeout),
         attn_ranks=attn_ranks,
+        moe=moe,
         pp_weights=pp_weights if pp > 1 else None,
     )
     if isinstance(source, QuantizedModelDir) and (layout.world_size > 1 or ring_config):

@@ -58,6 +58,7 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
                 else parse_weights(args.tp_weights, world)
             ),
             attn_ranks=args.attn_ranks,
+            moe=args.moe,
             ring_config=Path(ring) if ring else None,
             # the head and its workers share this machine's cores (cli.threads: full pools per
             # rank oversubscribe them)

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from tandem.cli.tp_args import ATTN_HELP
+from tandem.cli.tp_args import ATTN_HELP, add_moe_argument
 from tandem.cluster.launcher import LaunchError, check_port_free
 from tandem.cluster.ring_config import load_ring_config
 from tandem.loaders.gguf.quantized_dir import QTYPES
@@ -98,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_engine_args(p)
     p.add_argument("--attn-ranks", type=int, default=None, metavar="A", help=ATTN_HELP)
+    add_moe_argument(p)
     p.add_argument(
         "--quantize",
         default=None,
@@ -191,6 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
                 ring_config=ring_config,
                 quantize=args.quantize,
                 attn_ranks=args.attn_ranks,
+                moe=args.moe,
                 reform_timeout=args.reform_timeout,
                 op_timeout=args.op_timeout,
                 shrink_after=args.shrink_after,

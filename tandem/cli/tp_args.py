@@ -17,6 +17,14 @@ if TYPE_CHECKING:  # torch: only a TP group's head, which already imported them,
     from tandem.engine.tp.head import TPExecutor
 
 ATTN_HELP = "attention on the first A ranks of the TP group only, the MLP on every rank"
+MOE_HELP = (
+    "a mixture of experts' placement in the TP group: tp (default: rows of every expert on every "
+    "rank) or experts (whole experts per rank, their count by the ranks' weights)"
+)
+
+
+def add_moe_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--moe", choices=("tp", "experts"), default="tp", help=MOE_HELP)
 
 
 def add_tp_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +36,7 @@ def add_tp_arguments(p: argparse.ArgumentParser) -> None:
         "host, threads or CPU quota, else equal)",
     )
     p.add_argument("--attn-ranks", type=int, default=None, metavar="A", help=ATTN_HELP)
+    add_moe_argument(p)
     p.add_argument("--op-timeout", type=float, default=60.0, help="seconds any collective may take")
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from tandem.devices import COMPUTE_DTYPES, dtype_name, dtype_names
 from tandem.engine.executor import Executor
 from tandem.loaders.source import ModelSource, open_model
+from tandem.parallel.plan import MOE_PLACEMENTS
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +64,9 @@ class Layout:
     group that file describes, its workers started elsewhere. `threads`: this process's CPU
     threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
     take. `attn_ranks`: attention on the first A ranks of a one-stage TP group, the MLP on all
-    (`parallel.plan`; None: every rank)."""
+    (`parallel.plan`; None: every rank). `moe`: where a mixture of experts' experts go in a
+    one-stage TP group, "tp" (rows of every expert on every rank) or "experts" (whole experts,
+    their count by the ranks' weights); pipeline stages hold whole layers."""
 
     stage_tp: tuple[int, ...] = (1,)
     dtypes: tuple[torch.dtype, ...] = field(default_factory=lambda: (dtype_names()["float32"],))
@@ -76,6 +79,7 @@ class Layout:
     threads: int | None = None
     op_timeout: float = 60.0
     attn_ranks: int | None = None
+    moe: str = "tp"
 
     def __post_init__(self) -> None:
         if not self.stage_tp or min(self.stage_tp) < 1:
@@ -94,6 +98,8 @@ class Layout:
                 f"--attn-ranks {self.attn_ranks}: a one-stage TP group of {self.tp} ranks takes "
                 f"1 to {self.tp}"
             )
+        if self.moe not in MOE_PLACEMENTS:
+            raise LayoutUnavailable(f"--moe {self.moe}: choose one of {', '.join(MOE_PLACEMENTS)}")
 
     @property
     def world_size(self) -> int:
@@ -187,6 +193,7 @@ def build_executor(
                 layout.tp,
                 weights=layout.tp_weights,
                 attn_ranks=layout.attn_ranks,
+                moe=layout.moe,
                 dtypes=layout.dtype_names(),
                 devices=layout.device_names(),
                 max_batch=limits.max_batch,
@@ -322,6 +329,7 @@ def _tp_head(
             metered,
             weights=layout.tp_weights,
             attn_ranks=layout.attn_ranks,
+            moe=layout.moe,
             max_batch=limits.max_batch,
             max_seq_len=limits.max_seq_len,
             dtype=layout.dtype_names()[0],

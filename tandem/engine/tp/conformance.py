@@ -17,6 +17,12 @@ for GGUF blocks) in chunks and computes p_r in float64. The error is relative, i
 norm, `e_r = |y_r - p_r| / |p_r|`, against a tolerance derived from the rank's compute dtype
 (`tolerance`). The verdict is broadcast; any rank outside its tolerance fails the group on every
 rank with `ConformanceError`, naming the rank, its device and dtype, the error and the tolerance.
+
+A sparse (mixture-of-experts) layer is probed through its experts without the router (whose top-k
+could pick other experts in another dtype): each rank sends every probe token to two experts it
+holds, the first and the last of its `TPPlan.experts` span, with weights PROBE_WEIGHTS, through
+its rows of them (`TPPlan.expert_rows`), and all-gathers that local partial; the head computes the
+same from the file in float64.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from torch import nn
 
 from tandem.comm.base import Communicator
 from tandem.loaders.source import ModelSource
+from tandem.models.moe import MoE
 from tandem.parallel.plan import TPPlan
 
 PROBE_SEED = 0x7A4D
 PROBE_TOKENS = 4
+PROBE_WEIGHTS = (0.625, 0.375)  # the two probed experts' weights (exact in every dtype)
 CHUNK_ROWS = 512  # the head's float64 reference reads a rank's MLP rows this many at a time
 
 
@@ -82,6 +90,11 @@ def run_probe(comm: Communicator, mlp: nn.Module, hidden: int) -> list[torch.Ten
     dtype = p.dtype if p is not None and p.is_floating_point() else torch.float32
     x = probe_input(hidden)
     zero = torch.zeros_like(x)
+    if isinstance(mlp, MoE):
+        with torch.no_grad():
+            own = _probe_experts(mlp.experts, x.to(device, dtype)).float().cpu()
+        rows = comm.all_gather(own.contiguous(), 0)
+        return [rows[r : r + 1] for r in range(comm.world_size)]
     with torch.no_grad():
         base = mlp(zero.to(device, dtype)).float().cpu()
         own = base
@@ -91,6 +104,42 @@ def run_probe(comm: Communicator, mlp: nn.Module, hidden: int) -> list[torch.Ten
                 own = y - base
     rows = comm.all_gather(own.contiguous(), 0)  # (N, T, D): rank r's own result in row r
     return [rows[r : r + 1] for r in range(comm.world_size)]
+
+
+def probed_experts(first: int, end: int) -> tuple[int, int]:
+    """The two experts a rank holding experts `[first, end)` is probed through."""
+    return first, end - 1
+
+
+def _probe_experts(experts: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x (1, T, D) through the held experts `probed_experts` with PROBE_WEIGHTS -> (1, T, D)."""
+    flat = x.reshape(-1, x.shape[-1])
+    ids = torch.tensor(probed_experts(experts.first, experts.first + experts.count))
+    ids = ids.expand(flat.shape[0], 2)
+    w = torch.tensor(PROBE_WEIGHTS, dtype=x.dtype).expand(flat.shape[0], 2)
+    return experts(flat, w, ids).view(x.shape)
+
+
+def reference_experts(
+    md: ModelSource, layer: int, experts: tuple[int, int], rows: tuple[int, int], x: torch.Tensor
+) -> torch.Tensor:
+    """`_probe_experts` in float64 from the file: the two probed experts, rows `[a, b)`."""
+    a, b = rows
+    pre = f"model.layers.{layer}.mlp.experts."
+    x64 = x.double()
+    y = torch.zeros((*x.shape[:-1], md.config.hidden_size), dtype=torch.float64)
+    for e, w in zip(probed_experts(*experts), PROBE_WEIGHTS):
+        for c0 in range(a, b, CHUNK_ROWS):
+            c1 = min(b, c0 + CHUNK_ROWS)
+
+            def part(name: str, dim: int, e: int = e, c0: int = c0, c1: int = c1) -> torch.Tensor:
+                t = md.read(pre + name, 0, e, e + 1)[0]  # (out, in) of expert e
+                return t.narrow(dim, c0, c1 - c0).double()
+
+            g = F.linear(x64, part("gate_proj.weight", 0))
+            u = F.linear(x64, part("up_proj.weight", 0))
+            y += w * F.linear(F.silu(g) * u, part("down_proj.weight", 1))
+    return y
 
 
 def reference_partial(
@@ -114,15 +163,22 @@ def judge(
 ) -> list[RankVerdict]:
     """The head's verdict on each rank's probe result (module docstring)."""
     x = probe_input(md.config.hidden_size)
+    sparse = md.config.is_sparse(layer)
+    pre = f"model.layers.{layer}.mlp.{'experts.' if sparse else ''}"
     quantized = any(
-        getattr(md.info(f"model.layers.{layer}.mlp.{n}.weight"), "quantized", False)
+        getattr(md.info(f"{pre}{n}.weight"), "quantized", False)
         for n in ("gate_proj", "up_proj", "down_proj")
     )
-    k = max(md.config.hidden_size, max(s.size for s in plan.intermediate))
+    widths = plan.expert_rows if sparse else plan.intermediate
+    k = max(md.config.hidden_size, max(s.size for s in widths))
     verdicts = []
     for r, y in enumerate(got):
-        s = plan.intermediate[r]
-        ref = reference_partial(md, layer, (s.start, s.end), x)
+        s = widths[r]
+        if sparse:
+            e = plan.experts[r]
+            ref = reference_experts(md, layer, (e.start, e.end), (s.start, s.end), x)
+        else:
+            ref = reference_partial(md, layer, (s.start, s.end), x)
         err = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))
         verdicts.append(RankVerdict(r, err, tolerance(dtypes[r], k, quantized)))
     return verdicts

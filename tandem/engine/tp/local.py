@@ -109,6 +109,7 @@ def launch_local_tp(
     keepalive_s: float | None = -1.0,
     workers: LocalWorkers | None = None,
     attn_ranks: int | None = None,
+    moe: str = "tp",
     epoch: int = 0,
     kernels: str | list[str] = "auto",
     keep: TPExecutor | None = None,
@@ -119,7 +120,8 @@ def launch_local_tp(
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
     never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
-    attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`). `epoch` > 0: a
+    attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`). `moe`: a mixture
+    of experts' placement, "tp" (rows of every expert) or "experts" (`TPPlan.moe`). `epoch` > 0: a
     group formed again after a loss (`tandem.engine.recovery`), under its own cluster id; `keep`:
     the broken group's head (same layout), whose loaded shard the new head keeps
     (`tp.rejoin`): only the workers load."""
@@ -153,6 +155,7 @@ def launch_local_tp(
         handshake_timeout=handshake_timeout,
         keepalive_s=keepalive_s,
         attn_ranks=attn_ranks,
+        moe=moe,
         keep=keep,
     )
 
@@ -170,6 +173,7 @@ def form_local_group(
     handshake_timeout: float,
     keepalive_s: float | None,
     attn_ranks: int | None = None,
+    moe: str = "tp",
     kernels: str = "auto",
     keep: TPExecutor | None = None,
 ) -> TPExecutor:
@@ -220,6 +224,7 @@ def form_local_group(
             diagnose=workers.diagnose,
             local_workers=workers,
             attn_ranks=attn_ranks,
+            moe=moe,
             setup_timeout=handshake_timeout,
             kernels=kernels,
         )

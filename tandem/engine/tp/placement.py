@@ -28,7 +28,11 @@ def _f32(weights: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def plannable(
-    md: ModelSource, world_size: int, attn_ranks: int | None, choice: WeightsChoice
+    md: ModelSource,
+    world_size: int,
+    attn_ranks: int | None,
+    choice: WeightsChoice,
+    moe: str = "tp",
 ) -> WeightsChoice:
     """An "auto" choice that the model's blocks cannot realize (a rank left with no kv head or
     no block at the probed ratio: `DegeneratePlanError`) tempered toward the equal split, weights
@@ -39,7 +43,7 @@ def plannable(
     for a in (1.0, 0.75, 0.5, 0.25, 0.0):
         w = _f32(tuple(round(x**a, 3) for x in choice.weights))
         try:
-            plan_for_source(md, world_size, w, attn_ranks)
+            plan_for_source(md, world_size, w, attn_ranks, moe)
         except DegeneratePlanError:
             continue
         if a == 1.0:
@@ -58,7 +62,7 @@ def refinement(
     if new is None:
         return None
     try:
-        plan_for_source(md, layout.world_size, _f32(new), layout.attn_ranks or None)
+        plan_for_source(md, layout.world_size, _f32(new), layout.attn_ranks or None, layout.moe)
     except DegeneratePlanError:
         return None
     return new

@@ -7,7 +7,8 @@ a mismatch fails on every rank at once, naming the ranks that differ. Then each 
 shard and reads only its own slices (`tandem.parallel.shard_load`).
 
     setup frame (int64, SETUP_LEN):  [MAGIC, VERSION, world_size, max_batch, max_seq_len,
-                                      attn_ranks, probed, 0, fingerprint as 4 int64 words]
+                                      attn_ranks, probed, moe, fingerprint as 4 int64 words]
+                                      (moe: the index of the MoE placement in MOE_PLACEMENTS)
     probe (float32, gathered)         before the layout: each rank's decode GEMV speed, free memory,
                                       and the group's all-reduce latency and goodput (`tp.probe`)
     rank info (int64, gathered)       each rank's compute dtype, device kind, CPU threads, pid,
@@ -46,7 +47,7 @@ from tandem.engine.tp.probe import RankKind, RankProbe, choose_weights, measure
 from tandem.engine.tp.refine import agree_refinement, warmup_clocks
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
-from tandem.parallel.plan import TPPlan, plan_for_source
+from tandem.parallel.plan import MOE_PLACEMENTS, TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
 
@@ -83,10 +84,11 @@ class GroupLayout:
     fingerprint: str
     attn_ranks: int = 0  # attention on the first A ranks only (`TPPlan.attn_ranks`); 0: all
     probed: int = 0  # 1: the weights came from the probe, refined at join (`tp.refine`)
+    moe: str = "tp"  # a mixture of experts' placement (`TPPlan.moe`)
 
     def plan(self, md: ModelSource) -> TPPlan:
         """The group's TP plan for `md` (every rank computes the same one)."""
-        return plan_for_source(md, self.world_size, self.weights, self.attn_ranks or None)
+        return plan_for_source(md, self.world_size, self.weights, self.attn_ranks or None, self.moe)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
     if head:
         assert layout is not None
         vals = [MAGIC, VERSION, layout.world_size, layout.max_batch, layout.max_seq_len]
-        vals += [layout.attn_ranks, layout.probed, 0]
+        vals += [layout.attn_ranks, layout.probed, MOE_PLACEMENTS.index(layout.moe)]
         frame = torch.tensor(vals + _fp_words(layout.fingerprint), dtype=torch.int64)
     frame = comm.broadcast(frame, 0)
     if int(frame[0]) != MAGIC:
@@ -152,6 +154,7 @@ def agree_layout(comm: Communicator, layout: GroupLayout | None, fingerprint: st
         fingerprint,
         int(frame[5]),
         int(frame[6]),
+        MOE_PLACEMENTS[int(frame[7])] if 0 <= int(frame[7]) < len(MOE_PLACEMENTS) else "?",
     )
 
 
@@ -340,6 +343,7 @@ def start_head(
     kernels: str = "auto",
     mem_limit_gb: float | None = None,
     refine: bool = True,
+    moe: str = "tp",
 ) -> TPExecutor:
     """Rank 0: agree on the layout, load rank 0's shard, and return the group's executor.
     `local_workers`: the worker processes when this process started them (their ranks are shown as
@@ -355,10 +359,10 @@ def start_head(
         probes = measure(comm, device, dtype, mem_limit_gb)  # every rank, before any planning
         ranks = exchange_rank_info(comm, dtype, device)
     kinds = [r.kind() for r in ranks]
-    choice = plannable(md, comm.world_size, attn_ranks, choose_weights(weights, probes, kinds))
+    choice = plannable(md, comm.world_size, attn_ranks, choose_weights(weights, probes, kinds), moe)
     log.info("%s", choice.line())
     weights = _f32(choice.weights)
-    plan_for_source(md, comm.world_size, weights, attn_ranks)  # fail before any worker loads
+    plan_for_source(md, comm.world_size, weights, attn_ranks, moe)  # fail before workers load
     seq = min(max_seq_len, md.config.max_position_embeddings)
     layout = GroupLayout(
         comm.world_size,
@@ -368,6 +372,7 @@ def start_head(
         md.fingerprint(),
         attn_ranks or 0,
         int(choice.how == "auto" and refine),
+        moe,
     )
     with setup_bound(comm, setup_timeout):
         layout = agree_layout(comm, layout, md.fingerprint())
