@@ -15,7 +15,12 @@
     tokenizer.ggml.bos/eos/eot/eom_token_id   bos_token_id / eos_token_ids
     no `output.weight` tensor            tie_word_embeddings
     attn_q / attn_output / ffn_gate .bias present   qkv_bias / o_bias / mlp_bias (qwen2: qkv always)
-    qwen3                                qk_norm
+    qwen3, qwen3moe                      qk_norm
+    expert_count / expert_used_count     moe.num_experts / moe.top_k (a mixture of experts:
+                                         `qwen3moe`, or `llama` with `ffn_*_exps` tensors = Mixtral)
+    expert_feed_forward_length           moe.intermediate_size (Mixtral: feed_forward_length)
+    expert_weights_norm                  moe.norm_topk_prob (default true, as llama.cpp runs both)
+    a layer without ffn_gate_exps        a dense layer among the sparse ones
 
 `llama` covers Llama, Mistral and SmolLM files (llama.cpp writes them all as `llama`, q/k rows
 permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
@@ -34,12 +39,15 @@ from tandem.config import (
     UnsupportedArchitectureError,
 )
 from tandem.loaders.gguf.reader import GGUFError, GuardedReader
+from tandem.moe_config import MoESpec
 
 ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+MIXTRAL = "MixtralForCausalLM"  # a `llama` file whose layers hold experts
 PERMUTED_QK = frozenset({"llama"})  # architectures whose q/k rows llama.cpp's converter permutes
 _MISSING = object()
 
@@ -136,9 +144,11 @@ def config_from_gguf(
         t = meta.get(f"tokenizer.ggml.{key}_token_id", int, None)
         if t is not None and t not in eos:
             eos.append(t)
+    moe = _moe(meta, a, tensors)
+    hf_arch = MIXTRAL if arch == "llama" and moe is not None else ARCHITECTURES[arch]
     try:
         cfg = ModelConfig(
-            architecture=ARCHITECTURES[arch],
+            architecture=hf_arch,
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=meta.get(a + "feed_forward_length", int),
@@ -157,10 +167,11 @@ def config_from_gguf(
             qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in tensors,
             o_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_gate.bias" in tensors,
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3moe"),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(eos),
             torch_dtype="float32",
+            moe=moe,
         )
         cfg.validate(str(meta.file))
     except GGUFError:
@@ -173,6 +184,24 @@ def config_from_gguf(
             f"{head_dim} implies {head_dim // 2}"
         )
     return cfg
+
+
+def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
+    """The experts a file's metadata and tensors describe, or None for a dense model."""
+    n = meta.get(a + "expert_count", int, 0)
+    if not n:
+        return None
+    layers = meta.get(a + "block_count", int)
+    dense = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_exps.weight" not in tensors)
+    width = meta.get(a + "expert_feed_forward_length", int, None)
+    return MoESpec(
+        num_experts=n,
+        top_k=meta.get(a + "expert_used_count", int),
+        intermediate_size=width or meta.get(a + "feed_forward_length", int),
+        norm_topk_prob=meta.get(a + "expert_weights_norm", bool, True),
+        dense_layers=dense,
+        shared_intermediate_size=meta.get(a + "expert_shared_feed_forward_length", int, 0),
+    )
 
 
 def _layers(meta: Metadata, a: str, tensors: Collection[str]) -> int:

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from tandem.loaders.tokenizer import Tokenizer
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+PREAD_CHUNK = 4 << 20  # bytes of whole rows read at once for a column slice (then copied out)
 FINGERPRINT_SAMPLE = 256  # bytes of each tensor's data folded into the fingerprint
 
 
@@ -76,7 +77,8 @@ class GGUFTensorInfo:
     file: Path
     gguf_name: str
     type_id: int
-    shape: tuple[int, ...]  # (rows, cols) as the model's parameter: GGUF's dims reversed
+    shape: tuple[int, ...]  # (rows, cols) as the model's parameter: GGUF's dims reversed;
+    # an MoE layer's stacked experts (E, rows, cols): E matrices one after the other
     offset: int  # absolute byte offset in `file`
     nbytes: int
     part: int  # index of the reader holding it
@@ -228,10 +230,11 @@ class GGUFModel:
         return info
 
     def _bytes(self, info: GGUFTensorInfo) -> np.ndarray:
-        """The raw bytes of a tensor, zero-copy: uint8 (rows, row_bytes), or (nbytes,) for 1-D."""
+        """The raw bytes of a tensor, zero-copy: uint8 (rows, row_bytes) ((E, rows, row_bytes)
+        for stacked experts), or (nbytes,) for 1-D."""
         data = self.readers[info.part].data
         raw = np.asarray(data[info.offset : info.offset + info.nbytes])
-        return raw.reshape(info.shape[0], -1) if len(info.shape) == 2 else raw
+        return raw if len(info.shape) == 1 else raw.reshape(*info.shape[:-1], -1)
 
     def _view(self, info: GGUFTensorInfo) -> torch.Tensor:
         """`_bytes` as a torch tensor (the same memory)."""
@@ -292,12 +295,17 @@ class GGUFModel:
             dim 1  columns: `start` and `end` multiples of the type's block size; exactly those
                    bytes of every row, read with pread (not through the mapping, so the
                    tensor's other bytes never become this process's resident pages)
-        Never the whole tensor: a shard reads only its own blocks."""
+        Never the whole tensor: a shard reads only its own blocks.
+
+        Stacked experts (E, rows, cols) take dim 0 (experts: whole matrices, one read), dim 1
+        (rows of every expert) and dim 2 (columns of every row), returned as (E', rows', bytes')."""
         if dim is None:
             import torch
 
             return torch.from_numpy(self.block_array(name))
         info = self.info(name)
+        if len(info.shape) == 3:
+            return self._expert_blocks(info, dim, start, end)
         raw = self._view(info)
         heads = self._heads(name)
         rows, cols = info.shape
@@ -323,6 +331,28 @@ class GGUFModel:
             part = _pread_rows(info, 0, rows, b0, b1)  # (rows, (end - start) / bs * bb)
             return part if heads is None else unpermute_rows(part, heads)
         raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0 or 1)")
+
+    def _expert_blocks(self, info: GGUFTensorInfo, dim: int, start, end) -> torch.Tensor:
+        """`blocks` of stacked experts (E, rows, cols): the matrices as one (E rows, cols) tensor."""
+        import torch
+
+        e, rows, cols = info.shape
+        flat = replace(info, shape=(e * rows, cols))
+        rb = info.nbytes // (e * rows)
+        if dim == 0:
+            self._check_range(info, start, end, e, 1, "experts")
+            part = _pread_array(flat, start * rows, end * rows, 0, rb)
+            return torch.from_numpy(part.reshape(end - start, rows, rb))
+        if dim == 1:
+            self._check_range(info, start, end, rows, 1, "rows")
+            parts = [_pread_array(flat, x * rows + start, x * rows + end, 0, rb) for x in range(e)]
+            return torch.from_numpy(np.stack(parts))
+        if dim == 2:
+            t = BY_ID[info.type_id]
+            self._check_range(info, start, end, cols, t.block_size, "columns")
+            b0, b1 = start // t.block_size * t.block_bytes, end // t.block_size * t.block_bytes
+            return torch.from_numpy(_pread_array(flat, 0, e * rows, b0, b1).reshape(e, rows, -1))
+        raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0, 1 or 2)")
 
     @staticmethod
     def _check_range(info: GGUFTensorInfo, start, end, size: int, align: int, what: str) -> None:
@@ -369,7 +399,9 @@ class GGUFModel:
         if dim is not None and info.quantized:
             from tandem.models.quant.dequant import dequantize
 
-            return dequantize(self.blocks(name, dim, start, end), info.type_id)
+            b = self.blocks(name, dim, start, end)
+            cols = b.shape[-1] // BY_ID[info.type_id].block_bytes * BY_ID[info.type_id].block_size
+            return dequantize(b.reshape(-1, b.shape[-1]), info.type_id).view(*b.shape[:-1], cols)
         heads = self._heads(name)
         if dim is None:  # a whole permuted q/k: read with pread, then un-permuted (one copy kept)
             t = self._dense(info, info.gguf_name, pread=heads is not None)
@@ -445,9 +477,11 @@ def _pread_rows(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> tor
 
 def _pread_array(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> np.ndarray:
     """Bytes `[b0, b1)` of rows `[r0, r1)` of a 2-D tensor, read with pread into a new uint8
-    (r1 - r0, b1 - b0) array: exactly those bytes, and none of the tensor's other pages become
-    this process's resident memory (a copy through the mapping would keep every page of every
-    row it crosses mapped and resident)."""
+    (r1 - r0, b1 - b0) array: none of the tensor's pages become this process's resident memory
+    (a copy through the mapping would keep every page of every row it crosses mapped and
+    resident). A column slice reads whole rows PREAD_CHUNK bytes at a time into one reused
+    buffer and keeps the slice: one system call per chunk, not per row (an MoE down_exps tensor
+    has E x D rows)."""
     rb = info.nbytes // info.shape[0]
     out = np.empty((r1 - r0, b1 - b0), dtype=np.uint8)
     with open(info.file, "rb", buffering=0) as f:
@@ -456,11 +490,15 @@ def _pread_array(info: GGUFTensorInfo, r0: int, r1: int, b0: int, b1: int) -> np
             n = os.preadv(fd, [out], info.offset + r0 * rb)
             if n != out.nbytes:
                 raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
-        else:
-            for i, r in enumerate(range(r0, r1)):
-                n = os.preadv(fd, [out[i]], info.offset + r * rb + b0)
-                if n != b1 - b0:
+        else:  # whole rows in chunks through a bounce buffer, then the columns kept
+            step = max(1, PREAD_CHUNK // rb)
+            bounce = np.empty((min(step, r1 - r0), rb), dtype=np.uint8)
+            for i in range(0, r1 - r0, step):
+                buf = bounce[: min(step, r1 - r0 - i)]
+                n = os.preadv(fd, [buf], info.offset + (r0 + i) * rb)
+                if n != buf.nbytes:
                     raise GGUFCorruptError(f"{info.file}: short read of {info.gguf_name!r}")
+                out[i : i + len(buf)] = buf[:, b0:b1]
     return out
 
 

@@ -30,6 +30,15 @@ LAYER_NAMES: dict[str, str] = {  # blk.N.<GGUF> -> model.layers.N.<HF>
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # a sparse layer: the router, the experts stacked (E, out, in), a shared expert
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 ROPE_FREQS = (
     "rope_freqs.weight"  # llama3 rope scaling as llama.cpp stores it: per-frequency divisors

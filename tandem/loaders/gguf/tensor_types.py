@@ -1,6 +1,6 @@
 """The ggml type each GGUF tensor is written in, for one `qtype` ("Q8_0", "Q4_K", "F16", ...) or
-the mix "K_MIX" (Q4_K, with Q5_K for attn_output / ffn_down and Q6_K for attn_v and the output
-matrix: the shape of a Q4_K_M file). A matrix whose row is not whole blocks falls back as llama.cpp
+the mix "K_MIX" (Q4_K, with Q5_K for attn_output / ffn_down (experts' too) and Q6_K for attn_v and
+the output matrix: the shape of a Q4_K_M file). An MoE router stays F32, as llama-quantize keeps it. A matrix whose row is not whole blocks falls back as llama.cpp
 does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, 32-element types -> F16). No torch: the quantize
 choice of a model source is checked before anything is read."""
 
@@ -9,7 +9,15 @@ from __future__ import annotations
 from tandem.models.quant.blocks import BY_NAME
 
 K_MIX = "K_MIX"
-_MIX = {"attn_v": "Q6_K", "output": "Q6_K", "attn_output": "Q5_K", "ffn_down": "Q5_K"}
+_MIX = {
+    "attn_v": "Q6_K",
+    "output": "Q6_K",
+    "attn_output": "Q5_K",
+    "ffn_down": "Q5_K",
+    "ffn_down_exps": "Q5_K",
+    "ffn_down_shexp": "Q5_K",
+}
+ROUTERS = ("ffn_gate_inp", "ffn_gate_inp_shexp")  # kept F32 as llama-quantize keeps them
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
@@ -22,6 +30,8 @@ def tensor_type(name: str, shape: tuple[int, ...], qtype: str, tied: bool) -> st
     if len(shape) == 1:
         return "F32"
     role = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
+    if role in ROUTERS:
+        return "F32"
     kind = qtype
     if qtype == K_MIX:
         kind = _MIX.get(role, "Q4_K")

@@ -26,7 +26,7 @@ from gguf.constants import GGMLQuantizationType, RopeScalingType, TokenType
 from tokenizers import Tokenizer as HFTokenizer
 
 from tandem.config import ModelConfig
-from tandem.loaders.gguf.config import ARCHITECTURES, PERMUTED_QK
+from tandem.loaders.gguf.config import ARCHITECTURES, MIXTRAL, PERMUTED_QK
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, permute_rows, permuted_heads
 from tandem.loaders.gguf.tensor_types import K_MIX as K_MIX  # re-exported: the mix's name
 from tandem.loaders.gguf.tensor_types import GGUFWriteError, tensor_type
@@ -40,7 +40,7 @@ from tandem.models.presets import get_preset, hot_rows, random_weights
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.quantize import quantize
 
-_ARCH_OF = {v: k for k, v in ARCHITECTURES.items()}
+_ARCH_OF = {v: k for k, v in ARCHITECTURES.items()} | {MIXTRAL: "llama"}
 
 
 def write_gguf(
@@ -102,6 +102,15 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
     if c.head_dim != c.hidden_size // c.num_attention_heads:
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
+    if c.moe is not None:
+        w.add_expert_count(c.moe.num_experts)
+        w.add_expert_used_count(c.moe.top_k)
+        if c.architecture != MIXTRAL:
+            w.add_expert_feed_forward_length(c.moe.intermediate_size)
+        if c.moe.shared_intermediate_size:
+            w.add_expert_shared_feed_forward_length(c.moe.shared_intermediate_size)
+        if not c.moe.norm_topk_prob:
+            w.add_expert_weights_norm(False)
     s = c.rope_scaling
     if s is not None and s.rope_type == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
