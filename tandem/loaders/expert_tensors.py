@@ -22,6 +22,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from tandem.loaders.errors import MissingTensorError
+
 _PER_EXPERT = re.compile(
     r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight"
 )
@@ -33,8 +35,8 @@ _PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 Reader = Callable[[str, tuple[slice, ...]], "object"]
 
 
-class ExpertLayoutError(ValueError):
-    """A checkpoint's experts are incomplete (a missing expert) or of mixed shapes."""
+class ExpertLayoutError(MissingTensorError):
+    """A checkpoint's experts are incomplete: an expert's tensor is missing."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,70 @@ def test_random_gguf_logits_and_greedy_ids_match_transformers(tmp_path, preset, 
     assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 
+# transformers reads a qwen3moe file's experts as `moe_intermediate_size`'s default (768) wide,
+# routes through every layer and renormalises the top-k (llama.cpp's reading): such a model
+MOE_768 = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+    num_hidden_layers=2,
+)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "K_MIX"])
+def test_a_qwen3moe_gguf_matches_transformers_reading_the_same_file(tmp_path, qtype):
+    base = get_preset("tiny-qwen3-moe").config
+    moe = replace(base.moe, intermediate_size=768, dense_layers=(), norm_topk_prob=True)
+    config = replace(base, moe=moe, **MOE_768)
+    _, (file,) = write_preset_gguf(tmp_path / "moe.gguf", "tiny-qwen3-moe", qtype, config=config)
+    src = GGUFModel(file)
+    assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].shape == (8, 768, 256)
+    assert src.manifest["model.layers.0.mlp.gate.weight"].dtype == "F32"  # the router
+    model, hf = load_model(src), hf_model(file)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(tmp_path):
+    """transformers has no GGUF reader for Mixtral (a `llama` file with experts), so its
+    MixtralForCausalLM gets the file's tensors as gguf-py dequantizes them (q/k un-permuted)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from tandem.loaders.gguf.names import hf_name, unpermute_rows
+
+    config = replace(get_preset("tiny-mixtral").config, hidden_size=256, head_dim=64)
+    _, (file,) = write_preset_gguf(tmp_path / "mixtral.gguf", "tiny-mixtral", "Q8_0", config=config)
+    src = GGUFModel(file)
+    assert src.config.architecture == "MixtralForCausalLM"
+    state = {}
+    for t in GGUFReader(file).tensors:
+        x = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
+        name = hf_name(t.name)
+        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+        for proj, n in heads.items():
+            if f"self_attn.{proj}." in name:
+                x = unpermute_rows(x, n)
+        state[name] = x
+    hf_config = transformers.MixtralConfig(**config.to_hf_dict())
+    hf = transformers.MixtralForCausalLM(hf_config).eval()
+    for i in range(config.num_hidden_layers):  # transformers' in-memory experts: gate|up fused
+        p = f"model.layers.{i}.mlp.experts."
+        gate, up = state.pop(p + "gate_proj.weight"), state.pop(p + "up_proj.weight")
+        state[p + "gate_up_proj"] = torch.cat([gate, up], dim=1)  # (E, 2I, D)
+        state[p + "down_proj"] = state.pop(p + "down_proj.weight")  # (E, D, I)
+    hf.load_state_dict(state, strict=True)
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
 @pytest.mark.parametrize(
     "preset, scaling",
     [("tiny-llama3-rope-scaling", None), ("tiny-llama", ("linear", 4.0))],

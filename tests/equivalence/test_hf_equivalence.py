@@ -1,6 +1,8 @@
 """tandem's reference model equals Hugging Face `transformers` (a peer we did not write) on
 random-init models of every supported architecture: f32 logits within 1e-4, and identical greedy ids
-for 32 new tokens at batch 1 and at batch 3 with prompts of different lengths."""
+for 32 new tokens at batch 1 and at batch 3 with prompts of different lengths. The mixture-of-experts
+families (Qwen3-MoE with a dense layer among sparse ones and norm_topk_prob off, Mixtral) load
+from the per-expert tensors transformers writes."""
 
 import pytest
 import torch
@@ -59,6 +61,24 @@ ARCHS = {
         transformers.Qwen3ForCausalLM,
         dict(head_dim=32, tie_word_embeddings=True),
     ),
+    "qwen3-moe-dense-layer": (
+        transformers.Qwen3MoeConfig,
+        transformers.Qwen3MoeForCausalLM,
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            mlp_only_layers=[1],
+            norm_topk_prob=False,
+        ),
+    ),
+    "mixtral-moe": (
+        transformers.MixtralConfig,
+        transformers.MixtralForCausalLM,
+        dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=48),
+    ),
 }
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [200, 7], [42, 43, 44, 45, 46]]
@@ -73,7 +93,7 @@ def pair(request, tmp_path_factory):
     hf = model_cls(cfg).eval()
     with torch.no_grad():  # HF's own init is std 0.02: spread the weights so logits are not ties
         for p in hf.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and experts stacked (E, out, in)
                 p.normal_(0, 0.25)
             else:
                 p.add_(torch.randn_like(p) * 0.1)
