@@ -317,6 +317,12 @@ class ModelConfig:
             raise ConfigFieldError("torch_dtype", self.torch_dtype, "a dtype name")
         if self.moe is not None:
             self.moe.validate(self.num_hidden_layers)
+            mixtral = self.architecture == "MixtralForCausalLM"
+            if mixtral and self.moe.intermediate_size != self.intermediate_size:
+                raise ConfigFieldError(
+                    "moe.intermediate_size", self.moe.intermediate_size,
+                    f"Mixtral's intermediate_size ({self.intermediate_size}): its experts' width",
+                )  # fmt: skip
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config.json Hugging Face `transformers` writes for this shape (old rope layout, which

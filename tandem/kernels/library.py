@@ -37,7 +37,7 @@ SOURCES = tuple(
     CSRC / c
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
-        "qgemm256.c",
+        "qgemm256.c", "moe.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
@@ -167,6 +167,21 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         _INT,
         (_P, _P, _F32, _P, _P, _P, _F32, _P, _P, _INT, _P, _P, _P, _I64)
         + (_P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
+    ),
+    # x, M, D, W, ids, w32, k, first, count, gate, up, down, gate/up/down types, y, dtype, threads
+    "tandem_moe_experts": (
+        _INT,
+        (_P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _I64, _P)
+        + (_INT, _INT),
+    ),
+    # logits, M, E, k, norm, ids, w32, dtype
+    "tandem_moe_route": (_INT, (_P, _I64, _I64, _I64, _INT, _P, _P, _INT)),
+    # h, M, norm_w, eps, router (tq_linear*), E, k, norm, D, W, first, count, gate, up, down,
+    # gate/up/down types, out, dtype, threads
+    "tandem_moe_block": (
+        _INT,
+        (_P, _I64, _P, _F32, _P, _I64, _I64, _INT, _I64, _I64, _I64, _I64, _P, _P, _P)
+        + (_I64, _I64, _I64, _P, _INT, _INT),
     ),
     # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads
     "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _I64, _I64, _INT, _INT)),

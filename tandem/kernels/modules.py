@@ -13,6 +13,7 @@ float32 rounding of the sum order in float32).
                                        q/k norm + RoPE in place, one call per tensor; unmasked
                                        decode attention in one call
     MLP             FastMLP            fused gate/up; SwiGLU in one call
+    Experts         FastExperts        an MoE block's chosen experts in one call (`kernels.moe`)
     DecoderLayer    FastDecoderLayer   one sequence, one decode token: the layer in two calls
                                        (`decode_layer`)
     Transformer     FastTransformer    one sequence, one decode token: every held layer in one
@@ -26,10 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.kernels import decode_layer, decode_model, native
+from tandem.kernels.moe import FastExperts
 from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext
 from tandem.models.layers import MLP, RMSNorm
 from tandem.models.llama import DecoderLayer, Transformer
+from tandem.models.moe import Experts
 
 
 class FastRMSNorm(RMSNorm):
@@ -126,6 +129,7 @@ FAST: dict[type[nn.Module], type[nn.Module]] = {
     RMSNorm: FastRMSNorm,
     Attention: FastAttention,
     MLP: FastMLP,
+    Experts: FastExperts,
     DecoderLayer: FastDecoderLayer,
     Transformer: FastTransformer,
 }

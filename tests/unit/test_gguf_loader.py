@@ -65,10 +65,16 @@ def test_every_model_parameter_has_one_gguf_name_and_back():
     cfg = get_preset("tiny-qwen2").config
     with torch.device("meta"):
         model = Transformer(replace(cfg, qk_norm=True, tie_word_embeddings=False))
+        moe = get_preset("tiny-qwen3-moe").config
+        shared = replace(
+            moe.moe, shared_intermediate_size=32
+        )  # every MoE tensor, shared expert too
+        sparse = Transformer(replace(moe, moe=shared))
     names = [n for n, _ in model.named_parameters()]
+    names += [n for n, _ in sparse.named_parameters() if n.startswith("model.layers.0.mlp.")]
     assert len({gguf_name(n) for n in names}) == len(names)
     assert all(hf_name(gguf_name(n)) == n for n in names)
-    assert len(GLOBAL_NAMES) + len(LAYER_NAMES) == 14
+    assert len(GLOBAL_NAMES) + len(LAYER_NAMES) == 22
     assert hf_name("blk.0.attn_qkv.weight") is None
 
 

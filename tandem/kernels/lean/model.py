@@ -5,13 +5,15 @@ stored. The same math as the reference model (`tandem.models.llama`) in float32:
     per layer:  h = rmsnorm(x);  q, k, v = split(h Wqkv^T + b)
                 q, k = rope(qk_norm(q), qk_norm(k))          k, v written at their positions
                 x = x + attend(q, K, V) Wo^T                 causal; grouped-query (H / G)
-                x = x + (silu(g) * u)(rmsnorm(x) Wgu^T) Wdown^T
+                x = x + (silu(g) * u)(rmsnorm(x) Wgu^T) Wdown^T      (a dense layer)
+                x = x + moe(rmsnorm(x))                      (a sparse layer: `lean.moe`)
     logits = rmsnorm(x_last) Whead^T                         (B, V), one row per sequence
 
 The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE, SwiGLU
 and the causal attention the csrc/decode_ops.c calls, so no BLAS runs (numpy's OpenBLAS threads
 would spin against the kernels' OpenMP threads). One sequence with one new token takes the
-one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer).
+one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer);
+a mixture of experts runs its layers one by one, each MoE block one call.
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
 OS: a page is resident once a token is written into it.
@@ -37,6 +39,7 @@ from tandem.kernels import library
 from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
+from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import cos_sin, inv_freq
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
@@ -84,6 +87,8 @@ class Layer:
         gu = ("mlp.gate_proj", "mlp.up_proj")
         self.in_norm = _vec(src, p + "input_layernorm.weight")
         self.post_norm = _vec(src, p + "post_attention_layernorm.weight")
+        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
+        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
         self.qkv = Linear(
             parts(*(n + ".weight" for n in qkv)),
             D,
@@ -94,6 +99,10 @@ class Layer:
             parts("self_attn.o_proj.weight"), c.num_attention_heads * c.head_dim,
             bias(c.o_bias, "self_attn.o_proj.bias"), p + "o_proj",
         )  # fmt: skip
+        self.moe = self.gate_up = self.down = None
+        if c.is_sparse(i):
+            self.moe = MoEBlock(src, i, self.post_norm)
+            return
         self.gate_up = Linear(
             parts(*(n + ".weight" for n in gu)),
             D,
@@ -104,8 +113,6 @@ class Layer:
             parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
             p + "down_proj",
         )  # fmt: skip
-        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
-        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
 
 
 def _vec(src: WeightSource, name: str) -> np.ndarray:
@@ -137,12 +144,13 @@ class LeanModel:
         self.pairs = src.qk_pairs
         if self.pairs and c.qk_norm:  # no architecture has both (llama pairs, qwen3 norms)
             raise LeanUnsupportedError("q/k norms on q/k rows in llama.cpp's pair order")
+        ffn = ("mlp.gate", "mlp.up", "mlp.down")
         projections = [
             f"model.layers.{i}.{p}_proj.weight"
             for i in range(c.num_hidden_layers)
-            for p in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "mlp.gate",
-                      "mlp.up", "mlp.down")
-        ]  # fmt: skip
+            for p in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o")
+            + tuple(f.replace("mlp.", "mlp.experts.") if c.is_sparse(i) else f for f in ffn)
+        ]
         if any(src.info(n).type_id == F32_TYPE for n in projections):
             raise LeanUnsupportedError(
                 "F32 layer weights: the torch path's float32 GEMM prefills them faster, and "
@@ -164,7 +172,7 @@ class LeanModel:
         shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
-        self._decode = self._decode_plan()
+        self._decode = None if c.moe is not None else self._decode_plan()
 
     # ---- the pieces -----------------------------------------------------------------------
 
@@ -179,7 +187,7 @@ class LeanModel:
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1:
+        if len(rows) == 1 and len(rows[0][2]) == 1 and self._decode is not None:
             slot, pos, ids = rows[0]
             return self._decode_one(slot, pos, ids[0])
         H, G, hd, th = self.H, self.G, self.hd, self.threads
@@ -202,6 +210,9 @@ class LeanModel:
                 vc[:, p : p + n] = v[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
                 attn[r0:r1] = ops.prefill_attention(q[r0:r1], kc, vc, p, self.hd**-0.5, th)
             x = x + L.o(attn, th)
+            if L.moe is not None:
+                x = x + L.moe(x, th)
+                continue
             x = x + L.down(
                 ops.silu_mul(L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th), th), th
             )
@@ -212,7 +223,8 @@ class LeanModel:
         the head's (a tied head is the embedding's table, counted once; the embedding itself reads
         one row). For the benchmarks' roofline."""
         seen, out = set(), []
-        for lin in [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down)] + [self.head]:
+        lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
+        for lin in lins + [self.head]:
             for a in lin.arrays:
                 if a.ctypes.data not in seen:
                     seen.add(a.ctypes.data)

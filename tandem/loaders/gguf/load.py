@@ -9,6 +9,8 @@ The `Transformer` is built on the `meta` device, then filled module by module:
         the device is not the CPU or the rows were permuted, see `model_file`)
     a tied LM head over a quantized embedding                   -> a QuantLinear sharing the
         embedding's `qweight`
+    an MoE layer's stacked experts whose tensor is quantized    -> QuantExpertLinear over the
+        (E, rows, row_bytes) blocks
     everything else (norms, biases, F32/F16/BF16 weights)       -> dense parameters in the
         compute dtype, as `loaders.load` does for safetensors
 
@@ -24,7 +26,8 @@ from torch import nn
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.models.llama import Transformer
-from tandem.models.quant.linear import QuantEmbedding, QuantLinear
+from tandem.models.moe import ExpertLinear
+from tandem.models.quant.linear import QuantEmbedding, QuantExpertLinear, QuantLinear
 from tandem.models.skeleton import skeleton
 
 
@@ -46,6 +49,18 @@ def load_gguf_model(
         return nn.Parameter(src.read(name).to(device=device, dtype=dtype), requires_grad=False)
 
     for mname, mod in list(model.named_modules()):
+        if isinstance(mod, ExpertLinear):
+            info = src.check(mname + ".weight", tuple(mod.weight.shape))
+            if info.quantized:
+                q = src.blocks(mname + ".weight").to(device)
+                e, rows, cols = info.shape
+                owner, _, leaf = mname.rpartition(".")
+                setattr(
+                    model.get_submodule(owner),
+                    leaf,
+                    QuantExpertLinear(info.type_id, e, cols, rows, q),
+                )
+            continue
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
             continue
         source = model.checkpoint_name(mname + ".weight")

@@ -1,0 +1,158 @@
+/* A mixture-of-experts block's experts in one call (decode and prefill alike): every token's
+ * chosen experts, each expert's tokens as one product, only the chosen experts' weights read.
+ *
+ *   y[m] = sum over j < k with e = ids[m, j] - first in [0, count), in ascending e:
+ *          w[m, j] * down_e(silu(gate_e x[m]) * up_e x[m])
+ *
+ * The experts' weights are stacked by expert, one ggml type per projection: expert e's gate rows
+ * start at gate + e * W * row_bytes(gate_type, D) (up likewise), its down rows at
+ * down + e * D * row_bytes(down_type, W). For each held expert with tokens routed to it, its rows
+ * of x are gathered and go through one tandem_qgemv over [gate_e; up_e] (int8 activations for a
+ * quantized expert, as every quantized layer), tandem_silu_mul, and one tandem_qgemv over down_e:
+ * an expert with no token is never read, and one with n tokens is read once for all n.
+ *
+ * tandem_moe_route is the router's choice (`models.moe.MoE.route`) and tandem_moe_block a whole
+ * sparse feed-forward (norm, router, route, experts) in one call, for the torch-free path.
+ *
+ * The roundings are `models.moe.Experts.forward`'s in dtype dt: the expert's output times the
+ * weight rounded to dt, added to y[m] in dt (y starts at zero), experts in ascending order.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtypes.h"
+#include "quant.h"
+
+int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt, int nthreads);
+
+static inline float round_dt(float v, int dt) {
+    if (dt == DT_F32) return v;
+    if (dt == DT_BF16) return bf16_to_f32(f32_to_bf16(v));
+#if HAVE_F16
+    return f16_to_f32(f32_to_f16(v));
+#else
+    return v;
+#endif
+}
+
+/* x (M, D), ids (M, k) int64 global expert ids, w (M, k) float32 (the router's weights, already
+ * rounded to dt) -> y (M, D), all of dtype dt. Returns 0, or -1 for arguments it cannot run. */
+int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int64_t *ids,
+                       const float *w, int64_t k, int64_t first, int64_t count, const void *gate,
+                       const void *up, const void *down, int64_t gate_type, int64_t up_type,
+                       int64_t down_type, void *y, int dt, int nthreads) {
+    if (M < 1 || D < 1 || W < 1 || k < 1 || count < 1 || dt < DT_F32 || dt > DT_F16) return -1;
+    const int64_t gb = tq_block_size(gate_type), ub = tq_block_size(up_type);
+    const int64_t db = tq_block_size(down_type);
+    if (!gb || !ub || !db || D % gb || D % ub || W % db) return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    const int64_t g_stride = W * tq_row_bytes(gate_type, D), u_stride = W * tq_row_bytes(up_type, D);
+    const int64_t d_stride = D * tq_row_bytes(down_type, W);
+    int64_t *rows = (int64_t *)malloc((size_t)(M * k) * sizeof(int64_t)); /* (m * k + j) */
+    char *buf = (char *)malloc((size_t)(M * (D + 3 * W + D)) * es);
+    if (!rows || !buf) {
+        free(rows);
+        free(buf);
+        return -1;
+    }
+    char *xs = buf, *gu = xs + M * D * es, *act = gu + 2 * M * W * es, *out = act + M * W * es;
+    memset(y, 0, (size_t)(M * D) * es);
+    int rc = 0;
+    for (int64_t e = 0; e < count && !rc; e++) {
+        int64_t n = 0;
+        for (int64_t i = 0; i < M * k; i++)
+            if (ids[i] - first == e) rows[n++] = i;
+        if (n == 0) continue;
+        for (int64_t r = 0; r < n; r++)
+            memcpy(xs + r * D * es, (const char *)x + (rows[r] / k) * D * es, (size_t)(D * es));
+        const tq_part gu_parts[2] = {
+            {(const char *)gate + e * g_stride, W, gate_type},
+            {(const char *)up + e * u_stride, W, up_type},
+        };
+        const tq_part down_part = {(const char *)down + e * d_stride, D, down_type};
+        rc = tandem_qgemv(xs, gu_parts, 2, NULL, gu, n, D, dt, nthreads);
+        if (!rc) rc = tandem_silu_mul(gu, act, n, W, dt, nthreads);
+        if (!rc) rc = tandem_qgemv(act, &down_part, 1, NULL, out, n, W, dt, nthreads);
+        if (rc) break;
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t m = rows[r] / k;
+            const float wt = w[rows[r]];
+            for (int64_t c = 0; c < D; c++) {
+                float v = round_dt(load1(out, r * D + c, dt) * wt, dt);
+                store1(y, m * D + c, load1(y, m * D + c, dt) + v, dt);
+            }
+        }
+    }
+    free(rows);
+    free(buf);
+    return rc;
+}
+
+int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
+                   int64_t dim, float eps, int dt, int nthreads);
+
+/* The router's choice for each row of logits (M, E) (dtype dt): p = softmax(logits) in float32,
+ * the k largest (ties to the lower expert id, in descending order), renormalised to sum 1 when
+ * `norm`; ids (M, k) int64, w (M, k) float32 holding the weights rounded to dt. */
+int tandem_moe_route(const void *logits, int64_t M, int64_t E, int64_t k, int norm, int64_t *ids,
+                     float *w, int dt) {
+    if (M < 1 || E < 1 || k < 1 || k > E || dt < DT_F32 || dt > DT_F16) return -1;
+    float *p = (float *)malloc((size_t)E * sizeof(float));
+    if (!p) return -1;
+    for (int64_t m = 0; m < M; m++) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            p[e] = load1(logits, m * E + e, dt);
+            mx = p[e] > mx ? p[e] : mx;
+        }
+        for (int64_t e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int64_t e = 0; e < E; e++) p[e] /= sum;
+        float total = 0.0f;
+        for (int64_t j = 0; j < k; j++) { /* selection: k is small (2-8 of 8-128 experts) */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (p[e] >= 0.0f && (best < 0 || p[e] > p[best])) best = e;
+            ids[m * k + j] = best;
+            w[m * k + j] = p[best];
+            total += p[best];
+            p[best] = -1.0f; /* taken */
+        }
+        for (int64_t j = 0; j < k; j++)
+            w[m * k + j] = round_dt(norm ? w[m * k + j] / total : w[m * k + j], dt);
+    }
+    free(p);
+    return 0;
+}
+
+/* A sparse layer's feed-forward for M rows in one call: xn = rmsnorm(h), logits = router(xn)
+ * (E outputs, quant.h's tq_linear), the route (tandem_moe_route), then the held experts
+ * (tandem_moe_experts) -> out (M, D); all of dtype dt. The caller adds the residual. */
+int tandem_moe_block(const void *h, int64_t M, const void *norm_w, float eps,
+                     const tq_linear *router, int64_t E, int64_t k, int norm, int64_t D,
+                     int64_t W, int64_t first, int64_t count, const void *gate, const void *up,
+                     const void *down, int64_t gate_type, int64_t up_type, int64_t down_type,
+                     void *out, int dt, int nthreads) {
+    if (M < 1 || E < 1 || k < 1 || k > E || !router->parts) return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    char *xn = (char *)malloc((size_t)(M * (D + E)) * es);
+    int64_t *ids = (int64_t *)malloc((size_t)(M * k) * sizeof(int64_t));
+    float *w = (float *)malloc((size_t)(M * k) * sizeof(float));
+    if (!xn || !ids || !w) {
+        free(xn);
+        free(ids);
+        free(w);
+        return -1;
+    }
+    char *logits = xn + M * D * es;
+    int rc = tandem_rmsnorm(h, D, norm_w, xn, M, D, eps, dt, nthreads);
+    if (!rc) rc = tandem_qgemv(xn, router->parts, router->nparts, router->bias, logits, M, D, dt, nthreads);
+    if (!rc) rc = tandem_moe_route(logits, M, E, k, norm, ids, w, dt);
+    if (!rc)
+        rc = tandem_moe_experts(xn, M, D, W, ids, w, k, first, count, gate, up, down, gate_type,
+                                up_type, down_type, out, dt, nthreads);
+    free(xn);
+    free(ids);
+    free(w);
+    return rc;
+}
