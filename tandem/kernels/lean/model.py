@@ -221,14 +221,17 @@ class LeanModel:
     def weight_arrays(self) -> list[np.ndarray]:
         """The weights one decode token reads in full, each once: every projection's blocks and
         the head's (a tied head is the embedding's table, counted once; the embedding itself reads
-        one row). For the benchmarks' roofline."""
+        one row); of a sparse layer the router and top_k experts' blocks (the first k: what any k
+        chosen experts read). For the benchmarks' roofline."""
         seen, out = set(), []
         lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
-        for lin in lins + [self.head]:
-            for a in lin.arrays:
-                if a.ctypes.data not in seen:
-                    seen.add(a.ctypes.data)
-                    out.append(a)
+        lins += [L.moe.router for L in self.layers if L.moe is not None]
+        arrays = [a for lin in lins + [self.head] for a in lin.arrays]
+        arrays += [a[: L.moe.k] for L in self.layers if L.moe is not None for a in L.moe.arrays]
+        for a in arrays:
+            if a.ctypes.data not in seen:
+                seen.add(a.ctypes.data)
+                out.append(a)
         return out
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
