@@ -59,7 +59,7 @@ def _tp(args: argparse.Namespace):
             if args.trace_dir:
                 comm.dump(Path(args.trace_dir) / f"rank{args.rank}.json")
         return None, None
-    layout = Layout(stage_tp=(args.world,), dtypes=(DTYPE_NAMES[args.dtype],))
+    layout = Layout(stage_tp=(args.world,), dtypes=(DTYPE_NAMES[args.dtype],), moe=args.moe)
     limits = Limits(2, args.max_seq_len)
     return build_executor(args.model, layout, limits, BuildHooks(comm=comm)), comm
 
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tandem.bench.decode_run")
     p.add_argument("--model", required=True)
     p.add_argument("--layout", choices=["single", "tp", "pp"], default="single")
+    p.add_argument("--moe", choices=["tp", "experts"], default="tp", help="tp: expert placement")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--peers", default="", help="every rank's ADDR:PORT, in rank order")

@@ -43,22 +43,27 @@ BASE_PORT = 29610  # inside this run's private namespaces only; no other process
 class BenchLayout:
     kind: str  # "single" | "tp" | "pp"
     n: int = 1
+    moe: str = "tp"  # a TP group's expert placement: "experts" for an `epN` layout
 
     @property
     def name(self) -> str:
-        return "single" if self.kind == "single" else f"{self.kind.upper()}={self.n}"
+        if self.kind == "single":
+            return "single"
+        return f"EP={self.n}" if self.moe == "experts" else f"{self.kind.upper()}={self.n}"
 
 
 def parse_layouts(text: str) -> list[BenchLayout]:
-    """`"single,tp2,pp2,tp3,pp3"` -> layouts."""
+    """`"single,tp2,pp2,tp3,pp3,ep2"` -> layouts (`epN`: a TP group of N ranks holding an MoE's
+    experts whole, `--moe experts`)."""
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         if part == "single":
             out.append(BenchLayout("single"))
-        elif part[:2] in ("tp", "pp") and part[2:].isdigit() and int(part[2:]) >= 2:
-            out.append(BenchLayout(part[:2], int(part[2:])))
+        elif part[:2] in ("tp", "pp", "ep") and part[2:].isdigit() and int(part[2:]) >= 2:
+            kind = "tp" if part[:2] == "ep" else part[:2]
+            out.append(BenchLayout(kind, int(part[2:]), "experts" if part[:2] == "ep" else "tp"))
         else:
-            raise ValueError(f"layout {part!r}: expected single, tpN or ppN (N >= 2)")
+            raise ValueError(f"layout {part!r}: expected single, tpN, epN or ppN (N >= 2)")
     return out
 
 
@@ -144,7 +149,7 @@ def run_layout(
     secret = secrets.token_hex(16)
     peers = ",".join(f"{hosts.address(r)}:{BASE_PORT + r}" for r in range(n))
     base = _decode_argv(opts, lay.kind, _threads_per_rank(opts, lay))
-    base += ["--world", str(n), "--peers", peers, "--secret", secret]
+    base += ["--world", str(n), "--peers", peers, "--secret", secret, "--moe", lay.moe]
     logs = _log_files(opts, f"{hosts.name.split()[0]}-{lay.name}", n)
     trace_dir = None
     if lay.kind == "tp" and opts.log_dir is not None:

@@ -60,3 +60,11 @@ def test_bench_cli_refuses_a_path_that_is_no_model_before_starting_anything(tmp_
 
     rc = main(["bench", "--model", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "o")])
     assert rc == 2 and "none.gguf" in capsys.readouterr().err
+
+
+def test_an_ep_layout_is_a_tp_group_holding_whole_experts():
+    from tandem.bench.harness import BenchLayout, parse_layouts
+
+    ep = parse_layouts("single,tp2,ep2")
+    assert ep[2] == BenchLayout("tp", 2, "experts") and ep[2].name == "EP=2"
+    assert ep[1].name == "TP=2" and ep[1].moe == "tp"
