@@ -87,6 +87,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_OVERHEAD,
         help="software cost per message per rank (staging, framing, reduction)",
     )
+    p.add_argument(
+        "--moe", choices=("tp", "experts"), default="tp",
+        help="a mixture of experts' placement for the shards shown (as generate/serve --moe)",
+    )  # fmt: skip
     p.add_argument("--max-tp", type=int, default=8)
     p.add_argument("--max-pp", type=int, default=8)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -134,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
     tp = preds[0].layout.tp
     if args.model and tp > 1:
-        print("\n" + render_shards(_shard_plan(args.model, tp)))
+        source, plan = _shard_plan(args.model, tp, args.moe)
+        print("\n" + render_shards(plan))
+        if plan.experts:
+            print(render_experts(plan, source))
     return 0
 
 
@@ -176,12 +183,39 @@ def _run_from_probes(args: argparse.Namespace, config) -> int:
     return 0
 
 
-def _shard_plan(model: str, tp: int):
-    """The TP plan of `model` at `tp` ranks, rounded to its weights' blocks."""
+def _shard_plan(model: str, tp: int, moe: str = "tp"):
+    """(the model source, its TP plan at `tp` ranks rounded to its weights' blocks)."""
     from tandem.loaders.source import open_model
     from tandem.parallel.plan import plan_for_source
 
-    return plan_for_source(open_model(model), tp)
+    source = open_model(model)
+    return source, plan_for_source(source, tp, moe=moe)
+
+
+def render_experts(plan, source) -> str:
+    """A mixture of experts' placement: each rank's experts and rows of each, and the expert bytes
+    it reads per token (top_k experts per sparse layer; whole experts: its share of them, the
+    routing taken as uniform)."""
+    spec = source.config.moe
+    sparse = [i for i in range(source.config.num_hidden_layers) if spec.is_sparse(i)]
+    per_expert = sum(
+        source.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes / spec.num_experts
+        for i in sparse
+        for p in ("gate", "up", "down")
+    )  # bytes of one expert across every sparse layer
+    how = "whole experts" if plan.moe == "experts" else "rows of every expert"
+    lines = [f"experts: {spec.num_experts}, {spec.top_k} active per token; placed as {how}"]
+    if plan.moe_fallback:
+        lines.append(f"  fallback: {plan.moe_fallback}")
+    for r in range(plan.world_size):
+        e, rows = plan.experts[r], plan.expert_rows[r]
+        share = (e.size / spec.num_experts) * (rows.size / spec.intermediate_size)
+        active = spec.top_k * per_expert * share
+        lines.append(
+            f"  rank {r}: experts [{e.start}, {e.end}) ({e.size}), rows [{rows.start}, "
+            f"{rows.end}) of each; expert bytes read per token {active / 1e6:.1f} MB"
+        )
+    return "\n".join(lines)
 
 
 def render_shards(plan) -> str:

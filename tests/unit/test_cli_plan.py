@@ -85,3 +85,17 @@ def test_plan_on_a_k_quant_gguf_shows_block_rounded_shards_and_names_the_o_proj_
         "rank 1: kv heads [1, 2) q heads [4, 8) o_proj cols [512, 768) mlp rows [512, 768)"
         in out.out
     )
+
+
+def test_plan_shows_each_ranks_experts_and_the_expert_bytes_it_reads_per_token(tmp_path, capsys):
+    from tandem.loaders.make import make_model_dir
+
+    make_model_dir(tmp_path / "moe", "tiny-qwen3-moe")
+    nodes = ["--node", "a:50ms", "--node", "b:50ms", "--model", str(tmp_path / "moe")]
+    out = _run(nodes, capsys)[1].out
+    assert "experts: 8, 2 active per token; placed as rows of every expert" in out
+    assert "rank 1: experts [0, 8) (8), rows [32, 64) of each" in out
+    out = _run([*nodes, "--moe", "experts"], capsys)[1].out
+    assert "placed as whole experts" in out and "rank 1: experts [4, 8) (4), rows [0, 64)" in out
+    # 2 of 8 experts x 2 sparse layers x 3 projections of 64 x 64 float32, half of it per rank
+    assert "expert bytes read per token 0.1 MB" in out
