@@ -151,8 +151,9 @@ def pipeline_links(grid: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
 def tp_shard(
     plan: TPPlan, rank: int, layers: tuple[int, int], *, vocab: bool = True
 ) -> dict[str, Any]:
-    """TP rank `rank`'s part of layers `[start, end)`: its heads and MLP rows, and its vocabulary
-    rows when the group shards the embedding and LM head (`vocab`)."""
+    """TP rank `rank`'s part of layers `[start, end)`: its heads and MLP rows, a mixture of
+    experts' placement (its experts and rows of each), and its vocabulary rows when the group
+    shards the embedding and LM head (`vocab`)."""
     kv, q, mlp = plan.kv_heads[rank], plan.q_heads(rank), plan.intermediate[rank]
     out = {
         "layers": list(layers),
@@ -162,6 +163,11 @@ def tp_shard(
         "q_heads": [q.start, q.end],
         "mlp_rows": [mlp.start, mlp.end],
     }
+    if plan.experts:
+        e, rows = plan.experts[rank], plan.expert_rows[rank]
+        out["moe"] = plan.moe
+        out["experts"] = [e.start, e.end]
+        out["expert_rows"] = [rows.start, rows.end]
     if vocab:
         out["vocab_rows"] = [plan.vocab[rank].start, plan.vocab[rank].end]
     return out

@@ -66,8 +66,14 @@ def assert_single_node(ex, expected) -> None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_expert_placement_matches_single_node_across_processes(groups, family, layout):
     ex = groups[layout]
-    assert ex.layout.moe == LAYOUTS[layout][1].get("moe", "tp")
+    moe = LAYOUTS[layout][1].get("moe", "tp")
+    assert ex.layout.moe == moe
     assert_single_node(ex, family[2])
+    shards = [r["shard"] for r in ex.describe()["ranks"]]  # what /v1/cluster shows
+    assert all(s["moe"] == moe for s in shards)
+    if moe == "experts":  # whole experts, tiling [0, 8) in rank order
+        assert [s["experts"][0] for s in shards] == sorted(s["experts"][0] for s in shards)
+        assert shards[0]["experts"][0] == 0 and shards[-1]["experts"][1] == 8
 
 
 def test_a_pipeline_and_a_grid_hold_whole_sparse_layers_and_match_single_node(family):
