@@ -13,7 +13,8 @@ The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the nor
 and the causal attention the csrc/decode_ops.c calls, so no BLAS runs (numpy's OpenBLAS threads
 would spin against the kernels' OpenMP threads). One sequence with one new token takes the
 one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer);
-a mixture of experts runs its layers one by one, each MoE block one call.
+a mixture of experts decodes layer by layer, two calls each (the attention half, then the MoE
+block or the dense MLP half).
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
 OS: a page is resident once a token is written into it.
@@ -187,8 +188,10 @@ class LeanModel:
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1 and self._decode is not None:
+        if len(rows) == 1 and len(rows[0][2]) == 1:
             slot, pos, ids = rows[0]
+            if self._decode is None:
+                return self._decode_layers(slot, pos, ids[0])
             return self._decode_one(slot, pos, ids[0])
         H, G, hd, th = self.H, self.G, self.hd, self.threads
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
@@ -255,6 +258,41 @@ class LeanModel:
         k0 = self.k[0]  # (slots, G, S, hd)
         strides = (ctypes.c_int64 * 2)(k0.strides[1] // es, k0.strides[2] // es)
         return layers, k0.strides[0] // es, strides
+
+    def _decode_layers(self, slot: int, pos: int, token: int) -> np.ndarray:
+        """One decode token of a mixture of experts, layer by layer: the attention half in one
+        call (csrc/decode_block.c, as decode_model.c chains it), then the MoE block in one call
+        (`lean.moe`) or a dense layer's MLP half in one."""
+        lib, th, es = library.library(), self.threads, 4
+        h = self.embed(np.array([token]))  # (1, D)
+        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs)
+        kc0 = self.k[0, slot]  # (G, S, hd)
+        strides = (ctypes.c_int64 * 2)(kc0.strides[0] // es, kc0.strides[1] // es)
+        out = np.empty_like(h)
+        for i, L in enumerate(self.layers):
+            rc = lib.tandem_attention_block(
+                h.ctypes.data, L.in_norm.ctypes.data, self.eps, ctypes.addressof(L.qkv.desc),
+                None if L.q_norm is None else L.q_norm.ctypes.data,
+                None if L.k_norm is None else L.k_norm.ctypes.data, self.eps, cos.ctypes.data,
+                sin.ctypes.data, int(self.pairs), self.k[i, slot].ctypes.data,
+                self.v[i, slot].ctypes.data, strides, pos, ctypes.addressof(L.o.desc),
+                out.ctypes.data, self.D, self.H, self.G, self.hd, self.hd**-0.5, ops.F32, th,
+            )  # fmt: skip
+            if rc != 0:
+                raise ops.LeanKernelError("the native attention block refused its arguments")
+            h = h + out
+            if L.moe is not None:
+                h = h + L.moe(h, th)
+                continue
+            rc = lib.tandem_mlp_block(
+                h.ctypes.data, L.post_norm.ctypes.data, self.eps, ctypes.addressof(L.gate_up.desc),
+                ctypes.addressof(L.down.desc), out.ctypes.data, self.D, L.down.in_features,
+                ops.F32, th,
+            )  # fmt: skip
+            if rc != 0:
+                raise ops.LeanKernelError("the native MLP block refused its arguments")
+            h = h + out
+        return ops.rmsnorm(h, self.norm, self.eps, th)
 
     def _decode_one(self, slot: int, pos: int, token: int) -> np.ndarray:
         layers, slot_stride, kv_strides = self._decode
