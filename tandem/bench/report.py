@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tandem.moe_config import MoESpec
 from tandem.plan.model import Layout, LinkSpec, NodeSpec, predict
 
 PAPER = {"single_tok_s": 168.0, "tp2_tok_s": 50.4, "prefill_tok_s": 464.0, "tp2_prefill_tok_s": 213.0,
@@ -118,6 +119,9 @@ def concurrent_slots(conc: dict, s_single: float, threads: int) -> float:
 
 def analyze(doc: dict) -> dict:
     config = SimpleNamespace(**doc["model"])  # HF field names, as plan_model reads them
+    if isinstance(getattr(config, "moe", None), dict):  # a mixture of experts, as JSON wrote it
+        moe = dict(config.moe, dense_layers=tuple(config.moe.get("dense_layers", ())))
+        config.moe = MoESpec(**moe)
     single = _single(doc)
     if single is None:
         doc["predictions"], doc["sync"], doc["projection"] = [], {}, {}
