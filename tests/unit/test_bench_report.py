@@ -120,3 +120,11 @@ def test_reanalyze_rewrites_the_report_of_a_saved_run_and_refuses_a_missing_file
     assert {p["layout"] for p in doc["predictions"]} == {"TP=2", "PP=2"}
     assert "predictions vs measured" in (tmp_path / "o" / "bench.md").read_text()
     assert main(["bench", "--reanalyze", str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
+
+
+def test_a_mixture_of_experts_saved_as_json_is_analyzed_like_any_model():
+    moe = {"num_experts": 8, "top_k": 2, "intermediate_size": 64, "norm_topk_prob": True,
+           "router": "softmax_topk", "dense_layers": [1], "shared_intermediate_size": 0}  # fmt: skip
+    doc = _doc()
+    doc["model"] = {**MODEL, "architecture": "Qwen3MoeForCausalLM", "moe": moe}
+    assert analyze(doc)["sync"]["emulated"]["TP=2"]["ms_per_token"] == pytest.approx(1.5)
