@@ -2,8 +2,9 @@
 
 `ModelConfig` is the model's shape as Hugging Face `config.json` states it (field names kept as HF
 spells them), normalised across the supported architectures: Llama, Mistral, Qwen2 and Qwen3 differ
-only in which of these switches they set; the mixture-of-experts families (Qwen3-MoE, Mixtral) add
-a `MoESpec`, parsed by `tandem.moe_config`.
+only in which of these switches they set; the mixture-of-experts families (Qwen3-MoE, Mixtral,
+gpt-oss) add a `MoESpec`, parsed by `tandem.moe_config`. gpt-oss also sets attention sinks, a
+sliding window on every other layer (`window_layers`) and YaRN rope scaling.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
 CONFIG_MAX_DEPTH = 32
 
@@ -70,6 +72,9 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "rope_scaling.factor": (1.0, 1024.0),
     "rope_scaling.low_freq_factor": (1e-6, 1024.0),
     "rope_scaling.high_freq_factor": (1e-6, 1024.0),
+    "rope_scaling.beta_fast": (1e-6, 1e6),
+    "rope_scaling.beta_slow": (1e-6, 1e6),
+    "rope_scaling.attention_factor": (1e-6, 1e6),
 }
 TOKEN_ID_MAX = (1 << 31) - 1
 MAX_EOS_IDS = 64
@@ -77,19 +82,32 @@ MAX_EOS_IDS = 64
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rope scaling: `llama3` (Llama 3.1+: every field) or `linear` (positions divided by
-    `factor`; the other fields unused); absent for plain RoPE."""
+    """Rope scaling: `llama3` (Llama 3.1+: factor, the two freq factors, the original length),
+    `linear` (positions divided by `factor`; the other fields unused) or `yarn` (gpt-oss: factor,
+    beta_fast/beta_slow, truncate, the original length, and the `attention_factor` cos and sin are
+    multiplied by: 0.1 ln(factor) + 1 unless the config states it); absent for plain RoPE."""
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 1.0
     original_max_position_embeddings: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
     def to_hf_dict(self) -> dict[str, Any]:
         if self.rope_type == "linear":
             return {"rope_type": "linear", "factor": self.factor}
-        return asdict(self)
+        if self.rope_type == "yarn":
+            keys = ("factor", "beta_fast", "beta_slow", "truncate", "attention_factor")
+            d = {k: getattr(self, k) for k in keys}
+            return {"rope_type": "yarn", **d, "original_max_position_embeddings": self.original_max_position_embeddings}
+        d = asdict(self)
+        for k in ("beta_fast", "beta_slow", "truncate", "attention_factor"):
+            del d[k]
+        return d
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,9 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k
     sliding_window: int | None = None  # Mistral: a query sees at most this many keys
+    # the layers the sliding window applies to (gpt-oss: every other one); None: all of them
+    window_layers: tuple[int, ...] | None = None
+    attn_sinks: bool = False  # gpt-oss: a learned per-head logit in every softmax (`sinks`)
     # llama.cpp's per-frequency divisors (a GGUF's `rope_freqs` tensor, how its converter stores
     # llama3 scaling): inv_freq[i] / rope_freq_factors[i]; HF config.json has no such field
     rope_freq_factors: tuple[float, ...] | None = None
@@ -119,6 +140,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"
     moe: MoESpec | None = None  # a mixture-of-experts model: its sparse layers (`moe_config`)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends within (None: every earlier key)."""
+        if self.sliding_window is None:
+            return None
+        if self.window_layers is not None and layer not in self.window_layers:
+            return None
+        return self.sliding_window
 
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` holds the MoE block (else the dense MLP of `intermediate_size`)."""
@@ -152,6 +181,8 @@ class ModelConfig:
                 dense.append(f"mlp.{p}_proj.bias")
         if self.qk_norm:
             per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+        if self.attn_sinks:
+            per_layer.append("self_attn.sinks")
         for i in range(self.num_hidden_layers):
             ffn = moe_checkpoint_names(self.moe) if self.is_sparse(i) else dense
             names.update(f"model.layers.{i}.{n}" for n in per_layer + ffn)
@@ -209,7 +240,8 @@ class ModelConfig:
         rope = d.get("rope_parameters") or {}
         if not isinstance(rope, dict):
             raise ConfigError(f"{source}: 'rope_parameters' must be an object")
-        theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+        default_theta = 150000.0 if arch == "GptOssForCausalLM" else 10000.0  # transformers' defaults
+        theta = rope.get("rope_theta", d.get("rope_theta", default_theta))
         scaling_d = d.get("rope_scaling") or rope
         if isinstance(scaling_d, dict) and scaling_d.get("rope_type", scaling_d.get("type")) in (
             None,
@@ -218,9 +250,16 @@ class ModelConfig:
             scaling_d = None
         scaling = _parse_rope_scaling(scaling_d, d, source) if scaling_d else None
 
-        qkv_bias = arch == "Qwen2ForCausalLM" or bool(d.get("attention_bias", False))
-        o_bias = arch != "Qwen2ForCausalLM" and bool(d.get("attention_bias", False))
+        gpt_oss = arch == "GptOssForCausalLM"
+        bias_default = gpt_oss  # gpt-oss: attention_bias defaults to true
+        attn_bias = bool(d.get("attention_bias", bias_default))
+        qkv_bias = arch == "Qwen2ForCausalLM" or attn_bias
+        o_bias = arch != "Qwen2ForCausalLM" and attn_bias
         window = d.get("sliding_window") if arch == "MistralForCausalLM" else None
+        window_layers = None
+        if gpt_oss:
+            window = d.get("sliding_window", 128)
+            window_layers = _window_layers(d, need("num_hidden_layers"), source)
         if arch == "Qwen2ForCausalLM" and d.get("use_sliding_window"):
             raise ConfigError(f"{source}: Qwen2 'use_sliding_window' is not supported")
         eos = d.get("eos_token_id")
@@ -249,6 +288,8 @@ class ModelConfig:
                 mlp_bias=bool(d.get("mlp_bias", False)),
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
                 sliding_window=_typed(window, int, "sliding_window", source) if window else None,
+                window_layers=window_layers,
+                attn_sinks=gpt_oss,
                 bos_token_id=d.get("bos_token_id")
                 if isinstance(d.get("bos_token_id"), int)
                 else None,
@@ -298,6 +339,14 @@ class ModelConfig:
             lo, hi = FLOAT_RANGES[name]
             if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
                 raise ConfigFieldError(name, v, f"[{lo:g}, {hi:g}] (finite)")
+        if s is not None and s.rope_type == "yarn":
+            values["rope_scaling.beta_fast"] = s.beta_fast
+            values["rope_scaling.beta_slow"] = s.beta_slow
+            values["rope_scaling.attention_factor"] = s.attention_factor
+            _check_int(
+                "rope_scaling.original_max_position_embeddings",
+                s.original_max_position_embeddings, 1, 1 << 24,
+            )  # fmt: skip
         if s is not None and s.rope_type == "llama3" and not s.high_freq_factor > s.low_freq_factor:
             raise ConfigFieldError(
                 "rope_scaling.high_freq_factor", s.high_freq_factor,
@@ -305,6 +354,11 @@ class ModelConfig:
             )  # fmt: skip
         if self.sliding_window is not None:
             _check_int("sliding_window", self.sliding_window, 1, 1 << 24)
+        if self.window_layers is not None and any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
+            for i in self.window_layers
+        ):
+            raise ConfigFieldError("layer_types", self.window_layers, f"layers in [0, {self.num_hidden_layers})")
         if self.bos_token_id is not None:
             _check_int("bos_token_id", self.bos_token_id, 0, TOKEN_ID_MAX)
         if len(self.eos_token_ids) > MAX_EOS_IDS:
@@ -362,6 +416,16 @@ class ModelConfig:
             d["attention_bias"] = False
         if self.architecture == "MixtralForCausalLM":
             d["sliding_window"] = self.sliding_window
+        if self.architecture == "GptOssForCausalLM":
+            d["attention_bias"] = self.o_bias
+            d["sliding_window"] = self.sliding_window
+            d["layer_types"] = [
+                "full_attention" if self.window(i) is None else "sliding_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+            if self.rope_scaling is not None:  # transformers reads gpt-oss's yarn only from here
+                d["rope_parameters"] = {"rope_theta": self.rope_theta, **self.rope_scaling.to_hf_dict()}
+                del d["rope_scaling"]
         if self.moe is not None:
             d.update(moe_hf_fields(self.architecture, self.moe, self.num_hidden_layers))
         return d
@@ -385,6 +449,51 @@ def _typed(v: Any, kind: type, key: str, source: str) -> Any:
         raise ConfigFieldError(key, v, "a finite float", source) from None
 
 
+def _window_layers(d: dict[str, Any], num_layers: Any, source: str) -> tuple[int, ...]:
+    """gpt-oss's sliding layers: `layer_types` as stated, else every even-indexed layer."""
+    types = d.get("layer_types")
+    n = num_layers if isinstance(num_layers, int) else 0
+    if types is None:
+        return tuple(i for i in range(n) if i % 2 == 0)
+    kinds = ("sliding_attention", "full_attention")
+    if not isinstance(types, list) or len(types) != n or any(t not in kinds for t in types):
+        raise ConfigError(
+            f"{source}: 'layer_types' must list {n} of 'sliding_attention' / 'full_attention'"
+        )
+    return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+
+
+def _parse_yarn(s: dict[str, Any], d: dict[str, Any], source: str) -> RopeScaling:
+    """YaRN as transformers reads it (`_compute_yarn_parameters`): the attention factor stated, or
+    from `mscale`/`mscale_all_dim`, or 0.1 ln(factor) + 1."""
+    factor = _typed(s.get("factor"), float, "rope_scaling.factor", source)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    att = s.get("attention_factor")
+    if att is not None:
+        att = _typed(att, float, "rope_scaling.attention_factor", source)
+    elif s.get("mscale") and s.get("mscale_all_dim"):
+        m = _typed(s["mscale"], float, "rope_scaling.mscale", source)
+        m_all = _typed(s["mscale_all_dim"], float, "rope_scaling.mscale_all_dim", source)
+        att = mscale(factor, m) / mscale(factor, m_all)
+    else:
+        att = mscale(factor)
+    original = s.get("original_max_position_embeddings", d.get("max_position_embeddings"))
+    return RopeScaling(
+        rope_type="yarn",
+        factor=factor,
+        original_max_position_embeddings=_typed(
+            original, int, "rope_scaling.original_max_position_embeddings", source
+        ),
+        beta_fast=_typed(s.get("beta_fast") or 32, float, "rope_scaling.beta_fast", source),
+        beta_slow=_typed(s.get("beta_slow") or 1, float, "rope_scaling.beta_slow", source),
+        truncate=bool(s.get("truncate", True)),
+        attention_factor=att,
+    )
+
+
 def _parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:
     if not isinstance(s, dict):
         raise ConfigError(f"{source}: 'rope_scaling' must be an object")
@@ -393,6 +502,10 @@ def _parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:
         raise ConfigError(
             f"{source}: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
+    if kind == "yarn":
+        if "factor" not in s:
+            raise ConfigError(f"{source}: rope_scaling field 'factor' is missing")
+        return _parse_yarn(s, d, source)
     if kind == "linear":
         if "factor" not in s:
             raise ConfigError(f"{source}: rope_scaling field 'factor' is missing")

@@ -7,9 +7,17 @@ families state it (torch-free: `config` and the GGUF loader read it).
                                                                         norm_topk_prob        (i + 1) % decoder_sparse_step
     MixtralForCausalLM         num_local_experts, num_experts_per_tok,  softmax, top-k,       none
                                intermediate_size                        always renormalised
+    GptOssForCausalLM          num_local_experts, num_experts_per_tok,  top-k of the biased   none
+                               intermediate_size                        logits, softmax over
+                                                                        those k
 
-A sparse layer's feed-forward is `sum_{e in topk(x)} p_e(x) * down_e(silu(gate_e x) * up_e x)`
-(`tandem.models.moe`); the others keep the dense MLP of `intermediate_size`.
+A sparse layer's feed-forward is `sum_{e in topk(x)} p_e(x) * down_e(act(gate_e x, up_e x))`
+(`tandem.models.moe`); the others keep the dense MLP of `intermediate_size`. `act` is SwiGLU,
+silu(g) * u, except gpt-oss's clamped form (`activation = "swiglu_clamped"`):
+
+    g' = min(g, limit),  u' = clamp(u, -limit, limit),  act = (u' + 1) * g' * sigmoid(alpha g')
+
+whose experts also carry biases (gate/up/down, `expert_bias`), as its router does (`router_bias`).
 """
 
 from __future__ import annotations
@@ -17,7 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-ROUTERS = ("softmax_topk",)  # softmax over every expert, then the top-k (renormalised or not)
+# "softmax_topk": softmax over every expert, then the top-k (renormalised or not);
+# "topk_softmax": the top-k logits, then a softmax over those k (gpt-oss)
+ROUTERS = ("softmax_topk", "topk_softmax")
+ACTIVATIONS = ("swiglu", "swiglu_clamped")
 MAX_EXPERTS = 4096
 
 
@@ -29,7 +40,9 @@ class MoEConfigError(ValueError):
 class MoESpec:
     """Experts of a sparse layer: `num_experts` SwiGLU experts of width `intermediate_size`, `top_k`
     of them weighted per token by the router; `dense_layers` keep the dense MLP instead;
-    `shared_intermediate_size` > 0 adds a sigmoid-gated shared expert to every sparse layer."""
+    `shared_intermediate_size` > 0 adds a sigmoid-gated shared expert to every sparse layer;
+    `router_bias`, `expert_bias`, `activation` and its `swiglu_alpha`/`swiglu_limit` as in the
+    module docstring."""
 
     num_experts: int
     top_k: int
@@ -38,6 +51,11 @@ class MoESpec:
     router: str = "softmax_topk"
     dense_layers: tuple[int, ...] = ()
     shared_intermediate_size: int = 0
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
@@ -56,6 +74,11 @@ class MoESpec:
                 raise ConfigFieldError(name, v, f"[{lo}, {hi}]")
         if self.router not in ROUTERS:
             raise ConfigFieldError("router", self.router, f"one of {', '.join(ROUTERS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigFieldError("activation", self.activation, f"one of {', '.join(ACTIVATIONS)}")
+        for name, v in (("swiglu_alpha", self.swiglu_alpha), ("swiglu_limit", self.swiglu_limit)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 1e-6 <= v <= 1e6:
+                raise ConfigFieldError(name, v, "[1e-06, 1e+06] (finite)")
         if any(not 0 <= i < num_layers for i in self.dense_layers):
             raise ConfigFieldError("mlp_only_layers", self.dense_layers, f"[0, {num_layers})")
 
@@ -63,8 +86,11 @@ class MoESpec:
 def moe_checkpoint_names(spec: MoESpec) -> list[str]:
     """The tensors of one sparse layer, relative to `model.layers.<i>.` (the reference model's
     names: each projection's experts stacked as one (E, out, in) tensor)."""
-    names = ["mlp.gate.weight"]
-    names += [f"mlp.experts.{p}_proj.weight" for p in ("gate", "up", "down")]
+    names = ["mlp.gate.weight"] + (["mlp.gate.bias"] if spec.router_bias else [])
+    for p in ("gate", "up", "down"):
+        names.append(f"mlp.experts.{p}_proj.weight")
+        if spec.expert_bias:
+            names.append(f"mlp.experts.{p}_proj.bias")
     if spec.shared_intermediate_size:
         names += [f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")]
         names.append("mlp.shared_expert_gate.weight")
@@ -78,6 +104,13 @@ def _int(d: dict[str, Any], key: str, source: str, default: Any = None) -> int:
     return v
 
 
+def _float(d: dict[str, Any], key: str, source: str, default: float) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise MoEConfigError(f"{source}: field {key!r} must be a number, got {v!r}")
+    return float(v)
+
+
 def parse_moe(arch: str, d: dict[str, Any], num_layers: Any, source: str) -> MoESpec | None:
     """The MoE spec of an HF config dict (module docstring), None for a dense architecture."""
     if arch == "MixtralForCausalLM":
@@ -86,6 +119,19 @@ def parse_moe(arch: str, d: dict[str, Any], num_layers: Any, source: str) -> MoE
             top_k=_int(d, "num_experts_per_tok", source, 2),
             intermediate_size=_int(d, "intermediate_size", source),
             norm_topk_prob=True,
+        )
+    if arch == "GptOssForCausalLM":
+        return MoESpec(
+            num_experts=_int(d, "num_local_experts", source, 128),
+            top_k=_int(d, "num_experts_per_tok", source, 4),
+            intermediate_size=_int(d, "intermediate_size", source),
+            norm_topk_prob=False,
+            router="topk_softmax",
+            router_bias=True,
+            expert_bias=True,
+            activation="swiglu_clamped",
+            swiglu_alpha=_float(d, "swiglu_alpha", source, 1.702),
+            swiglu_limit=_float(d, "swiglu_limit", source, 7.0),
         )
     if arch != "Qwen3MoeForCausalLM":
         return None
@@ -111,6 +157,13 @@ def moe_hf_fields(arch: str, spec: MoESpec, num_layers: int) -> dict[str, Any]:
     """The config.json fields transformers reads for `spec` (the inverse of `parse_moe`)."""
     if arch == "MixtralForCausalLM":
         return {"num_local_experts": spec.num_experts, "num_experts_per_tok": spec.top_k}
+    if arch == "GptOssForCausalLM":
+        return {
+            "num_local_experts": spec.num_experts,
+            "num_experts_per_tok": spec.top_k,
+            "swiglu_alpha": spec.swiglu_alpha,
+            "swiglu_limit": spec.swiglu_limit,
+        }
     return {
         "num_experts": spec.num_experts,
         "num_experts_per_tok": spec.top_k,

@@ -58,6 +58,8 @@ def eligible(layer, h: torch.Tensor, ctx: ForwardContext) -> bool:
         and h.shape[0] == 1
         and ctx.cache is not None
         and ctx.attn_mask is None
+        and attn.sinks is None  # gpt-oss's sinks and windows keep the per-module path
+        and attn.window is None
         and not ctx.is_causal
         and ctx.write_block is not None
         and native.handles(h)

@@ -68,7 +68,7 @@ class FastAttention(Attention):
         return q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
 
     def decode_attend(self, qg, keys, values, ctx: ForwardContext) -> torch.Tensor:
-        if ctx.attn_mask is None and native.handles(qg) and keys.stride(-1) == 1:
+        if self.mask_of(ctx)[0] is None and native.handles(qg) and keys.stride(-1) == 1:
             return native.decode_attention(qg, keys, values)  # every cached key visible
         return super().decode_attend(qg, keys, values, ctx)
 

@@ -49,6 +49,8 @@ class FastExperts(Experts):
         parts = [_stacked(p) for p in (self.gate_proj, self.up_proj, self.down_proj)]
         if (
             not self.native
+            or self.activation != "swiglu"  # gpt-oss's clamped, biased experts: the reference
+            or any(p.bias is not None for p in (self.gate_proj, self.up_proj, self.down_proj))
             or any(p is None for p in parts)
             or not native.available()
             or x.dtype not in native.DTYPE_CODES

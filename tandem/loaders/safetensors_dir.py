@@ -159,7 +159,7 @@ class ModelDir:
 
     def _expert_views(self) -> dict[str, View]:
         """Renames Mixtral's routers and replaces the expert sources by their stacked views."""
-        views = expert_views(self.sources)
+        views = expert_views(self.sources, self.config.architecture)
         for name in list(self.manifest):
             alias = router_alias(name)
             if alias is not None:
@@ -168,6 +168,14 @@ class ModelDir:
             elif is_expert_source(name):
                 del self.manifest[name]
         for name, view in list(views.items()):
+            if view.layout != "rows":  # gpt-oss (`View`)
+                src = self.sources[view.fused]
+                half = 1 if view.layout == "t" else 2
+                shape = (src.shape[0], src.shape[-1] // half)  # (E, out)
+                if view.layout != "b2":
+                    shape += (src.shape[1],)  # (E, out, in)
+                self.manifest[name] = TensorInfo(src.file, src.dtype, shape)
+                continue
             if view.fused is not None:
                 src = self.sources[view.fused]
                 e, rows, cols = src.shape

@@ -1,4 +1,8 @@
-"""Grouped-query self-attention with RoPE, optional per-head q/k RMSNorm (Qwen3) and qkv bias (Qwen2).
+"""Grouped-query self-attention with RoPE, optional per-head q/k RMSNorm (Qwen3), qkv bias (Qwen2),
+a sliding window on this layer (`window`, `ForwardContext.mask`) and attention sinks (gpt-oss).
+
+With sinks, head h has a learned logit s_h that joins every softmax without a value: for a query
+against keys j, p_j = exp(z_j) / (exp(s_h) + sum_i exp(z_i)), out = sum_j p_j v_j (`sink_attention`).
 
 The head counts are this module's own attributes `n_heads` and `n_kv_heads`: one device holds them
 all; a tensor-parallel transform replaces the projections with column/row-parallel ones and sets the
@@ -33,6 +37,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, self.n_kv_heads * hd, bias=config.qkv_bias)
         self.v_proj = nn.Linear(D, self.n_kv_heads * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, D, bias=config.o_bias)
+        self.window = config.window(layer_idx)
+        self.sinks = nn.Parameter(torch.empty(self.n_heads)) if config.attn_sinks else None
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
@@ -62,7 +68,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """One new token: qg (B, Hkv, n_rep, hd) against keys/values (B, Hkv, S, hd) -> (B, Hkv,
         n_rep, hd)."""
-        return F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.attn_mask)
+        return F.scaled_dot_product_attention(qg, keys, values, attn_mask=self.mask_of(ctx)[0])
+
+    def mask_of(self, ctx: ForwardContext) -> tuple[torch.Tensor | None, bool]:
+        """(mask, is_causal) of this layer: the windowed ones where it has a window."""
+        return ctx.mask(self.window is not None)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x (B, T, D) or flattened (B*T, D) -> the same shape."""
@@ -75,7 +85,11 @@ class Attention(nn.Module):
         else:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, hd)
         n_rep = H // Hkv
-        if T == 1 and not ctx.is_causal:
+        mask, causal = self.mask_of(ctx)
+        if self.sinks is not None:
+            out = sink_attention(q.transpose(1, 2), keys, values, self.sinks, mask, causal)
+            out = out.transpose(1, 2)  # (B, H, T, hd) -> (B, T, H, hd)
+        elif T == 1 and not causal:
             # decode: fold the n_rep query heads sharing a kv head into the query axis, so the
             # kernel reads each cached key once and no repeated copy of the cache is made
             out = self.decode_attend(q.view(B, Hkv, n_rep, hd), keys, values, ctx)
@@ -84,7 +98,35 @@ class Attention(nn.Module):
                 keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
                 values = values.repeat_interleave(n_rep, dim=1)
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal
+                q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal
             )  # (B, H, T, hd)
             out = out.transpose(1, 2)
         return self.o_proj(out.reshape(*x.shape[:-1], H * hd))
+
+
+def sink_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    sinks: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """q (B, H, T, hd) against keys/values (B, Hkv, S, hd), each head's sink logit `sinks` (H,)
+    in its softmax (module docstring) -> (B, H, T, hd). `mask` (B, 1, T, S) True = attend; `causal`
+    for a plain causal step (T == S)."""
+    B, H, T, hd = q.shape
+    n_rep = H // keys.shape[1]
+    if n_rep > 1:
+        keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
+        values = values.repeat_interleave(n_rep, dim=1)
+    z = torch.matmul(q, keys.transpose(2, 3)) * hd**-0.5  # (B, H, T, S)
+    if causal:
+        mask = torch.ones(T, keys.shape[2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        z = z.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(z.dtype).reshape(1, H, 1, 1).expand(B, H, T, 1)
+    z = torch.cat([z, sink], dim=-1)  # (B, H, T, S + 1)
+    z = z - z.max(dim=-1, keepdim=True).values
+    p = F.softmax(z, dim=-1)[..., :-1]  # the sink's share dropped
+    return torch.matmul(p.to(values.dtype), values)

@@ -4,6 +4,10 @@ Built once per step (not per layer): positions, RoPE cos/sin, the attention mask
 KV cache this step's keys are written and read. A batch row b holds `lengths[b]` new tokens at
 absolute positions `start_pos[b] .. start_pos[b] + lengths[b] - 1`, left-aligned and padded to
 T = max(lengths); padded tokens are computed but never written to the cache or read out.
+
+A model whose sliding window covers only some layers (gpt-oss) gets two masks: `attn_mask` /
+`is_causal` for its full layers and `local_mask` for its windowed ones (`ForwardContext.mask`); a
+model windowed throughout (Mistral) folds the window into `attn_mask`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ class ForwardContext:
     lengths: tuple[int, ...]
     cache: KVCache | None = None
     writes: CacheWrites | None = None  # where this step's keys/values go (kv_cache.plan_writes)
+    local_mask: torch.Tensor | None = None  # (B, 1, T, S) for the windowed layers, when it matters
+
+    def mask(self, windowed: bool) -> tuple[torch.Tensor | None, bool]:
+        """(attention mask, is_causal) for a layer with (`windowed`) or without a sliding window."""
+        if windowed and self.local_mask is not None:
+            return self.local_mask, False
+        return self.attn_mask, self.is_causal
 
     @property
     def batch_size(self) -> int:
@@ -56,8 +67,11 @@ def build_context(
     cache: KVCache | None = None,
     slots: Sequence[int] | None = None,
     sliding_window: int | None = None,
+    window_everywhere: bool = True,
 ) -> ForwardContext:
-    """See the module docstring. Without a cache, attention sees only this step's tokens."""
+    """See the module docstring. Without a cache, attention sees only this step's tokens.
+    `sliding_window` applies to every layer when `window_everywhere`, else to the layers that
+    ask for it (`local_mask`)."""
     B = len(lengths)
     if B == 0 or len(start_pos) != B or (slots is not None and len(slots) != B):
         raise BadStepError(f"step with {B} rows, {len(start_pos)} start positions, slots {slots}")
@@ -92,13 +106,19 @@ def build_context(
         plain_causal = all_valid and all(s == 0 for s in start_pos)
 
     window_matters = sliding_window is not None and max(ends) > sliding_window
+    q = positions[:, :, None]  # (B, T, 1)
+    k = key_pos[:, None, :]  # (B, 1, S)
+    if window_matters and not window_everywhere:
+        local = (k <= q) & (q - k < sliding_window)
+        if key_valid is not None:
+            local = local & key_valid[:, None, :]
+        ctx.local_mask = local[:, None]  # (B, 1, T, S)
+        window_matters = False
     if plain_causal and not window_matters:
         ctx.is_causal = T > 1
         return ctx
     if cache is not None and T == 1 and len(set(ends)) == 1 and not window_matters:
         return ctx  # decode with equal lengths: every cached key is visible
-    q = positions[:, :, None]  # (B, T, 1)
-    k = key_pos[:, None, :]  # (B, 1, S)
     mask = k <= q
     if key_valid is not None:
         mask = mask & key_valid[:, None, :]

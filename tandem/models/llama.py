@@ -106,6 +106,7 @@ class Transformer(nn.Module):
             cache=cache,
             slots=slots,
             sliding_window=self.config.sliding_window,
+            window_everywhere=self.config.window_layers is None,
         )
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

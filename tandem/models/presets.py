@@ -147,6 +147,33 @@ PRESETS: dict[str, Preset] = {
         512,
         torch.float32,
     ),
+    # gpt-oss: biased router, top-k then softmax, clamped SwiGLU experts with biases, attention
+    # sinks, a sliding window of 8 on the even layers, YaRN
+    "tiny-gpt-oss": Preset(
+        _tiny(
+            "GptOssForCausalLM",
+            tie_word_embeddings=False,
+            num_hidden_layers=3,
+            intermediate_size=64,
+            qkv_bias=True,
+            o_bias=True,
+            attn_sinks=True,
+            sliding_window=8,
+            window_layers=(0, 2),
+            rope_theta=150000.0,
+            rope_scaling=RopeScaling(
+                "yarn", 32.0, original_max_position_embeddings=64, truncate=False,
+                attention_factor=0.1 * math.log(32.0) + 1.0,
+            ),
+            moe=MoESpec(
+                num_experts=8, top_k=2, intermediate_size=64, norm_topk_prob=False,
+                router="topk_softmax", router_bias=True, expert_bias=True,
+                activation="swiglu_clamped", swiglu_limit=2.0,
+            ),
+        ),
+        512,
+        torch.float32,
+    ),
     "tiny-mixtral": Preset(
         _tiny("MixtralForCausalLM", tie_word_embeddings=False, moe=_TINY_MOE, intermediate_size=64),
         512,
@@ -216,6 +243,8 @@ def random_weights(
         if config.qk_norm:
             w[p + "self_attn.q_norm.weight"] = 1.0 + normal((hd,), 0.1)
             w[p + "self_attn.k_norm.weight"] = 1.0 + normal((hd,), 0.1)
+        if config.attn_sinks:
+            w[p + "self_attn.sinks"] = normal((H,), 1.0)
         if config.is_sparse(i):
             w.update(_expert_weights(p, config.moe, D, normal, residual_scale))
         else:
@@ -248,6 +277,11 @@ def _expert_weights(p: str, spec: MoESpec, D: int, normal, residual_scale: float
     w[p + "mlp.experts.gate_proj.weight"] = normal((E, W, D), 1 / math.sqrt(D))
     w[p + "mlp.experts.up_proj.weight"] = normal((E, W, D), 1 / math.sqrt(D))
     w[p + "mlp.experts.down_proj.weight"] = normal((E, D, W), residual_scale / math.sqrt(W))
+    if spec.router_bias:
+        w[p + "mlp.gate.bias"] = normal((E,), 0.5)
+    if spec.expert_bias:
+        for name, shape in (("gate_proj", (E, W)), ("up_proj", (E, W)), ("down_proj", (E, D))):
+            w[p + f"mlp.experts.{name}.bias"] = normal(shape, 0.1)
     if spec.shared_intermediate_size:
         S = spec.shared_intermediate_size
         w[p + "mlp.shared_expert.gate_proj.weight"] = normal((S, D), 1 / math.sqrt(D))

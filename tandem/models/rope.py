@@ -1,6 +1,8 @@
 """Rotary position embedding: default RoPE, Llama 3.1's `llama3` frequency scaling, `linear`
-scaling (positions divided by a factor), and llama.cpp's explicit per-frequency divisors (a GGUF's
-`rope_freqs` tensor, `ModelConfig.rope_freq_factors`).
+scaling (positions divided by a factor), YaRN (gpt-oss: frequencies blended between interpolated
+and extrapolated over a ramp of dimensions, and cos/sin scaled by an attention factor), and
+llama.cpp's explicit per-frequency divisors (a GGUF's `rope_freqs` tensor,
+`ModelConfig.rope_freq_factors`).
 
 Matches Hugging Face `transformers` bit for bit in float32: inverse frequencies and the angle
 `position * inv_freq` are computed in float32, then cos/sin are cast to the compute dtype.
@@ -28,6 +30,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         return inv_freq
     if s.rope_type == "linear":
         return inv_freq / s.factor
+    if s.rope_type == "yarn":
+        return _yarn(config.rope_theta**exponents, s, config.rope_theta, dim)
     # llama3: long wavelengths are divided by `factor`, short ones kept, the band between blended.
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
@@ -41,6 +45,32 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn(pos_freqs: torch.Tensor, s, base: float, dim: int) -> torch.Tensor:
+    """YaRN's blend (transformers' `_compute_yarn_parameters`): dimension pairs rotating fewer than
+    `beta_slow` times over the original context are interpolated (divided by `factor`), more than
+    `beta_fast` times extrapolated (kept), a linear ramp between. `pos_freqs` = base^(2i/dim)."""
+
+    def correction_dim(rotations: float) -> float:
+        orig = s.original_max_position_embeddings
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # the extrapolated share of each pair
+    return (1.0 / (s.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
+def attention_factor(config: ModelConfig) -> float:
+    """What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise)."""
+    s = config.rope_scaling
+    return s.attention_factor if s is not None and s.rope_type == "yarn" else 1.0
+
+
 class RotaryEmbedding:
     """Computes cos/sin for absolute positions. Not an nn.Module on purpose: `model.to(bfloat16)`
     must not round the float32 inverse frequencies.
@@ -51,6 +81,7 @@ class RotaryEmbedding:
 
     def __init__(self, config: ModelConfig) -> None:
         self.inv_freq = rope_inv_freq(config)
+        self.scale = attention_factor(config)
         self._on: dict[torch.device, torch.Tensor] = {}
 
     def __call__(
@@ -62,6 +93,8 @@ class RotaryEmbedding:
             inv = self._on[positions.device] = self.inv_freq.to(positions.device)
         freqs = positions[..., None].float() * inv  # (B, T, head_dim/2)
         cos, sin = freqs.cos(), freqs.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
         cos = torch.cat((cos, cos), dim=-1)  # (B, T, head_dim)
         sin = torch.cat((-sin, sin), dim=-1)
         return cos.to(dtype)[:, :, None, :], sin.to(dtype)[:, :, None, :]

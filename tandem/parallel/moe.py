@@ -17,6 +17,11 @@ expert e = down_e(silu(gate_e x) * up_e x):
   A shared expert (always active, sigmoid-gated) is row-split like a dense MLP in both; its gate
   scalar is computed from the replicated x on every rank and scales the rank's partial.
 
+  gpt-oss's expert biases: gate/up biases go with their rows (whole experts: with the expert); the
+  down bias b_e enters as p_e b_e once per chosen expert, so only one rank adds it: the expert's
+  holder, or under "tp" the first rank holding rows (`holds_down_bias`). Its clamped activation is
+  elementwise over the rows, like SwiGLU.
+
 Either way `partial` is this rank's sum and `comm.all_reduce_sum` adds the ranks' partials: one
 all-reduce per MoE block, as for a dense MLP. Float32 summation order differs from one device (per
 expert rows, then ranks) and nothing else.
@@ -48,13 +53,24 @@ class PartialLinear(RowParallelLinear):
 class ParallelMoE(MoE):
     """This rank's `MoE` (module docstring): `forward(x)` = all-reduce of `partial(x)`."""
 
-    def __init__(self, hidden: int, spec: MoESpec, comm: Communicator, experts, rows, shared):
-        super().__init__(hidden, spec, (experts.start, experts.size), rows.size, shared)
+    def __init__(
+        self, hidden: int, spec: MoESpec, comm: Communicator, experts, rows, shared, down_bias
+    ):
+        first, count = experts.start, experts.size
+        super().__init__(hidden, spec, (first, count), rows.size, shared, down_bias)
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.partial(x)  # (..., D): this rank's experts / rows
         return y if self.comm.world_size == 1 else self.comm.all_reduce_sum(y)
+
+
+def holds_down_bias(plan: TPPlan, rank: int) -> bool:
+    """Whether `rank` adds its experts' down biases (module docstring)."""
+    if plan.moe == "experts":
+        return True
+    first = next(r for r, s in enumerate(plan.expert_rows) if s.size)
+    return rank == first
 
 
 def parallel_moe(
@@ -71,7 +87,7 @@ def parallel_moe(
     r = comm.rank
     experts, rows = plan.experts[r], plan.expert_rows[r]
     shared = plan.shared_rows[r].size if spec.shared_intermediate_size else None
-    moe = ParallelMoE(hidden, spec, comm, experts, rows, shared)
+    moe = ParallelMoE(hidden, spec, comm, experts, rows, shared, holds_down_bias(plan, r))
     ex = moe.experts
     for name in ("gate_proj", "up_proj", "down_proj"):
         qtype = qtypes.get(f"{prefix}mlp.experts.{name}.weight")
@@ -80,7 +96,8 @@ def parallel_moe(
         proj = getattr(ex, name)
         out, cols = proj.out_features, proj.in_features
         blocks = _placeholder(qtype, experts.size * out, cols).view(experts.size, out, -1)
-        setattr(ex, name, QuantExpertLinear(qtype, experts.size, cols, out, blocks))
+        q = QuantExpertLinear(qtype, experts.size, cols, out, blocks, proj.bias)
+        setattr(ex, name, q)
     if shared is not None:
         moe.shared_expert = _shared_expert(hidden, shared, comm, prefix, qtypes)
     return moe

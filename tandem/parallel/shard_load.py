@@ -16,6 +16,9 @@ materialized on a rank:
                                     "experts" dim 0, the rank's experts (`TPPlan.moe`)
     mlp.experts.down_proj           (E, D, width): "tp" dim 2, the same rows as columns;
                                     "experts" dim 0
+    mlp.experts.{gate,up}_proj.bias (E, width): "tp" dim 1, "experts" dim 0; the down bias (E, D)
+                                    "experts" dim 0, "tp" whole (on the rank that adds it)
+    self_attn.sinks                 dim 0, the rank's query heads
     mlp.shared_expert.*             as gate/up/down over `plan.shared_rows`
     everything else (norms, o/down biases, the MoE router)   replicated
 
@@ -58,11 +61,16 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
             s = plan.experts[rank]
             return (0, s.start, s.end)
         s = plan.expert_rows[rank]
-        return (2, s.start, s.end) if module == "down_proj" else (1, s.start, s.end)
+        if module == "down_proj":
+            return None if leaf == "bias" else (2, s.start, s.end)
+        return (1, s.start, s.end)
     if owner == "shared_expert":
         s = plan.shared_rows[rank]
         if module == "down_proj":
             return (1, s.start, s.end) if leaf == "weight" else None
+        return (0, s.start, s.end)
+    if leaf == "sinks":
+        s = plan.q_heads(rank)
         return (0, s.start, s.end)
     if module == "q_proj":
         s = plan.q_rows(rank)

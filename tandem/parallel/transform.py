@@ -5,7 +5,8 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
 
     attention  q_proj, k_proj, v_proj -> ColumnParallelLinear over the rank's kv-head group
                o_proj                 -> RowParallelLinear (all-reduce)
-               n_heads, n_kv_heads    -> the local counts; q_norm/k_norm (per head) are replicated
+               n_heads, n_kv_heads    -> the local counts; q_norm/k_norm (per head) are replicated;
+               sinks (gpt-oss)        -> the rank's query heads' 
     MLP        gate_proj, up_proj     -> ColumnParallelLinear over intermediate rows
                down_proj              -> RowParallelLinear (all-reduce)
                on a rank without attention (`plan.attn_ranks`): AbsentAttention (adds zeros
@@ -114,6 +115,8 @@ def shard_transformer(
             )
             attn.n_heads = plan.q_heads(r).size
             attn.n_kv_heads = plan.kv_heads[r].size
+            if attn.sinks is not None:  # one per query head: the rank's heads'
+                attn.sinks = nn.Parameter(torch.empty(attn.n_heads, device=meta))
         else:  # no heads here: meets o_proj's all-reduce with zeros
             layer.self_attn = AbsentAttention(comm, int(i), plan.head_dim)
         if config.is_sparse(int(i)):

@@ -1,5 +1,5 @@
-"""Mixture-of-experts models (Qwen3-MoE with a dense layer among sparse ones, Mixtral) across real
-processes on loopback, against the single-node reference in float32: every expert placement of a
+"""Mixture-of-experts models (Qwen3-MoE with a dense layer among sparse ones, Mixtral, gpt-oss with
+its biased experts, sinks and sliding-window layers) across real processes on loopback, against the single-node reference in float32: every expert placement of a
 TP group (rows of every expert at TP=2, TP=3 and weights 2:1; whole experts at 2 and 3 ranks), a
 pipeline and a (TP=2, TP=1) grid give the single node's greedy ids for 32 tokens at batch 1 and 3,
 and its first logits within 1e-4. A GGUF file with Qwen3-30B-A3B's expert width 768 in K-quants
@@ -30,7 +30,7 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen3-moe", "tiny-mixtral"])
+@pytest.fixture(scope="module", params=["tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"])
 def family(request, tmp_path_factory):
     """(model dir, number of layers, single-node greedy at batch 1 and 3)."""
     d = tmp_path_factory.mktemp(request.param) / "m"

@@ -2,7 +2,9 @@
 random-init models of every supported architecture: f32 logits within 1e-4, and identical greedy ids
 for 32 new tokens at batch 1 and at batch 3 with prompts of different lengths. The mixture-of-experts
 families (Qwen3-MoE with a dense layer among sparse ones and norm_topk_prob off, Mixtral) load
-from the per-expert tensors transformers writes."""
+from the per-expert tensors transformers writes; gpt-oss (biased router, clamped SwiGLU experts
+with biases, attention sinks, a sliding window of 6 on every other layer, YaRN) from its fused,
+transposed and interleaved expert tensors."""
 
 import pytest
 import torch
@@ -72,6 +74,22 @@ ARCHS = {
             moe_intermediate_size=48,
             mlp_only_layers=[1],
             norm_topk_prob=False,
+        ),
+    ),
+    "gpt-oss": (
+        transformers.GptOssConfig,
+        transformers.GptOssForCausalLM,
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            intermediate_size=48,
+            sliding_window=6,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
+                beta_slow=1.0, truncate=False, original_max_position_embeddings=32,
+            ),  # fmt: skip
         ),
     ),
     "mixtral-moe": (

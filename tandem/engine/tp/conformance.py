@@ -36,7 +36,8 @@ from torch import nn
 
 from tandem.comm.base import Communicator
 from tandem.loaders.source import ModelSource
-from tandem.models.moe import MoE
+from tandem.models.moe import MoE, clamped_swiglu
+from tandem.parallel.moe import holds_down_bias
 from tandem.parallel.plan import TPPlan
 
 PROBE_SEED = 0x7A4D
@@ -121,12 +122,24 @@ def _probe_experts(experts: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def reference_experts(
-    md: ModelSource, layer: int, experts: tuple[int, int], rows: tuple[int, int], x: torch.Tensor
+    md: ModelSource,
+    layer: int,
+    experts: tuple[int, int],
+    rows: tuple[int, int],
+    x: torch.Tensor,
+    down_bias: bool = True,
 ) -> torch.Tensor:
-    """`_probe_experts` in float64 from the file: the two probed experts, rows `[a, b)`."""
+    """`_probe_experts` in float64 from the file: the two probed experts, rows `[a, b)`, with
+    the spec's activation and biases (the down bias where this rank adds it, `down_bias`)."""
     a, b = rows
+    spec = md.config.moe
     pre = f"model.layers.{layer}.mlp.experts."
     x64 = x.double()
+
+    def bias(name: str, e: int, c0: int | None = None, c1: int | None = None) -> torch.Tensor:
+        t = md.read(pre + name, 0, e, e + 1)[0]  # (out,) of expert e
+        return (t if c0 is None else t[c0:c1]).double()
+
     y = torch.zeros((*x.shape[:-1], md.config.hidden_size), dtype=torch.float64)
     for e, w in zip(probed_experts(*experts), PROBE_WEIGHTS):
         for c0 in range(a, b, CHUNK_ROWS):
@@ -138,7 +151,15 @@ def reference_experts(
 
             g = F.linear(x64, part("gate_proj.weight", 0))
             u = F.linear(x64, part("up_proj.weight", 0))
-            y += w * F.linear(F.silu(g) * u, part("down_proj.weight", 1))
+            if spec.expert_bias:
+                g, u = g + bias("gate_proj.bias", e, c0, c1), u + bias("up_proj.bias", e, c0, c1)
+            if spec.activation == "swiglu_clamped":
+                h = clamped_swiglu(g, u, spec.swiglu_alpha, spec.swiglu_limit)
+            else:
+                h = F.silu(g) * u
+            y += w * F.linear(h, part("down_proj.weight", 1))
+        if spec.expert_bias and down_bias:
+            y += w * bias("down_proj.bias", e)
     return y
 
 
@@ -176,7 +197,8 @@ def judge(
         s = widths[r]
         if sparse:
             e = plan.experts[r]
-            ref = reference_experts(md, layer, (e.start, e.end), (s.start, s.end), x)
+            span, own_bias = (e.start, e.end), holds_down_bias(plan, r)
+            ref = reference_experts(md, layer, span, (s.start, s.end), x, own_bias)
         else:
             ref = reference_partial(md, layer, (s.start, s.end), x)
         err = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))

@@ -124,6 +124,13 @@ def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
     if config.sliding_window is not None:
         raise LeanUnsupportedError("sliding-window attention (the torch path runs it)")
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "yarn":
+        raise LeanUnsupportedError("YaRN rope scaling (the torch path runs it)")
+    if config.attn_sinks:
+        raise LeanUnsupportedError("attention sinks (the torch path runs them)")
+    m = config.moe
+    if m is not None and (m.router != "softmax_topk" or m.expert_bias or m.activation != "swiglu"):
+        raise LeanUnsupportedError("gpt-oss's router and experts (the torch path runs them)")
     if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
         raise LeanUnsupportedError(f"an odd head_dim {config.head_dim}")
 

@@ -28,6 +28,8 @@ def inv_freq(config: ModelConfig) -> np.ndarray:
         return inv
     if s.rope_type == "linear":
         return inv / f32(s.factor)
+    if s.rope_type != "llama3":
+        raise ValueError(f"rope scaling {s.rope_type!r} (the torch path runs it)")
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = f32(2 * math.pi) / inv

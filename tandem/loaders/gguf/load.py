@@ -54,11 +54,12 @@ def load_gguf_model(
             if info.quantized:
                 q = src.blocks(mname + ".weight").to(device)
                 e, rows, cols = info.shape
+                bias = None if mod.bias is None else dense(mname + ".bias", tuple(mod.bias.shape))
                 owner, _, leaf = mname.rpartition(".")
                 setattr(
                     model.get_submodule(owner),
                     leaf,
-                    QuantExpertLinear(info.type_id, e, cols, rows, q),
+                    QuantExpertLinear(info.type_id, e, cols, rows, q, bias),
                 )
             continue
         if not isinstance(mod, (nn.Linear, nn.Embedding)):

@@ -77,10 +77,16 @@ class QuantLinear(nn.Module):
 
 class QuantExpertLinear(nn.Module):
     """`models.moe.ExpertLinear` over blocks: x (N, in) through expert e -> (N, out) in x.dtype,
-    only expert e's blocks dequantized."""
+    only expert e's blocks dequantized; `bias` (E, out) a dense parameter (gpt-oss)."""
 
     def __init__(
-        self, qtype: int, n_experts: int, in_features: int, out_features: int, qweight: torch.Tensor
+        self,
+        qtype: int,
+        n_experts: int,
+        in_features: int,
+        out_features: int,
+        qweight: torch.Tensor,
+        bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         t = layout(qtype)
@@ -93,10 +99,13 @@ class QuantExpertLinear(nn.Module):
         self.qtype = int(qtype)
         self.n_experts, self.in_features, self.out_features = n_experts, in_features, out_features
         self.register_buffer("qweight", qweight, persistent=False)
+        if bias is not None and not isinstance(bias, nn.Parameter):
+            bias = nn.Parameter(bias, requires_grad=False)
+        self.bias = bias
 
     def forward(self, x: torch.Tensor, e: int) -> torch.Tensor:
         w = dequantize(self.qweight[e], self.qtype).to(x.dtype)  # (out, in)
-        return F.linear(x, w)
+        return F.linear(x, w, None if self.bias is None else self.bias[e].to(x.dtype))
 
     def extra_repr(self) -> str:
         return (
