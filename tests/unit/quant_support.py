@@ -9,7 +9,7 @@ integers per block of 32 and then in float32:
   integer (at most one ulp of a number <= 127.5, 2^-17 dx_b): |sum_i w_i (x_i - x'_i)| <=
   sum_b dx_b (1/2 + 2^-17) sum_{i in b} |w_i|;
 - float32 rounding: w_i = a_i + o_i, a_i the block scale times the quant, o_i the block offset
-  (Q4_0: -8 d; Q4_1: m; K-quants: -dmin m_j; Q6_K: -32 d sc_j; Q8_0: none). The kernel forms
+  (Q4_0: -8 d; Q4_1: m; K-quants: -dmin m_j; Q6_K: -32 d sc_j; Q8_0, MXFP4: none). The kernel forms
   (s_b dx_b) * dot_b and o_b * (dx_b * sum_b q) in float32 (each product of two rounded factors:
   <= 3 ulps) and sums at most K/32 + 8 such terms per lane tree, so with A_i = |a_i| + |o_i| the
   error is <= (K/32 + 8) 2^-23 sum_i A_i (|x_i| + dx_b / 2), which also covers the reference's
@@ -29,10 +29,14 @@ from gguf import quants
 
 from tandem.models.quant.blocks import BY_NAME
 
-QUANT_NAMES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+QUANT_NAMES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "Q4_K", "Q5_K", "Q6_K")
 DENSE_NAMES = ("F32", "F16", "BF16")
 QUANT_FIELDS = ("qs", "qh", "ql")  # the layout fields holding quant bits
 EXTREME_F16 = np.array([0.0, 65504.0, -65504.0, 6.1035e-05, 5.96e-08, -1.0, 1.0], np.float16)
+# MXFP4 exponents at the extremes the bound is stated for: scales 2^-60 .. 2^64 (e - 128), whose
+# products with any dx here stay normal float32 (a subnormal product rounds absolutely, not
+# relatively) and whose outputs stay finite
+EXTREME_E8M0 = np.array([68, 104, 113, 128, 144, 192], np.uint8)
 
 
 def _field_slices(name: str) -> dict[str, tuple[int, int, str]]:
@@ -48,7 +52,8 @@ def _field_slices(name: str) -> dict[str, tuple[int, int, str]]:
 def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """uint8 (rows, row_bytes) of random blocks of type `name`: every quant bit pattern, random
     sub-block scales, float16 scales/offsets random finite over many decades, with some blocks
-    at extremes (0, +-65504, the smallest normal and subnormal float16)."""
+    at extremes (0, +-65504, the smallest normal and subnormal float16); MXFP4 exponents
+    likewise (scales 2^-13 .. 2^3, some at EXTREME_E8M0)."""
     t = BY_NAME[name]
     if name in DENSE_NAMES:
         w = (rng.standard_normal((rows, cols)) * np.exp(rng.uniform(-3, 3, (rows, 1)))).astype(
@@ -61,7 +66,12 @@ def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> 
         return np.ascontiguousarray(quants.quantize(w, quants.GGMLQuantizationType.BF16))
     nblk = rows * (cols // t.block_size)
     blk = rng.integers(0, 256, size=(nblk, t.block_bytes), dtype=np.uint8)
-    for off, n, kind in _field_slices(name).values():
+    for field, (off, n, kind) in _field_slices(name).items():
+        if field == "e":  # E8M0 exponent: scale 2^(e - 128)
+            e = rng.integers(115, 132, nblk).astype(np.uint8)
+            pick = rng.random(nblk) < 0.1
+            e[pick] = rng.choice(EXTREME_E8M0, int(pick.sum()))
+            blk[:, off] = e
         if kind != "f16":
             continue
         v = (rng.standard_normal(nblk) * 10.0 ** rng.uniform(-3, 1, nblk)).astype(np.float16)

@@ -197,6 +197,31 @@ def test_k_quants_fall_back_like_llama_cpp_where_rows_are_not_whole_superblocks(
     assert tensor_type("output.weight", (512, 48), "Q8_0", False) == "F16"
 
 
+def test_an_mxfp4_moe_file_keeps_every_matrix_and_expert_in_its_blocks(tmp_path):
+    """MXFP4 (ggml type 39, gpt-oss's expert type) written, read and loaded like any block type:
+    the stored blocks are `quantize`'s, read() their dequantization, the modules hold them."""
+    from tandem.models.quant.linear import QuantExpertLinear
+
+    cfg = get_preset("tiny-qwen3-moe").config
+    weights = random_weights(cfg, 3, torch.float32)
+    (f,) = write_gguf(tmp_path / "m.gguf", cfg, weights, qtype="MXFP4")
+    src = GGUFModel(f)
+    mx = BY_NAME["MXFP4"].type_id
+    for name in ("model.layers.0.mlp.experts.down_proj.weight", "model.layers.0.mlp.gate.weight",
+                 "model.layers.1.self_attn.v_proj.weight"):  # fmt: skip
+        want = torch.from_numpy(quantize(weights[name].numpy(), mx))
+        if name.endswith("mlp.gate.weight"):  # the router stays F32, as llama-quantize keeps it
+            assert src.info(name).type_id == BY_NAME["F32"].type_id
+            continue
+        assert src.info(name).type_id == mx
+        assert torch.equal(src.blocks(name), want), name
+        assert torch.equal(src.read(name), dequantize(want, mx))
+    model = load_model(src)
+    experts = model.model.layers["0"].mlp.experts
+    assert isinstance(experts.down_proj, QuantExpertLinear) and experts.down_proj.qtype == mx
+    assert torch.isfinite(logits(model)).all()
+
+
 def test_the_written_tokenizer_reads_back_as_the_preset_tokenizer(llama_q8):
     from tandem.loaders.tokenizer_build import build_byte_bpe
 

@@ -67,7 +67,7 @@ def _quantized(ex: Experts, qtype: str) -> Experts:
     return ex
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "MXFP4", "Q4_K"])
 @pytest.mark.parametrize("M", [1, 2, 11])
 def test_gguf_experts_equal_the_quantized_gemv_expert_by_expert_bit_for_bit(qtype, M):
     d, w_ = (256, 512) if qtype == "Q4_K" else (D, W)  # K-quants: whole 256-element superblocks

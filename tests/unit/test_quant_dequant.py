@@ -43,6 +43,8 @@ def hostile_blocks(t, n_blocks: int, seed: int, scales: np.ndarray | None = None
         if kind == "f16" and t.block_size > 1:
             picks = np.resize(np.roll(scales, 3 * i), n_blocks).astype(np.uint16)
             raw[:, off : off + 2] = picks.reshape(-1, 1).view(np.uint8)
+    if t.name == "MXFP4":  # E8M0 exponents <= 252: finite values (the test below takes the rest)
+        raw[:, 0] %= 253
     # plain floats: finite values only (NaN payloads differ, see the test below); an all-ones
     # exponent loses its top bit
     exponent = {"F32": (np.uint32, 0x7F800000, 0x40000000), "F16": (np.uint16, 0x7C00, 0x4000)}
@@ -76,7 +78,31 @@ def test_dequant_equals_gguf_py_bit_for_bit_on_extreme_scales_and_every_quant_pa
     np.testing.assert_array_equal(whole.view(np.uint32), gguf_py(raw, t.type_id).view(np.uint32))
 
 
-@pytest.mark.parametrize("t", [t for t in LAYOUTS if t.block_size > 1], ids=lambda t: t.name)
+def test_mxfp4_every_exponent_and_code_is_gguf_py_bit_for_bit_inf_included():
+    """Every E8M0 exponent 0..255 (e = 0, 1: the subnormal scales 2^-128, 2^-127; e = 255:
+    2^127, not NaN, as ggml has it) with every code in every low and high nibble: finite up to
+    e = 252, inf for the larger codes beyond (12 * 2^125 > FLT_MAX), bit for bit either way."""
+    t = BY_NAME["MXFP4"]
+    rng = np.random.default_rng(0)
+    e = np.repeat(np.arange(256, dtype=np.uint8), 16)  # each exponent 16 times
+    qs = rng.integers(0, 256, (e.size, 16), dtype=np.uint8)
+    codes = np.tile(np.arange(16, dtype=np.uint8), 256)
+    qs[np.arange(e.size), codes] = codes | (codes[::-1] << 4)  # every code low and high
+    raw = np.concatenate([e[:, None], qs], axis=1).reshape(64, -1)  # 64 rows of 64 blocks
+    want = gguf_py(raw, t.type_id)
+    got = dequantize(torch.from_numpy(raw.copy()), t.type_id).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not np.isnan(want).any() and np.isinf(want).any()
+    assert np.isfinite(want.reshape(-1, 32)[e <= 252]).all()
+    sub = want.reshape(-1, 32)[e == 0]  # 2^-128 kv: the subnormals, exactly
+    assert set(np.abs(sub.astype(np.float64)).ravel() * 2.0**128) == {0, 1, 2, 3, 4, 6, 8, 12}
+
+
+@pytest.mark.parametrize(
+    "t",
+    [t for t in LAYOUTS if any(kind == "f16" for _, kind, _ in t.fields) and t.block_size > 1],
+    ids=lambda t: t.name,
+)
 def test_infinite_and_nan_scales_give_inf_and_nan_exactly_where_gguf_py_does(t):
     """gguf-py (numpy) and torch widen NaN halves and form inf*0 with different NaN payload
     bits, so NaN positions are compared, and every other value bit for bit."""
@@ -147,7 +173,9 @@ def test_blocks_of_the_wrong_shape_are_refused_naming_what_was_expected():
         QuantEmbedding(BY_NAME["Q8_0"].type_id, 4, 65, q)
 
 
-@pytest.mark.parametrize("kind", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize(
+    "kind", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"]
+)
 def test_quantize_is_gguf_py_quantize_for_the_types_gguf_py_quantizes(kind):
     x = np.random.default_rng(0).standard_normal((5, 96)).astype(np.float32)
     want = np.ascontiguousarray(quants.quantize(x, BY_NAME[kind].type_id)).view(np.uint8)

@@ -130,7 +130,7 @@ def test_fused_parts_split_over_threads_give_the_one_thread_result():
     prefill chunks on demand: odd part sizes (runs that start and end inside a part), 1 and 4
     rows (decode), 19 (prefill), 1-3 threads."""
     rng = np.random.default_rng(4)
-    names, rows = ("Q4_0", "Q4_K", "Q6_K", "Q5_1"), (301, 77, 45, 99)
+    names, rows = ("Q4_0", "Q4_K", "Q6_K", "Q5_1", "MXFP4"), (301, 77, 45, 99, 53)
     ws = [(torch.from_numpy(random_blocks(n, r, 768, rng)), BY_NAME[n].type_id) for n, r in
           zip(names, rows)]  # fmt: skip
     parts = quant.Parts(ws, 768)
@@ -145,6 +145,33 @@ def test_fused_parts_split_over_threads_give_the_one_thread_result():
                 assert torch.equal(quant.matmul(x, parts), one), (m, t)
     finally:
         torch.set_num_threads(threads)
+
+
+def check_mxfp4_scales() -> None:
+    """MXFP4 scales exactly as ggml forms them (2^(e - 128); e = 0, 1 subnormal), every exponent
+    0..252 and every code: W row (e, c) is 9 blocks of exponent e all of code c; each row of X is
+    one element 127 * 2^-20 (dx = 2^-20, q = 127) at a column that walks over all 9 blocks, so
+    every product, scale and sum the kernels form is exact and y = 127 kv[c] 2^(e - 148) bit for
+    bit: decode (1-4 rows) and prefill (17: qgemm.c on AVX-512, qgemm256.c on AVX2)."""
+    from tandem.models.quant.blocks import MXFP4_VALUES
+
+    e, c = np.meshgrid(np.arange(253), np.arange(16), indexing="ij")
+    e, c = e.ravel().astype(np.uint8), c.ravel().astype(np.uint8)
+    block = np.concatenate([e[:, None], np.repeat((c | c << 4)[:, None], 16, axis=1)], axis=1)
+    w = torch.from_numpy(np.ascontiguousarray(np.tile(block, (1, 9))))  # (4048, 9 * 17)
+    want = 127.0 * np.array(MXFP4_VALUES)[c] * 2.0 ** (e.astype(np.float64) - 148)
+    parts = quant.Parts([(w, BY_NAME["MXFP4"].type_id)], 288)
+    for m in (1, 4, 17):
+        x = torch.zeros(m, 288)
+        cols = (37 * torch.arange(m)) % 288
+        x[torch.arange(m), cols] = 127.0 * 2.0**-20
+        y = quant.matmul(x, parts).double().numpy()
+        assert np.array_equal(y, np.broadcast_to(want, y.shape)), m
+
+
+@needs_native
+def test_mxfp4_scales_are_ggmls_exactly_for_every_exponent_and_code():
+    check_mxfp4_scales()
 
 
 @needs_native
@@ -194,6 +221,7 @@ def test_the_portable_avx2_build_is_correct_too(tmp_path):
         "from tandem.kernels import native\n"
         "assert native.available(), native.why()\n"
         "t.check_all(); t.test_fused_parts_split_over_threads_give_the_one_thread_result()\n"
+        "t.check_mxfp4_scales()\n"
         "print('ok')\n"
     )
     env = dict(os.environ, TANDEM_NATIVE_MARCH="haswell", TANDEM_CACHE=str(tmp_path))

@@ -10,6 +10,9 @@ Stated bounds, per block of 32 with d the float32 scale and d' the float16 one s
     Q4_K  per sub-block j, step s_j = d sc_j and offset o_j = dmin m6_j as stored: each value
           is the nearest point of its grid {s_j q - o_j : q in [0, 15]} (|err| <= s_j / 2 inside
           the grid's span, the nearest end outside it)
+    MXFP4 gguf-py's bytes where its exponent is defined (max|x| >= 2^-125), e = 0 below; each
+          value the nearest point of {kv 2^(e - 128)}, whose largest, 12 * 2^(e - 128), is
+          1.5 * 2^floor(log2 max|x|), 3/4 to 3/2 of max|x| (values past it clip to it)
 """
 
 import numpy as np
@@ -96,3 +99,33 @@ def test_q4_k_is_as_accurate_as_q4_1_on_gaussian_weights():
         err = deq(quantize(x, BY_NAME[name].type_id), name).reshape(x.shape) - x
         rms[name] = float(np.sqrt((err**2).mean()))
     assert rms["Q4_K"] <= rms["Q4_1"], rms
+
+
+def test_mxfp4_blocks_are_gguf_py_quantize_bit_for_bit_over_a_wide_range():
+    x = rows(6, n=64)
+    x[6:] *= (2.0 ** np.random.default_rng(7).integers(-100, 100, (58, 1))).astype(np.float32)
+    x[6, :32] = 1.5  # max|x| on the grid's top, and a power of two
+    x[7, :32] = np.float32(2.0) - np.float32(2.0**-23)  # just below a power of two
+    ours = quantize(x, BY_NAME["MXFP4"].type_id)
+    theirs = quants.quantize(x, GGMLQuantizationType.MXFP4).view(np.uint8)
+    assert np.array_equal(ours, theirs.reshape(ours.shape))
+
+
+def test_mxfp4_values_are_the_nearest_point_of_the_blocks_grid_and_tiny_blocks_clamp_to_e_0():
+    x = rows(8)
+    x[8] *= 2.0**-130  # max|x| < 2^-125: gguf-py's exponent would wrap below 0
+    x[9, :32] = np.float32(2.0**-149)  # the smallest subnormal
+    blocks = quantize(x, BY_NAME["MXFP4"].type_id).reshape(-1, 17)
+    e = blocks[:, 0].astype(np.float64)
+    sub = x.reshape(-1, 32).astype(np.float64)
+    amax = np.abs(sub).max(axis=1)
+    tiny = amax < 2.0**-125
+    assert (e[tiny] == 0).all() and (e[amax == 0] == 0).all()
+    live = ~tiny & (amax > 0)
+    assert (e[live] == np.floor(np.log2(amax[live])) + 125).all()
+    grid = np.array([0, 1, 2, 3, 4, 6, 8, 12, -1, -2, -3, -4, -6, -8, -12], np.float64)
+    step = 2.0 ** (e - 128)
+    got = deq(blocks.reshape(x.shape[0], -1), "MXFP4").reshape(-1, 32).astype(np.float64)
+    nearest = np.abs(sub[:, :, None] - step[:, None, None] * grid).min(axis=2)
+    assert (np.abs(got - sub) <= nearest * (1 + 2.0**-20)).all()
+    assert (np.abs(got).max(axis=1)[live] >= 0.75 * amax[live]).all()  # the clip, at most 1/4

@@ -50,7 +50,7 @@ from tandem.parallel.transform import shard_transformer
 pytestmark = pytest.mark.skipif(not quant.available(), reason="no native build")
 
 LOGIT_ATOL = 2e-3  # the reference pair: only the all-reduce's float32 summation order differs
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "MXFP4", "Q4_K", "Q5_K", "Q6_K")
 # qwen3, 8 q heads of 96 over 2 kv heads: o_proj's head edges (192, 384) miss 256 at TP=2 and 3
 ODD = dict(
     hidden_size=256,

@@ -136,6 +136,76 @@ static inline __attribute__((always_inline)) void dot_b32_512(const int t, const
         out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], acco[m])) + tail[m];
 }
 
+/* MXFP4 as dot_b32_512 runs Q4_0: 4 blocks per step over the i32 layout, their 16-byte code
+ * arrays side by side in one vector (one byte permute of two loads with AVX512-VBMI), the codes
+ * decoded by a byte shuffle to |kv| (the unsigned operand of VPDPBUSD) and kv's sign (bit 3 of
+ * the code) moved onto x by a masked negation, so the integer dot is sum kv q exactly and there
+ * is no offset term. The scale 2^(e - 128) of each block spread over its 4 int32 lanes, formed
+ * from the exponent bytes by vector shifts (quant.h's tq_e8m0_half). The last K/32 % 4 blocks by
+ * the 256-bit path (natural order there). */
+static inline __m512 e8m0_half16(__m512i e) {
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    return _mm512_castsi512_ps(
+        _mm512_mask_sllv_epi32(big, small, _mm512_set1_epi32(0x00200000), e));
+}
+
+static inline __attribute__((always_inline)) void dot_mxfp4_512(const uint8_t *wr, const xq_t *X,
+                                                                float *out, const int M) {
+    const int64_t BYTES = 17, QS = 1;
+    const int64_t nb = X->K / 32, K = X->K, nbp = X->nbp;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), z = _mm512_setzero_si512();
+    const __m512i ka = _mm512_broadcast_i32x4(_mm_setr_epi8(TQ_MXFP4_ABS));
+    const __m512i neg_lo = _mm512_set1_epi8(0x08), neg_hi = _mm512_set1_epi8((char)0x80);
+#if defined(__AVX512VBMI__)
+    const __m512i qs_ix = _mm512_set_epi8(QS_16(48), QS_16(32), QS_16(16), QS_16(0));
+    /* byte 4 l of int32 lane l: block l / 4's exponent (bytes 0, 17, 34, 51 of the first load) */
+    const __m512i e_ix =
+        _mm512_set_epi32(51, 51, 51, 51, 34, 34, 34, 34, 17, 17, 17, 17, 0, 0, 0, 0);
+#else
+    const __m512i expand = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#endif
+    __m512 acc[QMAX_ROWS];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *blk = wr + b * BYTES;
+        prefetch_span(blk, 4 * BYTES);
+#if defined(__AVX512VBMI__)
+        const __m512i A = _mm512_loadu_si512(blk), B = _mm512_loadu_si512(blk + 4 * BYTES - 64);
+        const __m512i v = _mm512_permutex2var_epi8(A, qs_ix, B);
+        const __m512i e = _mm512_maskz_permutexvar_epi8((__mmask64)0x1111111111111111ull, e_ix, A);
+#else
+        const __m512i v = load_qs4(blk + QS, BYTES);
+        const __m512i e = _mm512_permutexvar_epi32(
+            expand, _mm512_castsi128_si512(_mm_setr_epi32(blk[0], blk[17], blk[34], blk[51])));
+#endif
+        const __m512 dz = e8m0_half16(e);
+        const __m512i ulo = _mm512_shuffle_epi8(ka, _mm512_and_si512(v, lo4));
+        const __m512i uhi = _mm512_shuffle_epi8(ka, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+        const __mmask64 nlo = _mm512_test_epi8_mask(v, neg_lo);
+        const __mmask64 nhi = _mm512_test_epi8_mask(v, neg_hi);
+        for (int m = 0; m < M; m++) {
+            const int8_t *xi = X->i32 + m * K + 32 * b;
+            const __m512i xl = _mm512_loadu_si512(xi), xh = _mm512_loadu_si512(xi + 64);
+            __m512i p = _mm512_dpbusd_epi32(z, ulo, _mm512_mask_sub_epi8(xl, nlo, z, xl));
+            p = _mm512_dpbusd_epi32(p, uhi, _mm512_mask_sub_epi8(xh, nhi, z, xh));
+            const __m512 sc = _mm512_mul_ps(dz, _mm512_loadu_ps(X->d4 + m * 4 * nbp + 4 * b));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[m]);
+        }
+    }
+    float tail[QMAX_ROWS] = {0};
+    if (b < nb) /* the last K/32 % 4 blocks, natural order: the 256-bit kernel, row by row */
+        for (int m = 0; m < M; m++) {
+            xq_t Xm = *X;
+            Xm.K = K - 32 * b;
+            Xm.nat = X->i32 + m * K + 32 * b;
+            Xm.d = X->d + m * nbp + b;
+            dot_mxfp4(wr + b * BYTES, &Xm, tail + m, 1);
+        }
+    for (int m = 0; m < M; m++) out[m] = _mm512_reduce_add_ps(acc[m]) + tail[m];
+}
+
 /* Q8_0: 2 blocks per 512-bit vector (natural layout), |w| against x with w's sign; the 8
  * scales of a group of 8 blocks formed once per row, spread 8 lanes per block by a permute. */
 static inline __attribute__((always_inline)) void dot_q8_0_512(const uint8_t *wr, const xq_t *X,

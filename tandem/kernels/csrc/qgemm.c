@@ -7,13 +7,18 @@
  * decodes a chunk of W's rows once into a transposed form, one int32 lane per block: per group
  * of 16 blocks, 8 vectors of unsigned 8-bit quants (vector k, lane i: elements 4k..4k+3 of block
  * i) and per lane the scale and offset of w = s * u + o (every type fits: Q8_0 as u = q + 128,
- * o = -128 d; a K-quant sub-block of 32 is a block; Q6_K carries a second scale and offset for
- * each block's second 16 elements). X is quantized as qx.h does and transposed alike, so 16
- * blocks of one row of X cost 8 VPDPBUSD, 1 convert and 3 float ops (Q6_K: 2 converts, 6 ops).
- * Rows past a group's last block are zero (scale 0, quants 0), so partial groups need no code.
+ * o = -128 d; MXFP4 as u = kv + 12 in 0..24, o = -12 d; a K-quant sub-block of 32 is a block;
+ * Q6_K carries a second scale and offset for each block's second 16 elements). X is quantized as
+ * qx.h does and transposed alike, so 16 blocks of one row of X cost 8 VPDPBUSD, 1 convert and 3
+ * float ops (Q6_K: 2 converts, 6 ops). Rows past a group's last block are zero (scale 0, quants
+ * 0), so partial groups need no code.
  *
  * The math is the decode kernels': the same quantized activations, exact integer dots per block,
- * then (s dx) dot + o (dx sum q) in float32, so the same bound holds (quant.py).
+ * then (s dx) dot + o (dx sum q) in float32, so the same bound holds (quant.py). (Q8_0's and
+ * MXFP4's offset is not the decode kernels' o = 0: the two float terms may cancel, up to 3x the
+ * weight's magnitude, well inside the bound's K/32 + 8 factor for these kernels' shallow lane
+ * sums. An MXFP4 block with e >= 253, values past 2^125, has o = -inf here: such weights overflow
+ * float32 at their larger codes anyway.)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +73,14 @@ static inline __m512i spread4(__m512i bits) {
     return _mm512_permutexvar_epi32(bits, lut); /* uses the low 4 bits of each lane */
 }
 
+/* MXFP4 scales 2^(e - 128) (quant.h's tq_e8m0_half) of int32 lanes e. */
+static inline __m512 e8m0_half16(__m512i e) {
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    return _mm512_castsi512_ps(
+        _mm512_mask_sllv_epi32(big, small, _mm512_set1_epi32(0x00200000), e));
+}
+
 /* One row of W (nb blocks of 32, or K-quant sub-blocks) into `out` (ceil(nb / 16) groups). */
 static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), lane = _mm512_setr_epi32(
@@ -76,6 +89,24 @@ static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
         const int64_t n = nb - g * GB < GB ? nb - g * GB : GB;
         const __mmask16 live = (__mmask16)((1u << n) - 1);
         wgroup *o = out + g;
+        if (t == GT_MXFP4) { /* u = kv[code] + 12 by a byte shuffle, s = 2^(e - 128), o = -12 s */
+            const uint8_t *base = w + g * GB * 17;
+            const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32(17));
+            const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(TQ_MXFP4_U12));
+            const __m512i e = _mm512_and_si512(gather4(base, ix, live, 0), _mm512_set1_epi32(0xFF));
+            const __m512 d = _mm512_maskz_mov_ps(live, e8m0_half16(e));
+            o->s0 = o->s1 = d;
+            o->o0 = o->o1 = _mm512_mul_ps(d, _mm512_set1_ps(-12.0f));
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = gather4(base, ix, live, 1 + 4 * k);
+                const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+                const __m512i hi =
+                    _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
+                o->q[k] = _mm512_maskz_mov_epi32(live, lo); /* lanes past the row: u = 0 */
+                o->q[4 + k] = _mm512_maskz_mov_epi32(live, hi);
+            }
+            continue;
+        }
         if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 || t == GT_Q8_0) {
             const int bytes = t == GT_Q4_0 ? 18 : t == GT_Q4_1 ? 20 : t == GT_Q5_0 ? 22
                               : t == GT_Q5_1 ? 24 : 34;

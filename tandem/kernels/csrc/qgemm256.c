@@ -12,7 +12,7 @@
  * sums of several vectors are added before the one widening while they cannot overflow
  * (|x| <= 127, pair <= 2 * 127 * u_max):
  *   4-bit u <= 15:  8 vectors, <= 30480, one VPMADDWD per group and row of X;
- *   5-bit u <= 31:  4 vectors, <= 31496, two;
+ *   5-bit u <= 31:  4 vectors, <= 31496, two (MXFP4 too: u = kv + 12 <= 24, o = -12 s);
  *   Q6_K  u <= 63:  2 vectors, <= 32004, four (the halves of 16 have their own scales, s0 / s1);
  *   Q8_0: signed w, |w| <= 128 as u8 with w's sign moved onto x (VPSIGNB), o = 0, one per vector.
  * So 8 blocks of one row of X cost 8 VPMADDUBSW, 1-8 VPMADDWD, 1 convert and 3 float ops (Q6_K
@@ -89,6 +89,16 @@ static inline __m256i nibbles32(const uint8_t *qs) {
 /* Group g of one row of W: its (up to) 8 blocks in natural order into u[], scales to s0..o1. */
 static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m256i u[8],
                          float s0[8], float s1[8], float o0[8], float o1[8]) {
+    if (t == GT_MXFP4) { /* u = kv[code] + 12 (0..24) by a byte shuffle, s = 2^(e - 128) */
+        const __m256i lut = _mm256_setr_epi8(TQ_MXFP4_U12, TQ_MXFP4_U12);
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *b = w + (g * GB + i) * 17;
+            s0[i] = s1[i] = tq_e8m0_half(b[0]);
+            o0[i] = o1[i] = -12.0f * s0[i]; /* o = -12 s */
+            u[i] = _mm256_shuffle_epi8(lut, nibbles32(b + 1));
+        }
+        return;
+    }
     if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 || t == GT_Q8_0) {
         const int64_t bytes = tq_block_bytes(t);
         for (int64_t i = 0; i < n; i++) {
@@ -243,7 +253,7 @@ typedef void (*dot_fn)(const wgroup *, const xt_t *, int64_t, float *, int);
 static dot_fn dot_for(int64_t t) {
     switch (t) {
     case GT_Q4_0: case GT_Q4_1: case GT_Q4_K: return dot_rows_K4;
-    case GT_Q5_0: case GT_Q5_1: case GT_Q5_K: return dot_rows_K5;
+    case GT_Q5_0: case GT_Q5_1: case GT_Q5_K: case GT_MXFP4: return dot_rows_K5; /* u <= 24 */
     case GT_Q6_K: return dot_rows_K6;
     case GT_Q8_0: return dot_rows_K8;
     default: return NULL;

@@ -5,7 +5,7 @@
  * The activations are quantized first, as llama.cpp does: each row of X, per block of 32, to
  * int8 q_i = round(x_i / dx) with dx = max|x_i| / 127 (and the block sums of q, per 32 and per
  * 16). A weight block of 32 (or a K-quant sub-block) is then unsigned integers u_i with a scale
- * and an offset, w_i = s * u_i + o (Q8_0: signed, o = 0), so
+ * and an offset, w_i = s * u_i + o (Q8_0, MXFP4: signed, o = 0, the sign moved onto x), so
  *
  *     sum_i w_i x'_i = (s * dx) * sum_i u_i q_i + o * (dx * sum_i q_i),   x'_i = dx * q_i,
  *
@@ -68,6 +68,7 @@
 #define DOT_Q4_K(w, X, o, M) dot_k45_512(GT_Q4_K, w, X, o, M)
 #define DOT_Q5_K(w, X, o, M) dot_k45_512(GT_Q5_K, w, X, o, M)
 #define DOT_Q6_K(w, X, o, M) dot_q6_k_512(w, X, o, M)
+#define DOT_MXFP4(w, X, o, M) dot_mxfp4_512(w, X, o, M)
 #else
 #define DOT_Q4_0(w, X, o, M) dot_b32_pairs(GT_Q4_0, w, X, o, M)
 #define DOT_Q4_1(w, X, o, M) dot_b32_pairs(GT_Q4_1, w, X, o, M)
@@ -77,6 +78,7 @@
 #define DOT_Q4_K(w, X, o, M) dot_k45(GT_Q4_K, w, X, o, M)
 #define DOT_Q5_K(w, X, o, M) dot_k45(GT_Q5_K, w, X, o, M)
 #define DOT_Q6_K(w, X, o, M) dot_q6_k(w, X, o, M)
+#define DOT_MXFP4(w, X, o, M) dot_mxfp4(w, X, o, M)
 #endif
 #define DOT_F32(w, X, o, M) dot_dense(GT_F32, w, X, o, M)
 #define DOT_F16(w, X, o, M) dot_dense(GT_F16, w, X, o, M)
@@ -89,6 +91,7 @@ DEFINE_ROWS(rows_q8_0, DOT_Q8_0)
 DEFINE_ROWS(rows_q4_k, DOT_Q4_K)
 DEFINE_ROWS(rows_q5_k, DOT_Q5_K)
 DEFINE_ROWS(rows_q6_k, DOT_Q6_K)
+DEFINE_ROWS(rows_mxfp4, DOT_MXFP4)
 DEFINE_ROWS(rows_f32, DOT_F32)
 DEFINE_ROWS(rows_f16, DOT_F16)
 DEFINE_ROWS(rows_bf16, DOT_BF16)
@@ -106,6 +109,7 @@ static rows_fn rows_for(int64_t t) {
     case GT_Q4_K: return rows_q4_k;
     case GT_Q5_K: return rows_q5_k;
     case GT_Q6_K: return rows_q6_k;
+    case GT_MXFP4: return rows_mxfp4;
     case GT_F32: return rows_f32;
     case GT_F16: return rows_f16;
     case GT_BF16: return rows_bf16;
@@ -242,7 +246,7 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
         const int64_t t = parts[p].type, bs = tq_block_size(t);
         if (bs == 0 || K % bs || parts[p].rows < 1 || !parts[p].w) return -1;
         quant |= bs > 1;
-        il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 ||
+        il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 || t == GT_MXFP4 ||
                 (!HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K)); /* the pair kernels */
         ilk |= HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K);
         off[p] = N;

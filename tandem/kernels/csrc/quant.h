@@ -9,7 +9,7 @@
 
 enum {
     GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8,
-    GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30,
+    GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30, GT_MXFP4 = 39,
 };
 
 /* One weight of a (possibly fused) linear layer: `rows` rows of ggml type `type`, row-major,
@@ -35,7 +35,7 @@ typedef struct {
 static inline int64_t tq_block_size(int64_t t) {
     switch (t) {
     case GT_F32: case GT_F16: case GT_BF16: return 1;
-    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: return 32;
+    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: case GT_MXFP4: return 32;
     case GT_Q4_K: case GT_Q5_K: case GT_Q6_K: return 256;
     default: return 0;
     }
@@ -51,6 +51,7 @@ static inline int64_t tq_block_bytes(int64_t t) {
     case GT_Q5_0: return 22;
     case GT_Q5_1: return 24;
     case GT_Q8_0: return 34;
+    case GT_MXFP4: return 17;
     case GT_Q4_K: return 144;
     case GT_Q5_K: return 176;
     case GT_Q6_K: return 210;
@@ -60,6 +61,23 @@ static inline int64_t tq_block_bytes(int64_t t) {
 
 static inline int64_t tq_row_bytes(int64_t t, int64_t K) {
     return K / tq_block_size(t) * tq_block_bytes(t);
+}
+
+/* MXFP4: the 16 codes' values (the OCP MX E2M1 values doubled, blocks.py), as a byte-shuffle
+ * table: signed (kv), magnitudes (|kv|, the same for code and code ^ 8) and kv + 12 (unsigned,
+ * 0..24, for the kernels that carry a weight as s * u + o with o = -12 s). */
+#define TQ_MXFP4_KV 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+#define TQ_MXFP4_ABS 0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12
+#define TQ_MXFP4_U12 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+
+/* An MXFP4 block's scale from its E8M0 byte: 2^(e - 128) as float32, exactly (ggml's
+ * GGML_E8M0_TO_FP32_HALF): e < 2 the subnormals 2^-128, 2^-127, else the bits (e - 1) << 23;
+ * e = 255 is 2^127, never NaN. */
+static inline float tq_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* Y (M, sum of rows) = X (M, K) . [W_0; W_1; ...]^T (+ bias, float32), X and Y of dtype dt

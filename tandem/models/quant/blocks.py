@@ -7,12 +7,17 @@ A weight W (rows, cols) in type t is stored row-major, each row `cols / block_si
 blocks for free; one that splits columns (the contraction of a row-parallel layer) must cut at a
 multiple of `block_size` elements.
 
-Field notation: `d`, `m`, `dmin` are float16 scales/offsets; `qs` packed low bits of the quants,
-`qh` their high bits; `scales` packed 6-bit sub-block scales/mins (K-quants, 8 sub-blocks of 32)
-or int8 sub-block scales (Q6_K, 16 sub-blocks of 16). Values:
+Field notation: `d`, `m`, `dmin` are float16 scales/offsets; `e` an E8M0 exponent byte (MXFP4);
+`qs` packed low bits of the quants, `qh` their high bits; `scales` packed 6-bit sub-block
+scales/mins (K-quants, 8 sub-blocks of 32) or int8 sub-block scales (Q6_K, 16 sub-blocks of 16).
+Values:
   Q4_0  x = d * (q4 - 8)              Q4_1  x = d * q4 + m
   Q5_0  x = d * (q5 - 16)             Q5_1  x = d * q5 + m
   Q8_0  x = d * q8 (int8)
+  MXFP4 x = 2^(e - 128) * kv[q4],  kv = 0 1 2 3 4 6 8 12 0 -1 -2 -3 -4 -6 -8 -12
+        (OCP MX E2M1 values doubled, so the scale is half the E8M0 one: finite for every e,
+        e = 0, 1 the subnormals 2^-128, 2^-127 and e = 255 2^127, not NaN, as ggml has it;
+        the products overflow to inf for e >= 253 with the larger codes)
   Q4_K  x = d * sc_j * q4 - dmin * m_j           (sub-block j of 32)
   Q5_K  x = d * sc_j * q5 - dmin * m_j           (sub-block j of 32)
   Q6_K  x = d * scales_j * (q6 - 32)             (sub-block j of 16)
@@ -62,6 +67,7 @@ LAYOUTS: tuple[BlockLayout, ...] = (
     _layout("Q4_1", 32, ("d", "f16", 1), ("m", "f16", 1), ("qs", "u8", 16)),
     _layout("Q5_0", 32, ("d", "f16", 1), ("qh", "u8", 4), ("qs", "u8", 16)),
     _layout("Q5_1", 32, ("d", "f16", 1), ("m", "f16", 1), ("qh", "u8", 4), ("qs", "u8", 16)),
+    _layout("MXFP4", 32, ("e", "u8", 1), ("qs", "u8", 16)),
     _layout(
         "Q4_K", 256, ("d", "f16", 1), ("dmin", "f16", 1), ("scales", "u8", 12), ("qs", "u8", 128)
     ),
@@ -78,6 +84,9 @@ LAYOUTS: tuple[BlockLayout, ...] = (
         "Q6_K", 256, ("ql", "u8", 128), ("qh", "u8", 64), ("scales", "i8", 16), ("d", "f16", 1)
     ),
 )
+
+# MXFP4's 16 codes (4-bit q): the OCP MX E2M1 values doubled, the sign in bit 3
+MXFP4_VALUES: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 BY_ID: dict[int, BlockLayout] = {layout.type_id: layout for layout in LAYOUTS}
 BY_NAME: dict[str, BlockLayout] = {layout.name: layout for layout in LAYOUTS}

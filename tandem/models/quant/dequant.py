@@ -10,6 +10,8 @@ exactly, and each value is formed by the same float32 operations in the same ord
     Q4_1  (d * q) + m               Q5_1  (d * q) + m
     Q4_K  (d * sc_j) * q - (dmin * m_j)                        (Q5_K likewise, 5-bit q)
     Q6_K  (d * scale_j) * (q - 32)
+    MXFP4 d * kv[q], d = 2^(e - 128) built from its bits (ggml's GGML_E8M0_TO_FP32_HALF: e < 2
+          the subnormal 0x00200000 << e, else (e - 1) << 23), kv the doubled E2M1 values
     F32 as stored, F16 / BF16 widened exactly.
 
 Field offsets come from the block-layout table (`blocks.LAYOUTS`), never from constants here.
@@ -21,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from tandem.models.quant.blocks import BlockLayout, layout
+from tandem.models.quant.blocks import MXFP4_VALUES, BlockLayout, layout
 
 _ELEM_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "i8": 1}
 
@@ -105,6 +107,19 @@ def _q5_1(f: dict[str, torch.Tensor]) -> torch.Tensor:
     return (f["d"] * _q5(f).float()) + f["m"]
 
 
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes -> float32 2^(e - 128), exactly (ggml's GGML_E8M0_TO_FP32_HALF):
+    the bits 0x00200000 << e for e < 2 (subnormals), (e - 1) << 23 otherwise."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, torch.bitwise_left_shift(0x00200000, e), (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def _mxfp4(f: dict[str, torch.Tensor]) -> torch.Tensor:
+    kv = torch.tensor(MXFP4_VALUES, dtype=torch.float32, device=f["qs"].device)
+    return e8m0_half(f["e"]) * kv[_q4(f).long()]
+
+
 def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 12 packed bytes of a Q4_K/Q5_K superblock -> 8 six-bit scales and 8 six-bit mins
     (bytes 0-3: scale low 6 bits | 2 high bits of scales 4-7; 4-7: the same for mins; 8-11:
@@ -150,6 +165,7 @@ _DEQUANT: dict[str, Callable[[dict[str, torch.Tensor]], torch.Tensor]] = {
     "Q4_1": _q4_1,
     "Q5_0": _q5_0,
     "Q5_1": _q5_1,
+    "MXFP4": _mxfp4,
     "Q4_K": _q4_k,
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,

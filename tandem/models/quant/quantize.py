@@ -3,7 +3,15 @@
 
 F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 go through `gguf.quants.quantize` (llama.cpp's
 reference quantizers, bit-exact with ggml). gguf-py cannot quantize the K-quants, so Q4_K, Q5_K
-and Q6_K are packed here:
+and Q6_K are packed here, and MXFP4 too (gguf-py's bytes, with its exponent clamped):
+
+    MXFP4 llama.cpp's `quantize_row_mxfp4_ref` / gguf-py's MXFP4: per block of 32
+          e = floor(log2(max|x|)) - 2 + 127 (float32 log2; 0 for an all-zero block), the OCP MX
+          choice: the largest code 12 * 2^(e - 128) = 1.5 * 2^floor(log2 max|x|), so values
+          past it (by up to a third of it) clip to it; each value the code whose
+          kv * 2^(e - 128) is nearest in float32 (ties to the lower code). Where max|x| <
+          2^-125 the formula goes below 0, which gguf-py wraps and llama.cpp leaves undefined
+          (a float -> uint8 cast): e = 0 here, the finest scale; an infinite max gives 254.
 
     Q4_K / Q5_K  llama.cpp's `quantize_row_q{4,5}_K_ref`: per sub-block of 32 values the
           weighted min/scale search `make_qkx2_quants` (`kquant_search.search_scale_min`) gives a
@@ -23,7 +31,7 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGMLQuantizationType
 
-from tandem.models.quant.blocks import layout
+from tandem.models.quant.blocks import MXFP4_VALUES, layout
 from tandem.models.quant.kquant_search import SEARCH, search_scale_min
 
 
@@ -33,20 +41,21 @@ def quantize(values: np.ndarray, type_id: int) -> np.ndarray:
     x = np.ascontiguousarray(values, dtype=np.float32)
     lead, cols = x.shape[:-1], x.shape[-1]
     row_bytes = t.row_bytes(cols)
-    packer = _K_PACKERS.get(t.name)
+    packer = _PACKERS.get(t.name)
     if packer is None:
         out = quants.quantize(x, GGMLQuantizationType(t.type_id))
         return np.ascontiguousarray(out).view(np.uint8).reshape(*lead, row_bytes)
-    flat = x.reshape(-1, 256)
-    blocks = np.concatenate(  # in chunks: the search's temporaries are ~40x the chunk
-        [packer(flat[i : i + _K_CHUNK]) for i in range(0, flat.shape[0], _K_CHUNK)]
+    flat = x.reshape(-1, t.block_size)
+    step = _CHUNK.get(t.name, 1 << 20) // t.block_size
+    blocks = np.concatenate(  # in chunks: the temporaries are 16-40x the chunk
+        [packer(flat[i : i + step]) for i in range(0, flat.shape[0], step)]
         or [np.empty((0, t.block_bytes), np.uint8)]
     )
     assert blocks.shape[1] == t.block_bytes
     return blocks.reshape(*lead, row_bytes)
 
 
-_K_CHUNK = 4096  # superblocks per packer call (1 Mi values)
+_CHUNK = {"MXFP4": 1 << 16}  # values per packer call: else 1 Mi (4096 K-quant superblocks)
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -130,4 +139,19 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), _f16(d)], axis=1)
 
 
-_K_PACKERS = {"Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+def _mxfp4(x: np.ndarray) -> np.ndarray:
+    """x (N, 32) -> (N, 17): gguf-py's `MXFP4.quantize_blocks` step for step (the same float32
+    operations, so the same bytes), the exponent clamped to [0, 254] (module docstring)."""
+    amax = np.abs(x).max(axis=1, keepdims=True)  # (N, 1) float32
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.floor(np.log2(amax)) - 2 + 127
+    e = np.where(amax > 0, np.clip(np.nan_to_num(e, nan=0.0), 0, 254), 0).astype(np.uint8)
+    d = np.where(e < 2, np.uint32(0x00200000) << e.astype(np.uint32),
+                 (e.astype(np.uint32) - 1) << 23).view(np.float32)  # fmt: skip
+    kv = np.array(MXFP4_VALUES, dtype=np.float32)
+    errs = np.abs(d[:, :, None] * kv - x[:, :, None])  # (N, 32, 16)
+    q = np.argmin(errs, axis=-1)  # the first of equal errors: the lower code
+    return np.concatenate([e, _pack_nibbles(q, 1, 16)], axis=1)
+
+
+_PACKERS = {"Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "MXFP4": _mxfp4}
