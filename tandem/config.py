@@ -103,7 +103,11 @@ class RopeScaling:
         if self.rope_type == "yarn":
             keys = ("factor", "beta_fast", "beta_slow", "truncate", "attention_factor")
             d = {k: getattr(self, k) for k in keys}
-            return {"rope_type": "yarn", **d, "original_max_position_embeddings": self.original_max_position_embeddings}
+            return {
+                "rope_type": "yarn",
+                **d,
+                "original_max_position_embeddings": self.original_max_position_embeddings,
+            }
         d = asdict(self)
         for k in ("beta_fast", "beta_slow", "truncate", "attention_factor"):
             del d[k]
@@ -240,7 +244,9 @@ class ModelConfig:
         rope = d.get("rope_parameters") or {}
         if not isinstance(rope, dict):
             raise ConfigError(f"{source}: 'rope_parameters' must be an object")
-        default_theta = 150000.0 if arch == "GptOssForCausalLM" else 10000.0  # transformers' defaults
+        default_theta = (
+            150000.0 if arch == "GptOssForCausalLM" else 10000.0
+        )  # transformers' defaults
         theta = rope.get("rope_theta", d.get("rope_theta", default_theta))
         scaling_d = d.get("rope_scaling") or rope
         if isinstance(scaling_d, dict) and scaling_d.get("rope_type", scaling_d.get("type")) in (
@@ -358,7 +364,9 @@ class ModelConfig:
             isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
             for i in self.window_layers
         ):
-            raise ConfigFieldError("layer_types", self.window_layers, f"layers in [0, {self.num_hidden_layers})")
+            raise ConfigFieldError(
+                "layer_types", self.window_layers, f"layers in [0, {self.num_hidden_layers})"
+            )
         if self.bos_token_id is not None:
             _check_int("bos_token_id", self.bos_token_id, 0, TOKEN_ID_MAX)
         if len(self.eos_token_ids) > MAX_EOS_IDS:
@@ -424,7 +432,10 @@ class ModelConfig:
                 for i in range(self.num_hidden_layers)
             ]
             if self.rope_scaling is not None:  # transformers reads gpt-oss's yarn only from here
-                d["rope_parameters"] = {"rope_theta": self.rope_theta, **self.rope_scaling.to_hf_dict()}
+                d["rope_parameters"] = {
+                    "rope_theta": self.rope_theta,
+                    **self.rope_scaling.to_hf_dict(),
+                }
                 del d["rope_scaling"]
         if self.moe is not None:
             d.update(moe_hf_fields(self.architecture, self.moe, self.num_hidden_layers))

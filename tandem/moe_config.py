@@ -75,7 +75,9 @@ class MoESpec:
         if self.router not in ROUTERS:
             raise ConfigFieldError("router", self.router, f"one of {', '.join(ROUTERS)}")
         if self.activation not in ACTIVATIONS:
-            raise ConfigFieldError("activation", self.activation, f"one of {', '.join(ACTIVATIONS)}")
+            raise ConfigFieldError(
+                "activation", self.activation, f"one of {', '.join(ACTIVATIONS)}"
+            )
         for name, v in (("swiglu_alpha", self.swiglu_alpha), ("swiglu_limit", self.swiglu_limit)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not 1e-6 <= v <= 1e6:
                 raise ConfigFieldError(name, v, "[1e-06, 1e+06] (finite)")

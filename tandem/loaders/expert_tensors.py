@@ -150,7 +150,9 @@ def is_expert_source(name: str) -> bool:
 
 
 _STACKED = re.compile(r"model\.layers\.(\d+)\.mlp\.(experts\.(gate|up|down)_proj|gate)\.weight")
-_STACKED_ANY = re.compile(r"model\.layers\.(\d+)\.mlp\.(experts\.(gate|up|down)_proj|gate)\.(weight|bias)")
+_STACKED_ANY = re.compile(
+    r"model\.layers\.(\d+)\.mlp\.(experts\.(gate|up|down)_proj|gate)\.(weight|bias)"
+)
 _MIXTRAL_PROJ = {"gate": "w1", "up": "w3", "down": "w2"}
 
 

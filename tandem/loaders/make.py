@@ -24,12 +24,13 @@ def make_model_dir(
     seed: int = 0,
     dtype: torch.dtype | None = None,
     shard_bytes: int | None = None,
+    config: ModelConfig | None = None,
 ) -> ModelConfig:
-    """Writes the preset to `out` (weights stored in `dtype`, default the preset's) and returns
-    its config."""
+    """Writes the preset to `out` (weights stored in `dtype`, default the preset's; `config` in
+    place of the preset's own shape) and returns its config."""
     p = get_preset(preset)
     dtype = dtype or p.dtype
-    config = replace(p.config, torch_dtype=str(dtype).removeprefix("torch."))
+    config = replace(config or p.config, torch_dtype=str(dtype).removeprefix("torch."))
     tok_json = tok_cfg = None
     hot = hot_rows(config, None)
     if p.tokenizer_vocab is not None:

@@ -45,7 +45,9 @@ class ExpertLinear(nn.Module):
         return F.linear(x, self.weight[e], None if self.bias is None else self.bias[e])
 
 
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+def clamped_swiglu(
+    gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float
+) -> torch.Tensor:
     """gpt-oss's activation (`moe_config`): (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)."""
     g = gate.clamp(max=limit)
     return (up.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
@@ -69,7 +71,9 @@ class Experts(nn.Module):
         self.first, self.count, self.width = first, n_experts, width
         bias = spec is not None and spec.expert_bias
         self.activation = "swiglu" if spec is None else spec.activation
-        self.alpha, self.limit = (1.702, 7.0) if spec is None else (spec.swiglu_alpha, spec.swiglu_limit)
+        self.alpha, self.limit = (
+            (1.702, 7.0) if spec is None else (spec.swiglu_alpha, spec.swiglu_limit)
+        )
         self.gate_proj = ExpertLinear(n_experts, hidden, width, bias)
         self.up_proj = ExpertLinear(n_experts, hidden, width, bias)
         self.down_proj = ExpertLinear(n_experts, width, hidden, bias and down_bias)

@@ -6,7 +6,7 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
     attention  q_proj, k_proj, v_proj -> ColumnParallelLinear over the rank's kv-head group
                o_proj                 -> RowParallelLinear (all-reduce)
                n_heads, n_kv_heads    -> the local counts; q_norm/k_norm (per head) are replicated;
-               sinks (gpt-oss)        -> the rank's query heads' 
+               sinks (gpt-oss)        -> the rank's query heads'
     MLP        gate_proj, up_proj     -> ColumnParallelLinear over intermediate rows
                down_proj              -> RowParallelLinear (all-reduce)
                on a rank without attention (`plan.attn_ranks`): AbsentAttention (adds zeros

@@ -87,8 +87,13 @@ ARCHS = {
             intermediate_size=48,
             sliding_window=6,
             rope_parameters=dict(
-                rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
-                beta_slow=1.0, truncate=False, original_max_position_embeddings=32,
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=8.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=32,
             ),  # fmt: skip
         ),
     ),

@@ -74,7 +74,19 @@ def test_every_model_parameter_has_one_gguf_name_and_back():
     names += [n for n, _ in sparse.named_parameters() if n.startswith("model.layers.0.mlp.")]
     assert len({gguf_name(n) for n in names}) == len(names)
     assert all(hf_name(gguf_name(n)) == n for n in names)
-    assert len(GLOBAL_NAMES) + len(LAYER_NAMES) == 22
+    assert len(GLOBAL_NAMES) + len(LAYER_NAMES) == 24
+    # gpt-oss: a bare parameter (no `.weight` in HF) and its own name for the second norm
+    assert gguf_name("model.layers.3.self_attn.sinks") == "blk.3.attn_sinks.weight"
+    assert hf_name("blk.3.attn_sinks.weight") == "model.layers.3.self_attn.sinks"
+    assert (
+        hf_name("blk.3.post_attention_norm.weight")
+        == "model.layers.3.post_attention_layernorm.weight"
+    )
+    ln = "model.layers.3.post_attention_layernorm.weight"
+    assert (gguf_name(ln), gguf_name(ln, "gpt-oss")) == (
+        "blk.3.ffn_norm.weight",
+        "blk.3.post_attention_norm.weight",
+    )
     assert hf_name("blk.0.attn_qkv.weight") is None
 
 

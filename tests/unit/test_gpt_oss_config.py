@@ -39,12 +39,13 @@ def test_transformers_gpt_oss_config_parses_into_tandems_switches():
 
 def test_yarn_frequencies_and_scale_equal_transformers():
     hf = transformers.GptOssConfig(head_dim=16, max_position_embeddings=256)
+    import torch
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
 
-    import torch
-
     ref = GptOssRotaryEmbedding(hf)
-    ours = RotaryEmbedding(ModelConfig.from_hf_dict(hf.to_dict() | {"architectures": ["GptOssForCausalLM"]}))
+    ours = RotaryEmbedding(
+        ModelConfig.from_hf_dict(hf.to_dict() | {"architectures": ["GptOssForCausalLM"]})
+    )
     assert torch.equal(ours.inv_freq, ref.inv_freq)
     pos = torch.arange(300)[None]
     cos, sin = ref(torch.zeros(1, dtype=torch.float32), pos)

@@ -21,6 +21,13 @@
     expert_feed_forward_length           moe.intermediate_size (Mixtral: feed_forward_length)
     expert_weights_norm                  moe.norm_topk_prob (default true, as llama.cpp runs both)
     a layer without ffn_gate_exps        a dense layer among the sparse ones
+    gpt-oss                              attn_sinks; attention.sliding_window on the even layers
+                                         (llama.cpp's pattern); rope.scaling.type yarn with
+                                         .factor, .original_context_length, .yarn_beta_fast/slow
+                                         (truncated corrections, as llama.cpp and transformers
+                                         read a file); the router (top-k then softmax, biased),
+                                         the experts' biases and clamped SwiGLU (alpha 1.702,
+                                         limit 7: llama.cpp's constants)
 
 `llama` covers Llama, Mistral and SmolLM files (llama.cpp writes them all as `llama`, q/k rows
 permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
@@ -46,6 +53,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
 }
 MIXTRAL = "MixtralForCausalLM"  # a `llama` file whose layers hold experts
 PERMUTED_QK = frozenset({"llama"})  # architectures whose q/k rows llama.cpp's converter permutes
@@ -145,6 +153,9 @@ def config_from_gguf(
         if t is not None and t not in eos:
             eos.append(t)
     moe = _moe(meta, a, tensors)
+    gpt_oss = arch == "gpt-oss"
+    window = meta.get(a + "attention.sliding_window", int, None) if gpt_oss else None
+    layers = _layers(meta, a, tensors)
     hf_arch = MIXTRAL if arch == "llama" and moe is not None else ARCHITECTURES[arch]
     try:
         cfg = ModelConfig(
@@ -152,7 +163,7 @@ def config_from_gguf(
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=meta.get(a + "feed_forward_length", int),
-            num_hidden_layers=_layers(meta, a, tensors),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv,
             head_dim=head_dim,
@@ -168,6 +179,9 @@ def config_from_gguf(
             o_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_gate.bias" in tensors,
             qk_norm=arch in ("qwen3", "qwen3moe"),
+            sliding_window=window,
+            window_layers=tuple(range(0, layers, 2)) if window else None,
+            attn_sinks=gpt_oss,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(eos),
             torch_dtype="float32",
@@ -194,6 +208,17 @@ def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
     layers = meta.get(a + "block_count", int)
     dense = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_exps.weight" not in tensors)
     width = meta.get(a + "expert_feed_forward_length", int, None)
+    if a == "gpt-oss.":
+        return MoESpec(
+            num_experts=n,
+            top_k=meta.get(a + "expert_used_count", int),
+            intermediate_size=width or meta.get(a + "feed_forward_length", int),
+            norm_topk_prob=False,
+            router="topk_softmax",
+            router_bias="blk.0.ffn_gate_inp.bias" in tensors,
+            expert_bias="blk.0.ffn_gate_exps.bias" in tensors,
+            activation="swiglu_clamped",
+        )
     return MoESpec(
         num_experts=n,
         top_k=meta.get(a + "expert_used_count", int),
@@ -234,7 +259,21 @@ def _rope_scaling(meta: Metadata, a: str) -> RopeScaling | None:
     factor = meta.get(a + "rope.scaling.factor", float, 1.0)
     if kind == "linear":
         return None if factor == 1.0 else RopeScaling("linear", factor)
+    if kind == "yarn":
+        import math
+
+        return RopeScaling(
+            "yarn",
+            factor,
+            original_max_position_embeddings=meta.get(
+                a + "rope.scaling.original_context_length", int
+            ),
+            beta_fast=meta.get(a + "rope.scaling.yarn_beta_fast", float, 32.0),
+            beta_slow=meta.get(a + "rope.scaling.yarn_beta_slow", float, 1.0),
+            truncate=True,
+            attention_factor=1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0,
+        )
     raise GGUFArchitectureError(
-        f"{meta.file}: rope scaling {kind!r} is not supported (none, linear, or llama3 "
+        f"{meta.file}: rope scaling {kind!r} is not supported (none, linear, yarn, or llama3 "
         "frequency factors)"
     )

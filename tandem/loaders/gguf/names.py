@@ -39,14 +39,23 @@ LAYER_NAMES: dict[str, str] = {  # blk.N.<GGUF> -> model.layers.N.<HF>
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # gpt-oss: the attention sinks (a parameter without a `.weight` in HF, `BARE`), and its name
+    # for the norm before the feed-forward (`ffn_norm` elsewhere: `ARCH_NAMES`)
+    "attn_sinks": "self_attn.sinks",
+    "post_attention_norm": "post_attention_layernorm",
+}
+BARE = frozenset({"self_attn.sinks"})  # HF parameters named without `.weight`
+ARCH_NAMES: dict[str, dict[str, str]] = {  # HF -> GGUF where an architecture names it its own way
+    "gpt-oss": {"post_attention_layernorm": "post_attention_norm"},
 }
 ROPE_FREQS = (
     "rope_freqs.weight"  # llama3 rope scaling as llama.cpp stores it: per-frequency divisors
 )
 _TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
-_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
+_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items() if k != "post_attention_norm"}
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_HF_BARE = re.compile(r"model\.layers\.(\d+)\.(self_attn\.sinks)")
 
 
 class UnknownTensorNameError(KeyError):
@@ -60,17 +69,24 @@ def hf_name(gguf: str) -> str | None:
     m = _GGUF_LAYER.fullmatch(gguf)
     if m is None or m.group(2) not in LAYER_NAMES:
         return None
-    return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    name = LAYER_NAMES[m.group(2)]
+    if name in BARE:
+        return f"model.layers.{m.group(1)}.{name}" if m.group(3) == "weight" else None
+    return f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
 
 
-def gguf_name(hf: str) -> str:
-    """The GGUF name of the model parameter `hf`."""
+def gguf_name(hf: str, arch: str = "") -> str:
+    """The GGUF name of the model parameter `hf` in a file of architecture `arch`."""
     if hf in _TO_GGUF:
         return _TO_GGUF[hf]
+    m = _HF_BARE.fullmatch(hf)
+    if m is not None:
+        return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}.weight"
     m = _HF_LAYER.fullmatch(hf)
     if m is None or m.group(2) not in _LAYER_TO_GGUF:
         raise UnknownTensorNameError(f"parameter {hf!r} has no GGUF tensor name")
-    return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}.{m.group(3)}"
+    base = ARCH_NAMES.get(arch, {}).get(m.group(2)) or _LAYER_TO_GGUF[m.group(2)]
+    return f"blk.{m.group(1)}.{base}.{m.group(3)}"
 
 
 def permuted_heads(hf: str, n_heads: int, n_kv_heads: int) -> int | None:

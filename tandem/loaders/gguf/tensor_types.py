@@ -27,7 +27,7 @@ class GGUFWriteError(ValueError):
 
 def tensor_type(name: str, shape: tuple[int, ...], qtype: str, tied: bool) -> str:
     """The ggml type name GGUF tensor `name` of `shape` is written in."""
-    if len(shape) == 1:
+    if len(shape) == 1 or name.endswith(".bias"):  # gpt-oss's expert biases are (E, out)
         return "F32"
     role = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
     if role in ROUTERS:

@@ -66,7 +66,7 @@ def write_gguf(
     if tokenizer is not None:
         _tokenizer(w, config, tokenizer, tokenizer_cfg or {})
     for hf, t in tensors.items():
-        g = gguf_name(hf)
+        g = gguf_name(hf, arch)
         x = t.detach().float()
         heads = permuted_heads(hf, config.num_attention_heads, config.num_key_value_heads)
         if arch in PERMUTED_QK and heads is not None:
@@ -115,6 +115,14 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
     if s is not None and s.rope_type == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(s.factor)
+    if s is not None and s.rope_type == "yarn":  # as llama.cpp's converter writes gpt-oss's
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s.factor)
+        w.add_rope_scaling_orig_ctx_len(s.original_max_position_embeddings)
+        w.add_rope_scaling_yarn_beta_fast(s.beta_fast)
+        w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
+    if c.sliding_window is not None and c.architecture == "GptOssForCausalLM":
+        w.add_sliding_window(c.sliding_window)
 
 
 def _llama3_factors(c: ModelConfig) -> np.ndarray:

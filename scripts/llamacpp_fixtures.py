@@ -1,0 +1,84 @@
+"""Writes the GGUF test fixtures that llama.cpp itself makes: random-weight models of tandem's
+presets saved as Hugging Face directories, converted by llama.cpp's `convert_hf_to_gguf.py` and
+quantized by its `llama-quantize`, into tests/fixtures/gguf/. The tests read them with tandem and
+compare with transformers; they never run llama.cpp (CI has no build of it).
+
+    python scripts/llamacpp_fixtures.py        # needs ../shared/tools/llamacpp.sh's build
+
+The converter recognizes a tokenizer's pre-tokenizer by hashing its output on a test text; the
+presets' small byte-level BPE is in no list of known ones, so it is labelled `gpt-4o` (the regex
+split tandem's GGUF tokenizer then applies; the ids in these tests are given, not tokenized).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "gguf"
+
+
+def llamacpp() -> Path:
+    tool = ROOT.parent / "shared" / "tools" / "llamacpp.sh"
+    return Path(
+        subprocess.run([str(tool)], check=True, capture_output=True, text=True).stdout.strip()
+    )
+
+
+def gpt_oss_config():
+    """tiny-gpt-oss as llama.cpp runs gpt-oss: the clamped SwiGLU's limit 7 (a constant there)
+    and YaRN's truncated correction range (what it computes)."""
+    from tandem.models.presets import get_preset
+
+    c = get_preset("tiny-gpt-oss").config
+    return replace(
+        c, rope_scaling=replace(c.rope_scaling, truncate=True), moe=replace(c.moe, swiglu_limit=7.0)
+    )
+
+
+FIXTURES = {  # name -> (preset, config, llama-quantize types)
+    "gpt-oss": ("tiny-gpt-oss", gpt_oss_config, ("Q8_0", "MXFP4_MOE")),
+}
+
+
+def convert(model_dir: Path, out: Path, cpp: Path) -> None:
+    code = f"""
+import runpy, sys
+sys.path.insert(0, {str(cpp / "src")!r}); sys.path.insert(1, {str(cpp / "src" / "gguf-py")!r})
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-4o"
+sys.argv = ["convert_hf_to_gguf.py", {str(model_dir)!r}, "--outfile", {str(out)!r}, "--outtype", "f32"]
+runpy.run_path({str(cpp / "src" / "convert_hf_to_gguf.py")!r}, run_name="__main__")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def main() -> None:
+    from tandem.loaders.make import make_model_dir
+
+    cpp = llamacpp()
+    OUT.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
+    for name, (preset, make_config, types) in FIXTURES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp) / name
+            make_model_dir(d, preset, config=make_config())
+            f32 = Path(tmp) / f"{name}-f32.gguf"
+            convert(d, f32, cpp)
+            for t in types:
+                out = OUT / f"{name}-{t.lower()}.gguf"
+                subprocess.run(
+                    [str(cpp / "bin" / "llama-quantize"), str(f32), str(out), t, "1"],
+                    check=True,
+                    env=env,
+                )
+                print(out, out.stat().st_size)
+
+
+if __name__ == "__main__":
+    main()
