@@ -20,6 +20,17 @@ class TqLinear(ctypes.Structure):  # csrc/quant.h tq_linear: a dense weight, or 
     )
 
 
+class TqMoeAct(ctypes.Structure):  # csrc/quant.h tq_moe_act: gpt-oss's expert activation
+    _fields_ = (
+        ("gate_bias", ctypes.c_void_p),
+        ("up_bias", ctypes.c_void_p),
+        ("down_bias", ctypes.c_void_p),
+        ("kind", ctypes.c_int64),
+        ("alpha", ctypes.c_float),
+        ("limit", ctypes.c_float),
+    )
+
+
 class TqLayer(ctypes.Structure):  # csrc/decode_model.c tq_layer: one decoder layer's arguments
     _fields_ = (
         ("in_norm", ctypes.c_void_p),

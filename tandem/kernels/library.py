@@ -175,6 +175,12 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         (_P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _I64, _P)
         + (_INT, _INT),
     ),
+    # the same with act (tq_moe_act*) before y
+    "tandem_moe_experts_act": (
+        _INT,
+        (_P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _I64, _P, _P)
+        + (_INT, _INT),
+    ),
     # logits, M, E, k, norm, ids, w32, dtype
     "tandem_moe_route": (_INT, (_P, _I64, _I64, _I64, _INT, _P, _P, _INT)),
     # h, M, norm_w, eps, router (tq_linear*), E, k, norm, D, W, first, count, gate, up, down,

@@ -7,16 +7,20 @@ Taken once `prepare` has put the model on a kernel other than "torch" (`install_
 sets `native`; the reference modules stay the plain math otherwise, even where a runner swapped
 the fast classes in), where the native build is loaded, x is a contiguous CPU tensor of a kernel dtype and each of
 the three projections is a `QuantExpertLinear` whose type the quantized GEMV has a kernel for, or a
-dense `ExpertLinear` of a kernel dtype; anything else keeps the reference loop over experts. The
+dense `ExpertLinear` of a kernel dtype; anything else keeps the reference loop over experts.
+gpt-oss's experts (biases, the clamped SwiGLU) go to the same call with their `tq_moe_act`. The
 result is the reference's up to the GEMV's own rounding (int8 activations for quantized experts,
 float32 summation order for dense ones: `tests/unit/test_moe_kernels.py`).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from tandem.kernels import native
+from tandem.kernels.cstructs import TqMoeAct
 from tandem.kernels.library import kernel_row_bytes
 from tandem.models.moe import ExpertLinear, Experts
 from tandem.models.quant.linear import QuantExpertLinear
@@ -49,8 +53,6 @@ class FastExperts(Experts):
         parts = [_stacked(p) for p in (self.gate_proj, self.up_proj, self.down_proj)]
         if (
             not self.native
-            or self.activation != "swiglu"  # gpt-oss's clamped, biased experts: the reference
-            or any(p.bias is not None for p in (self.gate_proj, self.up_proj, self.down_proj))
             or any(p is None for p in parts)
             or not native.available()
             or x.dtype not in native.DTYPE_CODES
@@ -65,14 +67,28 @@ class FastExperts(Experts):
         w = weights.to(x.dtype).float().contiguous()  # the reference multiplies in x's dtype
         y = torch.empty_like(x)
         M, D = x.shape
-        rc = native.library().tandem_moe_experts(
+        act, keep = self._act()
+        rc = native.library().tandem_moe_experts_act(
             x.data_ptr(), M, D, self.width, ids.data_ptr(), w.data_ptr(), ids.shape[1],
             self.first, self.count, g.data_ptr(), u.data_ptr(), d.data_ptr(), gt, ut, dt_,
-            y.data_ptr(), native.DTYPE_CODES[x.dtype], torch.get_num_threads(),
+            None if act is None else ctypes.addressof(act), y.data_ptr(),
+            native.DTYPE_CODES[x.dtype], torch.get_num_threads(),
         )  # fmt: skip
+        del keep
         if rc != 0:
             raise native.NativeError("the native MoE experts refused their arguments")
         return y
+
+    def _act(self) -> tuple[TqMoeAct | None, list]:
+        """gpt-oss's activation and biases as csrc's tq_moe_act (None: SwiGLU, no biases), and
+        the float32 bias tensors it points to (kept alive through the call)."""
+        projs = (self.gate_proj, self.up_proj, self.down_proj)
+        if self.activation == "swiglu" and all(p.bias is None for p in projs):
+            return None, []
+        keep = [None if p.bias is None else p.bias.detach().float().contiguous() for p in projs]
+        ptrs = [None if b is None else b.data_ptr() for b in keep]
+        kind = 1 if self.activation == "swiglu_clamped" else 0
+        return TqMoeAct(*ptrs, kind, self.alpha, self.limit), keep
 
 
 def install_expert_kernels(model: torch.nn.Module) -> int:

@@ -2,7 +2,8 @@
 `models.moe.Experts`: dense float32 within float32 summation order, bfloat16 within its rounding,
 GGUF blocks bit for bit equal to the quantized GEMV run expert by expert on the same tokens (the
 same int8 activations), only the chosen experts' weights read (an unchosen expert full of NaN
-changes nothing), and experts outside the held range skipped."""
+changes nothing), and experts outside the held range skipped. gpt-oss's experts (biases on every
+projection, the down bias on one shard only, the clamped SwiGLU) take the same call."""
 
 import pytest
 import torch
@@ -116,3 +117,58 @@ def test_only_the_held_experts_contribute():
     x, w, ids = routed(7)
     want = full(x, w * ((ids >= 2) & (ids < 5)), ids)
     torch.testing.assert_close(fast(held)(x, w, ids), want, atol=2e-5, rtol=1e-5)
+
+
+def gpt_oss_experts(seed=0, first=0, count=E, down_bias=True, dtype=torch.float32) -> Experts:
+    """gpt-oss's experts: biases on every projection and the clamped SwiGLU (a low limit, so the
+    clamps bite on these unit-scale inputs)."""
+    from dataclasses import replace
+
+    from tandem.models.presets import get_preset
+
+    spec = replace(get_preset("tiny-gpt-oss").config.moe, swiglu_limit=1.5)
+    g = torch.Generator().manual_seed(seed)
+    ex = Experts(count, D, W, first, spec, down_bias)
+    with torch.no_grad():
+        for p in (ex.gate_proj, ex.up_proj, ex.down_proj):
+            p.weight.copy_(torch.randn(p.weight.shape, generator=g) / p.in_features**0.5)
+            if p.bias is not None:
+                p.bias.copy_(torch.randn(p.bias.shape, generator=g) * 0.5)
+    return ex.to(dtype)
+
+
+@pytest.mark.parametrize("M", [1, 17])
+@pytest.mark.parametrize("down_bias", [True, False])
+def test_gpt_oss_clamped_biased_experts_equal_the_reference(M, down_bias):
+    x, w, ids = routed(M)
+    ref = gpt_oss_experts(down_bias=down_bias)
+    want = ref(x, w, ids)
+    pre = ref.gate_proj(x[:1], int(ids[0, 0]))
+    assert (pre > 1.5).any() and (ref.up_proj(x[:1], int(ids[0, 0])).abs() > 1.5).any()
+    got = fast(gpt_oss_experts(down_bias=down_bias))(x, w, ids)
+    torch.testing.assert_close(got, want, atol=3e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", ["MXFP4", "Q8_0"])
+def test_gpt_oss_quantized_experts_equal_the_reference_modules_within_int8_rounding(qtype):
+    """The same experts over GGUF blocks: the native call against the reference modules
+    (dequantize, F.linear, bias); they differ by the int8 rounding of the activations."""
+    t = BY_NAME[qtype].type_id
+
+    def as_blocks(ex):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            p = getattr(ex, name)
+            blocks = quantize(p.weight.detach().reshape(-1, p.in_features).numpy(), t)
+            q = torch.from_numpy(blocks).view(p.n_experts, p.out_features, -1)
+            setattr(
+                ex,
+                name,
+                QuantExpertLinear(t, p.n_experts, p.in_features, p.out_features, q, p.bias),
+            )
+        return ex
+
+    x, w, ids = routed(5)
+    want = as_blocks(gpt_oss_experts())(x, w, ids)
+    got = fast(as_blocks(gpt_oss_experts()))(x, w, ids)
+    assert not torch.equal(got, want)  # the native call ran: int8 activations
+    assert (got - want).norm() <= 0.03 * want.norm()

@@ -16,6 +16,10 @@
  *
  * The roundings are `models.moe.Experts.forward`'s in dtype dt: the expert's output times the
  * weight rounded to dt, added to y[m] in dt (y starts at zero), experts in ascending order.
+ *
+ * tandem_moe_experts_act takes gpt-oss's experts too (quant.h's tq_moe_act): each projection's
+ * bias added to its output (in the GEMV's float32 accumulator, as every biased layer), and the
+ * clamped SwiGLU computed in float32 and rounded once to dt.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,13 +40,29 @@ static inline float round_dt(float v, int dt) {
 #endif
 }
 
+/* gu (n, 2W) = [gate | up] per row -> act (n, W): gpt-oss's clamped SwiGLU (tq_moe_act). */
+static void clamped_swiglu(const void *gu, void *act, int64_t n, int64_t W, float alpha,
+                           float limit, int dt) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < W; c++) {
+            float g = load1(gu, r * 2 * W + c, dt), u = load1(gu, r * 2 * W + W + c, dt);
+            g = g < limit ? g : limit;
+            u = u < -limit ? -limit : (u > limit ? limit : u);
+            store1(act, r * W + c, (u + 1.0f) * (g / (1.0f + expf(-alpha * g))), dt);
+        }
+}
+
 /* x (M, D), ids (M, k) int64 global expert ids, w (M, k) float32 (the router's weights, already
- * rounded to dt) -> y (M, D), all of dtype dt. Returns 0, or -1 for arguments it cannot run. */
-int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int64_t *ids,
-                       const float *w, int64_t k, int64_t first, int64_t count, const void *gate,
-                       const void *up, const void *down, int64_t gate_type, int64_t up_type,
-                       int64_t down_type, void *y, int dt, int nthreads) {
+ * rounded to dt) -> y (M, D), all of dtype dt; `act` NULL or the activation and biases.
+ * Returns 0, or -1 for arguments it cannot run. */
+int tandem_moe_experts_act(const void *x, int64_t M, int64_t D, int64_t W, const int64_t *ids,
+                           const float *w, int64_t k, int64_t first, int64_t count,
+                           const void *gate, const void *up, const void *down, int64_t gate_type,
+                           int64_t up_type, int64_t down_type, const tq_moe_act *act_spec, void *y,
+                           int dt, int nthreads) {
     if (M < 1 || D < 1 || W < 1 || k < 1 || count < 1 || dt < DT_F32 || dt > DT_F16) return -1;
+    if (act_spec && (act_spec->kind < 0 || act_spec->kind > 1)) return -1;
+    const int biased = act_spec && (act_spec->gate_bias || act_spec->up_bias);
     const int64_t gb = tq_block_size(gate_type), ub = tq_block_size(up_type);
     const int64_t db = tq_block_size(down_type);
     if (!gb || !ub || !db || D % gb || D % ub || W % db) return -1;
@@ -51,9 +71,11 @@ int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int
     const int64_t d_stride = D * tq_row_bytes(down_type, W);
     int64_t *rows = (int64_t *)malloc((size_t)(M * k) * sizeof(int64_t)); /* (m * k + j) */
     char *buf = (char *)malloc((size_t)(M * (D + 3 * W + D)) * es);
-    if (!rows || !buf) {
+    float *gu_bias = biased ? (float *)calloc((size_t)(2 * W), sizeof(float)) : NULL;
+    if (!rows || !buf || (biased && !gu_bias)) {
         free(rows);
         free(buf);
+        free(gu_bias);
         return -1;
     }
     char *xs = buf, *gu = xs + M * D * es, *act = gu + 2 * M * W * es, *out = act + M * W * es;
@@ -71,9 +93,17 @@ int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int
             {(const char *)up + e * u_stride, W, up_type},
         };
         const tq_part down_part = {(const char *)down + e * d_stride, D, down_type};
-        rc = tandem_qgemv(xs, gu_parts, 2, NULL, gu, n, D, dt, nthreads);
-        if (!rc) rc = tandem_silu_mul(gu, act, n, W, dt, nthreads);
-        if (!rc) rc = tandem_qgemv(act, &down_part, 1, NULL, out, n, W, dt, nthreads);
+        if (biased) { /* [gate_b_e | up_b_e]: the fused product's bias */
+            if (act_spec->gate_bias) memcpy(gu_bias, act_spec->gate_bias + e * W, W * sizeof(float));
+            if (act_spec->up_bias) memcpy(gu_bias + W, act_spec->up_bias + e * W, W * sizeof(float));
+        }
+        const float *down_bias = act_spec && act_spec->down_bias ? act_spec->down_bias + e * D : NULL;
+        rc = tandem_qgemv(xs, gu_parts, 2, gu_bias, gu, n, D, dt, nthreads);
+        if (!rc && act_spec && act_spec->kind == 1)
+            clamped_swiglu(gu, act, n, W, act_spec->alpha, act_spec->limit, dt);
+        else if (!rc)
+            rc = tandem_silu_mul(gu, act, n, W, dt, nthreads);
+        if (!rc) rc = tandem_qgemv(act, &down_part, 1, down_bias, out, n, W, dt, nthreads);
         if (rc) break;
         for (int64_t r = 0; r < n; r++) {
             const int64_t m = rows[r] / k;
@@ -86,7 +116,16 @@ int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int
     }
     free(rows);
     free(buf);
+    free(gu_bias);
     return rc;
+}
+
+int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int64_t *ids,
+                       const float *w, int64_t k, int64_t first, int64_t count, const void *gate,
+                       const void *up, const void *down, int64_t gate_type, int64_t up_type,
+                       int64_t down_type, void *y, int dt, int nthreads) {
+    return tandem_moe_experts_act(x, M, D, W, ids, w, k, first, count, gate, up, down, gate_type,
+                                  up_type, down_type, NULL, y, dt, nthreads);
 }
 
 int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,

@@ -31,6 +31,19 @@ typedef struct {
     int64_t nparts;
 } tq_linear;
 
+/* An MoE block's expert activation and biases (csrc/moe.c; NULL there: SwiGLU, no biases).
+ * kind 0: silu(g) * u; kind 1 (gpt-oss): g' = min(g, limit), u' = clamp(u, -limit, limit),
+ * (u' + 1) * g' * sigmoid(alpha g'). Biases float32, stacked by held expert: gate and up
+ * (count, W), down (count, D); any may be NULL. */
+typedef struct {
+    const float *gate_bias;
+    const float *up_bias;
+    const float *down_bias;
+    int64_t kind;
+    float alpha;
+    float limit;
+} tq_moe_act;
+
 /* Elements per block of type t (1 for the dense types), or 0 for a type the kernels lack. */
 static inline int64_t tq_block_size(int64_t t) {
     switch (t) {
