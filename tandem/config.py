@@ -337,6 +337,11 @@ class ModelConfig:
         if s is not None and s.rope_type == "llama3":  # linear scaling reads only the factor
             values["rope_scaling.low_freq_factor"] = s.low_freq_factor
             values["rope_scaling.high_freq_factor"] = s.high_freq_factor
+        if s is not None and s.rope_type == "yarn":
+            values["rope_scaling.beta_fast"] = s.beta_fast
+            values["rope_scaling.beta_slow"] = s.beta_slow
+            values["rope_scaling.attention_factor"] = s.attention_factor
+        if s is not None and s.rope_type in ("llama3", "yarn"):
             _check_int(
                 "rope_scaling.original_max_position_embeddings",
                 s.original_max_position_embeddings, 1, 1 << 24,
@@ -345,14 +350,6 @@ class ModelConfig:
             lo, hi = FLOAT_RANGES[name]
             if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
                 raise ConfigFieldError(name, v, f"[{lo:g}, {hi:g}] (finite)")
-        if s is not None and s.rope_type == "yarn":
-            values["rope_scaling.beta_fast"] = s.beta_fast
-            values["rope_scaling.beta_slow"] = s.beta_slow
-            values["rope_scaling.attention_factor"] = s.attention_factor
-            _check_int(
-                "rope_scaling.original_max_position_embeddings",
-                s.original_max_position_embeddings, 1, 1 << 24,
-            )  # fmt: skip
         if s is not None and s.rope_type == "llama3" and not s.high_freq_factor > s.low_freq_factor:
             raise ConfigFieldError(
                 "rope_scaling.high_freq_factor", s.high_freq_factor,

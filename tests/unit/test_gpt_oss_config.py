@@ -58,6 +58,10 @@ def test_bad_layer_types_and_activation_bounds_are_typed_errors():
         ModelConfig.from_hf_dict(_hf() | {"layer_types": ["sliding_attention"] * 3})
     with pytest.raises(ConfigError, match="layer_types"):
         ModelConfig.from_hf_dict(_hf() | {"layer_types": ["chunked"] * 4})
+    rope = _hf()["rope_parameters"]
+    for field in ("beta_fast", "attention_factor"):
+        with pytest.raises(ConfigFieldError, match=f"rope_scaling.{field}"):
+            ModelConfig.from_hf_dict(_hf() | {"rope_parameters": rope | {field: 1e9}})
     with pytest.raises(ConfigFieldError, match="swiglu_limit"):
         ModelConfig.from_hf_dict(_hf() | {"swiglu_limit": 0.0})
 
