@@ -457,12 +457,23 @@ def _typed(v: Any, kind: type, key: str, source: str) -> Any:
         raise ConfigFieldError(key, v, "a finite float", source) from None
 
 
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's default attention factor (transformers' `get_mscale`): 0.1 m ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def alternating_window_layers(num_layers: int) -> tuple[int, ...]:
+    """gpt-oss's sliding layers when nothing states them: the even-indexed ones (transformers'
+    default `layer_types`, llama.cpp's swa pattern 2)."""
+    return tuple(range(0, num_layers, 2))
+
+
 def _window_layers(d: dict[str, Any], num_layers: Any, source: str) -> tuple[int, ...]:
-    """gpt-oss's sliding layers: `layer_types` as stated, else every even-indexed layer."""
+    """gpt-oss's sliding layers: `layer_types` as stated, else `alternating_window_layers`."""
     types = d.get("layer_types")
     n = num_layers if isinstance(num_layers, int) else 0
     if types is None:
-        return tuple(i for i in range(n) if i % 2 == 0)
+        return alternating_window_layers(n)
     kinds = ("sliding_attention", "full_attention")
     if not isinstance(types, list) or len(types) != n or any(t not in kinds for t in types):
         raise ConfigError(
@@ -475,19 +486,15 @@ def _parse_yarn(s: dict[str, Any], d: dict[str, Any], source: str) -> RopeScalin
     """YaRN as transformers reads it (`_compute_yarn_parameters`): the attention factor stated, or
     from `mscale`/`mscale_all_dim`, or 0.1 ln(factor) + 1."""
     factor = _typed(s.get("factor"), float, "rope_scaling.factor", source)
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     att = s.get("attention_factor")
     if att is not None:
         att = _typed(att, float, "rope_scaling.attention_factor", source)
     elif s.get("mscale") and s.get("mscale_all_dim"):
         m = _typed(s["mscale"], float, "rope_scaling.mscale", source)
         m_all = _typed(s["mscale_all_dim"], float, "rope_scaling.mscale_all_dim", source)
-        att = mscale(factor, m) / mscale(factor, m_all)
+        att = yarn_attention_factor(factor, m) / yarn_attention_factor(factor, m_all)
     else:
-        att = mscale(factor)
+        att = yarn_attention_factor(factor)
     original = s.get("original_max_position_embeddings", d.get("max_position_embeddings"))
     return RopeScaling(
         rope_type="yarn",

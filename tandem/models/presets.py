@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from tandem.config import ModelConfig, RopeScaling
+from tandem.config import ModelConfig, RopeScaling, yarn_attention_factor
 from tandem.moe_config import MoESpec
 
 HOT_ROWS = 24
@@ -166,7 +166,7 @@ PRESETS: dict[str, Preset] = {
                 32.0,
                 original_max_position_embeddings=64,
                 truncate=False,
-                attention_factor=0.1 * math.log(32.0) + 1.0,
+                attention_factor=yarn_attention_factor(32.0),
             ),
             moe=MoESpec(
                 num_experts=8,

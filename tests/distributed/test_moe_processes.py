@@ -110,44 +110,12 @@ def test_expert_width_768_in_k_quants_splits_512_256_at_tp2(width_768_gguf):
     assert plan.moe == "tp" and plan.expert_rows == (Span(0, 512), Span(512, 768))
 
 
-def test_a_k_quant_moe_file_at_tp2_and_on_whole_experts_matches_single_node(width_768_gguf):
+def assert_tp2_and_experts2_match_single_node(file, prompt: list[int]) -> None:
     """The reference quantized modules on every rank and on the single node: the partials'
     float32 order is all that differs, so logits agree within 2e-3 and ids step for step."""
     from test_tp_gguf import SingleNode as GGUFSingleNode
     from test_tp_gguf import assert_matches
 
-    prompt = PROMPTS[0]
-    ref = greedy_steps(GGUFSingleNode(width_768_gguf), prompt, 16)
-    groups = launch_concurrently(
-        {
-            "tp2": (width_768_gguf, 2, {}),
-            "experts2": (width_768_gguf, 2, {"moe": "experts"}),
-        },
-        max_batch=1,
-        max_seq_len=128,
-        threads=1,
-        kernels="torch",
-    )
-    try:
-        for name, ex in groups.items():
-            assert_matches(ref, greedy_steps(ex, prompt, 16), name)
-    finally:
-        for ex in groups.values():
-            ex.close()
-
-
-def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_single_node():
-    """llama.cpp's MXFP4_MOE file (tests/fixtures/gguf): the experts' MXFP4 blocks cut on
-    32-element edges at TP=2, whole at 2 ranks; sinks and window layers sharded by head."""
-    from pathlib import Path
-
-    from test_tp_gguf import SingleNode as GGUFSingleNode
-    from test_tp_gguf import assert_matches
-
-    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "gpt-oss-mxfp4_moe.gguf"
-    plan = plan_for_source(open_model(file), 2)
-    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
-    prompt = PROMPTS[2]  # 10 tokens + 16: past the sliding window of 8
     ref = greedy_steps(GGUFSingleNode(file), prompt, 16)
     groups = launch_concurrently(
         {"tp2": (file, 2, {}), "experts2": (file, 2, {"moe": "experts"})},
@@ -162,3 +130,19 @@ def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_match
     finally:
         for ex in groups.values():
             ex.close()
+
+
+def test_a_k_quant_moe_file_at_tp2_and_on_whole_experts_matches_single_node(width_768_gguf):
+    assert_tp2_and_experts2_match_single_node(width_768_gguf, PROMPTS[0])
+
+
+def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_single_node():
+    """llama.cpp's MXFP4_MOE file (tests/fixtures/gguf): the experts' MXFP4 blocks cut on
+    32-element edges at TP=2, whole at 2 ranks; sinks and window layers sharded by head."""
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "gpt-oss-mxfp4_moe.gguf"
+    plan = plan_for_source(open_model(file), 2)
+    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
+    # 10 tokens + 16: past the sliding window of 8
+    assert_tp2_and_experts2_match_single_node(file, PROMPTS[2])

@@ -128,12 +128,31 @@ def test_a_qwen3moe_gguf_matches_transformers_reading_the_same_file(tmp_path, qt
     assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 
-def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(tmp_path):
-    """transformers has no GGUF reader for Mixtral (a `llama` file with experts), so its
-    MixtralForCausalLM gets the file's tensors as gguf-py dequantizes them (q/k un-permuted)."""
+def gguf_py_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of `file` under its GGUF name, as gguf-py dequantizes it (float32)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    return {
+        t.name: torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
+        for t in GGUFReader(file).tensors
+    }
+
+
+def assert_matches_hf_twin(src, hf, state: dict[str, torch.Tensor]) -> None:
+    """transformers' `hf` given `state` (strictly every tensor) equals tandem reading `src`:
+    logits within LOGIT_ATOL and greedy ids up to the first near-tie."""
+    hf.load_state_dict(state, strict=True)
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(tmp_path):
+    """transformers has no GGUF reader for Mixtral (a `llama` file with experts), so its
+    MixtralForCausalLM gets the file's tensors as gguf-py dequantizes them (q/k un-permuted)."""
     from tandem.loaders.gguf.names import hf_name, unpermute_rows
 
     config = replace(get_preset("tiny-mixtral").config, hidden_size=256, head_dim=64)
@@ -141,9 +160,8 @@ def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(
     src = GGUFModel(file)
     assert src.config.architecture == "MixtralForCausalLM"
     state = {}
-    for t in GGUFReader(file).tensors:
-        x = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        name = hf_name(t.name)
+    for gguf, x in gguf_py_tensors(file).items():
+        name = hf_name(gguf)
         heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
         for proj, n in heads.items():
             if f"self_attn.{proj}." in name:
@@ -156,12 +174,7 @@ def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(
         gate, up = state.pop(p + "gate_proj.weight"), state.pop(p + "up_proj.weight")
         state[p + "gate_up_proj"] = torch.cat([gate, up], dim=1)  # (E, 2I, D)
         state[p + "down_proj"] = state.pop(p + "down_proj.weight")  # (E, D, I)
-    hf.load_state_dict(state, strict=True)
-    model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf_twin(src, hf, state)
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
@@ -206,7 +219,6 @@ def test_a_gpt_oss_gguf_made_by_llamacpp_matches_transformers_on_gguf_pys_dequan
     tensors gguf-py dequantizes (gate/up re-interleaved as transformers holds them) is the
     reference; tandem reads the file itself."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     file = FIXTURES / f"gpt-oss-{qtype}.gguf"
     reader = GGUFReader(file)
@@ -215,10 +227,7 @@ def test_a_gpt_oss_gguf_made_by_llamacpp_matches_transformers_on_gguf_pys_dequan
     assert src.config.architecture == "GptOssForCausalLM"
     want = "MXFP4" if qtype == "mxfp4_moe" else "Q8_0"
     assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].dtype == want
-    state = {}
-    for t in reader.tensors:
-        x = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        state[t.name] = x
+    state = gguf_py_tensors(file)
     hf_state = {"model.embed_tokens.weight": state.pop("token_embd.weight"),
                 "model.norm.weight": state.pop("output_norm.weight"),
                 "lm_head.weight": state.pop("output.weight")}  # fmt: skip
@@ -245,12 +254,7 @@ def test_a_gpt_oss_gguf_made_by_llamacpp_matches_transformers_on_gguf_pys_dequan
         )
         hf_state[p + "mlp.experts.down_proj_bias"] = state.pop(b + "ffn_down_exps.bias")
     assert not state, sorted(state)
-    hf.load_state_dict(hf_state, strict=True)
-    model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf_twin(src, hf, hf_state)
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,8 @@ from tandem.config import (
     ModelConfig,
     RopeScaling,
     UnsupportedArchitectureError,
+    alternating_window_layers,
+    yarn_attention_factor,
 )
 from tandem.loaders.gguf.reader import GGUFError, GuardedReader
 from tandem.moe_config import MoESpec
@@ -180,7 +182,7 @@ def config_from_gguf(
             mlp_bias="blk.0.ffn_gate.bias" in tensors,
             qk_norm=arch in ("qwen3", "qwen3moe"),
             sliding_window=window,
-            window_layers=tuple(range(0, layers, 2)) if window else None,
+            window_layers=alternating_window_layers(layers) if window else None,
             attn_sinks=gpt_oss,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(eos),
@@ -208,11 +210,14 @@ def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
     layers = meta.get(a + "block_count", int)
     dense = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_exps.weight" not in tensors)
     width = meta.get(a + "expert_feed_forward_length", int, None)
+    experts = dict(
+        num_experts=n,
+        top_k=meta.get(a + "expert_used_count", int),
+        intermediate_size=width or meta.get(a + "feed_forward_length", int),
+    )
     if a == "gpt-oss.":
         return MoESpec(
-            num_experts=n,
-            top_k=meta.get(a + "expert_used_count", int),
-            intermediate_size=width or meta.get(a + "feed_forward_length", int),
+            **experts,
             norm_topk_prob=False,
             router="topk_softmax",
             router_bias="blk.0.ffn_gate_inp.bias" in tensors,
@@ -220,9 +225,7 @@ def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
             activation="swiglu_clamped",
         )
     return MoESpec(
-        num_experts=n,
-        top_k=meta.get(a + "expert_used_count", int),
-        intermediate_size=width or meta.get(a + "feed_forward_length", int),
+        **experts,
         norm_topk_prob=meta.get(a + "expert_weights_norm", bool, True),
         dense_layers=dense,
         shared_intermediate_size=meta.get(a + "expert_shared_feed_forward_length", int, 0),
@@ -260,8 +263,6 @@ def _rope_scaling(meta: Metadata, a: str) -> RopeScaling | None:
     if kind == "linear":
         return None if factor == 1.0 else RopeScaling("linear", factor)
     if kind == "yarn":
-        import math
-
         return RopeScaling(
             "yarn",
             factor,
@@ -271,7 +272,7 @@ def _rope_scaling(meta: Metadata, a: str) -> RopeScaling | None:
             beta_fast=meta.get(a + "rope.scaling.yarn_beta_fast", float, 32.0),
             beta_slow=meta.get(a + "rope.scaling.yarn_beta_slow", float, 1.0),
             truncate=True,
-            attention_factor=1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0,
+            attention_factor=yarn_attention_factor(factor),
         )
     raise GGUFArchitectureError(
         f"{meta.file}: rope scaling {kind!r} is not supported (none, linear, yarn, or llama3 "
