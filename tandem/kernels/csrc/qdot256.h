@@ -3,6 +3,7 @@
  * qx.h), per block of 32 one integer dot and one multiply-add per row. Included by qgemv.c. */
 #ifndef TANDEM_QDOT256_H
 #define TANDEM_QDOT256_H
+#include "canon.h"
 #include "qx.h"
 #include "quant.h"
 

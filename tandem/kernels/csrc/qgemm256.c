@@ -262,9 +262,9 @@ static dot_fn dot_for(int64_t t) {
 
 /* X (M, K) -> the transposed quantized form (one allocation, freed by the caller). */
 static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, xt_t *X) {
-    const int64_t nb = K / 32, G = (nb + GB - 1) / GB, nbp = ((nb + 7) / 8 + 1) * 8;
+    const int64_t nb = K / 32, G = (nb + GB - 1) / GB, nbp = QX_NBP(K);
     const size_t qt = (size_t)(M * G) * 256, fl = (size_t)(M * G * GB) * 4 * 4;
-    const size_t row = (size_t)K * 4 + (size_t)K + (size_t)nbp * 4 * 14; /* per-thread scratch */
+    const size_t row = (size_t)K * 4 + (size_t)K + (size_t)nbp * 4 * (QX_FLOATS + QX_INTS); /* per-thread scratch */
     char *buf = (char *)aligned_alloc(64, (qt + fl + 64) / 64 * 64);
     if (!buf) return NULL;
     memset(buf + qt, 0, fl);
@@ -283,7 +283,9 @@ static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, 
             int8_t *q = (int8_t *)(xf + K);
             float *f = (float *)(q + K); /* qx_quantize_row's d s d16 s16 d4 s4 */
             for (int64_t i = 0; i < K; i++) xf[i] = load1(x, m * K + i, dt);
-            qx_quantize_row(xf, K, q, f, f + nbp, f + 2 * nbp, f + 4 * nbp, f + 6 * nbp, f + 10 * nbp);
+            int32_t *qi = (int32_t *)(f + QX_FLOATS * nbp);
+            qx_quantize_row(xf, K, q, f, f + nbp, f + 2 * nbp, f + 4 * nbp, f + 6 * nbp, f + 10 * nbp,
+                            qi, qi + nbp);
             __m256i *t = (__m256i *)(buf + (size_t)(m * G) * 256); /* (G, 8) */
             for (int64_t g = 0; g < G; g++) {
                 __m256i r[8];

@@ -122,9 +122,10 @@ static rows_fn rows_for(int64_t t) {
  * the caller; NULL on failure. */
 static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, int il32, int ilk,
                        int nthreads, xq_t *X) {
-    const int64_t nbp = ((K / 32 + 7) / 8 + 1) * 8; /* >= nb + 8: room for a full 8-block load */
+    const int64_t nbp = QX_NBP(K);
     const size_t xf = dt == DT_F32 ? 0 : (size_t)(M * K) * 4;
-    const size_t fl = quant ? (size_t)(M * nbp) * 4 * 14 : 0; /* d s d16 s16 d4 s4: 1 1 2 2 4 4 */
+    /* d s d16 s16 d4 s4: 1 1 2 2 4 4 floats per nbp; q32 q16: 1 2 ints */
+    const size_t fl = quant ? (size_t)(M * nbp) * 4 * (QX_FLOATS + QX_INTS) : 0;
     const size_t q = quant ? (size_t)(M * K) * (1 + (il32 != 0) + (ilk != 0)) : 0;
     char *buf = (char *)aligned_alloc(64, (xf + fl + q + 64) / 64 * 64);
     if (!buf) return NULL;
@@ -135,6 +136,7 @@ static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, i
     if (quant) {
         X->d = f, X->s = f + M * nbp, X->d16 = f + 2 * M * nbp, X->s16 = f + 4 * M * nbp;
         X->d4 = f + 6 * M * nbp, X->s4 = f + 10 * M * nbp;
+        X->q32 = (int32_t *)(f + QX_FLOATS * M * nbp), X->q16 = X->q32 + M * nbp;
         X->nat = qb;
         X->i32 = il32 ? qb + M * K : NULL;
         X->ik = ilk ? qb + M * K * (1 + (il32 != 0)) : NULL;
@@ -149,9 +151,10 @@ static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, i
         memset(X->d + m * nbp, 0, nbp * 4), memset(X->s + m * nbp, 0, nbp * 4);
         memset(X->d16 + 2 * m * nbp, 0, nbp * 8), memset(X->s16 + 2 * m * nbp, 0, nbp * 8);
         memset(X->d4 + 4 * m * nbp, 0, nbp * 16), memset(X->s4 + 4 * m * nbp, 0, nbp * 16);
+        memset(X->q32 + m * nbp, 0, nbp * 4), memset(X->q16 + 2 * m * nbp, 0, nbp * 8);
         qx_quantize_row(X->xf + m * K, K, X->nat + m * K, X->d + m * nbp, X->s + m * nbp,
                         X->d16 + 2 * m * nbp, X->s16 + 2 * m * nbp, X->d4 + 4 * m * nbp,
-                        X->s4 + 4 * m * nbp);
+                        X->s4 + 4 * m * nbp, X->q32 + m * nbp, X->q16 + 2 * m * nbp);
         qx_interleave_row(X->nat + m * K, K, il32 ? X->i32 + m * K : NULL,
                           ilk ? X->ik + m * K : NULL);
     }
@@ -170,6 +173,7 @@ static xq_t x_rows(const xq_t *X, int64_t g) {
         v.d = X->d + g * nbp, v.s = X->s + g * nbp;
         v.d16 = X->d16 + 2 * g * nbp, v.s16 = X->s16 + 2 * g * nbp;
         v.d4 = X->d4 + 4 * g * nbp, v.s4 = X->s4 + 4 * g * nbp;
+        v.q32 = X->q32 + g * nbp, v.q16 = X->q16 + 2 * g * nbp;
     }
     return v;
 }

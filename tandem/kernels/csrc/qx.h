@@ -4,7 +4,8 @@
  * (|q_i| <= 127), so |x_i - dx q_i| <= dx / 2 (plus the float32 rounding of x_i / dx, under
  * 2^-17 dx). Alongside: the block sums of q scaled by dx (per 32 and per 16, for the weight
  * types' offsets), dx per 16 (Q6_K's 16-element scales) and dx repeated 4 times per block (the
- * lane pattern of the interleaved 32-block kernels).
+ * lane pattern of the interleaved 32-block kernels), and the exact integer sums of q per 32
+ * and per 16 (canon.h's kernels fold the weights' offsets into their integer dots with them).
  *
  * Layouts of q, per row of K (the AVX-512 kernels read the interleaved ones):
  *   nat  natural order;
@@ -30,8 +31,15 @@ typedef struct {
     float *d, *s;     /* (M, nbp): dx and dx * sum(q) per block of 32 */
     float *d16, *s16; /* (M, 2 nbp): the same per 16 */
     float *d4, *s4;   /* (M, 4 nbp): dx of each block repeated 4 times, s / 4 likewise */
-    int64_t K, nbp;   /* nbp: blocks of 32 per row, padded to a multiple of 8 (with zeros) */
+    int32_t *q32, *q16; /* (M, nbp), (M, 2 nbp): sum(q) per block of 32, per 16 */
+    int64_t K, nbp;   /* nbp: QX_NBP(K) blocks of 32 per row, the padding zeros */
 } xq_t;
+
+/* blocks of 32 a row's arrays hold: K / 32 and at least 16 more (a full 16-block load past the
+ * last block reads zeros), a multiple of 16 */
+#define QX_NBP(K) ((((K) / 32 + 15) / 16 + 1) * 16)
+/* the floats, then the int32s, one row's scale arrays take, in units of nbp */
+enum { QX_FLOATS = 14, QX_INTS = 3 };
 
 static inline int32_t qx_hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -42,7 +50,7 @@ static inline int32_t qx_hsum_i32(__m256i v) {
 
 /* One row of K float32 (K a multiple of 32) into the natural layout and the scale arrays. */
 static inline void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s, float *d16,
-                            float *s16, float *d4, float *s4) {
+                            float *s16, float *d4, float *s4, int32_t *q32, int32_t *q16) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t b = 0; b < K / 32; b++) {
@@ -83,6 +91,7 @@ static inline void qx_quantize_row(const float *x, int64_t K, int8_t *q, float *
         s16[2 * b + 1] = dv * (float)ib;
         s[b] = dv * (float)(ia + ib);
         s4[4 * b] = s4[4 * b + 1] = s4[4 * b + 2] = s4[4 * b + 3] = 0.25f * s[b];
+        q32[b] = ia + ib, q16[2 * b] = ia, q16[2 * b + 1] = ib;
     }
 }
 
