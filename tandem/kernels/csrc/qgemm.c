@@ -13,12 +13,13 @@
  * float ops (Q6_K: 2 converts, 6 ops). Rows past a group's last block are zero (scale 0, quants
  * 0), so partial groups need no code.
  *
- * The math is the decode kernels': the same quantized activations, exact integer dots per block,
- * then (s dx) dot + o (dx sum q) in float32, so the same bound holds (quant.py). (Q8_0's and
- * MXFP4's offset is not the decode kernels' o = 0: the two float terms may cancel, up to 3x the
- * weight's magnitude, well inside the bound's K/32 + 8 factor for these kernels' shallow lane
- * sums. An MXFP4 block with e >= 253, values past 2^125, has o = -inf here: such weights overflow
- * float32 at their larger codes anyway.)
+ * The sums follow canon.h, as the decode kernels' do, so each output is bit-for-bit what they
+ * compute for that row alone: lane i of a group holds block i, whose exact integer dot is formed
+ * here on the unsigned quants u and turned into the signed one where the type is symmetric (I =
+ * U - c sum q with the integer sums of X's quants: Q4_0 c = 8, Q5_0 16, Q8_0 128, MXFP4 12; Q6_K
+ * per half, 32), then one multiply-add by s dx (and o (dx sum q) for the offset types). The
+ * bound is the decode kernels' (quant.py). (An MXFP4 block with e >= 253, values past 2^125,
+ * overflows float32 at its larger codes anyway.)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 
 #include "dtypes.h"
 #include "quant.h"
+#include "canon.h"
 #include "qx.h"
 
 int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
@@ -44,7 +46,8 @@ typedef struct { /* one group of 16 blocks of one row of W, decoded */
 typedef struct { /* X quantized (qx.h) and transposed to the wgroup lane order */
     const __m512i *q;        /* (M, groups, 8) */
     const float *d, *s;      /* (M, 16 groups): dx and dx * sum(q) per block */
-    const float *sa, *sb;    /* (M, 16 groups): dx * sum of each block's first / second 16 */
+    const int32_t *qs;       /* (M, 16 groups): sum(q) per block */
+    const int32_t *qa, *qb;  /* (M, 16 groups): sum(q) of each block's first / second 16 */
     int64_t groups;
 } xt_t;
 
@@ -208,12 +211,26 @@ static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
     }
 }
 
-/* One row of W (decoded) against rows m0 .. m0 + mt of X: out[m]. */
+/* Kinds of canon.h sums: the offset types (two multiply-adds per block), the symmetric ones
+ * (their offset c sum q folded into the integer dot: c = 8, 16, 128, 12), Q6_K's two halves. */
+enum { K_OFFSET, K_SYM8, K_SYM16, K_SYM128, K_SYM12, K_Q6K };
+
+static inline __m512i times_c(__m512i q, const int kind) { /* c sum q, exactly */
+    switch (kind) {
+    case K_SYM8: return _mm512_slli_epi32(q, 3);
+    case K_SYM16: return _mm512_slli_epi32(q, 4);
+    case K_SYM128: return _mm512_slli_epi32(q, 7);
+    case K_SYM12: return _mm512_add_epi32(_mm512_slli_epi32(q, 3), _mm512_slli_epi32(q, 2));
+    default: return _mm512_slli_epi32(q, 5); /* Q6_K: 32 */
+    }
+}
+
+/* One row of W (decoded) against rows m0 .. m0 + mt of X: out[m], canon.h's order. */
 static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, const xt_t *X,
                                                            int64_t m0, float *out, const int mt,
-                                                           const int split) {
+                                                           const int kind) {
     const int64_t G = X->groups;
-    __m512 acc[MT]; /* one accumulator per row: scaled dots and offsets alike (registers) */
+    __m512 acc[MT]; /* one accumulator per row: lane i, block i of each group (registers) */
 #pragma GCC unroll 8
     for (int m = 0; m < mt; m++) acc[m] = _mm512_setzero_ps();
     const __m512i z = _mm512_setzero_si512();
@@ -224,11 +241,14 @@ static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, con
             const __m512i *xq = X->q + ((m0 + m) * G + g) * 8;
             const int64_t at = (m0 + m) * G * GB + g * GB;
             const __m512 dx = _mm512_loadu_ps(X->d + at);
-            if (!split) {
+            if (kind != K_Q6K) {
                 __m512i p = _mm512_dpbusd_epi32(z, w->q[0], xq[0]);
                 for (int k = 1; k < 8; k++) p = _mm512_dpbusd_epi32(p, w->q[k], xq[k]);
+                if (kind != K_OFFSET)
+                    p = _mm512_sub_epi32(p, times_c(_mm512_loadu_si512(X->qs + at), kind));
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(w->s0, dx), acc[m]);
-                acc[m] = _mm512_fmadd_ps(w->o0, _mm512_loadu_ps(X->s + at), acc[m]);
+                if (kind == K_OFFSET)
+                    acc[m] = _mm512_fmadd_ps(w->o0, _mm512_loadu_ps(X->s + at), acc[m]);
             } else {
                 __m512i p0 = _mm512_dpbusd_epi32(z, w->q[0], xq[0]);
                 __m512i p1 = _mm512_dpbusd_epi32(z, w->q[4], xq[4]);
@@ -236,37 +256,42 @@ static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, con
                     p0 = _mm512_dpbusd_epi32(p0, w->q[k], xq[k]);
                     p1 = _mm512_dpbusd_epi32(p1, w->q[4 + k], xq[4 + k]);
                 }
+                p0 = _mm512_sub_epi32(p0, times_c(_mm512_loadu_si512(X->qa + at), kind));
+                p1 = _mm512_sub_epi32(p1, times_c(_mm512_loadu_si512(X->qb + at), kind));
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(w->s0, dx), acc[m]);
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(w->s1, dx), acc[m]);
-                acc[m] = _mm512_fmadd_ps(w->o0, _mm512_loadu_ps(X->sa + at), acc[m]);
-                acc[m] = _mm512_fmadd_ps(w->o1, _mm512_loadu_ps(X->sb + at), acc[m]);
             }
         }
     }
 #pragma GCC unroll 8
-    for (int m = 0; m < mt; m++) out[m] = _mm512_reduce_add_ps(acc[m]);
+    for (int m = 0; m < mt; m++) out[m] = canon_reduce512(acc[m]);
 }
 
-static void dot_rows(const wgroup *wg, const xt_t *X, int64_t m0, float *out, int mt, int split) {
-#define TILE(n)                                                        \
-    case n:                                                            \
-        if (split) dot_tile(wg, X, m0, out, n, 1);                     \
-        else dot_tile(wg, X, m0, out, n, 0);                           \
+static void dot_rows(const wgroup *wg, const xt_t *X, int64_t m0, float *out, int mt, int kind) {
+#define TILE(n, k)                                                                              \
+    case n: dot_tile(wg, X, m0, out, n, k); break;
+#define KIND(k)                                                                                 \
+    case k:                                                                                     \
+        switch (mt) { TILE(1, k) TILE(2, k) TILE(3, k) TILE(4, k) TILE(5, k) TILE(6, k)         \
+                      TILE(7, k) default: TILE(8, k) }                                          \
         break;
-    switch (mt) { TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) default: TILE(8) }
+    switch (kind) { KIND(K_OFFSET) KIND(K_SYM8) KIND(K_SYM16) KIND(K_SYM128) KIND(K_SYM12)
+                    default: KIND(K_Q6K) }
+#undef KIND
 #undef TILE
 }
 
 /* X (M, K) -> the transposed quantized form (one allocation, freed by the caller). */
 static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, xt_t *X) {
     const int64_t nb = K / 32, G = (nb + GB - 1) / GB, nbp = QX_NBP(K);
-    const size_t qt = (size_t)(M * G) * 512, fl = (size_t)(M * G * GB) * 4 * 4;
+    const size_t qt = (size_t)(M * G) * 512, fl = (size_t)(M * G * GB) * 4 * 7; /* 4 f, 3 i */
     const size_t row = (size_t)K * 4 + (size_t)K + (size_t)nbp * 4 * (QX_FLOATS + QX_INTS); /* per-thread scratch */
     char *buf = (char *)aligned_alloc(64, (qt + fl + 64) / 64 * 64);
     if (!buf) return NULL;
     memset(buf + qt, 0, fl);
-    float *d = (float *)(buf + qt), *s = d + M * G * GB, *sa = s + M * G * GB, *sb = sa + M * G * GB;
-    *X = (xt_t){.q = (const __m512i *)buf, .d = d, .s = s, .sa = sa, .sb = sb, .groups = G};
+    float *d = (float *)(buf + qt), *s = d + M * G * GB;
+    int32_t *qs = (int32_t *)(s + M * G * GB), *qa = qs + M * G * GB, *qb = qa + M * G * GB;
+    *X = (xt_t){.q = (const __m512i *)buf, .d = d, .s = s, .qs = qs, .qa = qa, .qb = qb, .groups = G};
     int bad = 0;
 #pragma omp parallel num_threads(nthreads < 1 ? 1 : nthreads) reduction(| : bad)
     {
@@ -288,7 +313,7 @@ static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, 
                 const int64_t g = b / GB, i = b % GB, at = m * G * GB + b;
                 for (int k = 0; k < 8; k++) memcpy(t + (g * 8 + k) * GB + i, q + 32 * b + 4 * k, 4);
                 d[at] = f[b], s[at] = f[nbp + b];
-                sa[at] = f[4 * nbp + 2 * b], sb[at] = f[4 * nbp + 2 * b + 1];
+                qs[at] = qi[b], qa[at] = qi[nbp + 2 * b], qb[at] = qi[nbp + 2 * b + 1];
             }
         }
         free(scratch);
@@ -300,11 +325,13 @@ static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, 
     return buf;
 }
 
-/* qgemm_drive.h's hooks: every block type; Q6_K's halves carry their own scales */
+/* qgemm_drive.h's hooks: every block type, each its kind of canon.h sum */
 static inline int qgemm_takes(int64_t t) { (void)t; return 1; }
 static inline void qgemm_dot(const wgroup *wg, const xt_t *X, int64_t m0, float *out, int mt,
                              int64_t t) {
-    dot_rows(wg, X, m0, out, mt, t == GT_Q6_K);
+    const int kind = t == GT_Q4_0 ? K_SYM8 : t == GT_Q5_0 ? K_SYM16 : t == GT_Q8_0 ? K_SYM128
+                     : t == GT_MXFP4 ? K_SYM12 : t == GT_Q6_K ? K_Q6K : K_OFFSET;
+    dot_rows(wg, X, m0, out, mt, kind);
 }
 
 #include "qgemm_drive.h"
