@@ -249,8 +249,9 @@ def test_native_gemv_refuses_what_it_cannot_run_with_a_typed_error():
 @needs_native
 @pytest.mark.parametrize("arch", ARCHS)
 def test_native_kernel_model_matches_f_linear_at_decode_and_prefill(arch):
-    """Decode-sized inputs (<= MAX_ROWS rows) take the native GEMV, wider ones the library
-    kernel; either way the logits are F.linear's within float32 rounding, biases included."""
+    """Decode-sized inputs (<= MAX_ROWS rows) and wider ones take the native row kernel (the
+    library GEMM only with TANDEM_LIBRARY_PREFILL); the logits are F.linear's within float32
+    rounding, biases included."""
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     ref = random_reference(config)
     ours = copy.deepcopy(ref)
