@@ -23,59 +23,25 @@ attention sinks, MoE experts) and a model windowed on every layer (Mistral's), o
 from __future__ import annotations
 
 import dataclasses
-import random
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from invariance_support import QTYPES, VOCAB, Seq, as_numpy, check_invariant, write_tiny_gguf
 from tp_support import random_reference, tiny_config
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.lean import LeanExecutor
 from tandem.engine.local import LocalExecutor
 from tandem.kernels import native
-from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models.presets import get_preset
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
 
-# widths with vector tails (160 = 2.5 x 64 bf16 pairs, 224 = 7 blocks of 32)
-SHAPE = dict(
-    hidden_size=160, intermediate_size=224, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=32,
-)  # fmt: skip
-VOCAB = 512
 MAX_BATCH, MAX_LEN = 16, 40
-PENDING = pytest.mark.xfail(
-    strict=False,
-    reason="quantized products are batch-invariant once csrc/canon.h's one summation order "
-    "lands in qgemv.c (decode) and qgemm.c / qgemm256.c (prefill)",
-)
-QTYPES = [pytest.param("BF16"), pytest.param("Q8_0", marks=PENDING),
-          pytest.param("K_MIX", marks=PENDING)]  # fmt: skip
 KINDS = ["lean", "local-f32", "local-bf16"]
-
-
-@dataclass(frozen=True)
-class Seq:
-    """One sequence of a composition: its prompt cut into prefill chunks, then its decode
-    tokens (fed, not sampled), starting at step `join`."""
-
-    seq_id: int
-    chunks: tuple[tuple[int, ...], ...]
-    decode: tuple[int, ...]
-    join: int
-
-    @property
-    def pieces(self) -> list[tuple[int, ...]]:
-        return [*self.chunks, *((t,) for t in self.decode)]
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return tuple(t for p in self.pieces for t in p)
 
 
 @st.composite
@@ -96,73 +62,14 @@ def compositions(draw, max_seqs: int = 16, max_prompt: int = 20):
     return seqs, draw(st.randoms(use_true_random=False))
 
 
-def _np(x) -> np.ndarray:
-    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def run_mixed(ex, seqs: list[Seq], rnd: random.Random) -> dict[tuple[int, int], np.ndarray]:
-    """Runs the composition; -> {(seq_id, tokens so far): logits after that step}."""
-    queue = {s.seq_id: s.pieces for s in seqs}
-    pos = {s.seq_id: 0 for s in seqs}
-    out: dict[tuple[int, int], np.ndarray] = {}
-    step_no = 0
-    try:
-        while any(queue.values()):
-            live = [s for s in seqs if queue[s.seq_id] and s.join <= step_no]
-            rows = [s for s in live if rnd.random() >= 0.25] or live[:1]
-            rnd.shuffle(rows)
-            step_no += 1
-            if not rows:
-                continue
-            step = Step(
-                tuple(StepSequence(s.seq_id, queue[s.seq_id][0], pos[s.seq_id]) for s in rows)
-            )
-            logits = _np(ex.run(step).logits)
-            for b, s in enumerate(rows):
-                pos[s.seq_id] += len(queue[s.seq_id].pop(0))
-                out[(s.seq_id, pos[s.seq_id])] = logits[b].copy()
-                if not queue[s.seq_id]:
-                    ex.release([s.seq_id])  # it leaves: its slot goes to a later sequence
-    finally:
-        ex.release([s.seq_id for s in seqs if queue[s.seq_id] and pos[s.seq_id]])
-    return out
-
-
-def run_alone(ex, s: Seq) -> dict[int, np.ndarray]:
-    """The sequence alone: its prompt in one step, then one decode token per step; each chunk end
-    inside the prompt as the one-step prefill of the prompt up to there. -> {tokens: logits}."""
-    toks, n = s.tokens, sum(len(c) for c in s.chunks)
-    out = {}
-    for end in [sum(len(c) for c in s.chunks[: i + 1]) for i in range(len(s.chunks) - 1)]:
-        out[end] = _np(ex.run(Step((StepSequence(0, toks[:end], 0),))).logits)[0].copy()
-        ex.release([0])
-    out[n] = _np(ex.run(Step((StepSequence(0, toks[:n], 0),))).logits)[0].copy()
-    for p in range(n, len(toks)):
-        out[p + 1] = _np(ex.run(Step((StepSequence(0, (toks[p],), p),))).logits)[0].copy()
-    ex.release([0])
-    return out
-
-
-def check_invariant(mixed_ex, alone_ex, seqs: list[Seq], rnd: random.Random) -> None:
-    mixed = run_mixed(mixed_ex, seqs, rnd)
-    for s in seqs:
-        for end, want in run_alone(alone_ex, s).items():
-            got = mixed[(s.seq_id, end)]
-            assert np.array_equal(got, want), (
-                f"sequence {s.seq_id} after {end} tokens: max |diff| "
-                f"{float(np.abs(got - want).max()):.3g}"
-            )
-
-
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):
     files = {}
 
     def get(qtype: str):
         if qtype not in files:
-            cfg = dataclasses.replace(get_preset("tiny-qwen3").config, **SHAPE)
             out = tmp_path_factory.mktemp("invariance") / f"tiny-qwen3-{qtype}.gguf"
-            _, (files[qtype],) = write_preset_gguf(out, "tiny-qwen3", qtype, config=cfg)
+            files[qtype] = write_tiny_gguf(out, qtype)
         return files[qtype]
 
     return get
@@ -204,13 +111,13 @@ def test_a_prefill_continuing_a_cached_prefix_equals_the_one_step_prefill(gguf_f
     next decode token's too, for every k."""
     ex = executor(kind, gguf_file(qtype))
     prompt = tuple(int(t) for t in np.random.default_rng(7).integers(0, VOCAB, 13))
-    whole = _np(ex.run(Step((StepSequence(0, prompt, 0),))).logits)[0]
-    after = _np(ex.run(Step((StepSequence(0, (5,), len(prompt)),))).logits)[0]
+    whole = as_numpy(ex.run(Step((StepSequence(0, prompt, 0),))).logits)[0]
+    after = as_numpy(ex.run(Step((StepSequence(0, (5,), len(prompt)),))).logits)[0]
     ex.release([0])
     for k in range(1, len(prompt)):
         ex.run(Step((StepSequence(1, (9, 8, 7), 0), StepSequence(0, prompt[:k], 0))))
-        got = _np(ex.run(Step((StepSequence(0, prompt[k:], k),))).logits)[0]
-        nxt = _np(ex.run(Step((StepSequence(0, (5,), len(prompt)),))).logits)[0]
+        got = as_numpy(ex.run(Step((StepSequence(0, prompt[k:], k),))).logits)[0]
+        nxt = as_numpy(ex.run(Step((StepSequence(0, (5,), len(prompt)),))).logits)[0]
         ex.release([0, 1])
         assert np.array_equal(got, whole), k
         assert np.array_equal(nxt, after), k
