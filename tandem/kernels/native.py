@@ -1,13 +1,15 @@
 """tandem's CPU decode kernels (`csrc/`), built on first use with the host's C compiler and
 called through ctypes: no Python headers, no torch headers, a build of about a second.
 
-- `gemv` (csrc/gemv.c): Y = X W^T for the decode-sized X (<= MAX_ROWS rows) of every linear layer;
+- `gemv` (csrc/gemv.c): Y = X W^T for the decode-sized X (<= MAX_ROWS rows) of every linear layer,
+  and (`gemv_unchecked`) for any X with the same row kernel: a row's result at any row count;
 - `tandem_qgemv` (csrc/qgemv.c, called by quant.py): the same over GGUF block-quantized weights,
   for decode and prefill;
-- `rmsnorm`, `norm_rope_`, `silu_mul`, `decode_attention` (csrc/decode_ops.c): the small
-  per-layer operations, one call each instead of 4-12 tensor ops, in the reference form's
-  rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
-  converts 16-bit rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
+- `rmsnorm`, `norm_rope_`, `silu_mul`, `decode_attention`, `step_attention` (csrc/decode_ops.c):
+  the small per-layer operations, one call each instead of 4-12 tensor ops, in the reference
+  form's rounding (`step_attention`: a whole step's attention, every query row on its own);
+  `argmax`, the greedy pick over a row of logits (torch's is single-threaded and converts 16-bit
+  rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
 - csrc/decode_block.c chains them into a decoder layer's two halves for one decode token
   (decode_layer.py), so no Python runs between the weight streams; csrc/decode_model.c chains
   those halves over all of a model's held layers in one call (decode_model.py).

@@ -1,7 +1,9 @@
 /* The small per-layer operations of a decode step, each one call instead of the 4-12 tensor ops
  * PyTorch dispatches for it (at batch 1 each op costs microseconds of dispatch for nanoseconds of
- * math): RMSNorm, per-head RMSNorm + rotary embedding in place, SwiGLU's silu(gate) * up, the
- * attention of one new token over an unmasked cache, and the greedy argmax.
+ * math): RMSNorm, per-head RMSNorm + rotary embedding in place, SwiGLU's silu(gate) * up,
+ * attention (one decode token, a prefill chunk, or a whole step of both, each query row alone:
+ * attend_group), and the greedy argmax. Each works row by row, so a row's result does not depend
+ * on how many rows share the call (batch invariance).
  *
  * Every function reproduces the op-by-op PyTorch form of tandem/models (layers.py, rope.py) in the
  * tensor's dtype, rounding wherever that form rounds: arithmetic in float32, each intermediate

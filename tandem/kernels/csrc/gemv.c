@@ -1,4 +1,6 @@
-/* Batch-1..4 decode GEMV for the CPU: Y (M, N) = X (M, K) . W (N, K)^T, W row-major.
+/* Batch-1..4 decode GEMV for the CPU: Y (M, N) = X (M, K) . W (N, K)^T, W row-major; for more
+ * rows (prefill) the same row kernel over groups of 4 (`row_groups`), so every row of Y is the
+ * same bits at any M.
  *
  * Decode reads every weight once per token and does two flops per weight, so it is bound by
  * memory, and the kernel is written to stream W like a plain read: each thread walks its own
