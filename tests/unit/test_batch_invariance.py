@@ -82,12 +82,12 @@ def executor(kind: str, f):
     return LocalExecutor.from_dir(f, max_batch=MAX_BATCH, max_seq_len=MAX_LEN, dtype=dtype)
 
 
-def property_run(mixed_ex, alone_ex, examples: int, shrink: bool = True, **comp) -> None:
+def property_run(mixed_ex, alone_ex, examples: int, shrink: bool = True) -> None:
     phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
 
     @settings(max_examples=examples, deadline=None, phases=phases, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
-    @given(compositions(**comp))
+    @given(compositions())
     def prop(case) -> None:
         check_invariant(mixed_ex, alone_ex, *case)
 
