@@ -20,9 +20,10 @@ many rows per cache-resident block of W), so a row's output is the same bits whe
 holds 1 row or 500: batch invariance (issue 30: a sequence's greedy text must not depend on what
 else the server runs). The price is prefill speed: the library GEMMs are register-tiled and,
 on AMX, run bf16 in tiles. Measured (Sapphire Rapids with AMX, 2 threads, Qwen3-0.6B's matrices,
-128-512 rows): float32 2-3x and bfloat16 3-10x the library's time per product.
+128-512 rows): float32 2.2-3x and bfloat16 6-14x the library's time per product.
 `TANDEM_LIBRARY_PREFILL=1` gives inputs of more than `native.MAX_ROWS` rows back to the library
-kernel for the weight as stored, not batch-invariant: oneDNN for float32, `F.linear` for 16-bit
+kernel for the weight as stored (and a prefill's attention to SDPA, `modules.FastAttention`),
+not batch-invariant: oneDNN for float32, `F.linear` for 16-bit
 weights on a CPU with native bf16 dot products, and elsewhere `f32_tiles_linear`: the weight
 widened to float32 a tile of rows at a time (~1 MB, cache-resident) and multiplied by the float32
 GEMM. On a CPU without avx512_bf16 / AMX, torch's bf16 GEMM converts in its inner loop and ran
