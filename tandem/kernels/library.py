@@ -162,6 +162,13 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         _INT,
         (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
+    # q, q_strides (b, t), k, k_strides (b, g, s), v, v_strides, out, B, T, G, R, starts, lens,
+    # window, sinks (float32 per head or NULL), hd, scale, dtype, threads
+    "tandem_step_attention": (
+        _INT,
+        (_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _F32)
+        + (_INT, _INT),
+    ),
     # h, norm_w, eps, qkv (tq_linear*), q_norm, k_norm, qk_eps, cos, sin, pairs, k_cache,
     # v_cache, kv_strides, pos, o (tq_linear*), out, D, H, G, hd, scale, dtype, threads
     "tandem_attention_block": (

@@ -14,14 +14,22 @@ own GEMV (`native.py`, `gemv.c`) 75-99%. The choice, per weight:
                                                              dense tensor is dropped (same bytes)
     "torch"    anything else (GPUs, other CPUs)              unchanged, `F.linear`
 
-"native" multiplies inputs of up to `native.MAX_ROWS` rows (decode, batch <= 4); a wider input
-(prefill, a larger decode batch) goes to the library kernel for the weight as stored: oneDNN for
-float32, `F.linear` for 16-bit weights on a CPU with native bf16 dot products (a compute-bound
-GEMM, where the libraries are good), and elsewhere `f32_tiles_linear`: the weight widened to
-float32 a tile of rows at a time (~1 MB, cache-resident) and multiplied by the float32 GEMM. On a
-CPU without avx512_bf16 / AMX, torch's bf16 GEMM converts in its inner loop and ran 4-5x slower
-than that (AVX2 EPYC, 64 x 1024 x 6144: 141 ms against 28 for the tiles, one thread), so bf16
-prefill was 0.21x llama.cpp's on a BF16 GGUF.
+"native" multiplies inputs of any number of rows with the same row kernel (csrc/gemv.c: the
+decode GEMV for up to `native.MAX_ROWS` rows, and for more the same kernel over groups of that
+many rows per cache-resident block of W), so a row's output is the same bits whether the step
+holds 1 row or 500: batch invariance (issue 30: a sequence's greedy text must not depend on what
+else the server runs). The price is prefill speed: the library GEMMs are register-tiled and,
+on AMX, run bf16 in tiles. Measured (Sapphire Rapids with AMX, 2 threads, Qwen3-0.6B's matrices,
+128-512 rows): float32 2.2-3x and bfloat16 6-14x the library's time per product.
+`TANDEM_LIBRARY_PREFILL=1` gives inputs of more than `native.MAX_ROWS` rows back to the library
+kernel for the weight as stored (and a prefill's attention to SDPA, `modules.FastAttention`),
+not batch-invariant: oneDNN for float32, `F.linear` for 16-bit
+weights on a CPU with native bf16 dot products, and elsewhere `f32_tiles_linear`: the weight
+widened to float32 a tile of rows at a time (~1 MB, cache-resident) and multiplied by the float32
+GEMM. On a CPU without avx512_bf16 / AMX, torch's bf16 GEMM converts in its inner loop and ran
+4-5x slower than that (AVX2 EPYC, 64 x 1024 x 6144: 141 ms against 28 for the tiles, one thread),
+so bf16 prefill was 0.21x llama.cpp's on a BF16 GGUF. The kernels of a CPU without the native
+build ("onednn", "packed", "torch") are not batch-invariant either.
 
 Measured (AMD EPYC Zen 4, AVX-512 + avx512_bf16, 2 threads, Qwen3-0.6B's per-token matrices,
 GB/s of weights streamed, scripts/bench/gemv.py over six runs while a plain read of the same matrices gave
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +69,8 @@ from tandem.kernels.quant_linear import QUANT, install_quant_kernels
 
 TORCH, ONEDNN, PACKED, NATIVE = "torch", "onednn", "packed", "native"
 KERNELS = (TORCH, ONEDNN, PACKED, NATIVE)
+# prefill on the library GEMMs: faster, not batch-invariant (module docstring)
+LIBRARY_PREFILL = os.environ.get("TANDEM_LIBRARY_PREFILL", "0") == "1"
 
 
 class KernelError(ValueError):
@@ -132,13 +143,15 @@ def pack_weight(weight: torch.Tensor, kernel: str) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias` for a dense or packed weight: x (..., in) -> (..., out).
 
-    Dispatches per call on the weight: packed -> oneDNN; a decode-sized x (<= native.MAX_ROWS rows)
-    with a weight the native GEMV takes -> native; dense float32 on an x86 CPU with oneDNN ->
-    oneDNN on the dense weight; anything else -> F.linear. For a hot loop prefer `KernelLinear`,
-    which decides once."""
+    Dispatches per call on the weight: packed -> oneDNN; a weight the native GEMV takes -> native,
+    any number of rows (with LIBRARY_PREFILL only a decode-sized x, <= native.MAX_ROWS rows);
+    dense float32 on an x86 CPU with oneDNN -> oneDNN on the dense weight; anything else ->
+    F.linear. For a hot loop prefer `KernelLinear`, which decides once."""
+    n = x.numel()
     if (
         weight.device.type == "cpu"
-        and 0 < x.numel() <= native.MAX_ROWS * x.shape[-1]
+        and 0 < n
+        and (not LIBRARY_PREFILL or n <= native.MAX_ROWS * x.shape[-1])
         and native.supports(weight)
     ):
         return native.gemv_unchecked(x, weight, None if bias is None else bias.float())
@@ -249,14 +262,15 @@ class KernelLinear(nn.Module):
             self._fn = self._native
             self._wide = _wide_kernel(weight)
             self._bias32 = None if bias is None else bias.detach().float().contiguous()
-            self._rows = native.MAX_ROWS * in_features  # x.numel() at most: the native GEMV
+            # x.numel() at most for the native GEMV: any, or decode only with LIBRARY_PREFILL
+            self._rows = native.MAX_ROWS * in_features if LIBRARY_PREFILL else sys.maxsize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._fn(x, self.weight, self.bias)
 
     def _native(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if 0 < x.numel() <= self._rows:
-            return native.gemv_unchecked(x, w, self._bias32)  # decode: (..., in) -> (..., out)
+            return native.gemv_unchecked(x, w, self._bias32)  # (..., in) -> (..., out)
         return self._wide(x, w, b)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:

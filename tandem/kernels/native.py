@@ -1,13 +1,15 @@
 """tandem's CPU decode kernels (`csrc/`), built on first use with the host's C compiler and
 called through ctypes: no Python headers, no torch headers, a build of about a second.
 
-- `gemv` (csrc/gemv.c): Y = X W^T for the decode-sized X (<= MAX_ROWS rows) of every linear layer;
+- `gemv` (csrc/gemv.c): Y = X W^T for the decode-sized X (<= MAX_ROWS rows) of every linear layer,
+  and (`gemv_unchecked`) for any X with the same row kernel: a row's result at any row count;
 - `tandem_qgemv` (csrc/qgemv.c, called by quant.py): the same over GGUF block-quantized weights,
   for decode and prefill;
-- `rmsnorm`, `norm_rope_`, `silu_mul`, `decode_attention` (csrc/decode_ops.c): the small
-  per-layer operations, one call each instead of 4-12 tensor ops, in the reference form's
-  rounding; `argmax`, the greedy pick over a row of logits (torch's is single-threaded and
-  converts 16-bit rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
+- `rmsnorm`, `norm_rope_`, `silu_mul`, `decode_attention`, `step_attention` (csrc/decode_ops.c):
+  the small per-layer operations, one call each instead of 4-12 tensor ops, in the reference
+  form's rounding (`step_attention`: a whole step's attention, every query row on its own);
+  `argmax`, the greedy pick over a row of logits (torch's is single-threaded and converts 16-bit
+  rows element by element: 0.6 ms for Qwen3's 151936 bf16 logits, ~0.1 here);
 - csrc/decode_block.c chains them into a decoder layer's two halves for one decode token
   (decode_layer.py), so no Python runs between the weight streams; csrc/decode_model.c chains
   those halves over all of a model's held layers in one call (decode_model.py).
@@ -34,6 +36,7 @@ library kernels. Nothing here raises for an unavailable kernel; each operation r
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import torch
 
@@ -57,6 +60,7 @@ from tandem.kernels.library import (  # noqa: F401  (re-exported: the kernels' o
 )
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+MAX_HEAD_DIM = 1024  # csrc/decode_ops.c's bound on a head's width
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -234,6 +238,59 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
         B, G, R, S, hd, hd**-0.5, DTYPE_CODES[q.dtype], torch.get_num_threads(),
     )  # fmt: skip
     _check(rc, "decode attention")
+    return out
+
+
+def step_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    starts: Sequence[int],
+    lengths: Sequence[int],
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The attention of a whole step, each query row over exactly the keys it sees: row b holds
+    `lengths[b]` new queries at positions starts[b] ..., each attending causally to cache
+    positions max(0, pos - window + 1) .. pos (`window` None: from 0), with `sinks` (H,) joining
+    each head's softmax (models/attention.py's `sink_attention`). q (B, T, H, hd) with each
+    row's heads contiguous (the roped projection output, rows possibly strided); keys / values
+    (B, G, S, hd), S >= every starts[b] + lengths[b], the last dimension contiguous (the cache's
+    view) -> (B, T, H, hd) contiguous, padded rows (t >= lengths[b]) zeros. Every row is
+    csrc's attend_group, the decode and prefill calls' arithmetic: its output depends on its q
+    and its visible keys and values, never on the other rows of the step."""
+    B, T, H, hd = q.shape
+    G, S = keys.shape[1], keys.shape[2]
+    if (
+        keys.shape != (B, G, S, hd)
+        or values.shape != keys.shape
+        or H % G
+        or not (q.dtype == keys.dtype == values.dtype)
+        or keys.stride(-1) != 1
+        or values.stride(-1) != 1
+        or q.stride(3) != 1
+        or q.stride(2) != hd
+        or len(starts) != B
+        or len(lengths) != B
+        or any(s < 0 or not 1 <= n <= T or s + n > S for s, n in zip(starts, lengths))
+        or (window is not None and window < 1)
+        or (sinks is not None and sinks.shape != (H,))
+    ):
+        raise NativeError(
+            f"step attention on q {tuple(q.shape)}, keys {tuple(keys.shape)}, starts {starts}, "
+            f"lengths {lengths}"
+        )
+    out = torch.empty((B, T, H, hd), dtype=q.dtype)
+    i64 = ctypes.c_int64
+    sinks32 = None if sinks is None else sinks.detach().float().contiguous()
+    rc = _library().tandem_step_attention(
+        q.data_ptr(), (i64 * 2)(*q.stride()[:2]), keys.data_ptr(), (i64 * 3)(*keys.stride()[:3]),
+        values.data_ptr(), (i64 * 3)(*values.stride()[:3]), out.data_ptr(), B, T, G, H // G,
+        (i64 * B)(*starts), (i64 * B)(*lengths), window or 0,
+        None if sinks32 is None else sinks32.data_ptr(), hd, hd**-0.5, DTYPE_CODES[q.dtype],
+        torch.get_num_threads(),
+    )  # fmt: skip
+    _check(rc, "step attention")
     return out
 
 

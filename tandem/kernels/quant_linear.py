@@ -11,10 +11,11 @@ rows, each keeping its own type: one call, and the shape the two-call decode lay
 the native build is unavailable (`TANDEM_NATIVE=0`, no compiler, not x86-64) or a weight has a
 type or width the kernel lacks, the reference module stays.
 
-Dense parts (F32, F16, BF16) take the library product for prefill, the reference module's own
-math: `F.linear` on an F32 weight as x's dtype; an F16 / BF16 weight through the kernel
-`linear._wide_kernel` picks for it (the float32 tiles where the CPU lacks native bf16: the
-weight is not widened whole).
+Dense parts (F32, F16, BF16) take the kernel for every row count too (its one dense row kernel:
+batch-invariant), unless `linear.LIBRARY_PREFILL`: then a prefill takes the library product,
+the reference module's own math: `F.linear` on an F32 weight as x's dtype; an F16 / BF16 weight
+through the kernel `linear._wide_kernel` picks for it (the float32 tiles where the CPU lacks
+native bf16: the weight is not widened whole).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class QuantKernelLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._bias32 = None if bias is None else bias.detach().float().contiguous()
         self._rows = native.MAX_ROWS * in_features  # x.numel() at most for a decode call
-        self._all_quant = not any(t in quant.DENSE_TYPES for t in self.qtypes)
+        dense = any(t in quant.DENSE_TYPES for t in self.qtypes)
+        self._any_rows = not (dense and linear.LIBRARY_PREFILL)  # the kernel at every row count
 
     @property
     def qtype(self) -> int:
@@ -80,7 +82,7 @@ class QuantKernelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
-        if 0 < n and (n <= self._rows or self._all_quant) and x.dtype in native.DTYPE_CODES:
+        if 0 < n and (n <= self._rows or self._any_rows) and x.dtype in native.DTYPE_CODES:
             return quant.matmul_unchecked(x, self.parts, self._bias32)
         return self._library(x)
 

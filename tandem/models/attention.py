@@ -8,9 +8,9 @@ The head counts are this module's own attributes `n_heads` and `n_kv_heads`: one
 all; a tensor-parallel transform replaces the projections with column/row-parallel ones and sets the
 local counts, and nothing here changes. Query head h reads key/value head h // (n_heads/n_kv_heads).
 
-`forward` is three steps a fast path may override (`tandem.kernels.modules.FastAttention`):
-`project` (x -> q, k, v), `position` (q/k norm + RoPE) and `decode_attend` (one new token against
-the cache).
+`forward` is steps a fast path may override (`tandem.kernels.modules.FastAttention`): `project`
+(x -> q, k, v), `position` (q/k norm + RoPE) and `attend` (q against the cached keys and values,
+under this layer's mask; a decode step's `decode_attend`).
 """
 
 from __future__ import annotations
@@ -76,32 +76,39 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x (B, T, D) or flattened (B*T, D) -> the same shape."""
-        B, T = ctx.positions.shape
-        hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads
+        hd, H = self.head_dim, self.n_heads
         q, k, v = self.position(*self.project(x), ctx)
 
         if ctx.cache is not None:
             keys, values = ctx.cache.update(self.layer_idx, k, v, ctx.writes)  # (B, Hkv, S, hd)
         else:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, hd)
-        n_rep = H // Hkv
+        out = self.attend(q, keys, values, ctx)
+        return self.o_proj(out.reshape(*x.shape[:-1], H * hd))
+
+    def attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """q (B, T, H, hd) against keys/values (B, Hkv, S, hd) under this layer's mask -> the
+        output in (B, T, H, hd) element order (a decode step's (B, Hkv, n_rep, hd) is that)."""
+        B, T = ctx.positions.shape
+        hd, Hkv = self.head_dim, self.n_kv_heads
+        n_rep = self.n_heads // Hkv
         mask, causal = self.mask_of(ctx)
         if self.sinks is not None:
             out = sink_attention(q.transpose(1, 2), keys, values, self.sinks, mask, causal)
-            out = out.transpose(1, 2)  # (B, H, T, hd) -> (B, T, H, hd)
-        elif T == 1 and not causal:
+            return out.transpose(1, 2)  # (B, H, T, hd) -> (B, T, H, hd)
+        if T == 1 and not causal:
             # decode: fold the n_rep query heads sharing a kv head into the query axis, so the
             # kernel reads each cached key once and no repeated copy of the cache is made
-            out = self.decode_attend(q.view(B, Hkv, n_rep, hd), keys, values, ctx)
-        else:
-            if n_rep > 1:
-                keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
-                values = values.repeat_interleave(n_rep, dim=1)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal
-            )  # (B, H, T, hd)
-            out = out.transpose(1, 2)
-        return self.o_proj(out.reshape(*x.shape[:-1], H * hd))
+            return self.decode_attend(q.view(B, Hkv, n_rep, hd), keys, values, ctx)
+        if n_rep > 1:
+            keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
+            values = values.repeat_interleave(n_rep, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal
+        )  # (B, H, T, hd)
+        return out.transpose(1, 2)
 
 
 def sink_attention(

@@ -40,6 +40,7 @@ class ForwardContext:
     cache: KVCache | None = None
     writes: CacheWrites | None = None  # where this step's keys/values go (kv_cache.plan_writes)
     local_mask: torch.Tensor | None = None  # (B, 1, T, S) for the windowed layers, when it matters
+    start_pos: tuple[int, ...] = ()  # each row's first position (positions[:, 0], on the host)
 
     def mask(self, windowed: bool) -> tuple[torch.Tensor | None, bool]:
         """(attention mask, is_causal) for a layer with (`windowed`) or without a sliding window."""
@@ -86,6 +87,7 @@ def build_context(
     ends = [s + n for s, n in zip(start_pos, lengths)]
     last_index = torch.tensor([n - 1 for n in lengths], dtype=torch.int64, device=device)
     ctx = ForwardContext(positions, cos, sin, None, False, T, last_index, tuple(lengths))
+    ctx.start_pos = tuple(start_pos)
 
     if cache is None:
         key_pos = positions  # keys are this step's tokens

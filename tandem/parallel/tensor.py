@@ -3,8 +3,9 @@ explicitly and every collective is called in plain sight in `forward` (no hooks,
 
 Notation: `X` is the input (..., in), a linear layer computes `Y = X A^T + b` with `A` of shape
 (out, in) as `nn.Linear` stores it, and rank r of p owns a half-open `Span` `[start, end)` of one dimension (`parallel.apportion`).
-Every product goes through `tandem.kernels.linear.linear`, the single-node model's decode kernel
-(oneDNN for float32 on x86 CPUs, `F.linear` elsewhere), so a shard multiplies as the monolith does.
+Every product goes through `tandem.kernels.linear.linear`, the single-node model's kernel (the
+native row kernel at any row count on a CPU with the native build, else oneDNN for float32 on x86
+CPUs, `F.linear` elsewhere), so a shard multiplies as the monolith does.
 
 A layer built with `qtype` (a GGUF block type) holds no dense weight: its shard stays in the
 file's blocks as `quant` (a `QuantLinear` / `QuantEmbedding` over the rank's blocks only, filled

@@ -249,8 +249,9 @@ def test_native_gemv_refuses_what_it_cannot_run_with_a_typed_error():
 @needs_native
 @pytest.mark.parametrize("arch", ARCHS)
 def test_native_kernel_model_matches_f_linear_at_decode_and_prefill(arch):
-    """Decode-sized inputs (<= MAX_ROWS rows) take the native GEMV, wider ones the library
-    kernel; either way the logits are F.linear's within float32 rounding, biases included."""
+    """Decode-sized inputs (<= MAX_ROWS rows) and wider ones take the native row kernel (the
+    library GEMM only with TANDEM_LIBRARY_PREFILL); the logits are F.linear's within float32
+    rounding, biases included."""
     config = tiny_config(arch, mlp_bias=arch == "LlamaForCausalLM")
     ref = random_reference(config)
     ours = copy.deepcopy(ref)
@@ -291,14 +292,28 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
             err = (native.gemv(x, w).double() - exact).abs() / exact.abs().clamp_min(1.0)
             limit = 2e-6 * k**0.5 if dtype == torch.float32 else 2**-7
             assert err.max().item() <= limit, (dtype, rows, n, k, err.max().item())
+    # batch invariance: a row's product is the same bits alone, in a decode group or a prefill
+    w = torch.randn(70, 1030, generator=g).to(dtype)
+    x = torch.randn(37, 1030, generator=g).to(dtype)
+    whole = native.gemv_unchecked(x, w, None)
+    for a, b in ((0, 1), (3, 7), (5, 37), (1, 6)):
+        assert torch.equal(native.gemv_unchecked(x[a:b], w, None), whole[a:b]), (dtype, a, b)
 print("ok")
 """
 
 
 @needs_native
+def test_the_native_kernel_is_batch_invariant_in_this_build():
+    """PORTABLE_CHECK's checks (products within rounding, each row the same bits at any row
+    count) in this process's build."""
+    exec(PORTABLE_CHECK.replace('print("ok")', ""), {})
+
+
+@needs_native
 def test_the_portable_avx2_build_is_correct_too(tmp_path):
     """This CPU may build the AVX512-BF16 bf16 path; -march=haswell builds the AVX2 one (bf16
-    widened by an in-lane unpack, X permuted to match) that CPUs without it run."""
+    widened by an in-lane unpack, X permuted to match) that CPUs without it run; each build's
+    rows are the same bits at any row count."""
     import os
     import subprocess
     import sys

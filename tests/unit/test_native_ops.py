@@ -97,6 +97,76 @@ def test_decode_attention_is_sdpa_over_a_strided_cache_view(dtype, B, G, R, S, h
         assert ((got.float() - ref.float()).abs() / scale).max().item() <= 2 * ulp
 
 
+STARTS, LENGTHS = (0, 7, 4, 2), (5, 1, 3, 1)  # prefills at 0 and mid-cache, decode rows
+
+
+def _step_case(dtype, G=2, R=2, hd=32, T=5, S=10):
+    B = len(STARTS)
+    qkv = torch.randn(B, T, G * R * hd + 2 * G * hd, generator=_gen()).to(dtype)
+    q = qkv[..., : G * R * hd].view(B, T, G * R, hd)  # strided rows, as the attention passes it
+    cache_k = torch.randn(B + 1, G, S + 3, hd, generator=_gen(1)).to(dtype)
+    cache_v = torch.randn(B + 1, G, S + 3, hd, generator=_gen(2)).to(dtype)
+    return q, cache_k[1:, :, :S], cache_v[1:, :, :S]  # slots 1..B, first S positions
+
+
+def _step_reference(q, k, v, window, sinks):
+    """float64, row by row: query (b, t) at pos = start + t against keys lo..pos, the sink in
+    the softmax's denominator."""
+    B, T, H, hd = q.shape
+    R = H // k.shape[1]
+    out = torch.zeros(B, T, H, hd, dtype=torch.float64)
+    for b, (s0, n) in enumerate(zip(STARTS, LENGTHS)):
+        for t in range(n):
+            pos = s0 + t
+            lo = 0 if window is None else max(0, pos - window + 1)
+            for h in range(H):
+                kk, vv = k[b, h // R, lo : pos + 1].double(), v[b, h // R, lo : pos + 1].double()
+                z = kk @ q[b, t, h].double() * hd**-0.5
+                extra = [] if sinks is None else [sinks[h].double()]
+                m = torch.max(torch.cat([z, *(e[None] for e in extra)]))
+                e = torch.exp(z - m)
+                den = e.sum() + sum(torch.exp(x - m) for x in extra)
+                out[b, t, h] = (e / den) @ vv
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_step_attention_is_each_rows_masked_attention_and_pads_with_zeros(
+    dtype, window, with_sinks
+):
+    """A step of prefill chunks at any start and decode rows of different lengths, one call:
+    each query row against its visible keys (causal, within the window), the sinks in the
+    denominator, against float64; the padded rows zeros."""
+    q, k, v = _step_case(dtype)
+    sinks = torch.randn(q.shape[2], generator=_gen(3)).to(dtype) if with_sinks else None
+    got = native.step_attention(q, k, v, STARTS, LENGTHS, window, sinks)
+    ref = _step_reference(q, k, v, window, sinks)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2**-6, torch.float16: 2**-9}[dtype]
+    for b, n in enumerate(LENGTHS):
+        assert (got[b, :n].double() - ref[b, :n]).abs().max().item() <= tol
+        assert not got[b, n:].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_rows_step_attention_is_the_same_bits_alone_and_as_a_decode_step(dtype):
+    """Each sequence of the step alone in its own call gives its rows bit for bit, and a decode
+    row equals `decode_attention` over its keys (the one-token path's call)."""
+    q, k, v = _step_case(dtype)
+    whole = native.step_attention(q, k, v, STARTS, LENGTHS, 3)
+    for b, (s0, n) in enumerate(zip(STARTS, LENGTHS)):
+        alone = native.step_attention(q[b : b + 1, :n], k[b : b + 1], v[b : b + 1], (s0,), (n,), 3)
+        assert torch.equal(alone[0], whole[b, :n])
+    full = native.step_attention(q, k, v, STARTS, LENGTHS)
+    b, pos = 1, STARTS[1]  # the decode row at position 7: keys 0..7
+    G, R, hd = k.shape[1], q.shape[2] // k.shape[1], q.shape[3]
+    one = native.decode_attention(
+        q[b : b + 1, 0].reshape(1, G, R, hd), k[b : b + 1, :, : pos + 1], v[b : b + 1, :, : pos + 1]
+    )
+    assert torch.equal(one.reshape(-1), full[b, 0].reshape(-1))
+
+
 def test_ops_refuse_what_they_cannot_run_with_a_typed_error():
     with pytest.raises(native.NativeError, match="rmsnorm"):
         native.rmsnorm(torch.randn(2, 8), torch.randn(7), 1e-6)
@@ -105,6 +175,10 @@ def test_ops_refuse_what_they_cannot_run_with_a_typed_error():
     with pytest.raises(native.NativeError, match="decode attention"):
         native.decode_attention(
             torch.randn(1, 2, 1, 8), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+        )
+    with pytest.raises(native.NativeError, match="step attention"):  # keys past the cache
+        native.step_attention(
+            torch.randn(1, 2, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4), (2,), (2,)
         )
 
 

@@ -4,6 +4,7 @@ from tp_support import tiny_config, write_random_model
 
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.comm.solo import SoloCommunicator
+from tandem.kernels.linear import prepare_linear_kernels
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import ModelDir, TensorShapeError
 from tandem.parallel.plan import plan_for_config
@@ -31,6 +32,7 @@ def model_dir(tmp_path_factory):
 def test_tp1_from_the_checkpoint_is_bit_exact_with_the_reference_loader(model_dir):
     md = ModelDir(model_dir)
     ref = load_model(md)
+    prepare_linear_kernels(ref, fuse=False)  # the kernel the parallel layers multiply through
     plan = plan_for_config(md.config, 1)
     model = shard_transformer(md.config, plan, SoloCommunicator())
     load_shard(model, md, plan, 0)

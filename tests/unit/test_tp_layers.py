@@ -4,6 +4,7 @@ from tp_support import StateDictReader, random_reference, tiny_config
 
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.comm.solo import SoloCommunicator
+from tandem.kernels.linear import prepare_linear_kernels
 from tandem.parallel.plan import make_tp_plan, plan_for_config
 from tandem.parallel.shard_load import load_shard
 from tandem.parallel.tensor import (
@@ -33,6 +34,9 @@ def _sharded_logits(config, ref, n, weights=None, tokens=None, run=None):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tp1_through_parallel_layers_is_bit_exact_with_reference(arch):
+    """The parallel layers multiply through `kernels.linear.linear`, as the monolith's prepared
+    linear layers do: the reference with its linear layers on that kernel (its attention and norms
+    its own, as the shard's) gives the same bits."""
     config = tiny_config(
         arch, o_bias=arch == "LlamaForCausalLM", mlp_bias=arch == "LlamaForCausalLM"
     )
@@ -41,6 +45,7 @@ def test_tp1_through_parallel_layers_is_bit_exact_with_reference(arch):
     plan = plan_for_config(config, 1)
     model = shard_transformer(config, plan, SoloCommunicator())
     load_shard(model, StateDictReader(ref.state_dict()), plan, 0)
+    prepare_linear_kernels(ref, fuse=False)
     assert isinstance(model.model.layers["0"].self_attn.o_proj, RowParallelLinear)
     with torch.no_grad():
         assert torch.equal(model(tokens), ref(tokens))

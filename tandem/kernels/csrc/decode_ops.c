@@ -1,7 +1,9 @@
 /* The small per-layer operations of a decode step, each one call instead of the 4-12 tensor ops
  * PyTorch dispatches for it (at batch 1 each op costs microseconds of dispatch for nanoseconds of
- * math): RMSNorm, per-head RMSNorm + rotary embedding in place, SwiGLU's silu(gate) * up, the
- * attention of one new token over an unmasked cache, and the greedy argmax.
+ * math): RMSNorm, per-head RMSNorm + rotary embedding in place, SwiGLU's silu(gate) * up,
+ * attention (one decode token, a prefill chunk, or a whole step of both, each query row alone:
+ * attend_group), and the greedy argmax. Each works row by row, so a row's result does not depend
+ * on how many rows share the call (batch invariance).
  *
  * Every function reproduces the op-by-op PyTorch form of tandem/models (layers.py, rope.py) in the
  * tensor's dtype, rounding wherever that form rounds: arithmetic in float32, each intermediate
@@ -16,6 +18,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dtypes.h"
 
@@ -234,17 +237,22 @@ enum { STACK_KEYS = 8192 };
  *     out[j] = softmax_s(scale * q[g*R + j] . k[s]) . v[s]      (j < R, s < S)
  * q_row: the row's heads contiguous; kb, vb: key / value s at kb + s*k_step (elements);
  * out_row: the row's output heads, contiguous. p: S floats of scratch. Float32 scores, softmax
- * and sums, one rounding of the output. */
+ * and sums, one rounding of the output. `sinks` (NULL, or one float32 logit per query head:
+ * gpt-oss) joins each head's softmax without a value: its max and, last, its denominator.
+ *
+ * Every attention of the native paths (decode, prefill, a whole step) computes a query row here,
+ * and nothing here depends on the other rows of the call: a row's output is a function of its q
+ * and its S keys and values only (batch invariance). */
 static void attend_group(const char *q_row, const char *kb, int64_t k_step, const char *vb,
                          int64_t v_step, void *out_row, int64_t g, int64_t R, int64_t S,
-                         int64_t hd, float scale, int dt, float *p) {
+                         int64_t hd, float scale, const float *sinks, int dt, float *p) {
     const int es = dt == DT_F32 ? 4 : 2;
     float acc[MAX_HEAD_DIM], qf[MAX_HEAD_DIM];
     for (int64_t j = 0; j < R; j++) {
         const int64_t h = g * R + j;
         const char *qh = q_row + h * hd * es;
         for (int64_t d = 0; d < hd; d++) qf[d] = load1(qh, d, dt);
-        float m = -INFINITY;
+        float m = sinks ? sinks[h] : -INFINITY;
         for (int64_t s = 0; s < S; s++) {
             const char *kr = kb + s * k_step * es;
             float dot = 0.f;
@@ -261,6 +269,7 @@ static void attend_group(const char *q_row, const char *kb, int64_t k_step, cons
         }
         float sum = 0.f;
         for (int64_t s = 0; s < S; s++) sum += (p[s] = expf(p[s] - m));
+        if (sinks) sum += expf(sinks[h] - m);
         for (int64_t d = 0; d < hd; d++) acc[d] = 0.f;
         for (int64_t s = 0; s < S; s++) {
             const char *vr = vb + s * v_step * es;
@@ -307,7 +316,7 @@ int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, cons
         attend_group((const char *)q + b * q_stride * es,
                      (const char *)k + (b * ks[0] + g * ks[1]) * es, ks[2],
                      (const char *)v + (b * vs[0] + g * vs[1]) * es, vs[2],
-                     (char *)out + b * G * R * hd * es, g, R, S, hd, scale, dt, p);
+                     (char *)out + b * G * R * hd * es, g, R, S, hd, scale, NULL, dt, p);
         if (p != stack) free(p);
     }
     return fail ? -1 : 0;
@@ -342,7 +351,59 @@ int tandem_prefill_attention(const void *q, int64_t q_stride, const void *k, con
         }
         attend_group((const char *)q + t * q_stride * es, (const char *)k + g * ks[0] * es, ks[1],
                      (const char *)v + g * vs[0] * es, vs[1], (char *)out + t * G * R * hd * es,
-                     g, R, S, hd, scale, dt, p);
+                     g, R, S, hd, scale, NULL, dt, p);
+        if (p != stack) free(p);
+    }
+    return fail ? -1 : 0;
+}
+
+/* The attention of a whole step of B sequences, each row b holding lens[b] new query rows at
+ * positions starts[b] .. starts[b] + lens[b] - 1 (a prefill chunk at any start, or one decode
+ * token), their keys and values already in the cache:
+ *     out[b, t, g*R + j] = softmax_{lo <= s <= pos}(scale * q[b, t, g*R + j] . k[b, g, s]) . v[b, g, s]
+ * with pos = starts[b] + t and lo = max(0, pos - window + 1) (window 0: lo = 0), `sinks` as
+ * attend_group's. q: row (b, t) at q + b*qs[0] + t*qs[1], heads contiguous; k, v: element
+ * (b, g, s, d) at b*ks[0] + g*ks[1] + s*ks[2] + d; out contiguous (B, T, G*R*hd), a padded row
+ * (t >= lens[b]) zeros. Each query row is attend_group over exactly its visible keys, as the
+ * decode and prefill calls above compute it, so a row's output does not depend on which rows
+ * share the step; (b, t, g) triples split over threads. */
+int tandem_step_attention(const void *q, const int64_t *qs, const void *k, const int64_t *ks,
+                          const void *v, const int64_t *vs, void *out, int64_t B, int64_t T,
+                          int64_t G, int64_t R, const int64_t *starts, const int64_t *lens,
+                          int64_t window, const float *sinks, int64_t hd, float scale, int dt,
+                          int nthreads) {
+    if (B < 1 || T < 1 || G < 1 || R < 1 || window < 0 || hd < 1 || hd > MAX_HEAD_DIM ||
+        dt < DT_F32 || dt > DT_F16 || (dt == DT_F16 && !HAVE_F16))
+        return -1;
+    int64_t S_max = 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (starts[b] < 0 || lens[b] < 1 || lens[b] > T) return -1;
+        S_max = starts[b] + lens[b] > S_max ? starts[b] + lens[b] : S_max;
+    }
+    const int es = dt == DT_F32 ? 4 : 2;
+    int fail = 0;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for schedule(dynamic, 1) if (B * T * G * S_max * hd >= 2 * PARALLEL_MIN) \
+    num_threads(nthreads) reduction(| : fail)
+    for (int64_t btg = 0; btg < B * T * G; btg++) {
+        const int64_t b = btg / (T * G), t = btg / G % T, g = btg % G;
+        char *o = (char *)out + ((b * T + t) * G + g) * R * hd * es;
+        if (t >= lens[b]) {
+            memset(o, 0, (size_t)(R * hd * es));
+            continue;
+        }
+        const int64_t pos = starts[b] + t;
+        const int64_t lo = window && pos - window + 1 > 0 ? pos - window + 1 : 0, S = pos + 1 - lo;
+        float stack[STACK_KEYS];
+        float *p = S <= STACK_KEYS ? stack : (float *)malloc((size_t)S * sizeof(float));
+        if (!p) {
+            fail = 1;
+            continue;
+        }
+        attend_group((const char *)q + (b * qs[0] + t * qs[1]) * es,
+                     (const char *)k + (b * ks[0] + g * ks[1] + lo * ks[2]) * es, ks[2],
+                     (const char *)v + (b * vs[0] + g * vs[1] + lo * vs[2]) * es, vs[2],
+                     o - g * R * hd * es, g, R, S, hd, scale, sinks, dt, p);
         if (p != stack) free(p);
     }
     return fail ? -1 : 0;

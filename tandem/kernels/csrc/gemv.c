@@ -1,4 +1,6 @@
-/* Batch-1..4 decode GEMV for the CPU: Y (M, N) = X (M, K) . W (N, K)^T, W row-major.
+/* Batch-1..4 decode GEMV for the CPU: Y (M, N) = X (M, K) . W (N, K)^T, W row-major; for more
+ * rows (prefill) the same row kernel over groups of 4 (`row_groups`), so every row of Y is the
+ * same bits at any M.
  *
  * Decode reads every weight once per token and does two flops per weight, so it is bound by
  * memory, and the kernel is written to stream W like a plain read: each thread walks its own
@@ -207,12 +209,31 @@ static void rows(const float *x, const void *w, const float *bias, void *y, int6
 }
 #endif
 
+/* Rows [r0, r1) of W against every row of X, MAX_ROWS rows of X at a time (the last group
+ * fewer): the rows of W stay in cache while the groups pass, so W streams from memory once. Each
+ * output is its row of X's own accumulators whatever the group (`rows` keeps one set per row of
+ * X), so a row's result is the same bits at any M: alone in a decode step or among a prefill's. */
+static void row_groups(const float *xf, const void *w, const float *bias, void *y, int64_t M,
+                       int64_t N, int64_t K, int64_t r0, int64_t r1, int dt) {
+    const int es = dt == DT_F32 ? 4 : 2;
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
+        const int g = M - m0 < MAX_ROWS ? (int)(M - m0) : MAX_ROWS;
+        /* xf is float32 except for bf16 on VDPBF16PS, which reads X as stored */
+        const float *xg = (const float *)((const char *)xf +
+                                          m0 * K * (dt == DT_BF16 && HAVE_DPBF16 ? 2 : 4));
+        rows(xg, w, bias, (char *)y + m0 * N * es, N, K, r0, r1, g, dt);
+    }
+}
+
 /* Y (M, N) = X (M, K) . W (N, K)^T (+ bias (N), float32), X, W and Y of dtype `dt`, all
- * contiguous. Returns 0, or -1 for arguments this build cannot run (the caller falls back). */
+ * contiguous, any M: the decode GEMV for M <= MAX_ROWS, and for more rows (prefill) the same
+ * row kernel over groups of MAX_ROWS rows of X per cache-resident block of W (`row_groups`), so
+ * every row of Y is the same bits whatever M (batch invariance). Returns 0, or -1 for arguments
+ * this build cannot run (the caller falls back). */
 int tandem_gemv(const void *x, const void *w, const float *bias, void *y, int64_t M, int64_t N,
                 int64_t K, int dt, int nthreads) {
 #if ISA
-    if (M < 1 || M > MAX_ROWS || N < 1 || K < 1 || dt < DT_F32 || dt > DT_F16) return -1;
+    if (M < 1 || N < 1 || K < 1 || dt < DT_F32 || dt > DT_F16) return -1;
     if (dt == DT_F16 && !HAVE_F16) return -1;
     float stack[MAX_ROWS * 4096];
     float *xf = (float *)x;
@@ -225,15 +246,15 @@ int tandem_gemv(const void *x, const void *w, const float *bias, void *y, int64_
             for (int64_t i = 0; i < M * K; i++) xf[i] = load1(x, i, dt);
     }
     int T = nthreads < 1 ? 1 : nthreads;
-    if (N * K < (1 << 16)) T = 1; /* too small to be worth waking the team */
+    if (N * K * (M > MAX_ROWS ? M / MAX_ROWS : 1) < (1 << 16)) T = 1; /* too small to wake the team */
     if (T == 1) {
-        rows(xf, w, bias, y, N, K, 0, N, (int)M, dt);
+        row_groups(xf, w, bias, y, M, N, K, 0, N, dt);
     } else {
         const int64_t chunk = CHUNK_ROWS; /* dynamic: a thread that starts late takes less */
 #pragma omp parallel for num_threads(T) schedule(dynamic, 1)
         for (int64_t c = 0; c < (N + chunk - 1) / chunk; c++) {
             int64_t r1 = (c + 1) * chunk < N ? (c + 1) * chunk : N;
-            rows(xf, w, bias, y, N, K, c * chunk, r1, (int)M, dt);
+            row_groups(xf, w, bias, y, M, N, K, c * chunk, r1, dt);
         }
     }
     if (xf != (float *)x && xf != stack) free(xf);
