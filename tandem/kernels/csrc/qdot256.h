@@ -189,8 +189,10 @@ static inline __m256 canon_fma(__m256 acc, __m256i I, __m256 s, __m256 dx) {
 }
 
 /* One block of 32 at b in element order (the natural layout): the unsigned operand of its
- * integer dot, and for the signed types the bytes whose signs go onto x (*sg): Q8_0 |w| (w =
- * -128 as the byte 128) with w's signs, MXFP4 |kv| with kv's; the 4- and 5-bit types u. */
+ * integer dot and the bytes whose signs go onto x (*sg), so that the dot is I exactly: Q8_0 |w|
+ * (w = -128 as the byte 128) with w's signs, MXFP4 |kv| with kv's, Q4_0 / Q5_0 |v| with v's (v =
+ * u - 8, u - 16); Q4_1 / Q5_1 u (and no signs). So the natural-layout path reads only X's nat,
+ * d and s (qdot512.h runs it on views of X that set only those). */
 static inline __attribute__((always_inline)) __m256i b32_decode(const int t, const uint8_t *b,
                                                                 __m256i *sg) {
     if (t == GT_Q8_0) {
@@ -207,6 +209,10 @@ static inline __attribute__((always_inline)) __m256i b32_decode(const int t, con
         return _mm256_shuffle_epi8(_mm256_setr_epi8(TQ_MXFP4_ABS, TQ_MXFP4_ABS), u);
     }
     if (t == GT_Q5_0 || t == GT_Q5_1) u = _mm256_or_si256(u, fifth_bits(b + qs - 4));
+    if (t == GT_Q4_0 || t == GT_Q5_0) {
+        *sg = _mm256_sub_epi8(u, _mm256_set1_epi8(t == GT_Q4_0 ? 8 : 16));
+        return _mm256_abs_epi8(*sg);
+    }
     return u;
 }
 
@@ -230,13 +236,13 @@ static inline __attribute__((always_inline)) void b32_scales(const int t, const 
     if (t == GT_Q4_1 || t == GT_Q5_1) *o = load_f16x8(blk + 2, bytes, n);
 }
 
-/* The integer dots U (lane i: block g + i; lanes >= n 0) of the n < 8 blocks at blk, a row's
+/* The integer dots I (lane i: block g + i; lanes >= n 0) of the n < 8 blocks at blk, a row's
  * last, one at a time over the natural layout. */
 static inline __attribute__((always_inline)) void b32_tail_dots(const int t, const uint8_t *blk,
                                                                 int64_t bytes, int64_t g, int n,
                                                                 const xq_t *X, __m256i *U,
                                                                 const int M) {
-    const int sgn = t == GT_Q8_0 || t == GT_MXFP4;
+    const int sgn = t != GT_Q4_1 && t != GT_Q5_1;
     int32_t u32[QMAX_ROWS][8] __attribute__((aligned(32)));
     memset(u32, 0, sizeof(u32));
     for (int i = 0; i < n; i++) {
@@ -251,13 +257,13 @@ static inline __attribute__((always_inline)) void b32_tail_dots(const int t, con
     for (int m = 0; m < M; m++) U[m] = _mm256_load_si256((const __m256i *)u32[m]);
 }
 
-/* The integer dots U of 8 whole blocks at blk (blocks g .. g + 7), one block per VPDPBUSD over
+/* The integer dots I of 8 whole blocks at blk (blocks g .. g + 7), one block per VPDPBUSD over
  * the natural layout, summed by sum_eight as they come. */
 static inline __attribute__((always_inline)) void b32_dots8(const int t, const uint8_t *blk,
                                                             int64_t bytes, int64_t g,
                                                             const xq_t *X, __m256i *U,
                                                             const int M) {
-    const int sgn = t == GT_Q8_0 || t == GT_MXFP4;
+    const int sgn = t != GT_Q4_1 && t != GT_Q5_1;
     __m256i p0[QMAX_ROWS], h[QMAX_ROWS], a[QMAX_ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
@@ -291,7 +297,7 @@ static inline __attribute__((always_inline)) void b32_dots8(const int t, const u
  * MXFP4 sign needs no decode: bit 7 of each byte of raw << 4 is bit 3 of its low code, bit 7 of
  * raw that of its high one, and a byte whose code is 0 or 8 may sign x any way (|kv| = 0).
  * |kv| <= 12, so dot2_u's VPMADDUBSW bound holds. The 4 pairs' dots of 8 whole blocks summed
- * by sum_pairs as they come. */
+ * by sum_pairs as they come, into I: U, or U - 8 sum q (Q4_0), U - 16 sum q (Q5_0). */
 static inline __attribute__((always_inline)) void b32_pair_dots8(const int t, const uint8_t *blk,
                                                                  int64_t bytes, int64_t g,
                                                                  const xq_t *X, __m256i *U,
@@ -342,11 +348,15 @@ static inline __attribute__((always_inline)) void b32_pair_dots8(const int t, co
                 U[m] = sum_pairs(h01[m], _mm256_hadd_epi32(v0[m], v));
         }
     }
+    if (t == GT_Q4_0 || t == GT_Q5_0)
+        for (int m = 0; m < M; m++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(X->q32 + m * X->nbp + g));
+            U[m] = _mm256_sub_epi32(U[m], _mm256_slli_epi32(q, t == GT_Q4_0 ? 3 : 4));
+        }
 }
 
 /* One group of the n <= 8 blocks at blocks g .. g + n - 1 of a row into acc (lo or hi) of each
- * row of X: I = U (Q8_0, MXFP4, and the offset types), U - 8 sum q (Q4_0), U - 16 sum q (Q5_0);
- * acc = fma(I, s dx, acc), then for Q4_1 / Q5_1 acc = fma(m, dx sum q, acc). */
+ * row of X: acc = fma(I, s dx, acc), then for Q4_1 / Q5_1 acc = fma(m, dx sum q, acc). */
 static inline __attribute__((always_inline)) void b32_group(const int t, const int pairs,
                                                             const uint8_t *blk, int64_t bytes,
                                                             int64_t g, int n, const xq_t *X,
@@ -354,20 +364,16 @@ static inline __attribute__((always_inline)) void b32_group(const int t, const i
     prefetch_span(blk, n * bytes);
     __m256 s, o;
     b32_scales(t, blk, bytes, n, &s, &o);
-    __m256i U[QMAX_ROWS];
+    __m256i I[QMAX_ROWS];
     if (n < 8)
-        b32_tail_dots(t, blk, bytes, g, n, X, U, M);
+        b32_tail_dots(t, blk, bytes, g, n, X, I, M);
     else if (pairs)
-        b32_pair_dots8(t, blk, bytes, g, X, U, M);
+        b32_pair_dots8(t, blk, bytes, g, X, I, M);
     else
-        b32_dots8(t, blk, bytes, g, X, U, M);
+        b32_dots8(t, blk, bytes, g, X, I, M);
     for (int m = 0; m < M; m++) {
         const int64_t at = m * X->nbp + g;
-        __m256i I = U[m];
-        if (t == GT_Q4_0 || t == GT_Q5_0)
-            I = _mm256_sub_epi32(I, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(X->q32 + at)),
-                                                      t == GT_Q4_0 ? 3 : 4));
-        acc[m] = canon_fma(acc[m], I, s, _mm256_loadu_ps(X->d + at));
+        acc[m] = canon_fma(acc[m], I[m], s, _mm256_loadu_ps(X->d + at));
         if (t == GT_Q4_1 || t == GT_Q5_1)
             acc[m] = _mm256_fmadd_ps(o, _mm256_loadu_ps(X->s + at), acc[m]);
     }
