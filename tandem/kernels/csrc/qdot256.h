@@ -62,6 +62,20 @@ static inline __m256 load_f16x8(const uint8_t *p, int64_t stride, int n) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
+/* Q4_1 / Q5_1: the float16 pairs (d, m) at the start of 8 blocks `stride` bytes apart, gathered
+ * as 8 words at once, as float32 lanes *d and *m. */
+static inline void load_dm_f16x8(const uint8_t *p, int64_t stride, __m256 *d, __m256 *m) {
+    uint32_t w[8];
+    for (int i = 0; i < 8; i++) memcpy(&w[i], p + i * stride, 4);
+    __m256i v = _mm256_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3], (int)w[4], (int)w[5],
+                                  (int)w[6], (int)w[7]);
+    const __m256i dm = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4,
+                                        5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, dm), _MM_SHUFFLE(3, 1, 2, 0));
+    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+    *m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+}
+
 /* 32 bits to 32 bytes: byte j is 0x10 where bit j is set, else 0 (Q5's fifth bit). */
 static inline __m256i fifth_bits(const uint8_t *p) {
     uint32_t u;
@@ -230,6 +244,10 @@ static inline __attribute__((always_inline)) void b32_scales(const int t, const 
             for (int i = 0; i < n; i++) f[i] = tq_e8m0_half(blk[17 * i]);
             *s = _mm256_loadu_ps(f);
         }
+        return;
+    }
+    if ((t == GT_Q4_1 || t == GT_Q5_1) && n == 8) {
+        load_dm_f16x8(blk, bytes, s, o);
         return;
     }
     *s = load_f16x8(blk, bytes, n);
