@@ -230,67 +230,65 @@ static inline __attribute__((always_inline)) __m256i b32_decode(const int t, con
     return u;
 }
 
-/* The scales s (and Q4_1 / Q5_1's offsets o = m) of the n <= 8 blocks at blk; lanes >= n 0. */
+/* The scales s (and Q4_1 / Q5_1's offsets o = m) of the n <= 8 blocks at blk; lanes >= n 0. A
+ * partial group (a row's last blocks) gathers block 0's again for the lanes past the row and
+ * zeroes them, all in registers. */
 static inline __attribute__((always_inline)) void b32_scales(const int t, const uint8_t *blk,
                                                              int64_t bytes, int n, __m256 *s,
                                                              __m256 *o) {
     *o = _mm256_setzero_ps();
+    if (n == 8 && t != GT_MXFP4) {
+        if (t == GT_Q4_1 || t == GT_Q5_1)
+            load_dm_f16x8(blk, bytes, s, o);
+        else
+            *s = load_f16x8(blk, bytes, 8);
+        return;
+    }
+    uint32_t w[8]; /* each block's first 4 bytes: d (and m), or MXFP4's e */
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) memcpy(&w[i], blk + (i < n ? i : 0) * bytes, 4);
+    const __m256i v = _mm256_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3], (int)w[4],
+                                        (int)w[5], (int)w[6], (int)w[7]);
+    const __m256 keep = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     if (t == GT_MXFP4) {
-        if (n == 8) {
-            *s = e8m0_half8(_mm256_setr_epi32(blk[0], blk[17], blk[34], blk[51], blk[68], blk[85],
-                                              blk[102], blk[119]));
-        } else {
-            float f[8] = {0};
-            for (int i = 0; i < n; i++) f[i] = tq_e8m0_half(blk[17 * i]);
-            *s = _mm256_loadu_ps(f);
-        }
+        *s = _mm256_and_ps(e8m0_half8(_mm256_and_si256(v, _mm256_set1_epi32(0xff))), keep);
         return;
     }
-    if ((t == GT_Q4_1 || t == GT_Q5_1) && n == 8) {
-        load_dm_f16x8(blk, bytes, s, o);
-        return;
-    }
-    *s = load_f16x8(blk, bytes, n);
-    if (t == GT_Q4_1 || t == GT_Q5_1) *o = load_f16x8(blk + 2, bytes, n);
+    *s = _mm256_and_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(
+                           _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                   0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1)),
+                           _MM_SHUFFLE(3, 1, 2, 0)))),
+                       keep);
+    if (t == GT_Q4_1 || t == GT_Q5_1)
+        *o = _mm256_and_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(
+                               _mm256_shuffle_epi8(v, _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                       2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)),
+                               _MM_SHUFFLE(3, 1, 2, 0)))),
+                           keep);
 }
 
-/* The integer dots I (lane i: block g + i; lanes >= n 0) of the n < 8 blocks at blk, a row's
- * last, one at a time over the natural layout. */
-static inline __attribute__((always_inline)) void b32_tail_dots(const int t, const uint8_t *blk,
-                                                                int64_t bytes, int64_t g, int n,
-                                                                const xq_t *X, __m256i *U,
-                                                                const int M) {
-    const int sgn = t != GT_Q4_1 && t != GT_Q5_1;
-    int32_t u32[QMAX_ROWS][8] __attribute__((aligned(32)));
-    memset(u32, 0, sizeof(u32));
-    for (int i = 0; i < n; i++) {
-        __m256i sg;
-        const __m256i u = b32_decode(t, blk + i * bytes, &sg);
-        for (int m = 0; m < M; m++) {
-            __m256i xm = _mm256_loadu_si256((const __m256i *)(X->nat + m * X->K + 32 * (g + i)));
-            if (sgn) xm = _mm256_sign_epi8(xm, sg);
-            u32[m][i] = qx_hsum_i32(DPBUSD(_mm256_setzero_si256(), u, xm));
-        }
-    }
-    for (int m = 0; m < M; m++) U[m] = _mm256_load_si256((const __m256i *)u32[m]);
-}
-
-/* The integer dots I of 8 whole blocks at blk (blocks g .. g + 7), one block per VPDPBUSD over
- * the natural layout, summed by sum_eight as they come. */
+/* The integer dots I of the n <= 8 blocks at blk (blocks g .. g + n - 1; lanes >= n 0), one
+ * block per VPDPBUSD over the natural layout, summed by sum_eight as they come (n < 8: a row's
+ * last blocks, whatever the kernel). */
 static inline __attribute__((always_inline)) void b32_dots8(const int t, const uint8_t *blk,
-                                                            int64_t bytes, int64_t g,
+                                                            int64_t bytes, int64_t g, int n,
                                                             const xq_t *X, __m256i *U,
                                                             const int M) {
     const int sgn = t != GT_Q4_1 && t != GT_Q5_1;
+    const __m256i z = _mm256_setzero_si256();
     __m256i p0[QMAX_ROWS], h[QMAX_ROWS], a[QMAX_ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
-        __m256i sg;
-        const __m256i u = b32_decode(t, blk + i * bytes, &sg);
+        __m256i sg = z, u = z;
+        if (i < n) u = b32_decode(t, blk + i * bytes, &sg);
         for (int m = 0; m < M; m++) {
-            __m256i xm = _mm256_loadu_si256((const __m256i *)(X->nat + m * X->K + 32 * (g + i)));
-            if (sgn) xm = _mm256_sign_epi8(xm, sg);
-            const __m256i p = DPBUSD(_mm256_setzero_si256(), u, xm);
+            __m256i p = z;
+            if (i < n) {
+                __m256i xm = _mm256_loadu_si256((const __m256i *)(X->nat + m * X->K + 32 * (g + i)));
+                if (sgn) xm = _mm256_sign_epi8(xm, sg);
+                p = DPBUSD(z, u, xm);
+            }
             if (i % 2 == 0) {
                 p0[m] = p;
             } else if (i % 4 == 1) {
@@ -383,12 +381,10 @@ static inline __attribute__((always_inline)) void b32_group(const int t, const i
     __m256 s, o;
     b32_scales(t, blk, bytes, n, &s, &o);
     __m256i I[QMAX_ROWS];
-    if (n < 8)
-        b32_tail_dots(t, blk, bytes, g, n, X, I, M);
-    else if (pairs)
+    if (pairs && n == 8)
         b32_pair_dots8(t, blk, bytes, g, X, I, M);
     else
-        b32_dots8(t, blk, bytes, g, X, I, M);
+        b32_dots8(t, blk, bytes, g, n, X, I, M);
     for (int m = 0; m < M; m++) {
         const int64_t at = m * X->nbp + g;
         acc[m] = canon_fma(acc[m], I[m], s, _mm256_loadu_ps(X->d + at));

@@ -4,25 +4,33 @@
  * rows) and qgemv.c runs its own kernels instead.
  *
  * qgemm.c's design on 256-bit lanes: each thread decodes a chunk of W's rows once into a
- * transposed form, one int32 lane per block of 32 (a K-quant sub-block is a block): per group of
- * 8 blocks, 8 vectors of unsigned 8-bit quants (vector k, lane i: elements 4k..4k+3 of block i)
- * and per lane the scale and offset of w = s * u + o. X is quantized as qx.h does and
- * transposed alike, and every group is then multiplied against many rows of X. Without VPDPBUSD
- * the integer dot is VPMADDUBSW (u8 x s8 pairs to int16, saturating) + VPMADDWD; the int16 pair
- * sums of several vectors are added before the one widening while they cannot overflow
- * (|x| <= 127, pair <= 2 * 127 * u_max):
+ * transposed form, one int32 lane per block of 32 (a K-quant sub-block, a Q6_K group of 32 is a
+ * block): per group of 8 blocks, 8 vectors of unsigned 8-bit quants (vector k, lane i: elements
+ * 4k..4k+3 of block i) and per lane the scale (Q6_K: one per half of 16) and offset. X is
+ * quantized as qx.h does and transposed alike (with each block's dx, dx sum q and exact integer
+ * sums of q per 32 and per 16), and every group is then multiplied against many rows of X.
+ * Without VPDPBUSD the integer dot is VPMADDUBSW (u8 x s8 pairs to int16, saturating) +
+ * VPMADDWD; the int16 pair sums of several vectors are added before the one widening while they
+ * cannot overflow (|x| <= 127, pair <= 2 * 127 * u_max):
  *   4-bit u <= 15:  8 vectors, <= 30480, one VPMADDWD per group and row of X;
- *   5-bit u <= 31:  4 vectors, <= 31496, two (MXFP4 too: u = kv + 12 <= 24, o = -12 s);
+ *   5-bit u <= 31:  4 vectors, <= 31496, two (MXFP4 too: u = kv + 12 <= 24);
  *   Q6_K  u <= 63:  2 vectors, <= 32004, four (the halves of 16 have their own scales, s0 / s1);
- *   Q8_0: signed w, |w| <= 128 as u8 with w's sign moved onto x (VPSIGNB), o = 0, one per vector.
- * So 8 blocks of one row of X cost 8 VPMADDUBSW, 1-8 VPMADDWD, 1 convert and 3 float ops (Q6_K
- * 2 converts, 6), where the decode kernels (qdot256.h) pay a convert and a multiply-add per block
- * (Q4_x, Q5_x, Q4_K, Q5_K: per 2 blocks) and decode each weight block again for every 4 rows of X. Lanes past a row's last block are
- * zero (scale 0, quants 0), so partial groups need no code.
+ *   Q8_0: signed w, |w| <= 128 as u8 with w's sign moved onto x (VPSIGNB), one per vector.
+ * The float part is canon.h's, so every output is bit-for-bit what the decode kernels
+ * (qdot256.h) give for that row: the symmetric types' offsets folded into the integer dot (I = U
+ * - c sum q: Q4_0 c = 8, Q5_0 16, MXFP4 12, Q6_K 32 per half; Q8_0 is signed already), then per
+ * group and row of X acc = fma(I, s dx, acc) (Q6_K once per half), and for the offset types
+ * (Q4_1, Q5_1, Q4_K, Q5_K) acc = fma(o, dx sum q, acc); group g goes into canon.h's lanes
+ * 8 (g % 2) .. + 7 (dot_tile), and canon_reduce16 sums the 16. So 8 blocks of one row of X cost
+ * 8 VPMADDUBSW, 1-8 VPMADDWD, 1 convert and 2-3 float ops (Q6_K 2 converts, 4) plus 2-6 integer
+ * ops for the offsets, where the decode kernels decode each weight block again for every 4 rows
+ * of X. Lanes past a row's last block are zero (scale 0, quants 0, and X's dx and sums 0), so
+ * partial groups need no code.
  *
  * The math is the decode kernels': the same quantized activations, exact integer dots per block,
- * then (s dx) dot + o (dx sum q) in float32, so the same bound holds (quant.py). Every output is
- * one row of W against one row of X, so the result does not depend on the thread count.
+ * then the same float32 operations in the same order, so the same bound holds (quant.py). Every
+ * output is one row of W against one row of X, so the result does not depend on the thread
+ * count or on how many rows of X share the call.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +58,7 @@ enum { GB = 8, MT = QGEMM256_MT, WT = 16 }; /* blocks per group, X rows per pass
 
 typedef struct { /* one group of 8 blocks of one row of W, decoded */
     __m256i q[8];
-    __m256 s0, s1, o; /* s1: the second 16 elements' scale (Q6_K; else s0); o: Q4_1 / Q5_1 / K */
+    __m256 s0, s1, o; /* s1: Q6_K's second 16 elements' scale (else s0); o: the offset (or 0) */
 } wgroup;
 
 typedef struct { /* one group of 8 blocks of one row of X, quantized (qx.h), transposed alike */
