@@ -167,10 +167,13 @@ static inline __m256 u8x8_to_ps(const void *p) {
  * blocks of 32 (K-quant sub-blocks, Q6_K groups of 32) go in groups of 8, group g / 8 even into
  * lo and odd into hi, so block b lands in lane b % 16 and each lane takes its blocks in order.
  * Per group and row of X the integer dots come out of VPDPBUSD (or VPMADDUBSW + VPMADDWD) as
- * int32 partial sums, and rounds of VPHADDD (plus one lane permutation) add them exactly into
- * one int32 per block, block i of the group in lane i; the symmetric types' offsets are then
- * folded in exactly (I = U - c sum q, qx.h's q32 / q16), and the float work is one convert,
- * one product s * dx and canon.h's one or two FMAs per group of 8 blocks. */
+ * partial sums, and rounds of VPHADDD (VPHADDW while int16 is exact, then one VPMADDWD; plus
+ * one lane permutation) add them exactly into one int32 per block, block i of the group in lane
+ * i; the symmetric types' offsets are folded in exactly (I = U - c sum q, qx.h's q32 / q16, or
+ * signed operands), and the float work is one convert, one product s * dx and canon.h's one or
+ * two FMAs per group of 8 blocks and row of X (before: a convert and a multiply-add per block or
+ * pair of blocks). Lanes past a row's last block add nothing: scale 0 (and offset 0), I 0, and
+ * qx.h's dx 0 there. */
 
 /* VPHADDD(VPHADDD(v0, v1), VPHADDD(v2, v3)) of four vectors v_j whose lanes 0-3 hold partial
  * sums of block 2j and lanes 4-7 of block 2j + 1 (the pair kernels' integer dots) leaves the
@@ -313,7 +316,11 @@ static inline __attribute__((always_inline)) void b32_dots8(const int t, const u
  * MXFP4 sign needs no decode: bit 7 of each byte of raw << 4 is bit 3 of its low code, bit 7 of
  * raw that of its high one, and a byte whose code is 0 or 8 may sign x any way (|kv| = 0).
  * |kv| <= 12, so dot2_u's VPMADDUBSW bound holds. The 4 pairs' dots of 8 whole blocks summed
- * by sum_pairs as they come, into I: U, or U - 8 sum q (Q4_0), U - 16 sum q (Q5_0). */
+ * by sum_pairs (sum_pairs16 where u <= 15 and there is no VPDPBUSD) as they come, into I: U, or
+ * U - 8 sum q (Q4_0), U - 16 sum q (Q5_0). The pairing itself, measured single-thread on an AVX2
+ * EPYC (Zen 3) before canon.h's order, a cache-resident 256 x 1024 Q4_0 weight
+ * (scripts/bench/qgemv_micro.c): 1.53 -> 1.11 ns per block of 32 at 1 row of X, 3.46 -> 2.65
+ * at 4. */
 static inline __attribute__((always_inline)) void b32_pair_dots8(const int t, const uint8_t *blk,
                                                                  int64_t bytes, int64_t g,
                                                                  const xq_t *X, __m256i *U,
@@ -396,10 +403,12 @@ static inline __attribute__((always_inline)) void b32_group(const int t, const i
 /* The 32-element block types, canon.h's order (module section above), groups of 8 blocks
  * alternately into lo and hi. pairs: the integer dots two blocks per step over the i32 layout
  * (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4; b32_pair_dots8), else one block per step over the natural
- * one (Q8_0; b32_dots8). A row's last K/32 % 8 blocks go one at a time over the natural layout
- * into the lanes of a partial group (the rest add nothing: scale 0, dx 0, I 0). Measured
- * single-thread on a Sapphire Rapids Xeon built -march=haswell (no VNNI), 2048 x 2048, against
- * the former per-block convert and multiply-add (two float chains, 8 lanes): see the commit. */
+ * one (Q8_0; b32_dots8). A row's last K/32 % 8 blocks (a partial group) go one at a time over
+ * the natural layout (b32_dots8 with n < 8). Measured single-thread on a Sapphire Rapids Xeon
+ * built -march=haswell (no VNNI), cache-resident 2048 x 2048, time against the kernels before
+ * canon.h's order (per block or pair a convert and a multiply-add, 8 lanes), 1 / 4 rows of X:
+ * Q4_0 0.95x / 0.88x, Q4_1 0.86x / 0.87x, Q8_0 0.98x / 0.85x; 2880 x 2880 (a partial group of
+ * 2 blocks per row): Q4_0 1.00x / 0.93x, Q5_0 1.03x / 0.91x, MXFP4 1.04x / 1.03x. */
 static inline __attribute__((always_inline)) void dot_b32_any(const int t, const int pairs,
                                                               const uint8_t *wr, const xq_t *X,
                                                               float *out, const int M) {
@@ -430,7 +439,11 @@ static inline __attribute__((always_inline)) void dot_b32_pairs(const int t, con
 }
 
 /* MXFP4 (17-byte blocks: E8M0 byte e, 16 bytes of 4-bit codes, w = 2^(e - 128) kv[code]) as
- * dot_b32_pairs runs Q4_0, signed (I = sum kv q, no offset). */
+ * dot_b32_pairs runs Q4_0, signed (I = sum kv q, no offset). Against Q4_0 (2880 x 2880, the
+ * Sapphire Rapids built -march=haswell, one thread): 1 row 1.35x its time, 4 rows 1.25x, 64 rows
+ * (qgemm256.c) 1.0x; the difference is the VPSIGNBs per row and the |kv| shuffles (an offset
+ * form, u = kv + 12 and I = U - 12 sum q, saves the signs but its u <= 24 leaves the int16
+ * reduction of sum_pairs16). */
 static inline __attribute__((always_inline)) void dot_mxfp4(const uint8_t *wr, const xq_t *X,
                                                             float *out, const int M) {
     dot_b32_any(GT_MXFP4, 1, wr, X, out, M);
@@ -440,8 +453,11 @@ static inline __attribute__((always_inline)) void dot_mxfp4(const uint8_t *wr, c
  * row of X: the 32 qs bytes of sub-blocks 2j (low nibbles) and 2j + 1 (high) rearranged, by two
  * 128-bit lane swaps, into [2j elements 0-15 | 2j+1 elements 0-15] and [elements 16-31 of
  * both], against the i32 layout of X (qx.h), so one integer dot gives both sub-blocks' partial
- * sums (lanes 0-3, 4-7), summed by sum_pairs; then acc = fma(U, (sc_j d) dx, acc) and acc =
- * fma(m_j (-dmin), dx sum q, acc). */
+ * sums (lanes 0-3, 4-7), summed by sum_pairs (Q4_K without VPDPBUSD: sum_pairs16); then acc =
+ * fma(U, (sc_j d) dx, acc) and acc = fma(m_j (-dmin), dx sum q, acc). The pairing, measured
+ * single-thread on an AVX2 EPYC (Zen 3) before canon.h's order against one sub-block at a time,
+ * a cache-resident 256 x 1024 Q4_K weight (scripts/bench/qgemv_micro.c): 11.4 -> 11.0 ns per
+ * superblock at 1 row of X, 26.3 -> 24.0 at 4; the scale decode is ~3 ns of the 11. */
 static inline __attribute__((always_inline)) void k45_group(const int t, const uint8_t *b,
                                                             int64_t sb, const xq_t *X,
                                                             __m256 *acc, const int M) {
