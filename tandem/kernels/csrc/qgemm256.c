@@ -4,25 +4,33 @@
  * rows) and qgemv.c runs its own kernels instead.
  *
  * qgemm.c's design on 256-bit lanes: each thread decodes a chunk of W's rows once into a
- * transposed form, one int32 lane per block of 32 (a K-quant sub-block is a block): per group of
- * 8 blocks, 8 vectors of unsigned 8-bit quants (vector k, lane i: elements 4k..4k+3 of block i)
- * and per lane the scale and offset of w = s * u + o. X is quantized as qx.h does and
- * transposed alike, and every group is then multiplied against many rows of X. Without VPDPBUSD
- * the integer dot is VPMADDUBSW (u8 x s8 pairs to int16, saturating) + VPMADDWD; the int16 pair
- * sums of several vectors are added before the one widening while they cannot overflow
- * (|x| <= 127, pair <= 2 * 127 * u_max):
+ * transposed form, one int32 lane per block of 32 (a K-quant sub-block, a Q6_K group of 32 is a
+ * block): per group of 8 blocks, 8 vectors of unsigned 8-bit quants (vector k, lane i: elements
+ * 4k..4k+3 of block i) and per lane the scale (Q6_K: one per half of 16) and offset. X is
+ * quantized as qx.h does and transposed alike (with each block's dx, dx sum q and exact integer
+ * sums of q per 32 and per 16), and every group is then multiplied against many rows of X.
+ * Without VPDPBUSD the integer dot is VPMADDUBSW (u8 x s8 pairs to int16, saturating) +
+ * VPMADDWD; the int16 pair sums of several vectors are added before the one widening while they
+ * cannot overflow (|x| <= 127, pair <= 2 * 127 * u_max):
  *   4-bit u <= 15:  8 vectors, <= 30480, one VPMADDWD per group and row of X;
- *   5-bit u <= 31:  4 vectors, <= 31496, two (MXFP4 too: u = kv + 12 <= 24, o = -12 s);
+ *   5-bit u <= 31:  4 vectors, <= 31496, two (MXFP4 too: u = kv + 12 <= 24);
  *   Q6_K  u <= 63:  2 vectors, <= 32004, four (the halves of 16 have their own scales, s0 / s1);
- *   Q8_0: signed w, |w| <= 128 as u8 with w's sign moved onto x (VPSIGNB), o = 0, one per vector.
- * So 8 blocks of one row of X cost 8 VPMADDUBSW, 1-8 VPMADDWD, 1 convert and 3 float ops (Q6_K
- * 2 converts, 6), where the decode kernels (qdot256.h) pay a convert and a multiply-add per block
- * (Q4_x, Q5_x, Q4_K, Q5_K: per 2 blocks) and decode each weight block again for every 4 rows of X. Lanes past a row's last block are
- * zero (scale 0, quants 0), so partial groups need no code.
+ *   Q8_0: signed w, |w| <= 128 as u8 with w's sign moved onto x (VPSIGNB), one per vector.
+ * The float part is canon.h's, so every output is bit-for-bit what the decode kernels
+ * (qdot256.h) give for that row: the symmetric types' offsets folded into the integer dot (I = U
+ * - c sum q: Q4_0 c = 8, Q5_0 16, MXFP4 12, Q6_K 32 per half; Q8_0 is signed already), then per
+ * group and row of X acc = fma(I, s dx, acc) (Q6_K once per half), and for the offset types
+ * (Q4_1, Q5_1, Q4_K, Q5_K) acc = fma(o, dx sum q, acc); group g goes into canon.h's lanes
+ * 8 (g % 2) .. + 7 (dot_tile), and canon_reduce16 sums the 16. So 8 blocks of one row of X cost
+ * 8 VPMADDUBSW, 1-8 VPMADDWD, 1 convert and 2-3 float ops (Q6_K 2 converts, 4) plus 2-6 integer
+ * ops for the offsets, where the decode kernels decode each weight block again for every 4 rows
+ * of X. Lanes past a row's last block are zero (scale 0, quants 0, and X's dx and sums 0), so
+ * partial groups need no code.
  *
  * The math is the decode kernels': the same quantized activations, exact integer dots per block,
- * then (s dx) dot + o (dx sum q) in float32, so the same bound holds (quant.py). Every output is
- * one row of W against one row of X, so the result does not depend on the thread count.
+ * then the same float32 operations in the same order, so the same bound holds (quant.py). Every
+ * output is one row of W against one row of X, so the result does not depend on the thread
+ * count or on how many rows of X share the call.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,13 +58,17 @@ enum { GB = 8, MT = QGEMM256_MT, WT = 16 }; /* blocks per group, X rows per pass
 
 typedef struct { /* one group of 8 blocks of one row of W, decoded */
     __m256i q[8];
-    __m256 s0, s1, o0, o1; /* s1, o1: the second 16 elements' (Q6_K; else s0, o0) */
+    __m256 s0, s1, o; /* s1: Q6_K's second 16 elements' scale (else s0); o: the offset (or 0) */
 } wgroup;
 
-typedef struct { /* X quantized (qx.h) and transposed to the wgroup lane order */
-    const __m256i *q;     /* (M, groups, 8) */
-    const float *d, *s;   /* (M, 8 groups): dx and dx * sum(q) per block */
-    const float *sa, *sb; /* (M, 8 groups): dx * sum of each block's first / second 16 */
+typedef struct { /* one group of 8 blocks of one row of X, quantized (qx.h), transposed alike */
+    __m256i q[8];
+    __m256 d, s;        /* dx and dx * sum(q) per block */
+    __m256i n, na, nb;  /* sum(q) per block, per its first 16, per its second 16 */
+} xgroup;
+
+typedef struct {
+    const xgroup *g; /* (M, groups) */
     int64_t groups;
 } xt_t;
 
@@ -86,16 +98,15 @@ static inline __m256i nibbles32(const uint8_t *qs) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
 }
 
-/* Group g of one row of W: its (up to) 8 blocks in natural order into u[], scales to s0..o1. */
+/* Group g of one row of W: its (up to) 8 blocks in natural order into u[], scales to s0, s1, o. */
 static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m256i u[8],
-                         float s0[8], float s1[8], float o0[8], float o1[8]) {
+                         float s0[8], float s1[8], float o[8]) {
     if (t == GT_MXFP4) { /* u = kv[code] + 12 (0..24) by a byte shuffle, s = 2^(e - 128) */
         const __m256i lut = _mm256_setr_epi8(TQ_MXFP4_U12, TQ_MXFP4_U12);
         for (int64_t i = 0; i < n; i++) {
             const uint8_t *b = w + (g * GB + i) * 17;
             s0[i] = s1[i] = tq_e8m0_half(b[0]);
-            o0[i] = o1[i] = -12.0f * s0[i]; /* o = -12 s */
-            u[i] = _mm256_shuffle_epi8(lut, nibbles32(b + 1));
+            u[i] = _mm256_shuffle_epi8(lut, nibbles32(b + 1)); /* I = U - 12 sum q */
         }
         return;
     }
@@ -106,17 +117,14 @@ static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m2
             const float d = f16(b);
             s0[i] = s1[i] = d;
             if (t == GT_Q8_0) {
-                u[i] = _mm256_loadu_si256((const __m256i *)(b + 2)); /* signed; o = 0 */
-                o0[i] = 0.0f;
-            } else if (t == GT_Q4_0 || t == GT_Q4_1) {
+                u[i] = _mm256_loadu_si256((const __m256i *)(b + 2)); /* signed: I = sum w q */
+            } else if (t == GT_Q4_0 || t == GT_Q4_1) { /* Q4_0: I = U - 8 sum q */
                 u[i] = nibbles32(b + (t == GT_Q4_0 ? 2 : 4));
-                o0[i] = t == GT_Q4_0 ? -8.0f * d : f16(b + 2);
-            } else {
+            } else { /* Q5_0: I = U - 16 sum q */
                 const int64_t qs = t == GT_Q5_0 ? 6 : 8;
                 u[i] = _mm256_or_si256(nibbles32(b + qs), fifth_bits(b + qs - 4));
-                o0[i] = t == GT_Q5_0 ? -16.0f * d : f16(b + 2);
             }
-            o1[i] = o0[i];
+            if (t == GT_Q4_1 || t == GT_Q5_1) o[i] = f16(b + 2);
         }
         return;
     }
@@ -131,7 +139,7 @@ static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m2
         for (int j = 0; j < 4; j++) /* sub-blocks 2j (low nibbles), 2j + 1 (high) */
             kq_nibbles(_mm256_loadu_si256((const __m256i *)(b + qs + 32 * j)), t == GT_Q5_K, &hb,
                        &u[2 * j], &u[2 * j + 1]);
-        for (int j = 0; j < 8; j++) s0[j] = s1[j] = d * sc[j], o0[j] = o1[j] = -dmin * sc[8 + j];
+        for (int j = 0; j < 8; j++) s0[j] = s1[j] = (float)sc[j] * d, o[j] = (float)sc[8 + j] * -dmin;
         return;
     }
     /* Q6_K, lane jj = 4 h + t: elements 128 h + 32 t .. + 31, sub-blocks of 16 2 jj, 2 jj + 1 */
@@ -141,10 +149,8 @@ static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m2
         q6k_quants(_mm256_loadu_si256((const __m256i *)(b + 64 * h)),
                    _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
                    _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)), u + 4 * h);
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < 8; j++) /* I = U - 32 sum q per 16 */
         s0[j] = d * (float)(int8_t)b[192 + 2 * j], s1[j] = d * (float)(int8_t)b[193 + 2 * j];
-        o0[j] = -32.0f * s0[j], o1[j] = -32.0f * s1[j];
-    }
 }
 
 /* One row of W (nb blocks of 32, or K-quant sub-blocks) into `out` (ceil(nb / 8) groups). */
@@ -152,13 +158,13 @@ static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
     for (int64_t g = 0; g * GB < nb; g++) {
         const int64_t n = nb - g * GB < GB ? nb - g * GB : GB;
         __m256i u[8];
-        float s0[8] = {0}, s1[8] = {0}, o0[8] = {0}, o1[8] = {0};
+        float s0[8] = {0}, s1[8] = {0}, o[8] = {0};
         for (int i = 0; i < 8; i++) u[i] = _mm256_setzero_si256();
-        decode_group(t, w, g, n, u, s0, s1, o0, o1);
+        decode_group(t, w, g, n, u, s0, s1, o);
         transpose8(u);
         for (int k = 0; k < 8; k++) out[g].q[k] = u[k];
         out[g].s0 = _mm256_loadu_ps(s0), out[g].s1 = _mm256_loadu_ps(s1);
-        out[g].o0 = _mm256_loadu_ps(o0), out[g].o1 = _mm256_loadu_ps(o1);
+        out[g].o = _mm256_loadu_ps(o);
     }
 }
 
@@ -168,16 +174,26 @@ static inline __m256i mb(__m256i u, const __m256i *x) {
     return _mm256_maddubs_epi16(u, _mm256_load_si256(x));
 }
 
-/* One row of W (decoded) against rows m0 .. m0 + mt of X: out[m]. */
-static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, const xt_t *X,
-                                                           int64_t m0, float *out, const int mt,
-                                                           const int kind) {
+/* I = U - c n per lane (c = 8, 12, 16, 32: shifts) */
+static inline __m256i fold(__m256i U, const __m256i q, const int c) {
+    if (c == 12) return _mm256_sub_epi32(U, _mm256_add_epi32(_mm256_slli_epi32(q, 3), _mm256_slli_epi32(q, 2)));
+    return _mm256_sub_epi32(U, _mm256_slli_epi32(q, c == 8 ? 3 : c == 16 ? 4 : 5));
+}
+
+/* The groups g = h, h + 2, h + 4, ... of one row of W (decoded) against rows m0 .. m0 + mt of
+ * X into acc[m], from +0: canon.h's lanes 0-7 (h = 0) or 8-15 (h = 1) of each. c: the symmetric
+ * types' offset folded into the integer dot, I = U - c sum q (Q4_0 8, Q5_0 16, MXFP4 12; Q6_K 32
+ * per 16), then acc = fma(I, s dx, acc); c = 0: I = U (Q8_0, signed); c < 0: the offset types,
+ * acc = fma(U, s dx, acc), acc = fma(o, dx sum q, acc). */
+static inline __attribute__((always_inline)) void tile_pass(const wgroup *wg, const xt_t *X,
+                                                            int64_t m0, __m256 *acc, const int mt,
+                                                            const int kind, const int c,
+                                                            const int h) {
     const int64_t G = X->groups;
     const __m256i one = _mm256_set1_epi16(1);
-    __m256 acc[8]; /* mt <= 8, a literal: registers */
 #pragma GCC unroll 8
     for (int m = 0; m < mt; m++) acc[m] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
+    for (int64_t g = h; g < G; g += 2) {
         const wgroup *w = wg + g;
         __m256i wq[8];
 #pragma GCC unroll 8
@@ -185,18 +201,18 @@ static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, con
             wq[k] = kind == K8 ? _mm256_abs_epi8(w->q[k]) : w->q[k];
 #pragma GCC unroll 8
         for (int m = 0; m < mt; m++) {
-            const __m256i *xq = X->q + ((m0 + m) * G + g) * 8;
-            const int64_t at = (m0 + m) * G * GB + g * GB;
-            const __m256 dx = _mm256_loadu_ps(X->d + at);
+            const xgroup *x = X->g + (m0 + m) * G + g;
+            const __m256i *xq = x->q;
+            const __m256 dx = x->d;
             if (kind == K6) {
                 __m256i p0 = _mm256_madd_epi16(_mm256_add_epi16(mb(wq[0], xq), mb(wq[1], xq + 1)), one);
                 __m256i p1 = _mm256_madd_epi16(_mm256_add_epi16(mb(wq[4], xq + 4), mb(wq[5], xq + 5)), one);
                 p0 = _mm256_add_epi32(p0, _mm256_madd_epi16(_mm256_add_epi16(mb(wq[2], xq + 2), mb(wq[3], xq + 3)), one));
                 p1 = _mm256_add_epi32(p1, _mm256_madd_epi16(_mm256_add_epi16(mb(wq[6], xq + 6), mb(wq[7], xq + 7)), one));
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(w->s0, dx), acc[m]);
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(w->s1, dx), acc[m]);
-                acc[m] = _mm256_fmadd_ps(w->o0, _mm256_loadu_ps(X->sa + at), acc[m]);
-                acc[m] = _mm256_fmadd_ps(w->o1, _mm256_loadu_ps(X->sb + at), acc[m]);
+                p0 = fold(p0, x->na, 32);
+                p1 = fold(p1, x->nb, 32);
+                acc[m] = canon_fma(acc[m], p0, w->s0, dx);
+                acc[m] = canon_fma(acc[m], p1, w->s1, dx);
                 continue;
             }
             __m256i p;
@@ -209,53 +225,72 @@ static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, con
                 }
             } else if (kind == K4) {
                 __m256i a = _mm256_add_epi16(mb(wq[0], xq), mb(wq[1], xq + 1));
-                __m256i c = _mm256_add_epi16(mb(wq[2], xq + 2), mb(wq[3], xq + 3));
+                __m256i b = _mm256_add_epi16(mb(wq[2], xq + 2), mb(wq[3], xq + 3));
                 a = _mm256_add_epi16(a, _mm256_add_epi16(mb(wq[4], xq + 4), mb(wq[5], xq + 5)));
-                c = _mm256_add_epi16(c, _mm256_add_epi16(mb(wq[6], xq + 6), mb(wq[7], xq + 7)));
-                p = _mm256_madd_epi16(_mm256_add_epi16(a, c), one);
+                b = _mm256_add_epi16(b, _mm256_add_epi16(mb(wq[6], xq + 6), mb(wq[7], xq + 7)));
+                p = _mm256_madd_epi16(_mm256_add_epi16(a, b), one);
             } else {
                 __m256i a = _mm256_add_epi16(mb(wq[0], xq), mb(wq[1], xq + 1));
-                __m256i c = _mm256_add_epi16(mb(wq[4], xq + 4), mb(wq[5], xq + 5));
+                __m256i b = _mm256_add_epi16(mb(wq[4], xq + 4), mb(wq[5], xq + 5));
                 a = _mm256_add_epi16(a, _mm256_add_epi16(mb(wq[2], xq + 2), mb(wq[3], xq + 3)));
-                c = _mm256_add_epi16(c, _mm256_add_epi16(mb(wq[6], xq + 6), mb(wq[7], xq + 7)));
-                p = _mm256_add_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(c, one));
+                b = _mm256_add_epi16(b, _mm256_add_epi16(mb(wq[6], xq + 6), mb(wq[7], xq + 7)));
+                p = _mm256_add_epi32(_mm256_madd_epi16(a, one), _mm256_madd_epi16(b, one));
             }
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(w->s0, dx), acc[m]);
-            if (kind != K8) acc[m] = _mm256_fmadd_ps(w->o0, _mm256_loadu_ps(X->s + at), acc[m]);
+            if (c > 0) p = fold(p, x->n, c);
+            acc[m] = canon_fma(acc[m], p, w->s0, dx);
+            if (c < 0) acc[m] = _mm256_fmadd_ps(w->o, x->s, acc[m]);
         }
     }
-#pragma GCC unroll 8
-    for (int m = 0; m < mt; m++) out[m] = hsum8(acc[m]);
 }
 
-#define DEFINE_DOT(KIND)                                                                       \
-    static void dot_rows_##KIND(const wgroup *wg, const xt_t *X, int64_t m0, float *out,       \
+/* One row of W (decoded) against rows m0 .. m0 + mt of X: out[m], in canon.h's order. Lane i of
+ * group g is block 8 g + i, canon.h's lane 8 (g % 2) + i: the even groups go into one
+ * accumulator per row of X (lo), then the odd ones into another (hi), each lane in block order,
+ * and canon_reduce16(lo, hi). */
+static inline __attribute__((always_inline)) void dot_tile(const wgroup *wg, const xt_t *X,
+                                                           int64_t m0, float *out, const int mt,
+                                                           const int kind, const int c) {
+    __m256 lo[8], hi[8]; /* mt <= 8, a literal */
+    tile_pass(wg, X, m0, lo, mt, kind, c, 0);
+    tile_pass(wg, X, m0, hi, mt, kind, c, 1);
+#pragma GCC unroll 8
+    for (int m = 0; m < mt; m++) out[m] = canon_reduce16(lo[m], hi[m]);
+}
+
+#define DEFINE_DOT(NAME, KIND, C)                                                              \
+    static void dot_rows_##NAME(const wgroup *wg, const xt_t *X, int64_t m0, float *out,       \
                                 int mt) {                                                      \
         switch (mt) { /* mt <= MT */                                                           \
-        case 1: dot_tile(wg, X, m0, out, 1, KIND); break;                                      \
-        case 2: dot_tile(wg, X, m0, out, 2, KIND); break;                                      \
-        case 3: dot_tile(wg, X, m0, out, 3, KIND); break;                                      \
-        case 4: dot_tile(wg, X, m0, out, 4, KIND); break;                                      \
-        case 5: dot_tile(wg, X, m0, out, 5, KIND); break;                                      \
-        case 6: dot_tile(wg, X, m0, out, 6, KIND); break;                                      \
-        case 7: dot_tile(wg, X, m0, out, 7, KIND); break;                                      \
-        default: dot_tile(wg, X, m0, out, 8, KIND); break;                                     \
+        case 1: dot_tile(wg, X, m0, out, 1, KIND, C); break;                                   \
+        case 2: dot_tile(wg, X, m0, out, 2, KIND, C); break;                                   \
+        case 3: dot_tile(wg, X, m0, out, 3, KIND, C); break;                                   \
+        case 4: dot_tile(wg, X, m0, out, 4, KIND, C); break;                                   \
+        case 5: dot_tile(wg, X, m0, out, 5, KIND, C); break;                                   \
+        case 6: dot_tile(wg, X, m0, out, 6, KIND, C); break;                                   \
+        case 7: dot_tile(wg, X, m0, out, 7, KIND, C); break;                                   \
+        default: dot_tile(wg, X, m0, out, 8, KIND, C); break;                                  \
         }                                                                                      \
     }
-DEFINE_DOT(K4)
-DEFINE_DOT(K5)
-DEFINE_DOT(K6)
-DEFINE_DOT(K8)
+DEFINE_DOT(q4_0, K4, 8)
+DEFINE_DOT(q4_1, K4, -1) /* Q4_1, Q4_K */
+DEFINE_DOT(q5_0, K5, 16)
+DEFINE_DOT(q5_1, K5, -1) /* Q5_1, Q5_K */
+DEFINE_DOT(mxfp4, K5, 12) /* u = kv + 12 <= 24 */
+DEFINE_DOT(q6_k, K6, 32)
+DEFINE_DOT(q8_0, K8, 0)
 #undef DEFINE_DOT
 
 typedef void (*dot_fn)(const wgroup *, const xt_t *, int64_t, float *, int);
 
 static dot_fn dot_for(int64_t t) {
     switch (t) {
-    case GT_Q4_0: case GT_Q4_1: case GT_Q4_K: return dot_rows_K4;
-    case GT_Q5_0: case GT_Q5_1: case GT_Q5_K: case GT_MXFP4: return dot_rows_K5; /* u <= 24 */
-    case GT_Q6_K: return dot_rows_K6;
-    case GT_Q8_0: return dot_rows_K8;
+    case GT_Q4_0: return dot_rows_q4_0;
+    case GT_Q4_1: case GT_Q4_K: return dot_rows_q4_1;
+    case GT_Q5_0: return dot_rows_q5_0;
+    case GT_Q5_1: case GT_Q5_K: return dot_rows_q5_1;
+    case GT_MXFP4: return dot_rows_mxfp4;
+    case GT_Q6_K: return dot_rows_q6_k;
+    case GT_Q8_0: return dot_rows_q8_0;
     default: return NULL;
     }
 }
@@ -263,19 +298,17 @@ static dot_fn dot_for(int64_t t) {
 /* X (M, K) -> the transposed quantized form (one allocation, freed by the caller). */
 static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, xt_t *X) {
     const int64_t nb = K / 32, G = (nb + GB - 1) / GB, nbp = QX_NBP(K);
-    const size_t qt = (size_t)(M * G) * 256, fl = (size_t)(M * G * GB) * 4 * 4;
     const size_t row = (size_t)K * 4 + (size_t)K + (size_t)nbp * 4 * (QX_FLOATS + QX_INTS); /* per-thread scratch */
-    char *buf = (char *)aligned_alloc(64, (qt + fl + 64) / 64 * 64);
-    if (!buf) return NULL;
-    memset(buf + qt, 0, fl);
-    float *d = (float *)(buf + qt), *s = d + M * G * GB, *sa = s + M * G * GB, *sb = sa + M * G * GB;
-    *X = (xt_t){.q = (const __m256i *)buf, .d = d, .s = s, .sa = sa, .sb = sb, .groups = G};
+    xgroup *xg = (xgroup *)aligned_alloc(64, ((size_t)(M * G) * sizeof(xgroup) + 63) / 64 * 64);
+    if (!xg) return NULL;
+    *X = (xt_t){.g = xg, .groups = G};
     int bad = 0;
     const int T = M >= 16 && nthreads > 1 ? nthreads : 1;
 #pragma omp parallel num_threads(T) reduction(| : bad) if (T > 1)
     {
         char *scratch = (char *)aligned_alloc(64, (row + 63) / 64 * 64);
         if (!scratch) bad = 1;
+        else memset(scratch, 0, row); /* the padding past a row's last block stays 0 */
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) {
             if (!scratch) continue;
@@ -286,28 +319,32 @@ static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, 
             int32_t *qi = (int32_t *)(f + QX_FLOATS * nbp);
             qx_quantize_row(xf, K, q, f, f + nbp, f + 2 * nbp, f + 4 * nbp, f + 6 * nbp, f + 10 * nbp,
                             qi, qi + nbp);
-            __m256i *t = (__m256i *)(buf + (size_t)(m * G) * 256); /* (G, 8) */
             for (int64_t g = 0; g < G; g++) {
+                xgroup *t = xg + m * G + g;
                 __m256i r[8];
                 for (int64_t i = 0; i < GB; i++)
                     r[i] = g * GB + i < nb ? _mm256_loadu_si256((const __m256i *)(q + 32 * (g * GB + i)))
                                            : _mm256_setzero_si256();
                 transpose8(r);
-                for (int k = 0; k < 8; k++) _mm256_store_si256(t + g * 8 + k, r[k]);
-            }
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t at = m * G * GB + b;
-                d[at] = f[b], s[at] = f[nbp + b];
-                sa[at] = f[4 * nbp + 2 * b], sb[at] = f[4 * nbp + 2 * b + 1];
+                for (int k = 0; k < 8; k++) t->q[k] = r[k];
+                /* qx_quantize_row's arrays are zero past the last block (nbp >= nb + 16) */
+                t->d = _mm256_loadu_ps(f + g * GB), t->s = _mm256_loadu_ps(f + nbp + g * GB);
+                const __m256i ab0 = _mm256_loadu_si256((const __m256i *)(qi + nbp + 2 * g * GB));
+                const __m256i ab1 = _mm256_loadu_si256((const __m256i *)(qi + nbp + 2 * g * GB + 8));
+                const __m256i eo = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+                const __m256i e0 = _mm256_permutevar8x32_epi32(ab0, eo), e1 = _mm256_permutevar8x32_epi32(ab1, eo);
+                t->n = _mm256_loadu_si256((const __m256i *)(qi + g * GB));
+                t->na = _mm256_permute2x128_si256(e0, e1, 0x20);
+                t->nb = _mm256_permute2x128_si256(e0, e1, 0x31);
             }
         }
         free(scratch);
     }
     if (bad) {
-        free(buf);
+        free(xg);
         return NULL;
     }
-    return buf;
+    return (char *)xg;
 }
 
 /* qgemm_drive.h's hooks: the types dot_for knows */
