@@ -41,7 +41,8 @@ SOURCES = tuple(
     )
 )  # fmt: skip
 HEADERS = tuple(
-    CSRC / h for h in ("dtypes.h", "quant.h", "canon.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h")
+    CSRC / h
+    for h in ("dtypes.h", "quant.h", "canon.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h")
 )
 # TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
 MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")
