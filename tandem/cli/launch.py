@@ -148,6 +148,8 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag.replace('_', '-')}", str(value)]
+    if not args.prefix_cache:
+        argv.append("--no-prefix-cache")
     n_ranks = args.tp * args.pp
     env = {"TANDEM_API_KEY": args.api_key} if args.api_key else {}  # not on argv, where ps shows it
     group = ProcessGroup(
