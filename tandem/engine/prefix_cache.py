@@ -12,8 +12,13 @@ length rewinds the sequence, which every executor takes (`SequenceCache`'s rule)
 
     reuse  p = min(common prefix, len(prompt) - 1)   at least one token is prefilled: its logits
                                                      give the first sampled token
-    a hit  p >= min_tokens                           else the request takes a fresh slot and
-                                                     leaves the entries for prompts they fit
+    a hit  p >= min_tokens and                       else the request takes a fresh slot and
+           p >= min_similarity * held                leaves the entries for prompts they fit
+
+The second bound is llama.cpp's `--slot-prompt-similarity` (0.5 there too): a prompt that shares
+only a chat template's header and a stock first sentence with a long conversation must not take
+that conversation's slot over and throw away the rest of it; the longest reuse among the entries
+that pass both bounds wins.
 
 Tokens, not messages, are matched, so a chat template that renders earlier turns differently
 still reuses the common part. An entry holds one of the executor's `max_batch` slots: when a new
@@ -29,8 +34,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_MIN_TOKENS = 16
+DEFAULT_MIN_SIMILARITY = 0.5
 
-__all__ = ["DEFAULT_MIN_TOKENS", "PrefixCache", "PrefixHit", "common_prefix"]
+__all__ = [
+    "DEFAULT_MIN_SIMILARITY",
+    "DEFAULT_MIN_TOKENS",
+    "PrefixCache",
+    "PrefixHit",
+    "common_prefix",
+]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -63,10 +75,17 @@ class PrefixCache:
     """Entries (seq_id -> tokens held), least recently kept first. Not thread-safe: one owner
     (the scheduler's thread) mutates it; `stats` reads only counters, safe from any thread."""
 
-    def __init__(self, min_tokens: int = DEFAULT_MIN_TOKENS) -> None:
+    def __init__(
+        self,
+        min_tokens: int = DEFAULT_MIN_TOKENS,
+        min_similarity: float = DEFAULT_MIN_SIMILARITY,
+    ) -> None:
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be at least 1, got {min_tokens}")
+        if not 0.0 <= min_similarity <= 1.0:
+            raise ValueError(f"min_similarity is a share in [0, 1], got {min_similarity}")
         self.min_tokens = min_tokens
+        self.min_similarity = min_similarity
         self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self.hits = 0  # requests that continued an entry
         self.misses = 0  # requests that found none worth continuing
@@ -91,17 +110,20 @@ class PrefixCache:
         return True
 
     def claim(self, prompt: Sequence[int]) -> PrefixHit | None:
-        """The entry `prompt` continues furthest (the most recent of equals), taken out of the
-        index for the request to continue; None (a miss) where no reuse reaches `min_tokens`."""
+        """The entry `prompt` continues furthest (the most recent of equals) among those whose
+        reuse reaches `min_tokens` and `min_similarity` of what they hold, taken out of the index
+        for the request to continue; None (a miss) where there is none."""
         best: PrefixHit | None = None
         prompt = tuple(prompt)
         limit = len(prompt) - 1
         for seq_id in reversed(self._entries):  # most recent first: it wins a tie
             held = self._entries[seq_id]
             reused = min(common_prefix(held, prompt), limit)
+            if reused < max(self.min_tokens, self.min_similarity * len(held)):
+                continue
             if best is None or reused > best.reused:
                 best = PrefixHit(seq_id, reused, len(held))
-        if best is None or best.reused < self.min_tokens:
+        if best is None:
             self.misses += 1
             return None
         self._drop(best.seq_id)

@@ -49,7 +49,7 @@ def test_the_most_recent_of_equal_matches_wins():
 
 
 def test_at_least_one_prompt_token_is_prefilled():
-    c = PrefixCache(min_tokens=4)
+    c = PrefixCache(min_tokens=4, min_similarity=0.0)
     tokens = list(range(50))
     c.put(7, tokens)
     # the same prompt again, and one that is a prefix of the entry: its last token is prefilled
@@ -59,13 +59,25 @@ def test_at_least_one_prompt_token_is_prefilled():
 
 
 def test_a_reuse_below_the_minimum_is_a_miss_and_keeps_the_entry():
-    c = PrefixCache(min_tokens=16)
+    c = PrefixCache(min_tokens=16, min_similarity=0.0)
     c.put(1, list(range(40)))
     assert c.claim(list(range(15)) + [999] * 10) is None
     assert c.claim(list(range(16))) is None  # 16 shared, but one must be prefilled: 15
     assert 1 in c
     assert c.claim(list(range(17))).reused == 16
     assert (c.hits, c.misses) == (1, 2)
+
+
+def test_a_prompt_reusing_under_half_an_entry_leaves_that_conversation_alone():
+    """A chat template's header and a stock first sentence (20 tokens) do not take over a long
+    conversation; a short entry they cover more than half of, they do."""
+    header = list(range(200, 220))
+    c = PrefixCache(min_tokens=16)  # min_similarity 0.5, llama.cpp's
+    c.put(1, header + [1] * 80)  # a long conversation
+    assert c.claim(header + [2] * 50) is None and 1 in c
+    c.put(2, header + [3] * 15)  # 35 held: 20 reused is more than half
+    assert c.claim(header + [2] * 50) == PrefixHit(2, 20, 35)
+    assert c.claim(header + [1] * 30 + [4]) == PrefixHit(1, 50, 100)  # exactly half
 
 
 def test_an_entry_too_short_ever_to_be_a_hit_is_not_kept():
@@ -122,6 +134,8 @@ def test_held_tokens_follow_every_change():
         assert c.held_tokens == sum(len(t) for t in c._entries.values())
 
 
-def test_the_minimum_is_at_least_one_token():
+def test_the_bounds_are_checked():
     with pytest.raises(ValueError, match="min_tokens"):
         PrefixCache(min_tokens=0)
+    with pytest.raises(ValueError, match="min_similarity"):
+        PrefixCache(min_similarity=1.5)

@@ -156,7 +156,8 @@ def test_random_chats_with_and_without_the_cache_give_the_same_tokens():
     for trial in range(12):
         max_batch = rng.randrange(1, 5)
         ex = HistoryExecutor(max_batch=max_batch, max_seq_len=512, rewind=True)
-        sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=rng.choice([1, 4, 16])))
+        cache = PrefixCache(min_tokens=rng.choice([1, 4, 16]), min_similarity=rng.choice([0, 0.5]))
+        sched = Scheduler(ex, prefix_cache=cache)
         chats = [list(rng.choice(systems)) for _ in range(rng.randrange(2, 6))]
         reused = 0
         for _ in range(4):  # turns
