@@ -4,8 +4,10 @@ same turn prefilled by a fresh executor.
 
 Bit equality of a continuation needs batch-invariant kernels: the kept KV of the previous
 turn's generated tokens was written by decode steps (GEMV) and a fresh prefill writes it by the
-prefill product (GEMM), whose float summation order differs on some paths today. The cases where
-it does are marked xfail (not strict) until the batch-invariant kernels land (issue 30, part 1).
+prefill product (GEMM, in tiles whose remainder rows take other paths), whose float summation
+orders differ on every path but the torch-free one over BF16 today (over 24 compositions: torch-
+free BF16 24 exact, Q8_0 21, Q4_1 15, torch Q8_0 10, torch F32 0). Those are marked xfail (not
+strict) until the batch-invariant kernels land (issue 30, part 1).
 """
 
 import dataclasses
@@ -25,14 +27,14 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {nat
 
 BUDGET = 128  # the scheduler's prefill chunk: turn 1 and a fresh turn 2 go in several
 PENDING = (
-    "pending batch-invariant kernels (issue 30 part 1): KV written by decode steps differs in "
-    "its last bits from the prefill product's on this path"
+    "pending batch-invariant kernels (issue 30 part 1): on this path rows computed in steps of "
+    "other sizes (decode GEMV, prefill tiles) differ in their last bits"
 )
 CASES = [
     pytest.param("lean", "BF16", id="lean-BF16"),
     pytest.param("lean", "Q8_0", id="lean-Q8_0", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
     pytest.param("lean", "Q4_1", id="lean-Q4_1", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
-    pytest.param("local", "Q8_0", id="local-Q8_0"),
+    pytest.param("local", "Q8_0", id="local-Q8_0", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
     pytest.param("local", "F32", id="local-F32", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
 ]  # fmt: skip
 
@@ -79,26 +81,29 @@ def _logits(ex, steps) -> np.ndarray:
     return np.asarray(out)
 
 
+@pytest.mark.parametrize(("n_gen", "budget"), [(12, 128), (48, 64)])
 @pytest.mark.parametrize(("kind", "qtype"), CASES)
-def test_a_prefill_continued_from_kept_kv_equals_a_fresh_prefill_bit_for_bit(files, kind, qtype):
+def test_a_prefill_continued_from_kept_kv_equals_a_fresh_prefill_bit_for_bit(
+    files, kind, qtype, n_gen, budget
+):
     """Turn 1 prefilled in chunks then decoded token by token; turn 2 continued from where it
     ends, and (a rewind) from where another prompt parts from it: the logits equal those of a
     fresh executor prefilling the same tokens in the scheduler's chunks."""
     f = files[qtype]
-    turn1, gen = _prompt(0, 300), _prompt(1, 12)
+    turn1, gen = _prompt(0, 300), _prompt(1, n_gen)
     fed = turn1 + gen[:-1]  # the last sampled token is never fed
     kept = _executor(kind, f)
-    steps = [(0, turn1[i : i + BUDGET], i) for i in range(0, len(turn1), BUDGET)]
+    steps = [(0, turn1[i : i + budget], i) for i in range(0, len(turn1), budget)]
     steps += [(0, [t], len(turn1) + k) for k, t in enumerate(gen[:-1])]
     _logits(kept, steps)
     turn2 = turn1 + gen + _prompt(2, 20)
     got = _logits(kept, [(0, turn2[len(fed) :], len(fed))])
     fresh = _executor(kind, f)
-    want = _logits(fresh, [(1, turn2[i : i + BUDGET], i) for i in range(0, len(turn2), BUDGET)])
+    want = _logits(fresh, [(1, turn2[i : i + budget], i) for i in range(0, len(turn2), budget)])
     assert np.array_equal(got, want), float(np.abs(got - want).max())
     parted = turn1[:250] + _prompt(3, 30)  # rewinds the kept sequence to 250
     got = _logits(kept, [(0, parted[250:], 250)])
-    want = _logits(fresh, [(2, parted[i : i + BUDGET], i) for i in range(0, len(parted), BUDGET)])
+    want = _logits(fresh, [(2, parted[i : i + budget], i) for i in range(0, len(parted), budget)])
     assert np.array_equal(got, want), float(np.abs(got - want).max())
 
 
