@@ -34,6 +34,7 @@ from tandem.engine.build import (
     per_rank,
 )
 from tandem.engine.lean import lean_executor_for
+from tandem.engine.prefix_cache import PrefixCache
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
@@ -137,6 +138,7 @@ def build_serving_engine(
     op_timeout: float | None = None,
     shrink_after: float = 0.0,
     pp_weights: str | None = None,
+    prefix_cache: bool = True,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
@@ -148,7 +150,9 @@ def build_serving_engine(
     back that long after the loss re-forms smaller: a local TP group over one rank fewer (TP=N-1,
     the same dtype and device), a pipeline of one-rank stages over one stage fewer (PP=1: the
     head alone), a joined pair on the head alone (alone: if the whole model fits).
-    `pp_weights`: `--pp-weights` of a pipeline ("2,1", or "auto": from the stages' probes)."""
+    `pp_weights`: `--pp-weights` of a pipeline ("2,1", or "auto": from the stages' probes).
+    `prefix_cache`: keep finished sequences in the executor's idle slots for prompts that
+    continue them (`tandem.engine.prefix_cache`)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     config = source.config
@@ -163,7 +167,7 @@ def build_serving_engine(
             source, device=device, dtype=dtype, max_batch=max_batch, max_seq_len=seq_len
         )
         if lean is not None:
-            return _start(lean, config, tokenizer, name)
+            return _start(lean, config, tokenizer, name, prefix_cache)
     # torch from here on: the layout holds torch dtypes
     layout = replace(
         serving_layout(tp, pp, dtype, device, ring_config, op_timeout),
@@ -233,16 +237,17 @@ def build_serving_engine(
             shrink=shrink if can_shrink else None,
             shrink_after_s=shrink_after,
         )
-    return _start(executor, config, tokenizer, name)
+    return _start(executor, config, tokenizer, name, prefix_cache)
 
 
 def _start(
-    executor: Executor, config, tokenizer, name: str
+    executor: Executor, config, tokenizer, name: str, prefix_cache: bool
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """The scheduler over `executor` started, the engine over it, and the function that stops
     both (scheduler first, then the executor)."""
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
-    scheduler = Scheduler(executor, eos_token_ids=eos)
+    cache = PrefixCache() if prefix_cache else None
+    scheduler = Scheduler(executor, eos_token_ids=eos, prefix_cache=cache)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
     engine = ServingEngine(scheduler, tokenizer, name, chat_template=chat)
     scheduler.start()

@@ -118,17 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _launch(args: argparse.Namespace, console: Console) -> int:
-    if args.model:
-        model, demo_prompt = Path(args.model), DEFAULT_DEMO_PROMPT
-    else:
-        model, demo_prompt = default_model_dir(console)
-    demo_prompt = args.demo_prompt or demo_prompt
-    from tandem.loaders.source import is_gguf
-
-    if not is_gguf(model) and not (model / "config.json").is_file():
-        raise LaunchError(f"{model}: not a model directory (no config.json) or GGUF file")
-    check_port_free(args.host, args.port)
+def serve_argv(args: argparse.Namespace, model: Path) -> list[str]:
+    """The `tandem serve` command line `launch` runs: its engine flags passed on as given."""
     argv = [sys.executable, "-m", "tandem", "serve", "--model", str(model)]
     for flag in (
         "tp",
@@ -148,6 +139,23 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag.replace('_', '-')}", str(value)]
+    if not args.prefix_cache:
+        argv.append("--no-prefix-cache")
+    return argv
+
+
+def _launch(args: argparse.Namespace, console: Console) -> int:
+    if args.model:
+        model, demo_prompt = Path(args.model), DEFAULT_DEMO_PROMPT
+    else:
+        model, demo_prompt = default_model_dir(console)
+    demo_prompt = args.demo_prompt or demo_prompt
+    from tandem.loaders.source import is_gguf
+
+    if not is_gguf(model) and not (model / "config.json").is_file():
+        raise LaunchError(f"{model}: not a model directory (no config.json) or GGUF file")
+    check_port_free(args.host, args.port)
+    argv = serve_argv(args, model)
     n_ranks = args.tp * args.pp
     env = {"TANDEM_API_KEY": args.api_key} if args.api_key else {}  # not on argv, where ps shows it
     group = ProcessGroup(

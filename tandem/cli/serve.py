@@ -58,6 +58,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="device: one, or one per rank (a,b,...)")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per step")
     p.add_argument("--max-seq-len", type=int, default=None, help="context per sequence")
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep a finished request's KV cache in its slot and let a later prompt that starts "
+        "with the same tokens (the next turn of a chat) prefill only the rest; kept sequences "
+        "fill idle slots of --max-batch only and go least recently used first (default: on)",
+    )
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
     p.add_argument(
         "--op-timeout",
@@ -197,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
                 op_timeout=args.op_timeout,
                 shrink_after=args.shrink_after,
                 pp_weights=args.pp_weights,
+                prefix_cache=args.prefix_cache,
             )
             switch.app = create_app(engine, api_key=args.api_key)
             layout = f"tp={args.tp}, pp={args.pp}"

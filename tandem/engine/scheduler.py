@@ -17,6 +17,13 @@ requests hanging. An executor that re-formed its group after losing a rank
 sequence is replayed (its cache length set to 0, prompt + tokens so far prefilled again) and
 its stream goes on.
 
+With a prefix cache (`tandem.engine.prefix_cache`), a finished request's sequence is kept in the
+executor instead of released, indexed by the tokens its KV cache holds; a new request whose prompt
+shares a long enough head with one takes that sequence over and prefills only the rest (its first
+step rewinds the sequence to where the prompts part). A kept sequence holds a slot: admitting a
+request that needs a fresh one when none is free releases the least recently kept. A re-formed
+executor holds none of them, so a replay forgets them all.
+
 Positions: for a sequence with `cached` tokens in the executor's KV cache, the next chunk starts at
 `start_pos = cached`; a decode step feeds the last sampled token at position len(tokens) - 1.
 """
@@ -35,6 +42,7 @@ import numpy as np
 
 from tandem.engine.executor import Executor, Pipelined, Step, StepResult, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
+from tandem.engine.prefix_cache import PrefixCache
 from tandem.engine.recovery import ExecutorReformed
 from tandem.engine.sampling_params import SamplingParams, make_generator
 
@@ -77,6 +85,7 @@ class Request:
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     cancelled: bool = False
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not prefilled
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -117,7 +126,10 @@ class Scheduler:
         eos_token_ids: tuple[int, ...] = (),
         prefill_budget: int = 512,
         idle_wait_s: float = 0.05,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
+        """`prefix_cache`: keep finished sequences for later prompts that start like them (None:
+        release each sequence as its request finishes)."""
         if prefill_budget < 1:
             raise ValueError("prefill_budget must be at least 1 token")
         self.executor = executor
@@ -125,6 +137,7 @@ class Scheduler:
         self.prefill_budget = prefill_budget
         self.idle_wait_s = idle_wait_s
         self.stats = SchedulerStats()
+        self.prefix_cache = prefix_cache
         self._failure: BaseException | None = None
         self._waiting: deque[Request] = deque()
         self._running: list[_Running] = []
@@ -312,34 +325,72 @@ class Scheduler:
         if finished:
             done = {id(r) for r, _, _ in finished}
             self._running = [r for r in self._running if id(r) not in done]
-            self.executor.release([r.seq_id for r, _, _ in finished])
+            self._release([r.seq_id for r, reason, _ in finished if not self._keep(r, reason)])
             for r, reason, error in finished:
                 self._finish(r, reason, error)
 
     # ---- helpers -------------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        evicted: list[int] = []
         with self._cv:
             while self._waiting and len(self._running) < self.executor.max_batch:
                 req = self._waiting.popleft()
                 if req.cancelled:
                     req.on_finish("cancelled", None)
                     continue
-                r = _Running(req=req, seq_id=next(self._ids), tokens=list(req.prompt_ids))
+                r = _Running(req=req, seq_id=-1, tokens=list(req.prompt_ids))
                 try:
                     r.generator = make_generator(req.params.seed)
                 except Exception as e:  # e.g. a seed that is not an int
                     self._finish(r, "error", RequestFailed(f"seed {req.params.seed!r}: {e}"))
                     continue
+                self._place(r, evicted)
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self._running.append(r)
+        self._release(evicted)
+
+    def _place(self, r: _Running, evicted: list[int]) -> None:
+        """Gives `r` its sequence: a kept one its prompt continues (then only the rest is
+        prefilled), else a new one, the least recently kept sequence evicted (into `evicted`, for
+        the caller to release) when every slot is taken."""
+        cache = self.prefix_cache
+        if cache is not None:
+            hit = cache.claim(r.tokens)
+            if hit is not None:
+                r.seq_id, r.cached = hit.seq_id, hit.reused
+                r.req.cached_tokens = hit.reused
+                return
+            if len(self._running) + len(cache) >= self.executor.max_batch:
+                seq_id = cache.evict()
+                if seq_id is not None:
+                    evicted.append(seq_id)
+        r.seq_id = next(self._ids)
+
+    def _keep(self, r: _Running, reason: str) -> bool:
+        """Whether `r`'s finished sequence stays in the executor as a prefix cache entry (else it
+        is released): the tokens whose KV it holds, `tokens[:cached]`, are indexed."""
+        if self.prefix_cache is None or reason == "error" or r.cached == 0:
+            return False
+        return self.prefix_cache.put(r.seq_id, r.tokens[: r.cached])
+
+    def _release(self, seq_ids: list[int]) -> None:
+        if not seq_ids:
+            return
+        try:
+            self.executor.release(seq_ids)
+        except Exception as e:  # a broken executor: fail closed, as a failed step does
+            self._fail_all(e)
 
     def _drop_cancelled(self) -> None:
         gone = [r for r in self._running if r.req.cancelled and not r.busy]
         if gone:
             ids = {id(r) for r in gone}
             self._running = [r for r in self._running if id(r) not in ids]
-            self.executor.release([r.seq_id for r in gone if r.cached > 0])
+            # cached == 0: the executor never saw the sequence
+            self._release(
+                [r.seq_id for r in gone if r.cached > 0 and not self._keep(r, "cancelled")]
+            )
             for r in gone:
                 self._finish(r, "cancelled", None)
 
@@ -381,6 +432,9 @@ class Scheduler:
         for r in self._running:
             r.cached = 0
             r.busy = False
+            r.req.cached_tokens = 0  # every prompt token is prefilled again
+        if self.prefix_cache is not None:  # their KV caches went with the old group
+            self.prefix_cache.drop_all()
         self.stats.replayed_sequences += len(self._running)
         log.warning("replaying %d sequence(s) on the re-formed executor", len(self._running))
 
@@ -391,6 +445,8 @@ class Scheduler:
             self._waiting.clear()
         running, self._running = self._running, []
         self._inflight.clear()
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop_all()
         wrapped = EngineUnavailable(f"the engine failed: {error}")
         for r in running:
             self._finish(r, "error", wrapped)

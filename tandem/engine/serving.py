@@ -41,6 +41,7 @@ class Completion:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt's, taken from the prefix cache (not prefilled)
 
 
 class TextStream:
@@ -161,7 +162,8 @@ class ServingEngine:
             tail = stream.flush()
             if tail:
                 on_delta(tail)
-            on_done(Completion(stream.text, reason, len(prompt_ids), count[0]), None)
+            done = Completion(stream.text, reason, len(prompt_ids), count[0], req.cached_tokens)
+            on_done(done, None)
 
         req = Request(list(prompt_ids), params, on_token, on_finish)
         return self.scheduler.submit(req)
@@ -189,6 +191,7 @@ class ServingEngine:
             "steps": s.steps,
             "step_seconds": s.step_seconds,
             "replayed_sequences": s.replayed_sequences,
+            "prefix_cache": self.prefix_cache_stats(),
             "ttft": s.ttft.snapshot(),
             "decode_latency": s.decode_latency.snapshot(),
             "executor": executor,
@@ -213,8 +216,14 @@ class ServingEngine:
             "generated_tokens": s.generated_tokens,
             "running": running,
             "waiting": waiting,
+            "prefix_cache": self.prefix_cache_stats(),
         }
         return desc
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's counters (`PrefixCache.stats`), None when it is off."""
+        cache = self.scheduler.prefix_cache
+        return None if cache is None else cache.stats()
 
     def _count(self, reason: str) -> None:
         with self._lock:

@@ -294,11 +294,14 @@ async def _drain(events: AsyncIterator[str | Completion]) -> Completion:
     raise APIError(500, "generation ended without a result", type_="server_error")
 
 
-def _usage(c: Completion) -> dict[str, int]:
+def _usage(c: Completion) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix
+    cache held (not prefilled)."""
     return {
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
     }
 
 

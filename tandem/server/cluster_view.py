@@ -83,6 +83,17 @@ class Layout(BaseModel):
     world_size: int
 
 
+class PrefixCacheView(BaseModel):
+    """The prefix cache (`tandem.engine.prefix_cache`) as the scheduler counts it."""
+
+    hits: int = Field(description="requests that continued a kept sequence")
+    misses: int = Field(description="requests that found none sharing enough of their prompt")
+    reused_tokens: int = Field(description="prompt tokens taken from the cache, not prefilled")
+    evictions: int = Field(description="kept sequences released for a request needing a slot")
+    entries: int = Field(description="finished sequences kept now (each holds a KV cache slot)")
+    held_tokens: int = Field(description="tokens the kept sequences hold")
+
+
 class ClusterView(BaseModel):
     """The document `GET /v1/cluster` returns."""
 
@@ -106,6 +117,9 @@ class ClusterView(BaseModel):
         description="a TP group's compute as measured in service: steps, compute_ms_per_step per "
         "rank (waits left out), the weights now and balanced_weights, the TP weights that would "
         "equalize it (engine/tp/balance.py)",
+    )
+    prefix_cache: PrefixCacheView | None = Field(
+        default=None, description="the prefix cache's counters; null when it is off"
     )
 
 
@@ -177,6 +191,7 @@ class ClusterMonitor:
             history=history,
             time=now,
             balance=snap.get("balance"),
+            prefix_cache=s.get("prefix_cache"),
         )
 
 

@@ -44,6 +44,46 @@ def _single(name: str, kind: str, help_: str, value: float) -> list[str]:
     return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
 
 
+# PrefixCache.stats() key -> (metric name, type, help)
+PREFIX_CACHE_METRICS = {
+    "hits": (
+        "tandem_prefix_cache_hits_total",
+        "counter",
+        "Requests that continued a kept sequence (prefilled only the rest of their prompt).",
+    ),
+    "misses": (
+        "tandem_prefix_cache_misses_total",
+        "counter",
+        "Requests that found no kept sequence sharing enough of their prompt.",
+    ),
+    "reused_tokens": (
+        "tandem_prefix_cache_cached_tokens_total",
+        "counter",
+        "Prompt tokens taken from the prefix cache instead of prefilled.",
+    ),
+    "evictions": (
+        "tandem_prefix_cache_evictions_total",
+        "counter",
+        "Kept sequences released for a request that needed their slot.",
+    ),
+    "entries": ("tandem_prefix_cache_entries", "gauge", "Finished sequences kept for reuse."),
+    "held_tokens": (
+        "tandem_prefix_cache_held_tokens",
+        "gauge",
+        "Tokens whose KV cache the kept sequences hold.",
+    ),
+}
+
+
+def _prefix_cache(stats: dict[str, int] | None) -> list[str]:
+    """The prefix cache's series; none when it is off."""
+    lines: list[str] = []
+    for key, (name, kind, help_) in PREFIX_CACHE_METRICS.items():
+        if stats is not None and key in stats:
+            lines += _single(name, kind, help_, stats[key])
+    return lines
+
+
 def render_metrics(
     m: dict[str, Any], healthy: bool, http_requests: dict[tuple[str, int], int]
 ) -> str:
@@ -76,6 +116,7 @@ def render_metrics(
         "Sequences prefilled again from their tokens after their group re-formed.",
         m.get("replayed_sequences", 0),
     )
+    lines += _prefix_cache(m.get("prefix_cache"))
     lines += _single("tandem_requests_running", "gauge", "Requests in the batch.", m["running"])
     lines += _single("tandem_requests_waiting", "gauge", "Requests queued.", m["waiting"])
     lines += _single("tandem_healthy", "gauge", "1 when the cluster is whole.", int(healthy))

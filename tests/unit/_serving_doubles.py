@@ -17,7 +17,10 @@ class HistoryExecutor:
     are a smooth function of the whole history, so a token fed at the wrong place changes the output.
     `offset`/`vocab` let the greedy choice land in printable ASCII for the text-level tests.
     `numpy`: results hold numpy arrays (as a torch-free executor's do) instead of torch tensors,
-    with the same values."""
+    with the same values. `rewind`: take a step behind a sequence's end as every real executor
+    does (positions from start_pos on overwritten; a prefix cache's continuation), else refuse it,
+    so a scheduler without one is held to appending. Never more than `max_batch` sequences
+    live, as a real executor's slots."""
 
     def __init__(
         self,
@@ -28,8 +31,10 @@ class HistoryExecutor:
         span=VOCAB,
         offset=0,
         numpy=False,
+        rewind=False,
     ):
         self.numpy = numpy
+        self.rewind = rewind
         self.vocab_size = vocab
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
@@ -47,11 +52,15 @@ class HistoryExecutor:
         rows = []
         for s in step.sequences:
             h = self.history.setdefault(s.seq_id, [])
+            if self.rewind:
+                assert s.start_pos <= len(h), (s, len(h))
+                del h[s.start_pos :]
             assert s.start_pos == len(h), (s, len(h))
             h.extend(s.token_ids)
             assert len(h) <= self.max_seq_len
             target = self.offset + (sum(t * (i + 1) for i, t in enumerate(h)) * 31 + 7) % self.span
             rows.append(-np.abs(np.arange(self.vocab_size, dtype=np.float32) - target))
+        assert len(self.history) <= self.max_batch, "more live sequences than slots"
         logits = np.stack(rows)  # (B, vocab) float32
         if not self.numpy:
             logits = torch.from_numpy(logits)

@@ -163,3 +163,44 @@ def test_latency_histograms_are_cumulative_and_never_shrink():
     for _ in range(10000):
         h.observe(0.05)
     assert h.snapshot()["buckets"][0] == (0.1, 10001)
+
+
+def test_cached_tokens_are_in_the_usage_the_metrics_and_the_cluster_view():
+    from tandem.engine.prefix_cache import PrefixCache
+
+    ex = HistoryExecutor(vocab=128, span=26, offset=97, max_seq_len=256, rewind=True)
+    sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=16))
+    sched.start()
+    engine = ServingEngine(sched, CharTokenizer(), MODEL)
+    prompt = "a system prompt of some forty characters."
+    try:
+        with TestClient(create_app(engine)) as c:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0}
+            first = c.post("/v1/completions", json=body).json()
+            assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+            body["prompt"] = prompt + first["choices"][0]["text"] + " next"
+            r = c.post("/v1/completions", json={**body, "stream": True,
+                                                 "stream_options": {"include_usage": True}})  # fmt: skip
+            events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+            held = len(prompt) + 4  # the fifth generated token was never fed
+            assert events[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": held}
+            metrics = c.get("/metrics").text
+            for line in (
+                "tandem_prefix_cache_hits_total 1",
+                "tandem_prefix_cache_misses_total 1",
+                f"tandem_prefix_cache_cached_tokens_total {held}",
+                "tandem_prefix_cache_entries 1",
+                "# TYPE tandem_prefix_cache_entries gauge",
+            ):
+                assert line in metrics.splitlines(), line
+            view = c.get("/v1/cluster").json()["prefix_cache"]
+            assert view["hits"] == 1 and view["reused_tokens"] == held and view["entries"] == 1
+    finally:
+        sched.stop()
+
+
+def test_without_a_prefix_cache_metrics_leave_its_series_out_and_usage_says_zero(client):
+    r = _chat(client, max_tokens=3).json()
+    assert r["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert "tandem_prefix_cache" not in client.get("/metrics").text
+    assert client.get("/v1/cluster").json()["prefix_cache"] is None

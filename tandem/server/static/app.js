@@ -19,6 +19,7 @@ const cluster = new ClusterPanel(
     load: $("load"),
     generated: $("generated"),
     wire: $("wire"),
+    prefixCache: $("prefix-cache"),
     ranks: $("ranks").tBodies[0],
     links: $("links").tBodies[0],
     plot: $("tps-plot"),
