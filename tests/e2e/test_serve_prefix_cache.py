@@ -4,8 +4,8 @@ chat with a ~1,000-token system prompt takes the kept tokens from the cache (rep
 without the cache writes; eviction over two slots keeps every answer right; `/metrics` and
 `/v1/cluster` count hits, misses and evictions.
 
-The tiny model is a BF16 GGUF (the torch-free executor, whose continued prefill is bit-exact
-today); the default model (SmolLM2 Q4_1) also shows the time to first token falling."""
+The tiny model is a BF16 GGUF, also at TP=2 and PP=2; the default model (SmolLM2 Q4_1) too.
+The time to first token it saves is measured by scripts/bench/prefix_cache.py, not here."""
 
 import dataclasses
 import random
@@ -147,12 +147,6 @@ def test_eviction_over_two_slots_keeps_every_answer_right(tiny, servers):
         assert metric(base, "tandem_prefix_cache_entries") == 2
 
 
-TORCH_PENDING = (
-    "pending batch-invariant kernels (issue 30 part 1): on the torch path the KV of turn 1's "
-    "generated tokens, written by the decode GEMV, differs in its last bits from the prefill's"
-)
-
-
 @pytest.fixture(scope="module", params=[["--tp", "2"], ["--pp", "2"]], ids=["tp2", "pp2"])
 def parallel_turn_two(request, tiny):
     """Turn 2 of the chat on a TP=2 or PP=2 server with the cache (after turn 1) and on one of the
@@ -181,17 +175,12 @@ def test_tp_and_pp_servers_continue_the_kept_sequence_on_every_rank(parallel_tur
     assert fresh.usage.prompt_tokens_details.cached_tokens == 0
 
 
-@pytest.mark.xfail(strict=False, reason=TORCH_PENDING)
 def test_tp_and_pp_servers_write_the_fresh_text_from_the_cache(parallel_turn_two):
     cached, fresh = parallel_turn_two
     assert cached.choices[0].message.content == fresh.choices[0].message.content
 
 
 SMOLLM2 = smollm2_file()
-PENDING = (
-    "pending batch-invariant kernels (issue 30 part 1): on Q4_1 the KV of turn 1's generated "
-    "tokens, written by decode steps, differs in its last bits from a fresh prefill's"
-)
 
 
 @pytest.fixture(scope="module")
@@ -223,16 +212,14 @@ def smollm2_turn_two():
 
 
 @pytest.mark.slow
-def test_on_the_default_model_turn_two_is_mostly_cached_and_fast(smollm2_turn_two):
-    warm, _, usage = smollm2_turn_two["cached"]
-    cold, _, cold_usage = smollm2_turn_two["fresh"]
+def test_on_the_default_model_turn_two_is_mostly_cached(smollm2_turn_two):
+    _, _, usage = smollm2_turn_two["cached"]
+    _, _, cold_usage = smollm2_turn_two["fresh"]
     assert usage.prompt_tokens >= 900 and usage.prompt_tokens == cold_usage.prompt_tokens
     assert usage.prompt_tokens_details.cached_tokens >= 0.9 * usage.prompt_tokens
     assert cold_usage.prompt_tokens_details.cached_tokens == 0
-    assert warm <= 0.3 * cold, (warm, cold)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=PENDING)
 def test_on_the_default_model_turn_two_writes_the_fresh_servers_text(smollm2_turn_two):
     assert smollm2_turn_two["cached"][1] == smollm2_turn_two["fresh"][1]

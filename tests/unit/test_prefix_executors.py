@@ -2,12 +2,9 @@
 byte-level BPE, 2048 positions): a chat's next turn continued from the kept sequence against the
 same turn prefilled by a fresh executor.
 
-Bit equality of a continuation needs batch-invariant kernels: the kept KV of the previous
-turn's generated tokens was written by decode steps (GEMV) and a fresh prefill writes it by the
-prefill product (GEMM, in tiles whose remainder rows take other paths), whose float summation
-orders differ on every path but the torch-free one over BF16 today (over 24 compositions: torch-
-free BF16 24 exact, Q8_0 21, Q4_1 15, torch Q8_0 10, torch F32 0). Those are marked xfail (not
-strict) until the batch-invariant kernels land (issue 30, part 1).
+Bit equality of a continuation rests on batch-invariant kernels (csrc/canon.h, the native
+attention): the kept KV of the previous turn's generated tokens was written by decode steps and a
+fresh prefill writes it in one product of many rows, and both must give the same bits.
 """
 
 import dataclasses
@@ -26,16 +23,12 @@ from tandem.models.presets import get_preset
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
 
 BUDGET = 128  # the scheduler's prefill chunk: turn 1 and a fresh turn 2 go in several
-PENDING = (
-    "pending batch-invariant kernels (issue 30 part 1): on this path rows computed in steps of "
-    "other sizes (decode GEMV, prefill tiles) differ in their last bits"
-)
 CASES = [
     pytest.param("lean", "BF16", id="lean-BF16"),
-    pytest.param("lean", "Q8_0", id="lean-Q8_0", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
-    pytest.param("lean", "Q4_1", id="lean-Q4_1", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
-    pytest.param("local", "Q8_0", id="local-Q8_0", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
-    pytest.param("local", "F32", id="local-F32", marks=pytest.mark.xfail(strict=False, reason=PENDING)),
+    pytest.param("lean", "Q8_0", id="lean-Q8_0"),
+    pytest.param("lean", "Q4_1", id="lean-Q4_1"),
+    pytest.param("local", "Q8_0", id="local-Q8_0"),
+    pytest.param("local", "F32", id="local-F32"),
 ]  # fmt: skip
 
 
