@@ -17,6 +17,7 @@ from tandem.engine.executor import (
     StepSequence,
     split_microbatches,
 )
+from tandem.engine.logits_process import SequenceSampler
 from tandem.engine.sampling_params import SamplingParams, make_generator
 
 
@@ -114,13 +115,15 @@ def generate(
     if not prompts or any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     results = [GenerationResult(list(p)) for p in prompts]
-    gens = [
-        make_generator(None if params.seed is None else params.seed + i)
-        for i in range(len(prompts))
+    samplers = [
+        SequenceSampler(
+            params, p, generator=make_generator(None if params.seed is None else params.seed + i)
+        )
+        for i, p in enumerate(prompts)
     ]
     ids = [first_seq_id + i for i in range(len(prompts))]
     stop = set(params.stop_token_ids)
-    greedy = params.greedy  # the executor may return argmax ids, not logits
+    greedy = not samplers[0].needs_logits  # the executor may return argmax ids, not logits
     if groups is not None and isinstance(executor, Pipelined):
         submit, collect = executor.submit, _collect_from(executor)
     else:
@@ -143,7 +146,7 @@ def generate(
             now = time.perf_counter()
             still = []
             for k, i in enumerate(rows):
-                tok = result.pick(k, params, gens[i])
+                tok, _ = samplers[i].choose(result, k)
                 if on_token is not None:
                     on_token(i, tok)
                 if accept_token(results[i], tok, now - t0, stop, params.max_tokens):

@@ -1,9 +1,11 @@
 """Per-request sampling parameters and the draw of one token from one row of logits.
 
-Each request owns a `numpy.random.Generator` (PCG64) seeded from its `seed`, so the token it draws
-at step k depends only on its own logits and its own seed, never on which other requests shared the
-step. Sampling runs on numpy and never imports torch: a row of logits may be a numpy array or a
-torch CPU tensor (read through the array protocol, without a copy for float32).
+Each request owns a `numpy.random.Generator` (PCG64) seeded from its `seed` (and, for the n
+choices of one request, its `choice`), so the token it draws at step k depends only on its own
+logits and its own seed, never on which other requests shared the step. Sampling runs on numpy and
+never imports torch: a row of logits may be a numpy array or a torch CPU tensor (read through the
+array protocol, without a copy for float32). What changes a row before the draw (a token mask,
+`logit_bias`, the penalties) and the logprobs read from it are `tandem.engine.logits_process`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import numpy as np
 # softmax over infinities is NaN.
 GREEDY_BELOW = 1e-5
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # a request's seed: any int64 or uint64
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's frequency_penalty / presence_penalty
+REPETITION_PENALTY_MAX = 100.0
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's, added to the logit
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs
 
 
 class SamplingParamsError(ValueError):
@@ -30,19 +36,50 @@ class SamplingError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1.0 disable those filters."""
+    """temperature 0 is greedy; top_k 0, top_p 1.0 and min_p 0.0 disable those filters; penalties
+    of 0 (repetition 1.0) and no `logit_bias` leave the logits as they are.
+
+    `frequency_penalty` / `presence_penalty` (OpenAI's): subtracted from the logit of each token
+    the output holds, times its count / once. `repetition_penalty` (transformers', llama.cpp's):
+    the logit of each token among the last `repetition_window` tokens of prompt + output (0: all of
+    them) divided by it where positive, multiplied by it where negative. `logit_bias`: (token id,
+    bias) pairs added to the logits. `logprobs`: None, or how many of the most likely tokens to
+    report beside the chosen one (0..20). `choice`: which of the n choices of one request this is;
+    each draws from its own stream of the same seed."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_window: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    choice: int = 0
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty reads the sequence's tokens (then its history is kept)."""
+        return (
+            self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether anything changes the logits before the draw (a penalty or a bias)."""
+        return self.penalized or bool(self.logit_bias)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,9 +90,38 @@ class SamplingParams:
             raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise SamplingParamsError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
         lo, hi = SEED_RANGE
         if self.seed is not None and not lo <= self.seed <= hi:
             raise SamplingParamsError(f"seed must be in [{lo}, {hi}], got {self.seed}")
+        lo, hi = PENALTY_RANGE
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not lo <= getattr(self, name) <= hi:
+                raise SamplingParamsError(
+                    f"{name} must be in [{lo}, {hi}], got {getattr(self, name)}"
+                )
+        if not 0.0 < self.repetition_penalty <= REPETITION_PENALTY_MAX:
+            raise SamplingParamsError(
+                f"repetition_penalty must be in (0, {REPETITION_PENALTY_MAX}], "
+                f"got {self.repetition_penalty}"
+            )
+        if self.repetition_window < 0:
+            raise SamplingParamsError(
+                f"repetition_window must be >= 0, got {self.repetition_window}"
+            )
+        lo, hi = LOGIT_BIAS_RANGE
+        for token, bias in self.logit_bias:
+            if token < 0 or not lo <= bias <= hi:
+                raise SamplingParamsError(
+                    f"logit_bias {{{token}: {bias}}}: ids are >= 0, biases in [{lo}, {hi}]"
+                )
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SamplingParamsError(
+                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
+        if self.choice < 0:
+            raise SamplingParamsError(f"choice must be >= 0, got {self.choice}")
 
 
 def numpy_seed(seed: int) -> int:
@@ -64,27 +130,51 @@ def numpy_seed(seed: int) -> int:
     return seed if seed >= 0 else (1 << 64) - 1 - seed
 
 
-def make_generator(seed: int | None) -> np.random.Generator:
+def make_generator(seed: int | None, choice: int = 0) -> np.random.Generator:
     """A PCG64 generator seeded from `seed` (`numpy_seed`); None: from the OS's entropy (numpy's
-    own seeding)."""
-    return np.random.Generator(np.random.PCG64(None if seed is None else numpy_seed(seed)))
+    own seeding). Choice 0 is the seed's own stream; choice i > 0 the seed's i-th spawned one
+    (`SeedSequence(spawn_key=(i,))`: independent of every other seed's and choice's)."""
+    if choice == 0:
+        return np.random.Generator(np.random.PCG64(None if seed is None else numpy_seed(seed)))
+    entropy = None if seed is None else numpy_seed(seed)
+    return np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(entropy, spawn_key=(choice,)))
+    )
 
 
 def sample_next(logits: Any, params: SamplingParams, generator: np.random.Generator) -> int:
     """One token id from `logits` (vocab,), a float numpy array or torch CPU tensor; a 0-d integer
-    is a token the executor already chose (a greedy step) and is returned as it is.
-
-    Greedy takes the argmax (ties to the lowest id). Else the logits are divided by the
-    temperature; `top_k` keeps the logits >= the k-th largest; `top_p` keeps the smallest prefix of
-    tokens by descending probability (ties by id) whose mass reaches `top_p`, at least the top
-    token; one token is drawn from what is left with one uniform number from `generator`. The
-    softmax runs in float64. `SamplingError` for logits no token can be drawn from."""
+    is a token the executor already chose (a greedy step) and is returned as it is. The row is
+    drawn from as it is (`sample_row`): no mask, bias or penalty."""
     if np.ndim(logits) == 0 and not is_floating(logits):
         return int(logits)
+    return sample_row(float_row(logits), params, generator)
+
+
+def float_row(logits: Any) -> np.ndarray:
+    """A row of logits as a float32 numpy array (a view where it already is one)."""
     as_float = getattr(logits, "float", None)  # a torch tensor in another float dtype: float32
-    row = np.asarray(as_float() if callable(as_float) else logits, dtype=np.float32)
+    return np.asarray(as_float() if callable(as_float) else logits, dtype=np.float32)
+
+
+def sample_row(row: np.ndarray, params: SamplingParams, generator: np.random.Generator) -> int:
+    """One token id from `row` (vocab,), float32 or float64 (a row already masked, biased and
+    penalized: `tandem.engine.logits_process`): greedy takes the argmax (ties to the lowest id),
+    else one uniform number from `generator` draws from `draw_probs`."""
     if params.greedy:
         return int(np.argmax(row))
+    return _draw(draw_probs(row, params), generator)
+
+
+def draw_probs(row: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The weights a non-greedy draw from `row` uses, float64, 0 for every token it cannot take
+    (they sum to 1 before `top_p`, and to the kept mass after it).
+
+    The logits are divided by the temperature; `top_k` keeps the logits >= the k-th largest;
+    `min_p` keeps the tokens whose probability is at least `min_p` times the top token's; `top_p`
+    keeps the smallest prefix of what is left by descending probability (ties by id) whose mass
+    reaches `top_p`, at least the top token (vLLM's order). The softmax runs in float64.
+    `SamplingError` for logits no token can be drawn from."""
     scaled = np.divide(row, params.temperature, dtype=np.float64)
     n = scaled.shape[-1]
     if 0 < params.top_k < n:
@@ -93,11 +183,13 @@ def sample_next(logits: Any, params: SamplingParams, generator: np.random.Genera
     top = scaled.max()  # NaN where any logit is NaN
     if not np.isfinite(top):
         raise SamplingError(f"cannot sample from logits whose maximum is {top}")
-    probs = np.exp(scaled - top)
+    probs = np.exp(scaled - top)  # the top token's is 1
+    if params.min_p > 0.0:
+        probs[probs < params.min_p] = 0.0
     probs /= probs.sum()
     if params.top_p < 1.0:
         probs = _top_p(probs, params.top_p)
-    return _draw(probs, generator)
+    return probs
 
 
 TOP_P_CANDIDATES = (1024, 16384, 65536)  # sorted first: a full sort of 150k ids costs ~25 ms

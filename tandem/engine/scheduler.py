@@ -38,18 +38,18 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tandem.engine.executor import Executor, Pipelined, Step, StepResult, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
+from tandem.engine.logits_process import SequenceSampler, TokenLogprobs, TokenMask
 from tandem.engine.prefix_cache import PrefixCache
 from tandem.engine.recovery import ExecutorReformed
-from tandem.engine.sampling_params import SamplingParams, make_generator
+from tandem.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 FinishCallback = Callable[[str, BaseException | None], None]
 TokenCallback = Callable[[int], bool]
+LogprobsCallback = Callable[[TokenLogprobs], None]
 
 
 class SchedulerError(RuntimeError):
@@ -76,12 +76,17 @@ class SchedulerDied(EngineUnavailable):
 class Request:
     """One generation. `on_token(id)` sees each sampled token (return True to stop here, e.g. a stop
     string matched); `on_finish(reason, error)` is called exactly once, reason in
-    {"stop", "length", "cancelled", "error"}. Both run on the scheduler's thread: keep them short."""
+    {"stop", "length", "cancelled", "error"}. With `params.logprobs` set, `on_logprobs` sees each
+    token's logprobs just before `on_token` sees the token (a token that ends the request as EOS
+    or a stop id is in neither). `mask`: the tokens it may take at each step (`TokenMask`). The
+    callbacks run on the scheduler's thread: keep them short."""
 
     prompt_ids: list[int]
     params: SamplingParams
     on_token: TokenCallback
     on_finish: FinishCallback
+    on_logprobs: LogprobsCallback | None = None
+    mask: TokenMask | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     cancelled: bool = False
@@ -98,7 +103,7 @@ class _Running:
     tokens: list[int]  # prompt + generated so far
     cached: int = 0  # tokens of `tokens` already in the executor's KV cache
     generated: int = 0
-    generator: np.random.Generator | None = None
+    sampler: SequenceSampler | None = None
     busy: bool = False  # in a pipeline step that has not come back yet
 
 
@@ -181,6 +186,11 @@ class Scheduler:
             raise RequestRejected(
                 f"token id(s) {bad[:5]} outside this model's vocabulary [0, {vocab})"
             )
+        bad = [t for t, _ in req.params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise RequestRejected(
+                f"logit_bias token id(s) {bad[:5]} outside this model's vocabulary [0, {vocab})"
+            )
         with self._cv:
             failure = self.failure
             if failure is not None:
@@ -237,7 +247,9 @@ class Scheduler:
         seqs, rows, prefill_tokens = self._build(self._running)
         t0 = time.perf_counter()
         try:
-            greedy = all(r.req.params.greedy for r in rows)  # then (B,) argmax ids come back
+            # argmax ids (B,) come back only when no row needs its logits (sampling, logprobs,
+            # a bias, a penalty or a mask); one such row brings every row's logits
+            greedy = not any(r.sampler.needs_logits for r in rows if r.sampler is not None)
             result = self.executor.run(Step(sequences=seqs, greedy=greedy))
         except ExecutorReformed:
             self._replay()
@@ -316,7 +328,9 @@ class Scheduler:
             if r.cached < len(r.tokens):
                 continue  # prompt chunk: nothing to sample yet
             try:
-                reason = self._sample_and_emit(r, result.pick(row, r.req.params, r.generator))
+                assert r.sampler is not None
+                token, logprobs = r.sampler.choose(result, row)
+                reason = self._sample_and_emit(r, token, logprobs)
             except Exception as e:  # this request's sampling or callback: it alone fails
                 finished.append((r, "error", RequestFailed(f"{type(e).__name__}: {e}")))
                 continue
@@ -341,7 +355,7 @@ class Scheduler:
                     continue
                 r = _Running(req=req, seq_id=-1, tokens=list(req.prompt_ids))
                 try:
-                    r.generator = make_generator(req.params.seed)
+                    r.sampler = SequenceSampler(req.params, req.prompt_ids, req.mask)
                 except Exception as e:  # e.g. a seed that is not an int
                     self._finish(r, "error", RequestFailed(f"seed {req.params.seed!r}: {e}"))
                     continue
@@ -394,7 +408,9 @@ class Scheduler:
             for r in gone:
                 self._finish(r, "cancelled", None)
 
-    def _sample_and_emit(self, r: _Running, token: int) -> str | None:
+    def _sample_and_emit(
+        self, r: _Running, token: int, logprobs: TokenLogprobs | None = None
+    ) -> str | None:
         r.tokens.append(token)
         r.generated += 1
         self.stats.generated_tokens += 1
@@ -404,6 +420,8 @@ class Scheduler:
         eos = token in self.eos_token_ids and not r.req.params.ignore_eos
         if eos or token in r.req.params.stop_token_ids:
             return "stop"
+        if logprobs is not None and r.req.on_logprobs is not None:
+            r.req.on_logprobs(logprobs)
         if r.req.on_token(token):
             return "stop"
         if r.generated >= r.req.params.max_tokens or len(r.tokens) >= self.max_seq_len:

@@ -8,6 +8,7 @@ import sys
 TORCH_FREE = (
     "tandem.engine.executor",
     "tandem.engine.sampling_params",
+    "tandem.engine.logits_process",
     "tandem.engine.scheduler",
     "tandem.engine.sequences",
     "tandem.engine.generate",
