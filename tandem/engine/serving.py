@@ -4,6 +4,10 @@
 and careful at the two places streaming goes wrong: a multi-byte character split across tokens is held
 back until it is complete, and text that might be the beginning of a stop string is held back until it
 is known not to be one, so a stop string never leaks into the output, streamed or not.
+
+With logprobs asked for, each delta carries the tokens whose text starts in it (`OutputToken`,
+with its offset in the completion's text); a token whose text starts past the end of a text cut
+at a stop string is not reported, and one that ends the request (EOS, a stop id) neither.
 """
 
 from __future__ import annotations
@@ -11,17 +15,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tandem.engine.logits_process import TokenLogprobs, TokenMask
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import EngineUnavailable, Request, RequestRejected, Scheduler
 
 __all__ = [
     "Completion",
     "EngineUnavailable",
+    "OutputToken",
     "RequestRejected",
     "ServingEngine",
+    "TextDelta",
     "TextStream",
     "TextTokenizer",
 ]
@@ -35,6 +42,24 @@ class TextTokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+@dataclass(frozen=True)
+class OutputToken:
+    """A generated token with its logprobs (`TokenLogprobs`) and `offset`, the characters of the
+    completion's text before its own."""
+
+    logprobs: TokenLogprobs
+    offset: int
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Text newly safe to show, and the tokens (with logprobs, when asked for) whose text starts
+    in it; at the end of a generation the text may be empty."""
+
+    text: str
+    tokens: tuple[OutputToken, ...] = ()
+
+
 @dataclass
 class Completion:
     text: str
@@ -42,6 +67,8 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # of the prompt's, taken from the prefix cache (not prefilled)
+    tokens: list[OutputToken] = field(default_factory=list)  # with logprobs, when asked for
+    token_ids: list[int] = field(default_factory=list)  # every token generated (no EOS)
 
 
 class TextStream:
@@ -56,7 +83,8 @@ class TextStream:
         self.stopped = False
 
     def push(self, token: int) -> tuple[str, bool]:
-        """(delta, hit_stop): the newly safe text, and whether a stop string just completed."""
+        """(delta, hit_stop): the newly safe text, and whether a stop string just completed.
+        `start` (read before the push) is where the token's text begins."""
         self.ids.append(token)
         text = self._decode(self.ids)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
@@ -74,6 +102,12 @@ class TextStream:
             safe = len(text) - self._partial_stop_suffix(text)
             return self._take(max(safe, self.sent)), False
         return self._take(len(text)), False
+
+    @property
+    def start(self) -> int:
+        """Where the next token's text begins: the end of the text decoded so far, less an
+        unfinished character (which the next token completes, so it begins there too)."""
+        return len(self.text)
 
     def flush(self) -> str:
         """Everything not yet handed out (at the end of a generation that did not hit a stop)."""
@@ -124,6 +158,11 @@ class ServingEngine:
     def max_seq_len(self) -> int:
         return self.scheduler.max_seq_len
 
+    @property
+    def vocab_size(self) -> int:
+        """The width of the executor's logits: every token id a request may name."""
+        return self.scheduler.executor.vocab_size
+
     def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
         if self._chat_template is not None:
             return self._chat_template(messages)
@@ -139,19 +178,35 @@ class ServingEngine:
         prompt_ids: list[int],
         params: SamplingParams,
         stop: tuple[str, ...],
-        on_delta: Callable[[str], None],
+        on_delta: Callable[[TextDelta], None],
         on_done: Callable[[Completion | None, BaseException | None], None],
+        mask: TokenMask | None = None,
     ) -> Request:
-        """Starts a generation; `on_delta` gets text as it becomes safe to show, then `on_done` once.
-        Raises RequestRejected / EngineUnavailable before anything runs. Cancel with `.cancel()`."""
+        """Starts a generation; `on_delta` gets text as it becomes safe to show (with the tokens it
+        starts, when `params.logprobs` is set), then `on_done` once. Raises RequestRejected /
+        EngineUnavailable before anything runs. Cancel with `.cancel()`."""
         stream = TextStream(self.tokenizer.decode, stop)
-        count = [0]
+        ids: list[int] = []
+        logged: list[OutputToken] = []  # every token reported, in order
+        held: list[OutputToken] = []  # reported once text past their start is shown
+        last: list[TokenLogprobs] = []
+
+        def on_logprobs(lp: TokenLogprobs) -> None:
+            last.append(lp)
 
         def on_token(token: int) -> bool:
-            count[0] += 1
-            delta, hit = stream.push(token)
-            if delta:
-                on_delta(delta)
+            ids.append(token)
+            if last:
+                held.append(OutputToken(last.pop(), stream.start))
+            text, hit = stream.push(token)
+            k = 0  # offsets never decrease: the tokens shown are a prefix of those held
+            while k < len(held) and held[k].offset < stream.sent:
+                k += 1
+            shown = held[:k]
+            del held[:k]
+            logged.extend(shown)
+            if text or shown:
+                on_delta(TextDelta(text, tuple(shown)))
             return hit
 
         def on_finish(reason: str, error: BaseException | None) -> None:
@@ -160,13 +215,32 @@ class ServingEngine:
                 on_done(None, error or EngineUnavailable(f"request {reason}"))
                 return
             tail = stream.flush()
-            if tail:
-                on_delta(tail)
-            done = Completion(stream.text, reason, len(prompt_ids), count[0], req.cached_tokens)
+            rest = [t for t in held if not stream.stopped or t.offset < len(stream.text)]
+            logged.extend(rest)
+            if tail or rest:
+                on_delta(TextDelta(tail, tuple(rest)))
+            done = Completion(
+                stream.text, reason, len(prompt_ids), len(ids), req.cached_tokens, logged, ids
+            )
             on_done(done, None)
 
-        req = Request(list(prompt_ids), params, on_token, on_finish)
+        req = Request(
+            list(prompt_ids),
+            params,
+            on_token,
+            on_finish,
+            on_logprobs=on_logprobs if params.logprobs is not None else None,
+            mask=mask,
+        )
         return self.scheduler.submit(req)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token `token_id` stands for (the tokenizer's `token_bytes`, else its decoded
+        text's UTF-8)."""
+        exact = getattr(self.tokenizer, "token_bytes", None)
+        if callable(exact):
+            return exact(token_id)
+        return self.tokenizer.decode([token_id]).encode()
 
     def health(self) -> tuple[bool, str]:
         if self.scheduler.failure is not None:

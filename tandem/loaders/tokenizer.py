@@ -6,6 +6,7 @@ type (`tandem.loaders.gguf.tokenizer.load_gguf_tokenizer`), its metadata in the 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -57,6 +58,7 @@ class Tokenizer:
         if eos_token_ids is None:
             eos_token_ids = () if self.eos_token_id is None else (self.eos_token_id,)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+        self._pieces: _PieceRules | None = None  # read from the decoder on first use
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer | None:
@@ -99,6 +101,18 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (what logprobs report: a token may hold part of a UTF-8
+        character): a byte-level BPE piece through GPT-2's byte table, a SentencePiece byte
+        fallback `<0xNN>` as its byte and its `▁` as a space, an added token as its text; b""
+        for an id the vocabulary does not have."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._pieces is None:
+            self._pieces = _PieceRules.of(self._tok)
+        return self._pieces.bytes_of(token_id, piece)
 
     @property
     def has_chat_template(self) -> bool:
@@ -157,6 +171,54 @@ class StreamDecoder:
             return ""
         new, self.emitted = text[len(self.emitted) :], text
         return new
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _gpt2_byte_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class _PieceRules:
+    """How a vocabulary piece maps to bytes, read from the tokenizer's decoder once."""
+
+    def __init__(self, byte_level: bool, byte_fallback: bool, added: set[int]) -> None:
+        self.byte_level = byte_level
+        self.byte_fallback = byte_fallback
+        self.added = added
+        self.table = _gpt2_byte_table() if byte_level else {}
+
+    @classmethod
+    def of(cls, tok: HFTokenizer) -> _PieceRules:
+        decoder = tok.decoder
+        kinds = json.dumps(json.loads(decoder.__getstate__())) if decoder is not None else ""
+        return cls(
+            '"ByteLevel"' in kinds,
+            '"ByteFallback"' in kinds,
+            set(tok.get_added_tokens_decoder()),
+        )
+
+    def bytes_of(self, token_id: int, piece: str) -> bytes:
+        if token_id in self.added:
+            return piece.encode()
+        if self.byte_level:
+            return b"".join(
+                bytes([self.table[c]]) if c in self.table else c.encode() for c in piece
+            )
+        m = _BYTE_FALLBACK.fullmatch(piece)
+        if self.byte_fallback and m:
+            return bytes([int(m.group(1), 16)])
+        return piece.replace("\u2581", " ").encode()
 
 
 def _token_text(t: Any) -> str | None:

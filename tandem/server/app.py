@@ -4,11 +4,12 @@ models, health and Prometheus metrics. Errors use OpenAI's `{"error": {...}}` bo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,9 +19,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
 from tandem.engine.scheduler import RequestFailed
-from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
+from tandem.engine.serving import (
+    Completion,
+    EngineUnavailable,
+    RequestRejected,
+    ServingEngine,
+    TextDelta,
+)
 from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
+from tandem.server.logprobs import chat_logprobs, completion_logprobs
 from tandem.server.metrics import render_metrics
 from tandem.server.page import add_page
 from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
@@ -101,15 +109,16 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest):
         _check_model(engine, body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        body.refuse_unsupported()
+        messages = [m.for_template(i) for i, m in enumerate(body.messages)]
         # off the event loop: a long prompt must not stall every open stream while it tokenizes
         prompt_ids = await asyncio.to_thread(lambda: engine.encode(engine.chat_prompt(messages)))
         params = _params(engine, body, prompt_ids, default_max=None)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = _generate(engine, prompt_ids, params, body.stop_strings())
+        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)
         if body.stream:
-            return _sse(_chat_chunks(events, rid, created, engine.model_name, body))
-        done = await _drain(events)
+            return _sse(_chat_chunks(engine, events, rid, created, body))
+        done = await drain(events, body.n)
         return {
             "id": rid,
             "object": "chat.completion",
@@ -117,11 +126,14 @@ def create_app(
             "model": engine.model_name,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": done.text},
-                    "finish_reason": done.finish_reason,
-                    "logprobs": None,
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None
+                    if params.logprobs is None
+                    else chat_logprobs(engine.token_bytes, c.tokens),
                 }
+                for i, c in enumerate(done)
             ],
             "usage": _usage(done),
         }
@@ -129,6 +141,7 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         _check_model(engine, body.model)
+        body.refuse_unsupported()
         prompt = body.prompt_text_or_ids()
         if isinstance(prompt, list):
             prompt_ids = prompt
@@ -136,10 +149,10 @@ def create_app(
             prompt_ids = await asyncio.to_thread(engine.encode, prompt)
         params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        events = _generate(engine, prompt_ids, params, body.stop_strings())
+        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)
         if body.stream:
-            return _sse(_text_chunks(events, rid, created, engine.model_name, body))
-        done = await _drain(events)
+            return _sse(_text_chunks(engine, events, rid, created, body))
+        done = await drain(events, body.n)
         return {
             "id": rid,
             "object": "text_completion",
@@ -147,11 +160,14 @@ def create_app(
             "model": engine.model_name,
             "choices": [
                 {
-                    "index": 0,
-                    "text": done.text,
-                    "finish_reason": done.finish_reason,
-                    "logprobs": None,
+                    "index": i,
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None
+                    if params.logprobs is None
+                    else completion_logprobs(engine.token_bytes, c.tokens),
                 }
+                for i, c in enumerate(done)
             ],
             "usage": _usage(done),
         }
@@ -217,8 +233,6 @@ def _check_model(engine: ServingEngine, model: str) -> None:
 def _params(
     engine: ServingEngine, body: _Sampling, prompt_ids: list[int], default_max: int | None
 ) -> SamplingParams:
-    if body.n != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
     if len(prompt_ids) >= engine.max_seq_len:
         raise APIError(
             400,
@@ -232,76 +246,115 @@ def _params(
         max_tokens = default_max or engine.max_seq_len - len(prompt_ids)
     if max_tokens < 1:
         raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    bias = body.bias_pairs()
+    vocab = engine.vocab_size
+    outside = [t for t, _ in bias if t >= vocab]
+    if outside:
+        raise APIError(
+            400,
+            f"logit_bias names token id(s) {outside[:5]} outside this model's vocabulary "
+            f"[0, {vocab})",
+            param="logit_bias",
+        )
     try:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=max(body.top_k or 0, 0),  # -1: off
+            min_p=body.min_p or 0.0,
             seed=body.seed,
             ignore_eos=body.ignore_eos,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            presence_penalty=body.presence_penalty or 0.0,
+            repetition_penalty=body.repetition_penalty or 1.0,
+            logit_bias=bias,
+            logprobs=body.logprobs_wanted(),
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e)) from e
 
 
-def _generate(
-    engine: ServingEngine, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...]
-) -> AsyncIterator[str | Completion]:
-    """Submits now (so admission errors become 4xx/5xx before any response starts) and returns the
-    stream of text deltas followed by the Completion."""
+Event = tuple[int, TextDelta | Completion]  # (choice index, a delta or the choice's end)
+
+
+def generate_choices(
+    engine: ServingEngine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    stop: tuple[str, ...],
+    n: int = 1,
+) -> AsyncIterator[Event]:
+    """Submits `n` choices now (so admission errors become 4xx/5xx before any response starts),
+    choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
+    stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
+    sequence (its own prefill; a kept prefix serves one of them)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
-    def on_delta(d: str) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, d)
+    def on_delta(i: int) -> Callable[[TextDelta], None]:
+        return lambda d: loop.call_soon_threadsafe(queue.put_nowait, (i, d))
 
-    def on_done(c: Completion | None, e: BaseException | None) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (c, e))
+    def on_done(i: int) -> Callable[[Completion | None, BaseException | None], None]:
+        return lambda c, e: loop.call_soon_threadsafe(queue.put_nowait, (i, (c, e)))
 
+    handles: list[Any] = []
     try:
-        handle = engine.generate(prompt_ids, params, stop, on_delta, on_done)
-    except RequestRejected as e:
-        raise APIError(400, str(e)) from e
-    except EngineUnavailable as e:
+        for i in range(n):
+            p = params if i == 0 else dataclasses.replace(params, choice=i)
+            handles.append(engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i)))
+    except (RequestRejected, EngineUnavailable) as e:
+        for h in handles:
+            h.cancel()
+        if isinstance(e, RequestRejected):
+            raise APIError(400, str(e)) from e
         raise APIError(503, str(e), type_="server_error", code="engine_unavailable") from e
-    return _events(queue, handle)
+    return _events(queue, handles)
 
 
-async def _events(queue: asyncio.Queue, handle: Any) -> AsyncIterator[str | Completion]:
-    """Cancels the generation when the consumer goes away (a client that disconnects mid-stream)."""
+async def _events(queue: asyncio.Queue, handles: list[Any]) -> AsyncIterator[Event]:
+    """Cancels the generations when the consumer goes away (a client that disconnects
+    mid-stream) or one of them fails."""
     try:
-        while True:
-            item = await queue.get()
-            if isinstance(item, str):
-                yield item
+        left = len(handles)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, TextDelta):
+                yield i, item
                 continue
             completion, error = item
             if isinstance(error, RequestFailed):  # this request alone; the engine serves on
                 raise APIError(500, str(error), type_="server_error", code="request_failed")
             if error is not None:
                 raise APIError(503, str(error), type_="server_error", code="engine_unavailable")
-            yield completion
-            return
+            left -= 1
+            yield i, completion
     finally:
-        handle.cancel()
+        for h in handles:
+            h.cancel()
 
 
-async def _drain(events: AsyncIterator[str | Completion]) -> Completion:
-    async for item in events:
+async def drain(events: AsyncIterator[Event], n: int = 1) -> list[Completion]:
+    """Every choice's Completion, in choice order."""
+    done: dict[int, Completion] = {}
+    async for i, item in events:
         if isinstance(item, Completion):
-            return item
-    raise APIError(500, "generation ended without a result", type_="server_error")
+            done[i] = item
+    if len(done) != n:
+        raise APIError(500, "generation ended without a result", type_="server_error")
+    return [done[i] for i in range(n)]
 
 
-def _usage(c: Completion) -> dict[str, Any]:
-    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix
-    cache held (not prefilled)."""
+def _usage(done: list[Completion]) -> dict[str, Any]:
+    """OpenAI's usage object: the prompt once, every choice's tokens; `cached_tokens`: the prompt
+    tokens the prefix cache held (not prefilled) for the first choice."""
+    prompt = done[0].prompt_tokens
+    completion = sum(c.completion_tokens for c in done)
     return {
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "total_tokens": c.prompt_tokens + c.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens},
     }
 
 
@@ -317,40 +370,51 @@ def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-async def _chat_chunks(events, rid, created, model, body) -> AsyncIterator[dict[str, Any]]:
-    def chunk(delta: dict, finish: str | None = None) -> dict[str, Any]:
+async def _chat_chunks(engine, events, rid, created, body) -> AsyncIterator[dict[str, Any]]:
+    logged = body.logprobs_wanted() is not None
+    done: dict[int, Completion] = {}
+
+    def chunk(i: int, delta: dict, finish: str | None = None, lps: Any = None) -> dict[str, Any]:
         return {
             "id": rid,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "model": engine.model_name,
+            "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": lps}],
         }
 
-    yield chunk({"role": "assistant", "content": ""})
-    async for item in events:
-        if isinstance(item, str):
-            yield chunk({"content": item})
+    for i in range(body.n):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    async for i, item in events:
+        if isinstance(item, TextDelta):
+            lps = chat_logprobs(engine.token_bytes, item.tokens) if logged else None
+            yield chunk(i, {"content": item.text}, lps=lps)
         else:
-            yield chunk({}, item.finish_reason)
-            if body.stream_options and body.stream_options.include_usage:
-                yield {**chunk({}), "choices": [], "usage": _usage(item)}
+            done[i] = item
+            yield chunk(i, {}, item.finish_reason)
+    if body.stream_options and body.stream_options.include_usage:
+        yield {**chunk(0, {}), "choices": [], "usage": _usage([done[i] for i in sorted(done)])}
 
 
-async def _text_chunks(events, rid, created, model, body) -> AsyncIterator[dict[str, Any]]:
-    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+async def _text_chunks(engine, events, rid, created, body) -> AsyncIterator[dict[str, Any]]:
+    logged = body.logprobs_wanted() is not None
+    done: dict[int, Completion] = {}
+
+    def chunk(i: int, text: str, finish: str | None = None, lps: Any = None) -> dict[str, Any]:
         return {
             "id": rid,
             "object": "text_completion",
             "created": created,
-            "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "model": engine.model_name,
+            "choices": [{"index": i, "text": text, "finish_reason": finish, "logprobs": lps}],
         }
 
-    async for item in events:
-        if isinstance(item, str):
-            yield chunk(item)
+    async for i, item in events:
+        if isinstance(item, TextDelta):
+            lps = completion_logprobs(engine.token_bytes, item.tokens) if logged else None
+            yield chunk(i, item.text, lps=lps)
         else:
-            yield chunk("", item.finish_reason)
-            if body.stream_options and body.stream_options.include_usage:
-                yield {**chunk(""), "choices": [], "usage": _usage(item)}
+            done[i] = item
+            yield chunk(i, "", item.finish_reason)
+    if body.stream_options and body.stream_options.include_usage:
+        yield {**chunk(0, ""), "choices": [], "usage": _usage([done[i] for i in sorted(done)])}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -13,6 +14,12 @@ TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=-1, le=(1 << 31) - 1)]
 Seed = Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1)]  # torch's Generator range
 TokenCount = Annotated[int, Field(le=(1 << 31) - 1)]
+MinP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=100.0, allow_inf_nan=False)]
+BiasValue = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]
+MAX_LOGPROBS = 20  # chat's top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 
@@ -47,11 +54,49 @@ class APIError(Exception):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a subfield tandem does not know: a 400
+
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # tandem never pads its chunks: either value holds
+
+
+# Fields OpenAI defines that change nothing tandem computes (ids, tags, routing and cache hints):
+# accepted and not used.
+METADATA_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+# Fields tandem does not honour: a 400 naming the field, unless it is given the value that asks for
+# nothing (what OpenAI does without it).
+NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none", "auto"),  # without tools, auto is none
+    "parallel_tool_calls": lambda v: True,  # only a tools request reads it, and tools are refused
+    "functions": lambda v: not v,
+    "function_call": lambda v: v in (None, "none", "auto"),
+    "audio": lambda v: v is None,
+    "modalities": lambda v: v in (None, ["text"]),
+    "prediction": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "verbosity": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+    "echo": lambda v: not v,
+    "suffix": lambda v: not v,
+}
+# Per message: fields a template does not get from tandem yet.
+MESSAGE_NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
+    "tool_calls": lambda v: not v,
+    "function_call": lambda v: v is None,
+    "audio": lambda v: v is None,
+}
+MESSAGE_PASSED = ("name", "tool_call_id")  # handed to the chat template with role and content
+MAX_LOGIT_BIAS = 300  # OpenAI's bound on the map's size
+MAX_N = 8
 
 
 class _Sampling(BaseModel):
-    # extra fields (frequency_penalty, logprobs, user, ...) are accepted and ignored, as vLLM does
+    # every field OpenAI defines is named here or in METADATA_FIELDS / NOT_HONOURED; anything else
+    # is kept in model_extra and refused (`refuse_unsupported`), never silently ignored
     model_config = ConfigDict(extra="allow")
 
     model: str
@@ -59,12 +104,17 @@ class _Sampling(BaseModel):
     max_completion_tokens: TokenCount | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: TopK | None = None
+    top_k: TopK | None = None  # vLLM's extension
+    min_p: MinP | None = None  # vLLM's extension
     seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM's extension
+    logit_bias: dict[str, BiasValue] | None = None
     ignore_eos: bool = False  # vLLM's extension: always generate max_tokens
 
     @field_validator("stop")
@@ -77,10 +127,49 @@ class _Sampling(BaseModel):
             raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens, got {len(v)}")
+        for key in v:
+            if not (key.isascii() and key.isdigit()) or len(key) > 12:
+                raise ValueError(f"keys are token ids (non-negative integers), got {key!r}")
+        return v
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs, one per id (the last of keys naming the same)."""
+        merged = {int(k): float(b) for k, b in (self.logit_bias or {}).items()}
+        return tuple(sorted(merged.items()))
+
+    def logprobs_wanted(self) -> int | None:
+        """How many top tokens to report beside the chosen one; None: no logprobs."""
+        return None
+
+    def refuse_unsupported(self) -> None:
+        """A 400 naming the first field tandem does not honour (or does not know)."""
+        for name, value in (self.model_extra or {}).items():
+            if name in METADATA_FIELDS:
+                continue
+            harmless = NOT_HONOURED.get(name)
+            if harmless is None:
+                raise APIError(400, f"`{name}` is not a field tandem knows", param=name)
+            if not harmless(value):
+                raise APIError(
+                    400, f"`{name}` is not supported by tandem (given {_short(value)})", param=name
+                )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ChatMessage(BaseModel):
@@ -89,18 +178,60 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
 
-    def text(self) -> str:
+    def text(self, index: int) -> str:
         if isinstance(self.content, list):  # [{"type": "text", "text": ...}, ...]
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            for part in self.content:
+                if part.get("type") != "text":
+                    raise APIError(
+                        400,
+                        f"messages[{index}]: content parts of type {part.get('type')!r} are not "
+                        "supported (text only)",
+                        param="messages",
+                    )
+            return "".join(str(p.get("text", "")) for p in self.content)
         return self.content or ""
+
+    def for_template(self, index: int) -> dict[str, Any]:
+        """The message as the chat template reads it: role, content and the fields it may use; a
+        400 for a field it would not see."""
+        extra = self.model_extra or {}
+        for name, harmless in MESSAGE_NOT_HONOURED.items():
+            if name in extra and not harmless(extra[name]):
+                raise APIError(
+                    400, f"messages[{index}].{name} is not supported by tandem", param="messages"
+                )
+        out: dict[str, Any] = {"role": self.role, "content": self.text(index)}
+        for name in MESSAGE_PASSED:
+            if isinstance(extra.get(name), str):
+                out[name] = extra[name]
+        return out
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+    def logprobs_wanted(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+
+    def logprobs_wanted(self) -> int | None:
+        return self.logprobs
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.best_of is not None and self.best_of != self.n:
+            raise APIError(
+                400, "`best_of` is not supported by tandem (only best_of = n)", param="best_of"
+            )
 
     def prompt_text_or_ids(self) -> str | list[int]:
         p = self.prompt

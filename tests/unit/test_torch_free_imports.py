@@ -33,6 +33,7 @@ TORCH_FREE = (
     "tandem.server.forming",
     "tandem.server.http_limits",
     "tandem.server.metrics",
+    "tandem.server.logprobs",
     "tandem.server.page",
     "tandem.server.protocol",
 )
