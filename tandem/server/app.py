@@ -1,15 +1,15 @@
 """The OpenAI-compatible HTTP API over a `ServingEngine`: chat and text completions (SSE or not),
-models, health and Prometheus metrics. Errors use OpenAI's `{"error": {...}}` body."""
+models, health and Prometheus metrics, and Ollama's API beside it (`tandem.server.ollama`).
+Errors use OpenAI's `{"error": {...}}` body (Ollama's `{"error": "..."}` under /api/)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,20 +18,27 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
-from tandem.engine.scheduler import RequestFailed
 from tandem.engine.serving import (
     Completion,
-    EngineUnavailable,
-    RequestRejected,
     ServingEngine,
     TextDelta,
 )
 from tandem.server.cluster_view import render_cluster_metrics
+from tandem.server.generation import drain, generate_choices
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
 from tandem.server.logprobs import chat_logprobs, completion_logprobs
 from tandem.server.metrics import render_metrics
+from tandem.server.ollama import ROUTES as OLLAMA_ROUTES
+from tandem.server.ollama import add_ollama
 from tandem.server.page import add_page
-from tandem.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from tandem.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    _Sampling,
+    error_response,
+    keyed,
+)
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -39,7 +46,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 def create_app(
     engine: ServingEngine, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
 ) -> FastAPI:
-    """The API over `engine`; with `api_key`, /v1 needs `Authorization: Bearer <key>` (and only
+    """The API over `engine`; with `api_key`, /v1 and /api need `Authorization: Bearer <key>` (and only
     such a caller sees /health's full detail). Bodies over `max_body_bytes` are answered 413."""
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None)
     http_counts: dict[tuple[str, int], int] = {}
@@ -51,10 +58,10 @@ def create_app(
     @app.middleware("http")
     async def auth_and_count(request: Request, call_next):
         path = request.url.path
-        if api_key and path.startswith("/v1") and not authenticated(request):
+        if api_key and keyed(path) and not authenticated(request):
             err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
             _count(http_counts, path, 401)
-            return JSONResponse(err.body(), status_code=401)
+            return error_response(path, err)
         response = await call_next(request)
         _count(http_counts, path, response.status_code)
         return response
@@ -62,22 +69,22 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before anything reads
 
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(request: Request, exc: APIError):
+        return error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError):
+    async def validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
         param = loc[0] if loc else None  # the request field at fault, as OpenAI names it
-        return JSONResponse(APIError(400, msg, param=param).body(), status_code=400)
+        return error_response(request.url.path, APIError(400, msg, param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
+    async def http_error(request: Request, exc: StarletteHTTPException):
         code = "not_found" if exc.status_code == 404 else None
         err = APIError(exc.status_code, str(exc.detail), code=code)
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        return error_response(request.url.path, err)
 
     @app.get("/health")
     async def health(request: Request):
@@ -89,6 +96,7 @@ def create_app(
         )
 
     cluster = add_page(app, engine)  # GET /, /static/*, /v1/cluster
+    add_ollama(app, engine)  # /api/*
 
     @app.get("/metrics")
     async def metrics():
@@ -183,7 +191,10 @@ ROUTES = (
     "/v1/cluster",
     "/health",
     "/metrics",
+    *OLLAMA_ROUTES,
 )
+
+
 PUBLIC_DETAIL_CHARS = 200
 
 
@@ -273,76 +284,6 @@ def _params(
         )
     except SamplingParamsError as e:
         raise APIError(400, str(e)) from e
-
-
-Event = tuple[int, TextDelta | Completion]  # (choice index, a delta or the choice's end)
-
-
-def generate_choices(
-    engine: ServingEngine,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    stop: tuple[str, ...],
-    n: int = 1,
-) -> AsyncIterator[Event]:
-    """Submits `n` choices now (so admission errors become 4xx/5xx before any response starts),
-    choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
-    stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
-    sequence (its own prefill; a kept prefix serves one of them)."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-
-    def on_delta(i: int) -> Callable[[TextDelta], None]:
-        return lambda d: loop.call_soon_threadsafe(queue.put_nowait, (i, d))
-
-    def on_done(i: int) -> Callable[[Completion | None, BaseException | None], None]:
-        return lambda c, e: loop.call_soon_threadsafe(queue.put_nowait, (i, (c, e)))
-
-    handles: list[Any] = []
-    try:
-        for i in range(n):
-            p = params if i == 0 else dataclasses.replace(params, choice=i)
-            handles.append(engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i)))
-    except (RequestRejected, EngineUnavailable) as e:
-        for h in handles:
-            h.cancel()
-        if isinstance(e, RequestRejected):
-            raise APIError(400, str(e)) from e
-        raise APIError(503, str(e), type_="server_error", code="engine_unavailable") from e
-    return _events(queue, handles)
-
-
-async def _events(queue: asyncio.Queue, handles: list[Any]) -> AsyncIterator[Event]:
-    """Cancels the generations when the consumer goes away (a client that disconnects
-    mid-stream) or one of them fails."""
-    try:
-        left = len(handles)
-        while left:
-            i, item = await queue.get()
-            if isinstance(item, TextDelta):
-                yield i, item
-                continue
-            completion, error = item
-            if isinstance(error, RequestFailed):  # this request alone; the engine serves on
-                raise APIError(500, str(error), type_="server_error", code="request_failed")
-            if error is not None:
-                raise APIError(503, str(error), type_="server_error", code="engine_unavailable")
-            left -= 1
-            yield i, completion
-    finally:
-        for h in handles:
-            h.cancel()
-
-
-async def drain(events: AsyncIterator[Event], n: int = 1) -> list[Completion]:
-    """Every choice's Completion, in choice order."""
-    done: dict[int, Completion] = {}
-    async for i, item in events:
-        if isinstance(item, Completion):
-            done[i] = item
-    if len(done) != n:
-        raise APIError(500, "generation ended without a result", type_="server_error")
-    return [done[i] for i in range(n)]
 
 
 def _usage(done: list[Completion]) -> dict[str, Any]:

@@ -3,8 +3,8 @@ large model), so the page can say so instead of the port refusing connections.
 
 `tandem serve` binds its port at once with `AppSwitch(create_forming_app(...))`, then swaps in
 `create_app(engine)` when the engine is up. The stand-in serves the page and `/v1/cluster` with the
-state "forming", answers `/health` 503, and every other `/v1` route 503 `engine_unavailable`,
-behind the same API key the real app will check.
+state "forming", answers `/health` 503, and every other `/v1` route (and Ollama's `/api` ones) 503
+`engine_unavailable`, behind the same API key the real app will check.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from tandem.server.cluster_view import ClusterView, Layout, render_cluster_metrics
 from tandem.server.http_limits import BodyLimit, uvicorn_options
 from tandem.server.page import add_static_routes
-from tandem.server.protocol import APIError
+from tandem.server.protocol import APIError, error_response, keyed
 
 
 class ServerStartError(RuntimeError):
@@ -93,16 +93,17 @@ def create_forming_app(model_name: str, *, tp: int, pp: int, api_key: str | None
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
+        path = request.url.path
+        if api_key and keyed(path):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-                return JSONResponse(err.body(), status_code=401)
+                return error_response(path, err)
         return await call_next(request)
 
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(request: Request, exc: APIError):
+        return error_response(request.url.path, exc)
 
     app.add_middleware(BodyLimit)  # outermost, as in the real app
     add_static_routes(app)
@@ -146,6 +147,10 @@ def create_forming_app(model_name: str, *, tp: int, pp: int, api_key: str | None
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
     async def forming(rest: str):
+        raise unavailable()
+
+    @app.api_route("/api/{rest:path}", methods=["GET", "POST"])  # Ollama's: {"error": "..."}
+    async def forming_ollama(rest: str):
         raise unavailable()
 
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The ranges OpenAI documents (top_k -1: off, as vLLM takes it); refused here with a 400 naming
@@ -51,6 +52,22 @@ class APIError(Exception):
                 "code": self.code,
             }
         }
+
+
+KEYED = ("/v1", "/api/")  # the routes behind the API key: OpenAI's and Ollama's
+OPEN = frozenset({"/api/version"})  # as /health: apps probe it to find an Ollama API
+
+
+def keyed(path: str) -> bool:
+    """Whether `path` needs the API key (when the server has one)."""
+    return path.startswith(KEYED) and path not in OPEN
+
+
+def error_response(path: str, err: APIError) -> JSONResponse:
+    """OpenAI's `{"error": {...}}` body, or Ollama's `{"error": "..."}` under /api/."""
+    if path.startswith("/api/"):
+        return JSONResponse({"error": err.message}, status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status)
 
 
 class StreamOptions(BaseModel):
