@@ -37,6 +37,7 @@ from tandem.engine.lean import lean_executor_for
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     import torch
 
     from tandem.engine.executor import Executor
+    from tandem.loaders.tokenizer import Tokenizer
 
 RELOAD_ENV = "TANDEM_REFORM_RELOAD"  # "1": a re-form reloads the head's shard too (for A/B timing)
 
@@ -156,6 +158,7 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
+    check_template(tokenizer, console)
     name = name or model_dir.resolve().name.removesuffix(".gguf")
     # one node on the CPU over a GGUF the torch-free executor runs: no layout, no torch
     if tp == 1 and pp == 1 and ring_config is None and not quantize:
@@ -234,6 +237,18 @@ def build_serving_engine(
             shrink_after_s=shrink_after,
         )
     return _start(executor, config, tokenizer, name)
+
+
+def check_template(tokenizer: Tokenizer, console: Console) -> None:
+    """The chat template's probe render, before any weight loads: a template past its limits
+    (`TemplateLimitError`) is refused here; one that fails otherwise is named in a warning and
+    its chat requests get the 400."""
+    try:
+        tokenizer.check_chat_template()
+    except TemplateLimitError:
+        raise
+    except ChatTemplateError as e:
+        console.print(f"[yellow]warning:[/] {e}; chat requests will be refused")
 
 
 def _start(
