@@ -144,6 +144,7 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         "op_timeout",
         "shrink_after",
         "pp_weights",
+        "allowed_hosts",
     ):
         value = getattr(args, flag)
         if value is not None:
