@@ -11,6 +11,8 @@ tests hold against `LocalExecutor` on the same file (tests/unit/test_lean_execut
 `from_file` raises `LeanUnsupportedError` for a model it does not run (sliding-window attention,
 F32 layer weights, a tensor type the kernels lack, no native build); the caller then takes
 `LocalExecutor`.
+A KV cache (float32, at `max_batch` x `max_seq_len`) past the host's available RAM is refused
+before it is allocated (`parallel.fit.check_node`: `PlanDoesNotFitError`, naming the bytes).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tandem.devices import host_available_bytes
 from tandem.engine.executor import Step, StepResult
 from tandem.engine.sequences import SequenceCache
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import LeanModel, LeanUnsupportedError
 from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.parallel.fit import check_node
 
 __all__ = ["LeanExecutor", "LeanUnsupportedError", "default_threads", "lean_executor_for"]
 
@@ -104,6 +108,14 @@ class LeanExecutor:
         opened."""
         src = path if isinstance(path, GGUFModel) else GGUFModel(path)
         max_seq_len = min(max_seq_len, src.config.max_position_embeddings)
+        check_node(  # the float32 cache against free RAM; the blocks stay mapped from the file
+            src.config,
+            kv_elem_bytes=4,
+            weight_bytes=0,
+            free_bytes=host_available_bytes(),
+            max_batch=max_batch,
+            max_seq_len=max_seq_len,
+        )
         model = LeanModel(src, max_batch, max_seq_len, threads or default_threads())
         return cls(model, max_batch, max_seq_len, weight_format=src.weight_format())
 
