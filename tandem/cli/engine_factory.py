@@ -38,6 +38,7 @@ from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
 from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
+from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
@@ -153,6 +154,7 @@ def build_serving_engine(
     `pp_weights`: `--pp-weights` of a pipeline ("2,1", or "auto": from the stages' probes)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
+    files = ModelFiles.of_source(source)  # what every re-form checks before it starts a rank
     config = source.config
     seq_len = min(max_seq_len or 2048, config.max_position_embeddings)
     tokenizer = source.tokenizer()
@@ -197,7 +199,8 @@ def build_serving_engine(
 
         def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
             again = hooks
-            if epoch:  # each attempt ends by the shrink time (joined), so no shrink is held up
+            if epoch:  # a file changed since the first epoch: said at once, never retried
+                files.check()  # each attempt ends by the shrink time (joined), so no shrink is held up
                 again = replace(hooks, epoch=epoch, keep=last[0], handshake_timeout=reform_bound)
             ex = build_executor(model_dir, layout, limits, again)
             if os.environ.get(RELOAD_ENV) != "1":
@@ -205,6 +208,7 @@ def build_serving_engine(
             return ex
 
         def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
+            files.check()
             last[0] = None  # the kept shard goes before the wider one loads
             if pp > 1:  # a pipeline of one-rank stages: one stage fewer (PP=1: the head alone)
                 small = serving_layout(1, pp - 1, dtype, device, None, op_timeout)
@@ -216,6 +220,7 @@ def build_serving_engine(
             return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
 
         def shrink_to_head(epoch: int):  # a joined pair's worker never came back: the head alone
+            files.check()
             last[0] = None  # the kept shard goes before the whole model loads
             alone = serving_layout(1, 1, dtype, device, None, op_timeout)
             check_fits_alone(source, alone, limits)

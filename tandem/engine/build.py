@@ -244,16 +244,21 @@ def build_executor(
 
 def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:
     from tandem.engine.local import LocalExecutor
+    from tandem.kernels import mapped_guard
+    from tandem.loaders.file_identity import ModelFiles
     from tandem.loaders.load import load_model
 
     source = hooks.source or open_model(model)
     check_fits_alone(source, layout, limits)  # before minutes of loading, not after
+    files = ModelFiles.of_source(source)
     weights = load_model(source, dtype=layout.dtypes[0], device=layout.devices[0])
+    mapped_guard.watch(source)  # a GGUF's blocks stay mapped: a SIGBUS on them is named
     return LocalExecutor(
         weights,
         max_batch=limits.max_batch,
         max_seq_len=limits.max_seq_len,
         weight_format=source.weight_format(),
+        files=files,
     )
 
 

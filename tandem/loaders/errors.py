@@ -43,3 +43,8 @@ class TemplateLimitError(ChatTemplateError):
     def __init__(self, message: str, limit: str) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class ModelFileChangedError(ModelFileError):
+    """A model file changed (truncated, replaced, rewritten) since this process opened it: its
+    mapped bytes are not the model's any more, and reading one past the new end is a SIGBUS."""
