@@ -45,8 +45,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--allowed-hosts",
         default=None,
         metavar="NAMES",
-        help="comma-separated names a request's Host may carry besides the bound address, "
-        "localhost, 127.0.0.1 and [::1] (DNS rebinding: others get 421); * allows any",
+        help="comma-separated names a request's Host may carry besides IP addresses, localhost "
+        "and the bound name (DNS rebinding: other names get 421); * allows any",
     )
     p.add_argument(
         "--api-key-file",

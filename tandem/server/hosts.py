@@ -1,10 +1,11 @@
 """Which `Host` a request may name. A web page on a stranger's domain whose name it re-points at
 127.0.0.1 (DNS rebinding) makes the visitor's browser send it requests with `Host: that-domain`;
 a server that answers them is driven by the page, without an API key when none is set. So only
-the names this server was bound under are answered: the bound address, `localhost`, 127.0.0.1
-and [::1]; for a wildcard bind (0.0.0.0, ::) also this machine's host names and any IP literal
-(a rebinding page needs a name of its own in `Host`, never an address). `--allowed-hosts` adds
-names; `*` turns the check off. Anything else is a 421 before the app sees the request."""
+the names this server was bound under are answered: the bound address, `localhost`, and any IP
+literal (127.0.0.1, [::1], the address a NAT forwards to it: a rebinding page needs a name of its
+own in `Host`, never an address, whose origin the browser keeps apart); for a wildcard bind
+(0.0.0.0, ::) also this machine's host names. `--allowed-hosts` adds names; `*` turns the check
+off. Anything else is a 421 before the app sees the request."""
 
 from __future__ import annotations
 
@@ -41,11 +42,11 @@ def _is_ip(name: str) -> bool:
 
 @dataclass(frozen=True)
 class AllowedHosts:
-    """The names a `Host` header may carry (lowercase, no port); `any_ip`: any IP literal too;
-    `anything`: no check."""
+    """The names a `Host` header may carry (lowercase, no port); `any_ip`: any IP literal too
+    (safe: module docstring); `anything`: no check."""
 
     names: frozenset[str]
-    any_ip: bool = False
+    any_ip: bool = True
     anything: bool = False
 
     @classmethod
@@ -60,7 +61,7 @@ class AllowedHosts:
             names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
         else:
             names.add(host_name(bind))
-        return cls(frozenset(n for n in names if n), any_ip=wildcard)
+        return cls(frozenset(n for n in names if n))
 
     def allows(self, header: str | None) -> bool:
         """Whether a request with this `Host` is answered (none at all: an HTTP/1.0 client, not

@@ -32,15 +32,17 @@ def test_the_name_in_a_host_header_drops_the_port_and_the_case(header, name):
     assert host_name(header) == name
 
 
-def test_a_loopback_bind_answers_its_own_names_only():
+def test_a_loopback_bind_answers_its_own_names_and_addresses_and_no_other_name():
+    """An IP literal is never a rebinding page's Host (its origin is the address itself)."""
     allowed = AllowedHosts.for_bind("127.0.0.1")
-    for ok in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST", None):
+    for ok in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST", "10.0.0.1", None):
         assert allowed.allows(ok), ok
-    for bad in ("rebind.example:8000", "127.0.0.1.rebind.example", "0x7f.1", "10.0.0.1:8000", ""):
+    for bad in ("rebind.example:8000", "127.0.0.1.rebind.example", "0x7f.1", "", "[evil]"):
         assert not allowed.allows(bad), bad
+    assert not allowed.allows(socket.gethostname()) or socket.gethostname() == "localhost"
 
 
-def test_a_wildcard_bind_answers_any_address_and_this_machines_names_but_no_other_name():
+def test_a_wildcard_bind_also_answers_this_machines_names_but_no_other_name():
     allowed = AllowedHosts.for_bind("0.0.0.0")
     for ok in ("192.168.77.1:8000", "[fe80::1]:8000", socket.gethostname(), "localhost"):
         assert allowed.allows(ok), ok
