@@ -68,6 +68,10 @@ class StatusAuthError(StatusError):
     """The other side does not hold this cluster's secret."""
 
 
+class BoardCut(StatusError):
+    """The connection was closed or reset mid-exchange (the board gave its slot to another)."""
+
+
 class BoardRefusal(StatusError):
     """The board answered, and said no (an unknown rank, a rank held by another node, ...)."""
 
@@ -90,7 +94,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise StatusError("the peer closed the connection mid-message")
+            raise BoardCut("the peer closed the connection mid-message")
         buf += chunk
     return bytes(buf)
 
@@ -307,8 +311,10 @@ def exchange(
             reply = _recv_msg(sock, key, nonce, deadline)
         except StatusError:
             raise
-        except OSError as e:
-            raise StatusError(f"status exchange with {host}:{port} failed: {e}") from e
+        except TimeoutError as e:
+            raise StatusError(f"status exchange with {host}:{port} timed out: {e}") from e
+        except OSError as e:  # reset: cut as the board gave its slot away
+            raise BoardCut(f"status exchange with {host}:{port} failed: {e}") from e
     if not reply.get("ok"):
         err = RankOccupied if reply.get("code") == "rank_occupied" else BoardRefusal
         raise err(f"the status board refused: {reply.get('error')}")
@@ -363,16 +369,13 @@ def keep_alive(
 
 
 def query(host: str, port: int, secret: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The board's snapshot; a connection the board cut (its slot taken under a flood) is tried
-    again, up to QUERY_ATTEMPTS times. An unreachable board, a wrong secret or a refusal is
-    raised at once."""
+    """The board's snapshot; a connection the board cut (`BoardCut`: its slot taken under a
+    flood) is tried again, up to QUERY_ATTEMPTS times; any other error is raised at once."""
     attempt = 1
     while True:
         try:
             return exchange(host, port, secret, {"kind": "query"}, timeout_s)
-        except (BoardUnreachable, StatusAuthError, BoardRefusal):
-            raise
-        except StatusError:
+        except BoardCut:
             if attempt >= QUERY_ATTEMPTS:
                 raise
             attempt += 1
