@@ -16,10 +16,12 @@ from typing import Any, Protocol
 
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import EngineUnavailable, Request, RequestRejected, Scheduler
+from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
 
 __all__ = [
     "Completion",
     "EngineUnavailable",
+    "PromptRejected",
     "RequestRejected",
     "ServingEngine",
     "TextStream",
@@ -42,6 +44,15 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # of the prompt's, taken from the prefix cache (not prefilled)
+
+
+class PromptRejected(RequestRejected):
+    """The chat template refused the messages, failed on them, or went past one of its limits
+    (`code`: "chat_template_limit" or "chat_template_error"); the client's 400."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class TextStream:
@@ -126,7 +137,12 @@ class ServingEngine:
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
         if self._chat_template is not None:
-            return self._chat_template(messages)
+            try:
+                return self._chat_template(messages)
+            except TemplateLimitError as e:
+                raise PromptRejected(str(e), "chat_template_limit") from e
+            except ChatTemplateError as e:
+                raise PromptRejected(str(e), "chat_template_error") from e
         lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
         return "\n".join(lines) + "\nassistant:"
 

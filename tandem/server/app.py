@@ -18,7 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
 from tandem.engine.scheduler import RequestFailed
-from tandem.engine.serving import Completion, EngineUnavailable, RequestRejected, ServingEngine
+from tandem.engine.serving import (
+    Completion,
+    EngineUnavailable,
+    PromptRejected,
+    RequestRejected,
+    ServingEngine,
+)
 from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
 from tandem.server.metrics import render_metrics
@@ -103,7 +109,12 @@ def create_app(
         _check_model(engine, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         # off the event loop: a long prompt must not stall every open stream while it tokenizes
-        prompt_ids = await asyncio.to_thread(lambda: engine.encode(engine.chat_prompt(messages)))
+        try:
+            prompt_ids = await asyncio.to_thread(
+                lambda: engine.encode(engine.chat_prompt(messages))
+            )
+        except PromptRejected as e:  # the template's refusal, failure or limit: named
+            raise APIError(400, str(e), param="messages", code=e.code) from e
         params = _params(engine, body, prompt_ids, default_max=None)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         events = _generate(engine, prompt_ids, params, body.stop_strings())
