@@ -110,6 +110,37 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def host_available_bytes() -> int | None:
+    """RAM this process can still take: /proc/meminfo's MemAvailable, lowered to the room left
+    under this process's cgroup v2 `memory.max` where one is set; psutil's figure off Linux;
+    None where unknown. No torch, and no psutil on Linux (the torch-free path asks too)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        return int(psutil.virtual_memory().available)
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    try:
+        free = int(fields["MemAvailable"].split()[0]) * 1024
+    except (KeyError, ValueError, IndexError):
+        return None
+    try:
+        cgroup = next(
+            line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line.startswith("0::")
+        )  # fmt: skip
+        d = Path("/sys/fs/cgroup") / cgroup.strip().lstrip("/")
+        limit = (d / "memory.max").read_text().strip()
+        if limit != "max":
+            free = min(free, int(limit) - int((d / "memory.current").read_text()))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(free, 0)
+
+
 def host_has_accelerator() -> bool:
     """Whether a GPU torch could use may be present, answered without importing torch: on Linux a
     CUDA (/dev/nvidia0, ...) or ROCm (/dev/kfd) device node, on macOS arm64 (MPS), and on any

@@ -38,6 +38,8 @@ from tandem.engine.prefix_cache import PrefixCache
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
+from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     import torch
 
     from tandem.engine.executor import Executor
+    from tandem.loaders.tokenizer import Tokenizer
 
 RELOAD_ENV = "TANDEM_REFORM_RELOAD"  # "1": a re-form reloads the head's shard too (for A/B timing)
 
@@ -155,11 +158,13 @@ def build_serving_engine(
     continue them (`tandem.engine.prefix_cache`)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
+    files = ModelFiles.of_source(source)  # what every re-form checks before it starts a rank
     config = source.config
     seq_len = min(max_seq_len or 2048, config.max_position_embeddings)
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
+    check_template(tokenizer, console)
     name = name or model_dir.resolve().name.removesuffix(".gguf")
     # one node on the CPU over a GGUF the torch-free executor runs: no layout, no torch
     if tp == 1 and pp == 1 and ring_config is None and not quantize:
@@ -198,7 +203,8 @@ def build_serving_engine(
 
         def build(epoch: int):  # epoch > 0: formed again after a loss, its lost ranks restarted
             again = hooks
-            if epoch:  # each attempt ends by the shrink time (joined), so no shrink is held up
+            if epoch:  # a file changed since the first epoch: said at once, never retried
+                files.check()  # each attempt ends by the shrink time (joined), so no shrink is held up
                 again = replace(hooks, epoch=epoch, keep=last[0], handshake_timeout=reform_bound)
             ex = build_executor(model_dir, layout, limits, again)
             if os.environ.get(RELOAD_ENV) != "1":
@@ -206,6 +212,7 @@ def build_serving_engine(
             return ex
 
         def shrink(epoch: int):  # the survivors: one rank fewer, each loading its wider shard
+            files.check()
             last[0] = None  # the kept shard goes before the wider one loads
             if pp > 1:  # a pipeline of one-rank stages: one stage fewer (PP=1: the head alone)
                 small = serving_layout(1, pp - 1, dtype, device, None, op_timeout)
@@ -217,6 +224,7 @@ def build_serving_engine(
             return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
 
         def shrink_to_head(epoch: int):  # a joined pair's worker never came back: the head alone
+            files.check()
             last[0] = None  # the kept shard goes before the whole model loads
             alone = serving_layout(1, 1, dtype, device, None, op_timeout)
             check_fits_alone(source, alone, limits)
@@ -238,6 +246,18 @@ def build_serving_engine(
             shrink_after_s=shrink_after,
         )
     return _start(executor, config, tokenizer, name, prefix_cache)
+
+
+def check_template(tokenizer: Tokenizer, console: Console) -> None:
+    """The chat template's probe render, before any weight loads: a template past its limits
+    (`TemplateLimitError`) is refused here; one that fails otherwise is named in a warning and
+    its chat requests get the 400."""
+    try:
+        tokenizer.check_chat_template()
+    except TemplateLimitError:
+        raise
+    except ChatTemplateError as e:
+        console.print(f"[yellow]warning:[/] {e}; chat requests will be refused")
 
 
 def _start(

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from tandem.cli.serve import ServeError, add_engine_args, resolve_api_key
 from tandem.cluster.launcher import (
@@ -31,6 +32,7 @@ from tandem.cluster.launcher import (
     ProcessGroup,
     RankProcess,
     check_port_free,
+    exit_cause,
     sigterm_as_keyboard_interrupt,
 )
 from tandem.engine.recovery import REFORMING
@@ -135,6 +137,7 @@ def serve_argv(args: argparse.Namespace, model: Path) -> list[str]:
         "op_timeout",
         "shrink_after",
         "pp_weights",
+        "allowed_hosts",
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -166,7 +169,9 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         group.start()
         gone = _wait_whole(console, group, base, n_ranks, args.startup_timeout)
         if gone is not None:
-            raise LaunchError(f"{gone[0]} exited with code {gone[1]} before the cluster was up")
+            raise LaunchError(
+                f"{gone[0]} exited with {exit_cause(gone[1])} before the cluster was up"
+            )
         _, models = _get(f"{base}/v1/models")
         name = models.get("data", [{}])[0].get("id", "?")
         console.print(
@@ -179,14 +184,17 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         if not args.no_demo:
             _demo(console, base, name, demo_prompt, args.api_key)
         console.print("serving; Ctrl-C to stop every rank")
-        gone = group.wait(until=lambda: _down_for_good(base), interval_s=1.0)
+        why: list[str] = []
+        gone = group.wait(until=lambda: _down_for_good(base, why), interval_s=1.0)
         if gone is not None:
             console.print(
-                f"[red]{gone[0]} exited with code {gone[1]}: shutting the cluster down[/red]"
+                f"[red]{gone[0]} exited with {exit_cause(gone[1])}: shutting the cluster down[/red]"
             )
             return 1
+        reason = escape(why[-1]) if why else "/health 503"
         console.print(
-            "[red]the cluster is down and cannot re-form (/health 503): shutting it down[/red]"
+            f"[red]the cluster is down and cannot re-form ({reason}): shutting it down[/red]",
+            highlight=False,
         )
         return 1
     except KeyboardInterrupt:
@@ -200,10 +208,14 @@ def _launch(args: argparse.Namespace, console: Console) -> int:
         group.shutdown()
 
 
-def _down_for_good(base: str) -> bool:
-    """/health is 503 for a reason other than a re-form under way."""
+def _down_for_good(base: str, why: list[str]) -> bool:
+    """/health is 503 for a reason other than a re-form under way (its detail added to `why`)."""
     code, body = _get(f"{base}/health")
-    return code == 503 and not str(body.get("detail", "")).startswith(REFORMING)
+    detail = str(body.get("detail", ""))
+    if code == 503 and not detail.startswith(REFORMING):
+        why.append(detail)
+        return True
+    return False
 
 
 def _wait_whole(console: Console, group: ProcessGroup, base: str, n: int, timeout_s: float):

@@ -42,6 +42,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (default 8000)")
     p.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated names a request's Host may carry besides IP addresses, localhost "
+        "and the bound name (DNS rebinding: other names get 421); * allows any",
+    )
+    p.add_argument(
         "--api-key-file",
         default=None,
         metavar="FILE",
@@ -166,6 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
         ServerStartError,
         create_forming_app,
     )
+    from tandem.server.hosts import AllowedHosts
 
     if args.model is None:
         from tandem.builtin import default_model
@@ -180,7 +188,8 @@ def _serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or model_dir.resolve().name
     # The port answers at once: the page and /v1/cluster say "forming" until the engine is up.
     switch = AppSwitch(create_forming_app(name, tp=tp, pp=args.pp, api_key=args.api_key))
-    http = BackgroundServer(switch, args.host, args.port, GRACEFUL_SHUTDOWN_S)
+    allowed = AllowedHosts.for_bind(args.host, (args.allowed_hosts or "").split(","))
+    http = BackgroundServer(switch, args.host, args.port, GRACEFUL_SHUTDOWN_S, allowed)
     close = None
     try:
         with sigterm_as_keyboard_interrupt():

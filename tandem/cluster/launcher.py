@@ -32,6 +32,8 @@ from typing import Any
 
 import psutil
 
+from tandem.cluster.exits import MAPPED_FILE_EXIT, exit_cause  # noqa: F401 (re-exported)
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -203,7 +205,9 @@ class ProcessGroup:
             code = p.poll()
             if code is not None:
                 tail = self._log_tail(r.name, lines)
-                gone.append(f"{r.name} exited with code {code}" + (f": {tail}" if tail else ""))
+                gone.append(
+                    f"{r.name} exited with {exit_cause(code)}" + (f": {tail}" if tail else "")
+                )
         return "; ".join(gone) or None
 
     def _log_tail(self, name: str, lines: int) -> str:

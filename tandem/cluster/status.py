@@ -3,7 +3,12 @@ how far away. A tiny authenticated JSON exchange (no pickle), served by the head
 status port.
 
 One exchange per TCP connection, each on its own thread under a total deadline (EXCHANGE_DEADLINE_S,
-however slowly the client drips), at most MAX_PENDING at once (more are closed unread), so one slow
+however slowly the client drips), at most MAX_PENDING at once and MAX_PER_SOURCE from one address.
+A connection past either cap does not wait for a slot: it takes the slot of the oldest connection
+that has not yet delivered its request (from its own address when that address is at its cap,
+else from the address holding the most), which is closed. A real client sends its request one
+round trip after connecting, so idle or dripping connections, however many and however often
+re-opened, are what gets closed, and `query` tries again if it was cut all the same. So one slow
 or hostile client never keeps the board from answering the others:
 
     board  -> client   16-byte random nonce
@@ -41,6 +46,8 @@ MAX_MESSAGE = 64 * 1024
 MAX_DEPTH = 8  # a snapshot is {"ranks": [{facts}]}: three levels
 EXCHANGE_DEADLINE_S = 5.0
 MAX_PENDING = 16
+MAX_PER_SOURCE = 4
+QUERY_ATTEMPTS = 3
 ALIVE_EVERY_S = 5.0
 STALE_S = 3 * ALIVE_EVERY_S
 REFUSED = 0  # a zero length in reply: the board could not authenticate the request
@@ -61,7 +68,15 @@ class StatusAuthError(StatusError):
     """The other side does not hold this cluster's secret."""
 
 
-class RankOccupied(StatusError):
+class BoardCut(StatusError):
+    """The connection was closed or reset mid-exchange (the board gave its slot to another)."""
+
+
+class BoardRefusal(StatusError):
+    """The board answered, and said no (an unknown rank, a rank held by another node, ...)."""
+
+
+class RankOccupied(BoardRefusal):
     """The rank is held by another live node (a second `cluster join` for the same rank)."""
 
 
@@ -79,7 +94,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise StatusError("the peer closed the connection mid-message")
+            raise BoardCut("the peer closed the connection mid-message")
         buf += chunk
     return bytes(buf)
 
@@ -133,7 +148,8 @@ class StatusBoard:
         self._sock.settimeout(0.5)
         self.port = self._sock.getsockname()[1]
         self._stop = threading.Event()
-        self._slots = threading.BoundedSemaphore(MAX_PENDING)
+        # open exchanges: connection -> [source address, accepted at, request delivered]
+        self._pending: dict[socket.socket, list] = {}
         self._thread = threading.Thread(target=self._serve, name="tandem-status", daemon=True)
 
     def start(self) -> StatusBoard:
@@ -192,19 +208,50 @@ class StatusBoard:
                 conn, addr = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
-            if not self._slots.acquire(blocking=False):
-                conn.close()  # MAX_PENDING exchanges already running
+            if not self._admit(conn, addr[0]):
+                conn.close()  # every open exchange has its request in: they end soon
                 continue
             threading.Thread(
                 target=self._exchange, args=(conn, addr[0]), name="tandem-status-x", daemon=True
             ).start()
+
+    def _admit(self, conn: socket.socket, source: str) -> bool:
+        """Registers `conn`, closing the exchange whose slot it takes when a cap is reached
+        (module docstring); False when no slot can be taken."""
+        with self._lock:
+            mine = [c for c, p in self._pending.items() if p[0] == source]
+            victims = None
+            if len(mine) >= MAX_PER_SOURCE:
+                victims = mine
+            elif len(self._pending) >= MAX_PENDING:
+                counts: dict[str, int] = {}
+                for p in self._pending.values():
+                    counts[p[0]] = counts.get(p[0], 0) + 1
+                most = max(counts, key=lambda a: counts[a])
+                victims = [c for c, p in self._pending.items() if p[0] == most]
+            if victims is not None:
+                idle = [c for c in victims if not self._pending[c][2]]
+                if not idle:
+                    return False
+                oldest = min(idle, key=lambda c: self._pending[c][1])
+                del self._pending[oldest]  # its thread ends at the shutdown below
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)
+            self._pending[conn] = [source, time.monotonic(), False]
+        return True
+
+    def _delivered(self, conn: socket.socket) -> None:
+        with self._lock:
+            if conn in self._pending:
+                self._pending[conn][2] = True
 
     def _exchange(self, conn: socket.socket, peer: str) -> None:
         try:
             with conn, contextlib.suppress(Exception):  # whatever a client sends, the board lives
                 self._answer(conn, peer, time.monotonic() + EXCHANGE_DEADLINE_S)
         finally:
-            self._slots.release()
+            with self._lock:
+                self._pending.pop(conn, None)
 
     def _answer(self, conn: socket.socket, peer: str, deadline: float) -> None:
         conn.settimeout(EXCHANGE_DEADLINE_S)
@@ -215,6 +262,7 @@ class StatusBoard:
         except StatusAuthError:
             conn.sendall(_LEN.pack(REFUSED))
             raise
+        self._delivered(conn)
         kind, rank, instance = msg.get("kind"), msg.get("rank"), msg.get("instance")
         if kind in ("announce", "alive"):
             if type(rank) is not int or not 0 <= rank < self.world_size:
@@ -263,10 +311,12 @@ def exchange(
             reply = _recv_msg(sock, key, nonce, deadline)
         except StatusError:
             raise
-        except OSError as e:
-            raise StatusError(f"status exchange with {host}:{port} failed: {e}") from e
+        except TimeoutError as e:
+            raise StatusError(f"status exchange with {host}:{port} timed out: {e}") from e
+        except OSError as e:  # reset: cut as the board gave its slot away
+            raise BoardCut(f"status exchange with {host}:{port} failed: {e}") from e
     if not reply.get("ok"):
-        err = RankOccupied if reply.get("code") == "rank_occupied" else StatusError
+        err = RankOccupied if reply.get("code") == "rank_occupied" else BoardRefusal
         raise err(f"the status board refused: {reply.get('error')}")
     return reply
 
@@ -319,4 +369,13 @@ def keep_alive(
 
 
 def query(host: str, port: int, secret: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    return exchange(host, port, secret, {"kind": "query"}, timeout_s)
+    """The board's snapshot; a connection the board cut (`BoardCut`: its slot taken under a
+    flood) is tried again, up to QUERY_ATTEMPTS times; any other error is raised at once."""
+    attempt = 1
+    while True:
+        try:
+            return exchange(host, port, secret, {"kind": "query"}, timeout_s)
+        except BoardCut:
+            if attempt >= QUERY_ATTEMPTS:
+                raise
+            attempt += 1

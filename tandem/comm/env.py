@@ -5,8 +5,10 @@
     RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT   torchrun's variables (star, gloo, nccl)
     TANDEM_SECRET   the cluster secret when the file has no "secret" field (hex, else UTF-8)
     TANDEM_WIRE_DTYPE, TANDEM_CLUSTER_ID   optional overrides
-    TANDEM_TRUSTED_NETWORK=1   lets gloo / nccl rendezvous beyond loopback (they are not
-                    authenticated and ignore the secret; ring and star are)
+    TANDEM_INSECURE_COMM=1     lets gloo / nccl run at all: torch.distributed's store and links
+                    are not authenticated and ignore the secret (ring and star are), so any user
+                    of the machine can write the store; refused without it, warned with it
+    TANDEM_TRUSTED_NETWORK=1   lets gloo / nccl rendezvous beyond loopback (and implies the above)
 
 A ring rank listens on RING_CONFIG's listen_ip (the join token writes each rank's own address
 there), else on loopback when the ring stays on this host or has no secret, else on this host's
@@ -18,6 +20,7 @@ Every error is a CommConfigError naming the variable or field at fault.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -27,10 +30,19 @@ from tandem.comm.base import CommError, Communicator
 from tandem.comm.solo import SoloCommunicator
 
 BACKENDS = ("ring", "star", "gloo", "nccl")
+INSECURE_ENV = "TANDEM_INSECURE_COMM"
+TRUSTED_ENV = "TANDEM_TRUSTED_NETWORK"
+
+log = logging.getLogger(__name__)
 
 
 class CommConfigError(CommError, ValueError):
     """The environment does not describe a usable communicator; the message names the variable."""
+
+
+class InsecureBackendError(CommConfigError):
+    """gloo / nccl asked for without TANDEM_INSECURE_COMM=1: their rendezvous store takes reads
+    and writes from anyone who reaches it, and the cluster secret plays no part."""
 
 
 def _int(env: Mapping[str, str], name: str) -> int:
@@ -115,17 +127,38 @@ def from_env(
         if cfg.rank == 0:
             master = (cfg.listen_ip or master[0], master[1])
         return StarCommunicator.create(cfg.rank, cfg.world_size, root=master, **common)
-    from tandem.comm.torchdist import TorchDistCommunicator
-
     if cfg.rank == 0:  # its store listens here, reachable by the others
         master = (cfg.listen_ip or master[0], master[1])
+    _accept_unauthenticated(env, backend, master)
+    from tandem.comm.torchdist import TorchDistCommunicator
+
     return TorchDistCommunicator.create(
         cfg.rank,
         cfg.world_size,
         master=master,
         backend=backend,
         timeout=handshake_timeout or cfg.handshake_timeout,
-        trusted_network=env.get("TANDEM_TRUSTED_NETWORK", "").strip() == "1",
+        trusted_network=env.get(TRUSTED_ENV, "").strip() == "1",
+    )
+
+
+def _accept_unauthenticated(env: Mapping[str, str], backend: str, master: tuple[str, int]) -> None:
+    """gloo and nccl only where the user said so (TANDEM_INSECURE_COMM=1, or a trusted
+    network), and a warning every time: nothing else stops a local user writing their store."""
+    where = f"{master[0]}:{master[1]}"
+    if not any(env.get(k, "").strip() == "1" for k in (INSECURE_ENV, TRUSTED_ENV)):
+        raise InsecureBackendError(
+            f"TANDEM_COMM={backend}: torch.distributed's rendezvous store ({where}) and links are "
+            "not authenticated: any user of this machine (any host that reaches it, beyond "
+            "loopback) can write the store and join or read the group, and the cluster secret is "
+            f"unused. Use TANDEM_COMM=ring or star (HMAC-authenticated), or set {INSECURE_ENV}=1 "
+            "to run it anyway"
+        )
+    log.warning(
+        "TANDEM_COMM=%s: the rendezvous store at %s is not authenticated and the cluster secret "
+        "is unused; anyone who reaches it can join or read the group",
+        backend,
+        where,
     )
 
 

@@ -244,15 +244,21 @@ def build_executor(
 
 def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks) -> Executor:
     from tandem.engine.local import LocalExecutor
+    from tandem.kernels import mapped_guard
+    from tandem.loaders.file_identity import ModelFiles
     from tandem.loaders.load import load_model
 
     source = hooks.source or open_model(model)
+    check_fits_alone(source, layout, limits)  # before minutes of loading, not after
+    files = ModelFiles.of_source(source)
     weights = load_model(source, dtype=layout.dtypes[0], device=layout.devices[0])
+    mapped_guard.watch(source)  # a GGUF's blocks stay mapped: a SIGBUS on them is named
     return LocalExecutor(
         weights,
         max_batch=limits.max_batch,
         max_seq_len=limits.max_seq_len,
         weight_format=source.weight_format(),
+        files=files,
     )
 
 
@@ -363,24 +369,33 @@ def join_rtts(text: str, world_size: int) -> dict[int, float]:
 def check_fits_alone(source: ModelSource, layout: Layout, limits: Limits) -> None:
     """Raises `PlanDoesNotFitError` (naming the bytes) when the whole model in the layout's first
     dtype, with its KV cache at `limits`, does not fit the first device's free memory: what a
-    group shrinking onto its head alone checks before it loads (`parallel.fit`)."""
+    single node checks before it loads or allocates anything, and a group shrinking onto its head
+    alone before it loads (`parallel.fit.check_node`)."""
     import torch
 
     from tandem.engine.device_probe import free_gb
-    from tandem.parallel.fit import check_fit, rank_needs
+    from tandem.parallel.fit import check_node, rank_needs
     from tandem.parallel.plan import plan_for_config
 
     cfg = source.config
     elem = torch.tensor([], dtype=layout.dtypes[0]).element_size()
     fmt = source.weight_format()
     dense = fmt.startswith("safetensors") and "quantized" not in fmt
-    needs = rank_needs(
+    seq_len = min(limits.max_seq_len, cfg.max_position_embeddings)
+    (whole,) = rank_needs(
         cfg,
         plan_for_config(cfg, 1),
         elem_bytes=[elem],
-        weight_bytes_per_elem=[elem if dense else 0],
-        free_bytes=[int(free_gb(torch.device(layout.devices[0])) * 1e9)],
+        weight_bytes_per_elem=[elem if dense else 0],  # a file's blocks stay mapped
+        free_bytes=[0],
         max_batch=limits.max_batch,
-        max_seq_len=min(limits.max_seq_len, cfg.max_position_embeddings),
+        max_seq_len=seq_len,
     )
-    check_fit(needs)
+    check_node(
+        cfg,
+        kv_elem_bytes=elem,
+        weight_bytes=whole.weight_bytes,
+        free_bytes=int(free_gb(torch.device(layout.devices[0])) * 1e9),
+        max_batch=limits.max_batch,
+        max_seq_len=seq_len,
+    )

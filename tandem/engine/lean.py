@@ -11,6 +11,14 @@ tests hold against `LocalExecutor` on the same file (tests/unit/test_lean_execut
 `from_file` raises `LeanUnsupportedError` for a model it does not run (sliding-window attention,
 F32 layer weights, a tensor type the kernels lack, no native build); the caller then takes
 `LocalExecutor`.
+A KV cache (float32, at `max_batch` x `max_seq_len`) past the host's available RAM is refused
+before it is allocated (`parallel.fit.check_node`: `PlanDoesNotFitError`, naming the bytes).
+
+The weights are read through the file's mapping: every step first checks that the file is still
+the one opened (`ModelFiles`: size, inode, mtime; a few microseconds), so a file truncated or
+replaced under the server fails the step with `ModelFileChangedError` naming it (and `health()`
+says so) instead of a SIGBUS on the next read; a truncation that lands inside a step is named
+by the SIGBUS handler (`kernels.mapped_guard`) and ends the process with `MAPPED_FILE_EXIT`.
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tandem.devices import host_available_bytes
 from tandem.engine.executor import Step, StepResult
 from tandem.engine.sequences import SequenceCache
+from tandem.kernels import mapped_guard
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import LeanModel, LeanUnsupportedError
+from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.parallel.fit import check_node
 
 __all__ = ["LeanExecutor", "LeanUnsupportedError", "default_threads", "lean_executor_for"]
 
@@ -81,9 +93,11 @@ class LeanExecutor:
         max_seq_len: int,
         *,
         weight_format: str | None = None,
+        files: ModelFiles | None = None,
     ) -> None:
         self.model = model
         self.weight_format = weight_format
+        self.files = files
         self.vocab_size = model.config.vocab_size
         self.max_seq_len = max_seq_len
         self.max_batch = max_batch
@@ -104,10 +118,22 @@ class LeanExecutor:
         opened."""
         src = path if isinstance(path, GGUFModel) else GGUFModel(path)
         max_seq_len = min(max_seq_len, src.config.max_position_embeddings)
+        check_node(  # the float32 cache against free RAM; the blocks stay mapped from the file
+            src.config,
+            kv_elem_bytes=4,
+            weight_bytes=0,
+            free_bytes=host_available_bytes(),
+            max_batch=max_batch,
+            max_seq_len=max_seq_len,
+        )
+        files = ModelFiles.of_source(src)
         model = LeanModel(src, max_batch, max_seq_len, threads or default_threads())
-        return cls(model, max_batch, max_seq_len, weight_format=src.weight_format())
+        mapped_guard.watch(src)
+        return cls(model, max_batch, max_seq_len, weight_format=src.weight_format(), files=files)
 
     def run(self, step: Step) -> StepResult:
+        if self.files is not None:
+            self.files.check()  # before any mapped byte is read
         slots = self.seqs.check(step)
         rows = [(slot, s.start_pos, s.token_ids) for slot, s in zip(slots, step.sequences)]
         logits = self.model.logits(self.model.forward(rows))  # (B, vocab)
@@ -120,8 +146,9 @@ class LeanExecutor:
         self.seqs.release(seq_ids)
 
     def health(self) -> tuple[bool, str]:
-        """One process: whole while it runs."""
-        return True, "ok"
+        """One process: whole while it runs and its model file is the one it opened."""
+        changed = self.files.change() if self.files is not None else None
+        return (False, str(changed)) if changed is not None else (True, "ok")
 
     def stats(self) -> dict[str, float]:
         """No collectives and no wire."""

@@ -7,6 +7,11 @@ returns the logits (or greedy ids) at each sequence's last new token.
 On construction the model is put in its execution form (`tandem.kernels.prepare`): the fast
 modules swapped in and each linear layer on the measured-best kernel for its device and dtype;
 `kernels="torch"` keeps the reference modules and F.linear.
+
+With `files` (the model's `ModelFiles`, as `build_executor` gives them), every step first checks
+that the files are still the ones opened: a GGUF's quantized weights are read through its
+mapping, so a file truncated or replaced under the server fails the step with
+`ModelFileChangedError` naming it, and `health()` says so, instead of a SIGBUS on the next read.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from tandem.engine.executor import Step, StepResult
 from tandem.engine.runner import ShardRunner
 from tandem.engine.sequences import SequenceError
 from tandem.kernels.prepare import prepare
+from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
 from tandem.models.llama import Transformer
@@ -39,8 +45,10 @@ class LocalExecutor:
         *,
         kernels: str = "auto",
         weight_format: str | None = None,
+        files: ModelFiles | None = None,
     ) -> None:
         cfg = model.config
+        self.files = files
         self.weight_format = weight_format  # how the weights were stored (for describe)
         self.kernels = prepare(model, kernel=kernels)  # in place, once
         self.model = model
@@ -66,6 +74,8 @@ class LocalExecutor:
         return cls(model, max_batch, max_seq_len, kernels=kernels, weight_format=md.weight_format())
 
     def run(self, step: Step) -> StepResult:
+        if self.files is not None:
+            self.files.check()  # before any mapped byte is read
         out = self.runner.forward(step)
         assert out is not None  # the whole model: the head is here
         return StepResult.of(step, out)
@@ -74,8 +84,9 @@ class LocalExecutor:
         self.runner.release(seq_ids)
 
     def health(self) -> tuple[bool, str]:
-        """One process: whole while it runs."""
-        return True, "ok"
+        """One process: whole while it runs and its model files are the ones it opened."""
+        changed = self.files.change() if self.files is not None else None
+        return (False, str(changed)) if changed is not None else (True, "ok")
 
     def stats(self) -> dict[str, float]:
         """No collectives and no wire."""

@@ -27,6 +27,11 @@ smaller layout cannot form either (the model does not fit), retries go on until 
 the final error says why the smaller one failed too. A shrink replays exactly as a re-form does:
 the head's tokens do not depend on the layout.
 
+A model file that changed since the group first formed (`ModelFileChangedError` from `build`,
+which checks the files' identity before it starts anything) is not retried: it will not change
+back, and the re-form gives up at once with that reason instead of failing for the whole
+deadline under the old one.
+
 While a re-form is under way `health()` is (False, "re-forming ..."), and after the deadline
 (False, "failed ..."): `/health` is 503 with the reason either way, and `tandem launch` tells
 "re-forming" (wait) from "failed" (shut down) by that first word. New requests queue meanwhile;
@@ -50,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.engine.executor import Executor, Step, StepResult
+from tandem.loaders.errors import ModelFileChangedError
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +357,11 @@ class RecoveringExecutor:
         while not self._stop.is_set():  # at least one attempt, then retries until the deadline
             try:
                 fresh = self._build(self.epoch + 1)
+            except ModelFileChangedError as e:  # not retried: the file will not change back
+                last = e
+                c.reform_failures += 1
+                log.warning("re-forming epoch %d: %s", self.epoch + 1, e)
+                break
             except Exception as e:  # noqa: BLE001 - retried until the deadline
                 last = e
                 c.reform_failures += 1
@@ -377,11 +388,14 @@ class RecoveringExecutor:
             _trim_heap()  # what forming it allocated and let go of
             return
         with self._changed:
-            self._given_up = ReformFailed(
-                f"the group could not be re-formed within {self.deadline_s:g} s"
-                + (f" (last attempt: {type(last).__name__}: {last})" if last else "")
-                + (f"; over fewer ranks: {shrink_why}" if shrink_why else "")
-            )
+            if isinstance(last, ModelFileChangedError):
+                self._given_up = ReformFailed(f"the group cannot be re-formed: {last}")
+            else:
+                self._given_up = ReformFailed(
+                    f"the group could not be re-formed within {self.deadline_s:g} s"
+                    + (f" (last attempt: {type(last).__name__}: {last})" if last else "")
+                    + (f"; over fewer ranks: {shrink_why}" if shrink_why else "")
+                )
             self._reforming = None
             self._changed.notify_all()
 

@@ -21,11 +21,13 @@ from typing import Any, Protocol
 from tandem.engine.logits_process import TokenLogprobs, TokenMask
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import EngineUnavailable, Request, RequestRejected, Scheduler
+from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
 
 __all__ = [
     "Completion",
     "EngineUnavailable",
     "OutputToken",
+    "PromptRejected",
     "RequestRejected",
     "ServingEngine",
     "TextDelta",
@@ -69,6 +71,15 @@ class Completion:
     cached_tokens: int = 0  # of the prompt's, taken from the prefix cache (not prefilled)
     tokens: list[OutputToken] = field(default_factory=list)  # with logprobs, when asked for
     token_ids: list[int] = field(default_factory=list)  # every token generated (no EOS)
+
+
+class PromptRejected(RequestRejected):
+    """The chat template refused the messages, failed on them, or went past one of its limits
+    (`code`: "chat_template_limit" or "chat_template_error"); the client's 400."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class TextStream:
@@ -165,7 +176,12 @@ class ServingEngine:
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
         if self._chat_template is not None:
-            return self._chat_template(messages)
+            try:
+                return self._chat_template(messages)
+            except TemplateLimitError as e:
+                raise PromptRejected(str(e), "chat_template_limit") from e
+            except ChatTemplateError as e:
+                raise PromptRejected(str(e), "chat_template_error") from e
         lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
         return "\n".join(lines) + "\nassistant:"
 

@@ -37,7 +37,7 @@ SOURCES = tuple(
     CSRC / c
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
-        "qgemm256.c", "moe.c",
+        "qgemm256.c", "moe.c", "sigbus.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
@@ -207,6 +207,9 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         (_P, _I64, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT)
         + (_INT,),
     ),
+    # base, length, file name, exit code (csrc/sigbus.c; tandem/kernels/mapped_guard.py)
+    "tandem_watch_mapping": (_INT, (_P, _I64, ctypes.c_char_p, _INT)),
+    "tandem_unwatch_mappings": (None, ()),
 }
 
 

@@ -26,3 +26,25 @@ class TensorShapeError(ModelFileError):
 
 class TensorDtypeError(ModelFileError):
     """A tensor stored in a dtype the model cannot take (weights must be F32, F16 or BF16)."""
+
+
+class ChatTemplateError(ModelFileError):
+    """The model has no chat template, or the template failed to render."""
+
+
+class ChatTemplateRefused(ChatTemplateError):
+    """The template itself refused the messages (its `raise_exception(...)`)."""
+
+
+class TemplateLimitError(ChatTemplateError):
+    """Rendering the template went past one of its bounds; `limit` names which: "time",
+    "output" (characters of the rendered prompt) or "memory"."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class ModelFileChangedError(ModelFileError):
+    """A model file changed (truncated, replaced, rewritten) since this process opened it: its
+    mapped bytes are not the model's any more, and reading one past the new end is a SIGBUS."""

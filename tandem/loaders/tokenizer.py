@@ -1,30 +1,32 @@
 """`tokenizer.json` through the `tokenizers` library, and the chat template from
-`tokenizer_config.json` rendered with a sandboxed jinja2 (templates are data from the model
-directory, so they get no access to Python objects). A GGUF file's tokenizer arrives in the same
-type (`tandem.loaders.gguf.tokenizer.load_gguf_tokenizer`), its metadata in the same config keys."""
+`tokenizer_config.json` rendered by a sandboxed jinja2 in its own bounded process (templates are
+data from the model directory: no access to Python objects, and a time, output and memory bound,
+`tandem.loaders.chat_template`). A GGUF file's tokenizer arrives in the same type
+(`tandem.loaders.gguf.tokenizer.load_gguf_tokenizer`), its metadata in the same config keys."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from tandem.loaders.errors import CorruptFileError, ModelFileError
+from tandem.loaders.chat_template import TemplateLimits, TemplateRenderer
+from tandem.loaders.errors import (
+    ChatTemplateError,
+    ChatTemplateRefused,
+    CorruptFileError,
+    TemplateLimitError,
+)
+
+__all__ = ["ChatTemplateError", "StreamDecoder", "TemplateLimitError", "Tokenizer"]
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-
-
-class ChatTemplateError(ModelFileError):
-    """The model has no chat template, or the template failed to render."""
+PROBE_MESSAGES = [{"role": "user", "content": "Hello!"}]
 
 
 class Tokenizer:
@@ -33,7 +35,7 @@ class Tokenizer:
 
     `eos_token_ids` are the ids generation stops on: the EOS token's by default, or the list the
     source gives (a GGUF's EOS plus its end-of-turn tokens). `template_origin` names where the chat
-    template came from, for error messages."""
+    template came from, for error messages; `template_limits` bound each render of it."""
 
     def __init__(
         self,
@@ -59,6 +61,8 @@ class Tokenizer:
             eos_token_ids = () if self.eos_token_id is None else (self.eos_token_id,)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
         self._pieces: _PieceRules | None = None  # read from the decoder on first use
+        self.template_limits = TemplateLimits()
+        self._renderer: TemplateRenderer | None = None
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer | None:
@@ -121,38 +125,47 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
-        """Renders `messages` ([{"role": ..., "content": ...}]) into the prompt text."""
+        """Renders `messages` ([{"role": ..., "content": ...}]) into the prompt text, in the
+        template's bounded process: `TemplateLimitError` past a bound, `ChatTemplateRefused`
+        where the template refuses the messages, `ChatTemplateError` otherwise."""
+        return self._template().render(messages, add_generation_prompt, extra)
+
+    def check_chat_template(self) -> None:
+        """A probe render of one user message, for load time: a template that goes past its
+        limits on it (or does not compile) raises here, before anything is served; one that
+        refuses the probe's messages is left to the requests."""
+        if not self.has_chat_template:
+            return
+        try:
+            self.apply_chat_template(PROBE_MESSAGES)
+        except ChatTemplateRefused:
+            pass
+
+    def close(self) -> None:
+        """Ends the template's process (it also ends with this object, or with the parent)."""
+        if self._renderer is not None:
+            self._renderer.close()
+
+    def _template(self) -> TemplateRenderer:
         template = self.config.get("chat_template")
         if isinstance(template, list):  # named templates: use "default"
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
         if not isinstance(template, str) or not template:
             raise ChatTemplateError(f"{self.template_origin}: no chat template")
-        # the environment transformers renders in: loop controls, strftime_now (Llama 3 templates)
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-        )
-        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
-            x, ensure_ascii=False, indent=indent
-        )
-
-        def raise_exception(message: str) -> None:
-            raise ChatTemplateError(f"chat template refused the messages: {message}")
-
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        try:
-            return env.from_string(template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                unk_token=_token_text(self.config.get("unk_token")) or "",
-                pad_token=_token_text(self.config.get("pad_token")) or "",
-                **extra,
-            )
-        except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"{self.template_origin}: chat template failed: {e}") from e
+        r = self._renderer
+        if r is None or r.template != template or r.limits != self.template_limits:
+            if r is not None:
+                r.close()
+            tokens = {
+                "bos_token": self.bos_token or "",
+                "eos_token": self.eos_token or "",
+                "unk_token": _token_text(self.config.get("unk_token")) or "",
+                "pad_token": _token_text(self.config.get("pad_token")) or "",
+            }
+            r = TemplateRenderer(template, tokens, self.template_origin, self.template_limits)
+            self._renderer = r
+        return r
 
 
 class StreamDecoder:

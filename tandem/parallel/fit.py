@@ -14,6 +14,11 @@ file its matrices' average block bytes per element, blocks staying quantized). N
 biases (a few D per layer) are left out; `HEADROOM_BYTES` covers them and the runtime's own
 buffers. A rank needs  weights + kv + HEADROOM_BYTES <= free  (its probe's free memory).
 
+One node alone (`check_node`) is held to the same rule before its KV cache is allocated: the
+whole model's weights (0 where they stay mapped from the file) and its cache at B slots of S
+positions against the node's free memory, so `--max-seq-len 16777216` is refused naming the bytes
+instead of ending in an allocator's traceback.
+
 Ranks on one host that hold their shards in its RAM each measured the same free memory: k of them
 share it, so each is held to  min(its own free, host free / k)  (`share_host_memory`; the host's
 free is the largest of their figures, a rank's own may be lower under a memory limit).
@@ -92,6 +97,45 @@ def share_host_memory(free_bytes: list[int], hosts: list[str | None]) -> list[in
     ]
 
 
+PLAN_ADVICE = (
+    "Give that rank a smaller --tp-weights share, lower --max-seq-len or --max-batch, or add a rank"
+)
+NODE_ADVICE = "Lower --max-seq-len or --max-batch, or spread the model over ranks (--tp / --pp)"
+
+
+def kv_cache_bytes(config: Any, max_batch: int, max_seq_len: int, elem_bytes: int) -> int:
+    """K and V of every layer for `max_batch` sequences of `max_seq_len` positions, all kv heads."""
+    return (
+        2 * config.num_hidden_layers * max_batch * max_seq_len
+        * config.num_key_value_heads * config.head_dim * elem_bytes
+    )  # fmt: skip
+
+
+def check_node(
+    config: Any,
+    *,
+    kv_elem_bytes: int,
+    weight_bytes: int,
+    free_bytes: int | None,
+    max_batch: int,
+    max_seq_len: int,
+) -> None:
+    """One node's whole model and KV cache against its free memory (module docstring); nothing
+    checked where the free memory is unknown (None)."""
+    if free_bytes is None:
+        return
+    kv = kv_cache_bytes(config, max_batch, max_seq_len, kv_elem_bytes)
+    need = RankNeed(0, int(weight_bytes), kv, int(free_bytes))
+    if not need.fits:
+        raise PlanDoesNotFitError(
+            f"the model does not fit this node: it needs {need.need_bytes / 1e9:.3f} GB "
+            f"({weight_bytes / 1e9:.3f} GB of weights + {kv / 1e9:.3f} GB ({kv} bytes) of KV "
+            f"cache for {max_batch} sequences of {max_seq_len} positions + "
+            f"{HEADROOM_BYTES / 1e9:.3f} GB headroom) but has {free_bytes / 1e9:.3f} GB free. "
+            + NODE_ADVICE
+        )
+
+
 def check_fit(needs: list[RankNeed]) -> None:
     """Raises `PlanDoesNotFitError` naming every rank that does not fit and its bytes."""
     bad = [n for n in needs if not n.fits]
@@ -103,9 +147,4 @@ def check_fit(needs: list[RankNeed]) -> None:
         f"headroom) but has {n.free_bytes / 1e9:.3f} GB free"
         for n in bad
     ]
-    raise PlanDoesNotFitError(
-        "the plan does not fit: "
-        + "; ".join(parts)
-        + ". Give that rank a smaller --tp-weights share, lower --max-seq-len or --max-batch, "
-        "or add a rank"
-    )
+    raise PlanDoesNotFitError("the plan does not fit: " + "; ".join(parts) + ". " + PLAN_ADVICE)

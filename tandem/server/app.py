@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
 from tandem.engine.serving import (
     Completion,
+    PromptRejected,
     ServingEngine,
     TextDelta,
 )
@@ -120,7 +121,12 @@ def create_app(
         body.refuse_unsupported()
         messages = [m.for_template(i) for i, m in enumerate(body.messages)]
         # off the event loop: a long prompt must not stall every open stream while it tokenizes
-        prompt_ids = await asyncio.to_thread(lambda: engine.encode(engine.chat_prompt(messages)))
+        try:
+            prompt_ids = await asyncio.to_thread(
+                lambda: engine.encode(engine.chat_prompt(messages))
+            )
+        except PromptRejected as e:  # the template's refusal, failure or limit: named
+            raise APIError(400, str(e), param="messages", code=e.code) from e
         params = _params(engine, body, prompt_ids, default_max=None)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)

@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from tandem.server.cluster_view import ClusterView, Layout, render_cluster_metrics
-from tandem.server.http_limits import BodyLimit, uvicorn_options
+from tandem.server.hosts import AllowedHosts, HostCheck
+from tandem.server.http_limits import BodyLimit, HeadLimit, uvicorn_options
 from tandem.server.page import add_static_routes
 from tandem.server.protocol import APIError, error_response, keyed
 
@@ -30,11 +31,21 @@ class ServerStartError(RuntimeError):
 
 class BackgroundServer:
     """uvicorn on its own thread, so the main thread can form the cluster meanwhile (the launcher
-    ties its workers' lives to the thread that started them, which must outlive the group)."""
+    ties its workers' lives to the thread that started them, which must outlive the group).
+    Every request passes the head limits and the `Host` check (`allowed`; by default the names
+    of `host`, `tandem.server.hosts`) before `app` sees it."""
 
-    def __init__(self, app: Any, host: str, port: int, graceful_s: float) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        graceful_s: float,
+        allowed: AllowedHosts | None = None,
+    ) -> None:
+        allowed = allowed or AllowedHosts.for_bind(host)
         config = uvicorn.Config(
-            app,
+            HeadLimit(HostCheck(app, allowed)),
             host=host,
             port=port,
             log_level="warning",

@@ -5,9 +5,12 @@ response, but a connection that never finishes a request is never timed: a fresh
 silent, or one that drips a header byte every few seconds (each byte also cancels the keep-alive
 timer). `DeadlineH11Protocol` arms one deadline whenever a connection is waiting for a request (on
 connect, and after each response) and closes it unless the whole request, head and body, has
-arrived within `REQUEST_READ_TIMEOUT_S`; h11 bounds the head's size, and `limit_concurrency`
-answers 503 past a number of connections instead of holding them all. `BodyLimit` (ASGI
-middleware, in the app) answers 413 to a request body over MAX_BODY_BYTES.
+arrived within `REQUEST_READ_TIMEOUT_S`; h11 bounds an unfinished head's size, and
+`limit_concurrency` answers 503 past a number of connections instead of holding them all.
+`HeadLimit` (ASGI middleware, around every app `tandem serve` runs) answers 431 to a finished
+head over MAX_HEADER_BYTES or MAX_HEADERS (h11 parses a whole head that arrives at once whatever
+its size: 64 KB and 1,000 headers passed), and `BodyLimit` (in the app) 413 to a body over
+MAX_BODY_BYTES.
 
     uvicorn.run(app, host=host, port=port, **uvicorn_options())
 """
@@ -25,7 +28,8 @@ from tandem.server.protocol import APIError
 
 REQUEST_READ_TIMEOUT_S = 10.0  # from idle to the whole request received, however it trickles
 KEEP_ALIVE_S = 5.0  # a silent keep-alive connection is closed after this
-MAX_HEADER_BYTES = 16 * 1024  # h11's bound on an incomplete request head
+MAX_HEADER_BYTES = 16 * 1024  # a request head: h11's bound while incomplete, HeadLimit's after
+MAX_HEADERS = 100  # header fields in one request
 MAX_CONNECTIONS = 512  # past this, new connections are answered 503
 
 
@@ -79,6 +83,46 @@ def uvicorn_options() -> dict[str, Any]:
     }
 
 
+def head_bytes(scope: dict) -> int:
+    """The request head's size as sent, near enough: request line and header lines."""
+    line = len(scope.get("method", "")) + len(scope.get("raw_path") or b"") + 12
+    line += len(scope.get("query_string") or b"") + 1
+    return line + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ()) + 2
+
+
+class HeadLimit:
+    """ASGI middleware: a request head over `max_bytes`, or with more than `max_headers` fields,
+    is answered 431 in OpenAI's error shape and never reaches `app`."""
+
+    def __init__(
+        self, app: Any, max_bytes: int = MAX_HEADER_BYTES, max_headers: int = MAX_HEADERS
+    ) -> None:
+        self.app, self.max_bytes, self.max_headers = app, max_bytes, max_headers
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            n, size = len(scope.get("headers") or ()), head_bytes(scope)
+            why = None
+            if n > self.max_headers:
+                why = f"{n} header fields; this server accepts at most {self.max_headers}"
+            elif size > self.max_bytes:
+                why = (
+                    f"a request head of {size} bytes; this server accepts at most {self.max_bytes}"
+                )
+            if why is not None:
+                await send_error(send, APIError(431, why, code="request_header_too_large"))
+                return
+        await self.app(scope, receive, send)
+
+
+async def send_error(send: Any, err: APIError) -> None:
+    """`err` as the whole response, from ASGI middleware that answers in the app's stead."""
+    body = json.dumps(err.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 MAX_BODY_BYTES = 2 << 20  # a request body; a prompt that fits any context tandem serves fits this
 
 
@@ -130,7 +174,4 @@ class BodyLimit:
             f"{self.max_bytes}",
             code="request_too_large",
         )
-        body = json.dumps(err.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, err)

@@ -19,14 +19,14 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from tandem.engine.serving import Completion, ServingEngine, TextDelta
+from tandem.engine.serving import Completion, PromptRejected, ServingEngine, TextDelta
 from tandem.server.generation import generate_choices
 from tandem.server.logprobs import token_entries
 from tandem.server.ollama_protocol import (
@@ -86,7 +86,7 @@ def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
         if not body.messages:  # Ollama's way of loading a model
             return _loaded(engine, {"message": {"role": "assistant", "content": ""}})
         messages = [m.for_template(i) for i, m in enumerate(body.messages)]
-        prompt_ids = await asyncio.to_thread(lambda: engine.encode(engine.chat_prompt(messages)))
+        prompt_ids = await _prompt_ids(lambda: engine.encode(engine.chat_prompt(messages)))
         return await _answer(engine, body, prompt_ids, chat=True)
 
     @app.post("/api/generate")
@@ -95,8 +95,17 @@ def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
         body.refuse_unsupported()
         if not body.prompt and not body.context:
             return _loaded(engine, {"response": ""})
-        prompt_ids = await asyncio.to_thread(_generate_prompt, engine, body)
+        prompt_ids = await _prompt_ids(lambda: _generate_prompt(engine, body))
         return await _answer(engine, body, prompt_ids, chat=False)
+
+
+async def _prompt_ids(build: Callable[[], list[int]]) -> list[int]:
+    """`build()` off the event loop (a long prompt must not stall the open streams); the chat
+    template's refusal, failure or limit is a 400."""
+    try:
+        return await asyncio.to_thread(build)
+    except PromptRejected as e:
+        raise APIError(400, str(e), param="messages", code=e.code) from e
 
 
 async def _answer(engine: ServingEngine, body: Any, prompt_ids: list[int], *, chat: bool):

@@ -122,6 +122,7 @@ def test_gloos_store_listens_on_the_master_address_alone() -> None:
     env = [
         {
             "TANDEM_COMM": "gloo",
+            "TANDEM_INSECURE_COMM": "1",
             "RANK": str(r),
             "WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.2",
@@ -138,7 +139,7 @@ def test_gloo_beyond_loopback_is_refused_unless_the_network_is_declared_trusted(
     with pytest.raises(UntrustedNetworkError, match="not authenticated.*TANDEM_TRUSTED_NETWORK"):
         TorchDistCommunicator.create(0, 2, master=("192.0.2.7", 29999), backend="gloo")
     env = {"TANDEM_COMM": "gloo", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "192.0.2.7",
-           "MASTER_PORT": "29999"}  # fmt: skip
+           "MASTER_PORT": "29999", "TANDEM_INSECURE_COMM": "1"}  # fmt: skip
     with pytest.raises(UntrustedNetworkError):
         from_env(env)
     assert time.monotonic() - t0 < 5  # refused before any network wait

@@ -120,8 +120,8 @@ def test_tp_executor_turns_failed_as_soon_as_a_local_worker_has_exited(model_dir
     assert ex.describe()["state"] == "whole" and ex.health() == (True, "all 1 ranks are up")
     workers.gone = ("rank1", -9)
     d = ex.describe()
-    assert d["state"] == "failed" and d["detail"] == "worker rank1 exited with code -9"
-    assert ex.health() == (False, "worker rank1 exited with code -9")
+    assert d["state"] == "failed" and d["detail"] == "worker rank1 exited with code -9 (SIGKILL)"
+    assert ex.health() == (False, "worker rank1 exited with code -9 (SIGKILL)")
 
 
 def test_a_description_refuses_a_state_outside_the_four():
@@ -161,4 +161,7 @@ def test_pipeline_head_turns_failed_as_soon_as_a_stage_process_has_exited(model_
     assert [(x["a"], x["b"]) for x in d["links"]] == [(0, 1), (1, 0)]
     ex.worker_procs[0].code = -9
     assert ex.describe()["state"] == "failed"
-    assert ex.health() == (False, "1 stage process(es) exited (exit code -9)")
+    assert ex.health() == (
+        False,
+        "1 stage process(es) exited, the first with code -9 (SIGKILL)",
+    )

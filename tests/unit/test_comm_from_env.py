@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from tandem.cluster.ring_config import (
     secret_bytes,
 )
 from tandem.comm import CommConfigError, from_env
+from tandem.comm.env import InsecureBackendError
 from tandem.comm.solo import SoloCommunicator
 
 GOOD = {"master_ip": None, "master_port": 9002, "port": 9000, "right_ip": "192.168.77.2",
@@ -111,9 +114,37 @@ def test_nccl_refused_without_cuda() -> None:
         from_env(
             {
                 "TANDEM_COMM": "nccl",
+                "TANDEM_INSECURE_COMM": "1",
                 "RANK": "0",
                 "WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": "1",
             }
         )
+
+
+GLOO = {"TANDEM_COMM": "gloo", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_gloo_and_nccl_are_refused_without_the_insecure_opt_in_even_on_loopback(backend) -> None:
+    """Their store takes writes from any local user and the secret is unused: refused at once,
+    naming the variable that runs it anyway."""
+    t0 = time.monotonic()
+    with pytest.raises(InsecureBackendError, match="TANDEM_INSECURE_COMM=1") as e:
+        from_env({**GLOO, "TANDEM_COMM": backend})
+    assert "not authenticated" in str(e.value) and "secret is unused" in str(e.value)
+    assert isinstance(e.value, CommConfigError)
+    assert time.monotonic() - t0 < 1
+
+
+def test_the_opt_in_warns_that_the_store_is_unauthenticated(caplog) -> None:
+    """Opted in, gloo goes on (here to the beyond-loopback refusal, which still stands without a
+    trusted network) after a warning naming the store."""
+    from tandem.comm.torchdist import UntrustedNetworkError
+
+    env = {**GLOO, "MASTER_ADDR": "192.0.2.7", "TANDEM_INSECURE_COMM": "1"}
+    with caplog.at_level(logging.WARNING), pytest.raises(UntrustedNetworkError):
+        from_env(env)
+    assert "192.0.2.7:1 is not authenticated" in caplog.text

@@ -13,7 +13,12 @@ from gguf import GGUFReader, GGUFWriter
 
 from tandem.loaders.gguf.config import GGUFArchitectureError, GGUFMetadataError
 from tandem.loaders.gguf.model_file import GGUFMissingTensorError, GGUFModel, GGUFShapeError
-from tandem.loaders.gguf.reader import GGUFCorruptError, GGUFError, GGUFTensorTypeError
+from tandem.loaders.gguf.reader import (
+    GGUFCorruptError,
+    GGUFError,
+    GGUFOverlapError,
+    GGUFTensorTypeError,
+)
 from tandem.loaders.gguf.writer import write_gguf, write_preset_gguf
 from tandem.loaders.load import load_model
 from tandem.loaders.safetensors_dir import CorruptFileError, MissingTensorError, ModelFileError
@@ -86,6 +91,19 @@ def test_a_tensor_offset_past_the_end_is_refused_naming_the_tensor(tmp_path, goo
         tmp_path, bad, GGUFCorruptError, r"tensor 'blk.0.attn_v.weight' .*\(offset past the end"
     )
     refused(tmp_path, patched(data, at, "<Q", 33), GGUFCorruptError, "not a multiple of 32")
+
+
+def test_two_tensors_over_the_same_bytes_are_refused_naming_both(tmp_path, good):
+    """blk.0.attn_v pointed into blk.0.attn_k's bytes (same type and shape: everything else about
+    the file is sound) loaded and gave nonsense with exit 0."""
+    data, reader = good
+    k = next(t for t in reader.tensors if t.name == "blk.0.attn_k.weight")
+    _, at = tensor_info_offsets(reader, "blk.0.attn_v.weight")
+    rel = k.data_offset - reader.data_offset
+    for shift in (0, 32):  # the same range, and one starting inside it
+        e = refused(tmp_path, patched(data, at, "<Q", rel + shift), GGUFOverlapError, "overlap")
+        assert "'blk.0.attn_k.weight'" in str(e) and "'blk.0.attn_v.weight'" in str(e)
+        assert isinstance(e, GGUFCorruptError)
 
 
 @pytest.mark.parametrize("where", ["tensor_count", "kv_count", "array_length", "dims"])

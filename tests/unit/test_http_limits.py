@@ -4,6 +4,7 @@ uvicorn server on loopback and raw sockets."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -12,7 +13,7 @@ import httpx
 from fastapi import FastAPI
 from http_server_support import running_server
 
-from tandem.server.http_limits import DeadlineH11Protocol
+from tandem.server.http_limits import MAX_HEADER_BYTES, DeadlineH11Protocol, HeadLimit
 
 
 class _Quick(DeadlineH11Protocol):
@@ -84,3 +85,47 @@ def test_a_header_over_16_kb_is_refused() -> None:
         reply = s.recv(4096)
         assert reply == b"" or reply.startswith(b"HTTP/1.1 4"), reply
         s.close()
+
+
+def _status_line(port: int, head: bytes) -> bytes:
+    s = socket.create_connection(("127.0.0.1", port))
+    try:
+        s.sendall(head)
+    except OSError:
+        pass
+    s.settimeout(5)
+    try:
+        return s.recv(4096).split(b"\r\n", 1)[0]
+    except OSError:
+        return b""
+    finally:
+        s.close()
+
+
+def test_a_whole_head_of_64_kb_or_1000_headers_is_refused_and_15_kb_passes() -> None:
+    """h11 bounds a head only while it is incomplete: one sent whole passed at any size."""
+    get = b"GET /health HTTP/1.1\r\nHost: x\r\n"
+    with running_server(HeadLimit(_app())) as port:
+        many = get + b"".join(b"X-H%d: a\r\n" % i for i in range(1000)) + b"\r\n"
+        assert len(many) < MAX_HEADER_BYTES  # h11 parses it whole: the count is what refuses
+        assert _status_line(port, many) == b"HTTP/1.1 431 Request Header Fields Too Large"
+        big = get + b"X-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
+        assert _status_line(port, big).startswith(b"HTTP/1.1 4")  # 431, or h11's 400 if split
+        fits = get + b"X-Big: " + b"a" * (15 * 1024) + b"\r\n\r\n"
+        assert _status_line(port, fits) == b"HTTP/1.1 200 OK"
+
+
+def test_the_head_limit_names_the_bytes_and_the_bound() -> None:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def app(scope, receive, send_):  # never reached
+        raise AssertionError("the app saw a head over the limit")
+
+    scope = {"type": "http", "method": "GET", "raw_path": b"/", "headers": [(b"x", b"a" * 20000)]}
+    asyncio.run(HeadLimit(app)(scope, None, send))
+    assert sent[0]["status"] == 431
+    message = sent[1]["body"].decode()
+    assert "20" in message and f"at most {MAX_HEADER_BYTES}" in message

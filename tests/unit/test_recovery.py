@@ -18,6 +18,7 @@ from tandem.engine.recovery import (
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import Request, Scheduler
 from tandem.engine.tp.setup import cluster_id_for
+from tandem.loaders.errors import ModelFileChangedError
 from tandem.transport.endpoints import ConnectTimeoutError, Listener, connect
 from tandem.transport.handshake import ClaimMismatchError, Identity
 
@@ -192,6 +193,31 @@ def test_requests_fail_with_the_reason_when_the_group_cannot_reform_in_time():
         assert ex.stats()["group_reform_attempts_failed"] >= 1
         with pytest.raises(ReformFailed):
             ex.run(None)
+    finally:
+        ex.close()
+
+
+def test_a_reform_whose_model_file_changed_gives_up_at_once_and_says_so():
+    """Not 120 s of retries under the old cause: the file will not change back."""
+
+    def build(epoch):
+        if epoch > 0:
+            raise ModelFileChangedError(
+                "the model file /m.gguf changed since it was opened: it was truncated to 0 bytes"
+            )
+        return BreakingExecutor(epoch, fail_after=2)
+
+    ex = RecoveringExecutor(build(0), build, deadline_s=120, retry_s=0.05)
+    try:
+        t0 = time.monotonic()
+        outs = _serve(Scheduler(ex), PROMPTS[:2], max_tokens=8, temperature=0)
+        assert time.monotonic() - t0 < 5
+        assert all(o["reason"] == "error" for o in outs)
+        ok, detail = ex.health()
+        assert not ok and detail.startswith(FAILED)
+        assert "cannot be re-formed: the model file /m.gguf changed" in detail
+        assert "within" not in detail  # no deadline was waited for
+        assert ex.stats()["group_reform_attempts_failed"] == 1
     finally:
         ex.close()
 

@@ -4,6 +4,7 @@ others and is cut at the exchange deadline; a flood is capped. Real loopback soc
 from __future__ import annotations
 
 import secrets
+import select
 import socket
 import threading
 import time
@@ -72,6 +73,73 @@ def test_a_flood_of_silent_connections_is_capped_and_queries_still_answer():
     finally:
         for s in flood:
             s.close()
+        board.close()
+
+
+class _Holder(threading.Thread):
+    """Keeps `n` idle connections to the board open from `source`, re-opening at once each one
+    the board closes (the hostile pass's holder: `cluster status` failed 7 of 8 times)."""
+
+    def __init__(self, port: int, n: int, source: str = "127.0.0.1") -> None:
+        super().__init__(daemon=True)
+        self.port, self.n, self.source = port, n, source
+        self.halt, self.reopened = threading.Event(), 0
+        self.socks: list[socket.socket] = []
+
+    def _open(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), 5, (self.source, 0))
+
+    def run(self) -> None:
+        self.socks = [self._open() for _ in range(self.n)]
+        while not self.halt.is_set():
+            ready, _, _ = select.select(self.socks, [], [], 0.02)
+            for s in ready:
+                try:
+                    if s.recv(4096):
+                        continue  # the nonce: stay silent
+                except OSError:
+                    pass
+                s.close()
+                self.socks[self.socks.index(s)] = self._open()
+                self.reopened += 1
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(5)
+        for s in self.socks:
+            s.close()
+
+
+def test_idle_connections_held_open_and_reopened_at_once_do_not_keep_queries_out():
+    board, secret = _board()
+    holder = _Holder(board.port, 2 * status.MAX_PENDING)
+    try:
+        holder.start()
+        time.sleep(0.5)
+        for _ in range(8):
+            t0 = time.monotonic()
+            assert query("127.0.0.1", board.port, secret, timeout_s=2)["world_size"] == 2
+            assert time.monotonic() - t0 < 1.0
+        assert holder.reopened > 0  # the board did cut the holder's connections
+    finally:
+        holder.stop()
+        board.close()
+
+
+def test_a_flood_from_one_address_is_capped_there_and_others_are_answered_at_once():
+    board, secret = _board()
+    holder = _Holder(board.port, 100, source="127.0.0.2")  # any 127/8 source reaches 127.0.0.1
+    try:
+        holder.start()
+        time.sleep(0.5)
+        with board._lock:
+            theirs = [p for p in board._pending.values() if p[0] == "127.0.0.2"]
+        assert len(theirs) <= status.MAX_PER_SOURCE
+        t0 = time.monotonic()
+        assert query("127.0.0.1", board.port, secret, timeout_s=2)["world_size"] == 2
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        holder.stop()
         board.close()
 
 

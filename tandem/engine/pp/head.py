@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from tandem.cluster.exits import exit_cause
 from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult, StepSequence, split_microbatches
 from tandem.engine.pp import frames as pp
@@ -180,7 +181,10 @@ class PipelineExecutor:
             return "failed", self._failed.splitlines()[0]
         dead = [c for c in (p.poll() for p in self.worker_procs) if c is not None]
         if dead:
-            return "failed", f"{len(dead)} stage process(es) exited (exit code {dead[0]})"
+            return (
+                "failed",
+                f"{len(dead)} stage process(es) exited, the first with {exit_cause(dead[0])}",
+            )
         return "whole", f"all {len(self.facts) or 1} ranks are up"
 
     def health(self) -> tuple[bool, str]:

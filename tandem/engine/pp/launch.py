@@ -43,6 +43,7 @@ from tandem.engine.pp.links import (
 from tandem.engine.pp.stage import StageRunner
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
 from tandem.engine.pp.worker import READY
+from tandem.kernels import mapped_guard
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
@@ -245,6 +246,7 @@ def _build_head(
     # at TP > 1 stage 0's layers are sharded (below); the head keeps only embedding and LM head
     head_layers = r0 if s0.tp == 1 else (r0[0], r0[0])
     embed_head = load_model(md, dtype=dtype, device=s0.device, layer_range=head_layers)
+    mapped_guard.watch(md)  # the head's GGUF blocks stay mapped: a SIGBUS on them is named
     prepare(embed_head, kernel=kernels)  # the single-node fast path (tandem.kernels)
     if s0.tp == 1:
         stage0 = StageRunner(embed_head, max_batch, max_seq_len)

@@ -30,6 +30,7 @@ from tandem.engine import device_probe
 from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
 from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
+from tandem.kernels import mapped_guard
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import ModelSource, open_model
@@ -109,6 +110,7 @@ def run_stage(args: StageOptions) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     md = open_model(args.model)
+    mapped_guard.watch(md)  # its GGUF blocks stay mapped: a SIGBUS on them is named (exit 85)
     cfg = md.config
     auto = args.layers == "auto"
     terms = LinkTerms(

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tandem.cluster.exits import exit_cause
 from tandem.comm.base import Communicator
 from tandem.comm.metered import CommStats, MeteredCommunicator
 from tandem.engine import cluster_info as ci
@@ -168,7 +169,7 @@ class TPExecutor:
             return "failed", "the group was shut down"
         gone = self.local_workers.exited() if self.local_workers is not None else None
         if gone is not None:
-            return "failed", f"worker {gone[0]} exited with code {gone[1]}"
+            return "failed", f"worker {gone[0]} exited with {exit_cause(gone[1])}"
         up = f"all {self.comm.world_size} ranks are up"
         return "whole", f"{up}; {self.placement}" if self.placement else up
 

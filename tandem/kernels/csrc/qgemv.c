@@ -11,7 +11,8 @@
  *
  * where sum_i u_i q_i is exact in int32, 8 lanes at a time (VPDPBUSD where the CPU has AVX512-
  * VNNI or AVX-VNNI, else VPMADDUBSW + VPMADDWD), and the two scale products and the sum over
- * blocks are float32. The result differs from X . W^T only by the activation rounding,
+ * blocks are float32, in canon.h's one order (symmetric types fold o into the integer dot), the
+ * order of the prefill kernels too: a row's output is the same bits at any row count. The result differs from X . W^T only by the activation rounding,
  * |x_i - x'_i| <= dx / 2 per element, and float32 rounding (tests/unit/test_quant_gemv.py
  * states and checks the bound). The dense types (F32, F16, BF16) are widened to float32 in
  * registers and multiplied by X as given (exact up to float32 rounding).

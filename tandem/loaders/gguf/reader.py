@@ -13,7 +13,8 @@ wraps. `GuardedReader` wraps the reader's private primitives (`_get`, `_get_str`
     in the bytes left; one array <= MAX_ARRAY_LEN elements, all arrays <= MAX_ARRAY_ELEMENTS
     (gguf-py keeps one numpy view per element); a string <= MAX_STRING_BYTES
     a tensor: <= 4 dims, a type id that exists, whole blocks per row, offset aligned, its bytes
-    inside the file (products in Python ints, never wrapped)
+    inside the file (products in Python ints, never wrapped), and no two tensors' bytes overlap
+    (a model whose q and k read the same bytes loads and says nonsense)
 
 `_get` also hands out one plain ndarray per read instead of gguf-py's chain of `np.memmap` views,
 and a metadata array of strings or scalars (a vocabulary's tokens, merges, scores, types) keeps no
@@ -73,6 +74,10 @@ class GGUFMissingFileError(GGUFError, MissingFileError):
 
 class GGUFTensorTypeError(GGUFError, TensorDtypeError):
     """A tensor type id that does not exist, or that tandem does not read."""
+
+
+class GGUFOverlapError(GGUFCorruptError):
+    """Two tensors whose data ranges share bytes; the message names both and their ranges."""
 
 
 class _Refused(Exception):
@@ -247,11 +252,25 @@ class GuardedReader(GGUFReader):
             )
 
     def _build_tensors(self, start_offs, fields):
-        for field in fields:
-            self._check_tensor(int(start_offs), field)
+        spans = [self._check_tensor(int(start_offs), field) for field in fields]
+        self._check_disjoint(spans)
         return super()._build_tensors(start_offs, fields)
 
-    def _check_tensor(self, start: int, field: Any) -> None:
+    def _check_disjoint(self, spans: list[tuple[int, int, str]]) -> None:
+        """No byte of the data section belongs to two tensors ([begin, end) each; empty ones
+        hold nothing)."""
+        last: tuple[int, int, str] | None = None  # the span reaching furthest so far
+        for begin, end, name in sorted(s for s in spans if s[1] > s[0]):
+            if last is not None and begin < last[1]:
+                raise GGUFOverlapError(
+                    f"{self.path}: tensors {last[2]!r} (bytes [{last[0]}, {last[1]})) and "
+                    f"{name!r} (bytes [{begin}, {end})) overlap"
+                )
+            if last is None or end > last[1]:
+                last = (begin, end, name)
+
+    def _check_tensor(self, start: int, field: Any) -> tuple[int, int, str]:
+        """The tensor's (begin, end, name) in the file, once its info is known sound."""
         _, name_data, n_dims, dims, raw_type, offset = field.parts
         try:
             name = bytes(name_data).decode("utf-8")
@@ -285,6 +304,7 @@ class GuardedReader(GGUFReader):
                 f"{start + rel + nbytes}) but the file has {len(self.data)} (offset past the end, "
                 "or truncated)"
             )
+        return start + rel, start + rel + nbytes, name
 
 
 def open_reader(path: Path) -> GuardedReader:

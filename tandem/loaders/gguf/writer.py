@@ -184,9 +184,11 @@ def write_preset_gguf(
     seed: int = 0,
     config: ModelConfig | None = None,
     split_max_tensors: int = 0,
+    chat_template: str | None = None,
 ) -> tuple[ModelConfig, list[Path]]:
     """A preset's deterministic random-weight model (`config` overrides its shape) as GGUF,
-    with the preset's byte-level BPE tokenizer when it has one."""
+    with the preset's byte-level BPE tokenizer when it has one (`chat_template` replaces its
+    template)."""
     p = get_preset(preset)
     config = config or p.config
     tok, hot = None, hot_rows(config, None)
@@ -202,11 +204,15 @@ def write_preset_gguf(
         tensors,
         qtype=qtype,
         tokenizer=tok,
-        tokenizer_cfg=tokenizer_config() if tok is not None else None,
+        tokenizer_cfg=None if tok is None else _with_template(tokenizer_config(), chat_template),
         split_max_tensors=split_max_tensors,
         name=preset,
     )
     return config, files
+
+
+def _with_template(cfg: dict[str, Any], template: str | None) -> dict[str, Any]:
+    return cfg if template is None else {**cfg, "chat_template": template}
 
 
 def write_model_dir_gguf(model_dir: str | Path, out: str | Path, qtype: str) -> list[Path]:
