@@ -50,7 +50,7 @@ class TokenMask(Protocol):
 @dataclass(frozen=True)
 class TokenLogprobs:
     """The chosen token's log-probability and the `k` most likely tokens' (most likely first,
-    ties by the lower id), from one processed row (`log_softmax`)."""
+    ties by the lower id), from one processed row (`log_softmax`, `top_logprobs`)."""
 
     token: int
     logprob: float
@@ -114,14 +114,17 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum())
 
 
-def top_logprobs(lp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
-    """The `k` largest entries of `lp` as (id, logprob), largest first, ties by the lower id."""
-    k = min(k, lp.shape[-1])
+def top_logprobs(x: np.ndarray, lp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
+    """The `k` tokens with the largest logits `x` as (id, lp[id]), largest first, ties by the
+    lower id. Ranked by `x`, not `lp`: two logits a hair apart can round to one logprob, and the
+    argmax (the greedy token) must still come first."""
+    n = x.shape[-1]
+    k = min(k, n)
     if k <= 0:
         return ()
-    kth = np.partition(lp, lp.shape[-1] - k)[lp.shape[-1] - k]
-    ids = np.flatnonzero(lp >= kth)  # every tie of the k-th too
-    order = ids[np.lexsort((ids, -lp[ids]))][:k]
+    kth = np.partition(x, n - k)[n - k]
+    ids = np.flatnonzero(x >= kth)  # every tie of the k-th too
+    order = ids[np.lexsort((ids, -x[ids]))][:k]
     return tuple((int(i), float(lp[i])) for i in order)
 
 
@@ -182,7 +185,7 @@ class SequenceSampler:
             logprobs = None
             if self.params.logprobs is not None:
                 lp = log_softmax(x)
-                top = top_logprobs(lp, self.params.logprobs)
+                top = top_logprobs(x, lp, self.params.logprobs)
                 logprobs = TokenLogprobs(token, float(lp[token]), top)
         self.accept(token)
         return token, logprobs

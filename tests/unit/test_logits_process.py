@@ -147,9 +147,17 @@ def test_top_logprobs_are_sorted_normalized_and_the_greedy_token_leads(row, k):
 
 
 def test_top_logprob_ties_go_to_the_lower_id():
-    lp = log_softmax(np.array([0.0, 1.0, 1.0, 1.0, 0.5]))
-    assert [i for i, _ in top_logprobs(lp, 2)] == [1, 2]
-    assert [i for i, _ in top_logprobs(lp, 4)] == [1, 2, 3, 4]
+    x = np.array([0.0, 1.0, 1.0, 1.0, 0.5])
+    lp = log_softmax(x)
+    assert [i for i, _ in top_logprobs(x, lp, 2)] == [1, 2]
+    assert [i for i, _ in top_logprobs(x, lp, 4)] == [1, 2, 3, 4]
+
+
+def test_logits_a_hair_apart_rank_by_the_logit_though_their_logprobs_round_equal():
+    x = np.array([0.0, 1e-45, 0.0], dtype=np.float32)  # found by Hypothesis
+    lp = log_softmax(x)
+    assert lp[0] == lp[1]
+    assert [i for i, _ in top_logprobs(x, lp, 2)] == [1, 0] and int(np.argmax(x)) == 1
 
 
 @settings(max_examples=100, deadline=None)
