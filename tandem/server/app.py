@@ -40,6 +40,7 @@ from tandem.server.protocol import (
     error_response,
     keyed,
 )
+from tandem.server.structured import grammar_masks, response_format_spec
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -128,8 +129,11 @@ def create_app(
         except PromptRejected as e:  # the template's refusal, failure or limit: named
             raise APIError(400, str(e), param="messages", code=e.code) from e
         params = _params(engine, body, prompt_ids, default_max=None)
+        masks = await grammar_masks(
+            engine, response_format_spec(body.response_format), body.n, "response_format"
+        )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)
+        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
         if body.stream:
             return _sse(_chat_chunks(engine, events, rid, created, body))
         done = await drain(events, body.n)
@@ -162,8 +166,11 @@ def create_app(
         else:
             prompt_ids = await asyncio.to_thread(engine.encode, prompt)
         params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
+        masks = await grammar_masks(
+            engine, response_format_spec(body.response_format), body.n, "response_format"
+        )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)
+        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
         if body.stream:
             return _sse(_text_chunks(engine, events, rid, created, body))
         done = await drain(events, body.n)

@@ -36,6 +36,7 @@ from tandem.server.ollama_protocol import (
     sampling_params,
 )
 from tandem.server.protocol import APIError
+from tandem.server.structured import grammar_masks, ollama_format_spec
 
 # The Ollama API level these routes follow (clients check /api/version against their minimum).
 OLLAMA_API_VERSION = "0.12.0"
@@ -110,8 +111,9 @@ async def _prompt_ids(build: Callable[[], list[int]]) -> list[int]:
 
 async def _answer(engine: ServingEngine, body: Any, prompt_ids: list[int], *, chat: bool):
     params, stop = sampling_params(body, len(prompt_ids), engine.max_seq_len)
+    masks = await grammar_masks(engine, ollama_format_spec(body.format), 1, "format")
     started = time.perf_counter()
-    events = generate_choices(engine, prompt_ids, params, stop)
+    events = generate_choices(engine, prompt_ids, params, stop, 1, masks)
     logged = params.logprobs is not None
     if body.stream:
         return StreamingResponse(

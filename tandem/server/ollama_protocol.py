@@ -17,8 +17,8 @@
 Options that only steer loading or threads (num_gpu, num_thread, use_mmap, ...) change nothing
 tandem generates and are accepted; options for samplers tandem does not have (mirostat, tfs_z,
 typical_p) are a 400 naming them unless given their off value, and so is any option or field
-Ollama does not define. `format` (JSON or a schema), `tools`, `images` and `think` are refused
-until tandem honours them.
+Ollama does not define. `format` ("json" or a JSON schema) constrains the output (`structured.py`);
+`tools`, `images` and `think` are refused until tandem honours them.
 """
 
 from __future__ import annotations
@@ -82,7 +82,6 @@ SAMPLING_OPTIONS = frozenset(
 )
 # Request fields tandem does not honour: refused unless given the value that asks for nothing.
 NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
-    "format": lambda v: v in (None, ""),
     "tools": lambda v: not v,
     "images": lambda v: not v,
     "think": lambda v: v in (None, False),
@@ -117,6 +116,7 @@ class _OllamaRequest(BaseModel):
     options: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
 
     def refuse_unsupported(self) -> None:
         for name, value in (self.model_extra or {}).items():
@@ -126,8 +126,7 @@ class _OllamaRequest(BaseModel):
             if harmless is None:
                 raise APIError(400, f"`{name}` is not a field tandem knows", param=name)
             if not harmless(value):
-                what = "format (JSON mode and schemas)" if name == "format" else f"`{name}`"
-                raise APIError(400, f"{what} is not supported by tandem yet", param=name)
+                raise APIError(400, f"`{name}` is not supported by tandem yet", param=name)
 
     def logprobs_wanted(self) -> int | None:
         if self.top_logprobs and not self.logprobs:

@@ -85,7 +85,6 @@ METADATA_FIELDS = frozenset(
 # Fields tandem does not honour: a 400 naming the field, unless it is given the value that asks for
 # nothing (what OpenAI does without it).
 NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "tools": lambda v: not v,
     "tool_choice": lambda v: v in (None, "none", "auto"),  # without tools, auto is none
     "parallel_tool_calls": lambda v: True,  # only a tools request reads it, and tools are refused
@@ -133,6 +132,7 @@ class _Sampling(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None  # vLLM's extension
     logit_bias: dict[str, BiasValue] | None = None
     ignore_eos: bool = False  # vLLM's extension: always generate max_tokens
+    response_format: dict[str, Any] | None = None  # structured output (`structured.py`)
 
     @field_validator("stop")
     @classmethod

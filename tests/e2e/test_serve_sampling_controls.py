@@ -209,7 +209,7 @@ def test_n_3_gives_three_choices_from_three_streams(server):
 @pytest.mark.parametrize(
     "kw,param",
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"extra_body": {"echo": True}}, "echo"),
         ({"extra_body": {"no_such_field": 1}}, "no_such_field"),

@@ -153,7 +153,7 @@ def test_top_logprobs_without_logprobs_and_completion_logprobs_past_5_are_refuse
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "xml"}),
         ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "required"),
         ("functions", [{"name": "f"}]),
