@@ -176,9 +176,21 @@ class ServingEngine:
         """The width of the executor's logits: every token id a request may name."""
         return self.scheduler.executor.vocab_size
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the model's chat template reads `tools` itself (its source names them)."""
+        config = getattr(self.tokenizer, "config", None)
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        return self._chat_template is not None and "tools" in str(template or "")
+
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text of `messages` (and `tools`, for a template that takes them)."""
         if self._chat_template is not None:
             try:
+                if tools:
+                    return self._chat_template(messages, tools=tools)
                 return self._chat_template(messages)
             except TemplateLimitError as e:
                 raise PromptRejected(str(e), "chat_template_limit") from e
