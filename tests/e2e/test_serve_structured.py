@@ -1,8 +1,9 @@
 """Structured output through a live `tandem serve` on the default model (SmolLM2 Q4_1) and the
 official clients: `response_format` json_schema answers parse and validate (`jsonschema`) for
 nested objects, arrays, enums, integers and required fields, json_object answers parse, and the
-`ollama` client's `format` (a schema) too. Sampled at temperature 1 where the answer is bounded: the grammar, not the model's
-luck, makes them valid."""
+`ollama` client's `format` (a schema) too. Sampled at temperature 1 where the answer is bounded:
+the grammar, not the model's luck, makes them valid. A `required` tool call's arguments validate,
+and its result goes back through the template."""
 
 import json
 
@@ -122,3 +123,43 @@ def test_the_ollama_client_s_format_gives_json_that_validates(server):
         model=name, prompt="A JSON object:", format="json", options={"num_predict": 100}
     )
     assert isinstance(json.loads(r.response), dict)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_required_tool_call_validates_and_its_result_goes_back(server):
+    _, client, name = server
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    params = WEATHER_TOOL["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), params)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+    ]
+    after = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=12
+    )
+    assert after.choices[0].message.content
