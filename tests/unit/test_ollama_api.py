@@ -167,7 +167,6 @@ def test_logprobs_come_with_each_piece(served):
     "kw,field",
     [
         ({"format": {"type": "no-such-type"}}, "format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"think": True}, "think"),
         ({"options": {"mirostat": 2}}, "mirostat"),
         ({"options": {"no_such_option": 1}}, "no_such_option"),

@@ -123,3 +123,38 @@ def test_a_forced_tool_call_comes_back_as_tool_calls_whose_arguments_validate(cl
     (with_calls,) = [d for d in deltas if d.get("tool_calls")]
     assert with_calls["tool_calls"][0]["index"] == 0
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_ollama_chat_offers_tools_takes_calls_and_results_back_and_returns_calls():
+    from tandem.server.ollama import _message
+
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
+    (call,) = _message(text, parse=True)["tool_calls"]
+    assert call == {"function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}
+    assert _message(text, parse=False) == {"role": "assistant", "content": text}
+
+
+def test_ollama_chat_with_tools_and_a_round_trip_is_answered(client):
+    msgs = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "noop", "arguments": {}}}],
+        },
+        {"role": "tool", "content": "done", "tool_name": "noop"},
+    ]
+    body = {
+        "model": MODEL,
+        "messages": msgs,
+        "tools": TOOLS,
+        "stream": False,
+        "options": {"num_predict": 4},
+    }
+    r = client.post("/api/chat", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["message"]["role"] == "assistant"
+    lines = client.post("/api/chat", json={**body, "stream": True}).text.splitlines()
+    assert json.loads(lines[-1])["done"] and not json.loads(lines[0])["done"]
+    bad = {**body, "messages": [{"role": "assistant", "tool_calls": "x"}]}
+    assert client.post("/api/chat", json=bad).status_code == 400
