@@ -119,6 +119,12 @@ class Tokenizer:
         return self._pieces.bytes_of(token_id, piece)
 
     @property
+    def special_token_ids(self) -> list[int]:
+        """The ids of the added tokens marked special (no text encodes to them)."""
+        added = self._tok.get_added_tokens_decoder()
+        return sorted(i for i, t in added.items() if t.special)
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(self.config.get("chat_template"))
 

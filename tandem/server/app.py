@@ -24,6 +24,7 @@ from tandem.engine.serving import (
     ServingEngine,
     TextDelta,
 )
+from tandem.server import tools
 from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.generation import drain, generate_choices
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
@@ -40,6 +41,7 @@ from tandem.server.protocol import (
     error_response,
     keyed,
 )
+from tandem.server.structured import grammar_masks, response_format_spec
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -119,19 +121,36 @@ def create_app(
     async def chat(body: ChatCompletionRequest):
         _check_model(engine, body.model)
         body.refuse_unsupported()
-        messages = [m.for_template(i) for i, m in enumerate(body.messages)]
+        tool_plan = tools.plan(body.tools, body.tool_choice)
+        grammar = response_format_spec(body.response_format)
+        field = "response_format"
+        if tool_plan is not None and tool_plan.grammar is not None:
+            if grammar is not None:
+                raise APIError(
+                    400,
+                    "a forced tool call and a response_format cannot both hold",
+                    param="tool_choice",
+                )
+            grammar, field = tool_plan.grammar, "tool_choice"
+        native = engine.template_takes_tools
+        listed = tool_plan.tools if tool_plan is not None else None
+        messages = tools.template_messages(
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native
+        )
         # off the event loop: a long prompt must not stall every open stream while it tokenizes
         try:
             prompt_ids = await asyncio.to_thread(
-                lambda: engine.encode(engine.chat_prompt(messages))
+                lambda: engine.encode(engine.chat_prompt(messages, listed if native else None))
             )
         except PromptRejected as e:  # the template's refusal, failure or limit: named
             raise APIError(400, str(e), param="messages", code=e.code) from e
         params = _params(engine, body, prompt_ids, default_max=None)
+        masks = await grammar_masks(engine, grammar, body.n, field)
+        parse = tool_plan is not None and tool_plan.parse
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)
+        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
         if body.stream:
-            return _sse(_chat_chunks(engine, events, rid, created, body))
+            return _sse(_chat_chunks(engine, events, rid, created, body, parse))
         done = await drain(events, body.n)
         return {
             "id": rid,
@@ -141,8 +160,7 @@ def create_app(
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
+                    **_chat_message(c, parse),
                     "logprobs": None
                     if params.logprobs is None
                     else chat_logprobs(engine.token_bytes, c.tokens),
@@ -162,8 +180,11 @@ def create_app(
         else:
             prompt_ids = await asyncio.to_thread(engine.encode, prompt)
         params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
+        masks = await grammar_masks(
+            engine, response_format_spec(body.response_format), body.n, "response_format"
+        )
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n)
+        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
         if body.stream:
             return _sse(_text_chunks(engine, events, rid, created, body))
         done = await drain(events, body.n)
@@ -317,7 +338,22 @@ def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-async def _chat_chunks(engine, events, rid, created, body) -> AsyncIterator[dict[str, Any]]:
+def _chat_message(c: Completion, parse: bool) -> dict[str, Any]:
+    """A choice's `message` and `finish_reason`: with tools in play, the `<tool_call>` blocks of
+    its text as `tool_calls` (finish_reason "tool_calls")."""
+    if parse:
+        content, calls = tools.parse_calls(c.text)
+        if calls:
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            return {"message": message, "finish_reason": "tool_calls"}
+    return {"message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
+
+
+async def _chat_chunks(
+    engine, events, rid, created, body, parse: bool = False
+) -> AsyncIterator[dict[str, Any]]:
+    """The chat's SSE chunks. With tools in play (`parse`) a choice's text is held to its end
+    and sent as one delta: its content, or its `tool_calls` (each whole, with its index)."""
     logged = body.logprobs_wanted() is not None
     done: dict[int, Completion] = {}
 
@@ -334,11 +370,22 @@ async def _chat_chunks(engine, events, rid, created, body) -> AsyncIterator[dict
         yield chunk(i, {"role": "assistant", "content": ""})
     async for i, item in events:
         if isinstance(item, TextDelta):
+            if parse:
+                continue
             lps = chat_logprobs(engine.token_bytes, item.tokens) if logged else None
             yield chunk(i, {"content": item.text}, lps=lps)
         else:
             done[i] = item
-            yield chunk(i, {}, item.finish_reason)
+            finish = item.finish_reason
+            if parse:
+                answer = _chat_message(item, parse)
+                message, finish = answer["message"], answer["finish_reason"]
+                if message.get("tool_calls"):
+                    calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+                    yield chunk(i, {"content": message["content"], "tool_calls": calls})
+                elif message["content"]:
+                    yield chunk(i, {"content": message["content"]})
+            yield chunk(i, {}, finish)
     if body.stream_options and body.stream_options.include_usage:
         yield {**chunk(0, {}), "choices": [], "usage": _usage([done[i] for i in sorted(done)])}
 

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from tandem.engine.logits_process import TokenMask
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import RequestFailed
 from tandem.engine.serving import (
@@ -30,11 +31,13 @@ def generate_choices(
     params: SamplingParams,
     stop: tuple[str, ...],
     n: int = 1,
+    masks: list[TokenMask] | None = None,
 ) -> AsyncIterator[Event]:
     """Submits `n` choices now (so admission errors become 4xx/5xx before any response starts),
-    choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
-    stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
-    sequence (its own prefill; a kept prefix serves one of them)."""
+        choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
+        stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
+        sequence (its own prefill; a kept prefix serves one of them). `masks`: choice i's `TokenMask`
+    (structured output), one per choice."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -48,7 +51,8 @@ def generate_choices(
     try:
         for i in range(n):
             p = params if i == 0 else dataclasses.replace(params, choice=i)
-            handles.append(engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i)))
+            mask = masks[i] if masks is not None else None
+            handles.append(engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i), mask))
     except (RequestRejected, EngineUnavailable) as e:
         for h in handles:
             h.cancel()

@@ -27,6 +27,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from tandem.engine.serving import Completion, PromptRejected, ServingEngine, TextDelta
+from tandem.server import tools
 from tandem.server.generation import generate_choices
 from tandem.server.logprobs import token_entries
 from tandem.server.ollama_protocol import (
@@ -36,6 +37,7 @@ from tandem.server.ollama_protocol import (
     sampling_params,
 )
 from tandem.server.protocol import APIError
+from tandem.server.structured import grammar_masks, ollama_format_spec
 
 # The Ollama API level these routes follow (clients check /api/version against their minimum).
 OLLAMA_API_VERSION = "0.12.0"
@@ -85,9 +87,16 @@ def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
         body.refuse_unsupported()
         if not body.messages:  # Ollama's way of loading a model
             return _loaded(engine, {"message": {"role": "assistant", "content": ""}})
-        messages = [m.for_template(i) for i, m in enumerate(body.messages)]
-        prompt_ids = await _prompt_ids(lambda: engine.encode(engine.chat_prompt(messages)))
-        return await _answer(engine, body, prompt_ids, chat=True)
+        plan = tools.plan(body.tools, "auto")
+        listed = plan.tools if plan is not None else None
+        native = engine.template_takes_tools
+        messages = tools.template_messages(
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native
+        )
+        prompt_ids = await _prompt_ids(
+            lambda: engine.encode(engine.chat_prompt(messages, listed if native else None))
+        )
+        return await _answer(engine, body, prompt_ids, chat=True, parse=plan is not None)
 
     @app.post("/api/generate")
     async def generate(body: OllamaGenerateRequest):
@@ -108,14 +117,19 @@ async def _prompt_ids(build: Callable[[], list[int]]) -> list[int]:
         raise APIError(400, str(e), param="messages", code=e.code) from e
 
 
-async def _answer(engine: ServingEngine, body: Any, prompt_ids: list[int], *, chat: bool):
+async def _answer(
+    engine: ServingEngine, body: Any, prompt_ids: list[int], *, chat: bool, parse: bool = False
+):
+    """The answer, whole or as NDJSON lines. With tools offered (`parse`) the text is held to its
+    end and its `<tool_call>` blocks returned as the message's `tool_calls`."""
     params, stop = sampling_params(body, len(prompt_ids), engine.max_seq_len)
+    masks = await grammar_masks(engine, ollama_format_spec(body.format), 1, "format")
     started = time.perf_counter()
-    events = generate_choices(engine, prompt_ids, params, stop)
+    events = generate_choices(engine, prompt_ids, params, stop, 1, masks)
     logged = params.logprobs is not None
     if body.stream:
         return StreamingResponse(
-            _lines(engine, events, prompt_ids, started, chat, logged),
+            _lines(engine, events, prompt_ids, started, chat, logged, parse),
             media_type="application/x-ndjson",
         )
     first, done = None, None
@@ -127,20 +141,40 @@ async def _answer(engine: ServingEngine, body: Any, prompt_ids: list[int], *, ch
     if done is None:
         raise APIError(500, "generation ended without a result", type_="server_error")
     final = _final(engine, done, prompt_ids, started, first or started, chat)
-    final["message" if chat else "response"] = (
-        {"role": "assistant", "content": done.text} if chat else done.text
-    )
+    final["message" if chat else "response"] = _message(done.text, parse) if chat else done.text
     if logged:
         final["logprobs"] = token_entries(engine.token_bytes, done.tokens)
     return final
 
 
-async def _lines(engine, events, prompt_ids, started, chat, logged) -> AsyncIterator[str]:
+def _message(text: str, parse: bool) -> dict[str, Any]:
+    """Ollama's assistant message: with tools offered, the calls in `text` as `tool_calls`
+    (arguments as objects, as Ollama sends them)."""
+    if parse:
+        content, calls = tools.parse_calls(text)
+        if calls:
+            return {
+                "role": "assistant",
+                "content": content or "",
+                "tool_calls": [
+                    {"function": {"name": c["function"]["name"],
+                                  "arguments": json.loads(c["function"]["arguments"])}}
+                    for c in calls
+                ],
+            }  # fmt: skip
+    return {"role": "assistant", "content": text}
+
+
+async def _lines(
+    engine, events, prompt_ids, started, chat, logged, parse=False
+) -> AsyncIterator[str]:
     first = None
     try:
         async for _, item in events:
             if isinstance(item, TextDelta):
                 first = first or time.perf_counter()
+                if parse:
+                    continue
                 part = {"model": _name(engine), "created_at": _timestamp(time.time())}
                 if chat:
                     part["message"] = {"role": "assistant", "content": item.text}
@@ -151,6 +185,10 @@ async def _lines(engine, events, prompt_ids, started, chat, logged) -> AsyncIter
                 part["done"] = False
                 yield json.dumps(part) + "\n"
             else:
+                if parse:
+                    part = {"model": _name(engine), "created_at": _timestamp(time.time())}
+                    part.update(message=_message(item.text, parse), done=False)
+                    yield json.dumps(part) + "\n"
                 final = _final(engine, item, prompt_ids, started, first or started, chat)
                 if chat:
                     final["message"] = {"role": "assistant", "content": ""}

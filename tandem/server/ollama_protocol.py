@@ -17,8 +17,9 @@
 Options that only steer loading or threads (num_gpu, num_thread, use_mmap, ...) change nothing
 tandem generates and are accepted; options for samplers tandem does not have (mirostat, tfs_z,
 typical_p) are a 400 naming them unless given their off value, and so is any option or field
-Ollama does not define. `format` (JSON or a schema), `tools`, `images` and `think` are refused
-until tandem honours them.
+Ollama does not define. `format` ("json" or a JSON schema) constrains the output (`structured.py`);
+chat's `tools` are offered to the model and its `<tool_call>` blocks returned as `tool_calls`;
+`images`, `think` and generate's `tools` are refused until tandem honours them.
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ SAMPLING_OPTIONS = frozenset(
 )
 # Request fields tandem does not honour: refused unless given the value that asks for nothing.
 NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
-    "format": lambda v: v in (None, ""),
     "tools": lambda v: not v,
     "images": lambda v: not v,
     "think": lambda v: v in (None, False),
@@ -90,7 +90,8 @@ NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
     "template": lambda v: not v,
 }
 ACCEPTED = frozenset({"keep_alive"})  # when to unload the model: tandem keeps it loaded
-MESSAGE_NOT_HONOURED = ("images", "tool_calls", "thinking", "tool_name")
+MESSAGE_NOT_HONOURED = ("images", "thinking")
+MESSAGE_PASSED = ("tool_calls", "tool_name")  # a call the model made, a tool's result
 
 
 class OllamaMessage(BaseModel):
@@ -101,12 +102,28 @@ class OllamaMessage(BaseModel):
 
     def for_template(self, index: int) -> dict[str, Any]:
         extra = self.model_extra or {}
+        out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
         for name in extra:
-            if name not in MESSAGE_NOT_HONOURED:
+            if name in MESSAGE_PASSED and extra[name]:
+                out.update(_passed(index, name, extra[name]))
+                continue
+            if name not in (*MESSAGE_NOT_HONOURED, *MESSAGE_PASSED):
                 raise APIError(400, f"messages[{index}].{name} is not a field tandem knows")
             if extra[name]:
                 raise APIError(400, f"messages[{index}].{name} is not supported by tandem")
-        return {"role": self.role, "content": self.content or ""}
+        return out
+
+
+def _passed(index: int, name: str, value: Any) -> dict[str, Any]:
+    """Ollama's `tool_calls` ([{"function": {"name", "arguments": {...}}}]) as OpenAI's, and
+    `tool_name` as the message's `name`."""
+    if name == "tool_name":
+        return {"name": str(value)}
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise APIError(400, f"messages[{index}].tool_calls must be a list of calls")
+    return {
+        "tool_calls": [{"type": "function", "function": c.get("function") or {}} for c in value]
+    }
 
 
 class _OllamaRequest(BaseModel):
@@ -117,6 +134,7 @@ class _OllamaRequest(BaseModel):
     options: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
 
     def refuse_unsupported(self) -> None:
         for name, value in (self.model_extra or {}).items():
@@ -126,8 +144,7 @@ class _OllamaRequest(BaseModel):
             if harmless is None:
                 raise APIError(400, f"`{name}` is not a field tandem knows", param=name)
             if not harmless(value):
-                what = "format (JSON mode and schemas)" if name == "format" else f"`{name}`"
-                raise APIError(400, f"{what} is not supported by tandem yet", param=name)
+                raise APIError(400, f"`{name}` is not supported by tandem yet", param=name)
 
     def logprobs_wanted(self) -> int | None:
         if self.top_logprobs and not self.logprobs:
@@ -137,6 +154,7 @@ class _OllamaRequest(BaseModel):
 
 class OllamaChatRequest(_OllamaRequest):
     messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None  # function tools, chosen by the model (`tools.py`)
 
 
 class OllamaGenerateRequest(_OllamaRequest):

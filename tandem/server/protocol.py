@@ -85,10 +85,6 @@ METADATA_FIELDS = frozenset(
 # Fields tandem does not honour: a 400 naming the field, unless it is given the value that asks for
 # nothing (what OpenAI does without it).
 NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none", "auto"),  # without tools, auto is none
-    "parallel_tool_calls": lambda v: True,  # only a tools request reads it, and tools are refused
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none", "auto"),
     "audio": lambda v: v is None,
@@ -102,7 +98,6 @@ NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
 }
 # Per message: fields a template does not get from tandem yet.
 MESSAGE_NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
-    "tool_calls": lambda v: not v,
     "function_call": lambda v: v is None,
     "audio": lambda v: v is None,
 }
@@ -133,6 +128,7 @@ class _Sampling(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None  # vLLM's extension
     logit_bias: dict[str, BiasValue] | None = None
     ignore_eos: bool = False  # vLLM's extension: always generate max_tokens
+    response_format: dict[str, Any] | None = None  # structured output (`structured.py`)
 
     @field_validator("stop")
     @classmethod
@@ -221,11 +217,21 @@ class ChatMessage(BaseModel):
         for name in MESSAGE_PASSED:
             if isinstance(extra.get(name), str):
                 out[name] = extra[name]
+        calls = extra.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                raise APIError(
+                    400, f"messages[{index}].tool_calls must be a list of calls", param="messages"
+                )
+            out["tool_calls"] = calls
         return out
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None  # function tools (`tools.py`)
+    tool_choice: str | dict[str, Any] | None = None  # none, auto, required or {function: {name}}
+    parallel_tool_calls: bool | None = None  # the calls a model writes are all returned
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 

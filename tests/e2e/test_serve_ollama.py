@@ -1,7 +1,10 @@
 """The official `ollama` client, unchanged, against a live `tandem serve` on the tiny model: list,
-chat and generate streamed and not (greedy: the OpenAI route's text), `format` refused with
-Ollama's error, behind the API key."""
+chat and generate streamed and not (greedy: the OpenAI route's text), `format` constraining the
+answer to a schema (a bad one refused with Ollama's error), behind the API key."""
 
+import json
+
+import jsonschema
 import ollama
 import openai
 import pytest
@@ -58,13 +61,21 @@ def test_generate_streamed_and_not_and_its_context_continues(server):
     assert more.done and len(more.context) > len(whole.context)
 
 
-def test_format_is_refused_until_tandem_constrains_output(server):
+def test_format_constrains_the_answer_to_the_schema_and_a_bad_one_is_refused(server):
     client, _ = server
     name = client.list().models[0].model
-    for fmt in ("json", {"type": "object", "properties": {"n": {"type": "integer"}}}):
-        with pytest.raises(ollama.ResponseError) as e:
-            client.chat(model=name, messages=[{"role": "user", "content": "hi"}], format=fmt)
-        assert e.value.status_code == 400 and "format" in e.value.error
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}},
+        "required": ["colour", "ok"],
+        "additionalProperties": False,
+    }
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.chat(model=name, messages=msgs, format=schema, options={"num_predict": 40})
+    jsonschema.validate(json.loads(r.message.content), schema)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=name, messages=msgs, format={"type": "no-such-type"})
+    assert e.value.status_code == 400 and "format" in e.value.error
 
 
 def test_the_ollama_routes_need_the_api_key(server):

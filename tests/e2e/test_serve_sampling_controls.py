@@ -209,8 +209,8 @@ def test_n_3_gives_three_choices_from_three_streams(server):
 @pytest.mark.parametrize(
     "kw,param",
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"extra_body": {"echo": True}}, "echo"),
         ({"extra_body": {"no_such_field": 1}}, "no_such_field"),
         ({"frequency_penalty": 2.5}, "frequency_penalty"),

