@@ -193,6 +193,23 @@ static inline __m256i sum_pairs16(__m256i h01, __m256i h23) {
         _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* Pair j (0-3) of a group of 8 blocks into one row's exact block sums, as dot2_u (w16:
+ * dot2_u16) gives it: an even pair waits in *v0, pair 1 leaves VPHADD(v0, v1) in *h01, pair 3
+ * the group's sums in *U (sum_pairs / sum_pairs16: block i in lane i). */
+static inline __attribute__((always_inline)) void fold_pair(const int j, __m256i v, const int w16,
+                                                            __m256i *v0, __m256i *h01,
+                                                            __m256i *U) {
+    if (j % 2 == 0) {
+        *v0 = v;
+        return;
+    }
+    const __m256i h = w16 ? _mm256_hadd_epi16(*v0, v) : _mm256_hadd_epi32(*v0, v);
+    if (j == 1)
+        *h01 = h;
+    else
+        *U = w16 ? sum_pairs16(*h01, h) : sum_pairs(*h01, h);
+}
+
 /* Eight vectors p_i of 8 partial sums of block i each, given as a = VPHADDD(VPHADDD(p0, p1),
  * VPHADDD(p2, p3)) (lanes 0-3: blocks 0-3's sums over their low 4 lanes, 4-7: over their high
  * 4) and c the same of p4 .. p7: block i's sum in lane i. */
@@ -352,23 +369,8 @@ static inline __attribute__((always_inline)) void b32_pair_dots8(const int t, co
             __m256i xl = _mm256_loadu_si256((const __m256i *)xm);
             __m256i xh = _mm256_loadu_si256((const __m256i *)(xm + 64));
             if (mx) xl = _mm256_sign_epi8(xl, slo), xh = _mm256_sign_epi8(xh, raw);
-            if (w16) {
-                const __m256i v = dot2_u16(lo, xl, hi, xh);
-                if (j % 2 == 0)
-                    v0[m] = v;
-                else if (j == 1)
-                    h01[m] = _mm256_hadd_epi16(v0[m], v);
-                else
-                    U[m] = sum_pairs16(h01[m], _mm256_hadd_epi16(v0[m], v));
-                continue;
-            }
-            const __m256i v = dot2_u(lo, xl, hi, xh);
-            if (j % 2 == 0)
-                v0[m] = v;
-            else if (j == 1)
-                h01[m] = _mm256_hadd_epi32(v0[m], v);
-            else
-                U[m] = sum_pairs(h01[m], _mm256_hadd_epi32(v0[m], v));
+            fold_pair(j, w16 ? dot2_u16(lo, xl, hi, xh) : dot2_u(lo, xl, hi, xh), w16, &v0[m],
+                      &h01[m], &U[m]);
         }
     }
     if (t == GT_Q4_0 || t == GT_Q5_0)
@@ -482,23 +484,9 @@ static inline __attribute__((always_inline)) void k45_group(const int t, const u
             const int8_t *xm = X->i32 + m * X->K + xo;
             const __m256i xl = _mm256_loadu_si256((const __m256i *)xm);
             const __m256i xh = _mm256_loadu_si256((const __m256i *)(xm + 64));
-            if (!HAVE_DPBUSD && t == GT_Q4_K) { /* u <= 15: sum_pairs16 */
-                const __m256i v = dot2_u16(w0, xl, w1, xh);
-                if (j % 2 == 0)
-                    v0[m] = v;
-                else if (j == 1)
-                    h01[m] = _mm256_hadd_epi16(v0[m], v);
-                else
-                    U[m] = sum_pairs16(h01[m], _mm256_hadd_epi16(v0[m], v));
-                continue;
-            }
-            const __m256i v = dot2_u(w0, xl, w1, xh);
-            if (j % 2 == 0)
-                v0[m] = v;
-            else if (j == 1)
-                h01[m] = _mm256_hadd_epi32(v0[m], v);
-            else
-                U[m] = sum_pairs(h01[m], _mm256_hadd_epi32(v0[m], v));
+            const int w16 = !HAVE_DPBUSD && t == GT_Q4_K; /* u <= 15: sum_pairs16 */
+            fold_pair(j, w16 ? dot2_u16(w0, xl, w1, xh) : dot2_u(w0, xl, w1, xh), w16, &v0[m],
+                      &h01[m], &U[m]);
         }
     }
     for (int m = 0; m < M; m++) {

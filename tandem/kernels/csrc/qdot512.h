@@ -29,6 +29,20 @@ static inline __m512i load_qs4(const uint8_t *p, int64_t stride) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 
+/* The qs of the 4 blocks at b4 (`bytes` each, qs at byte `qs` of a block) side by side: with
+ * AVX512-VBMI one byte permute (`qs_ix`, QS_16's table) of two loads, else load_qs4. */
+static inline __attribute__((always_inline)) __m512i qs_of_4(const uint8_t *b4, int64_t bytes,
+                                                             int64_t qs, __m512i qs_ix) {
+#if defined(__AVX512VBMI__)
+    (void)qs;
+    return _mm512_permutex2var_epi8(_mm512_loadu_si512(b4), qs_ix,
+                                    _mm512_loadu_si512(b4 + 4 * bytes - 64));
+#else
+    (void)qs_ix;
+    return load_qs4(b4 + qs, bytes);
+#endif
+}
+
 /* Q5_0 / Q5_1: the fifth bits of 4 blocks (32-bit qh at p + k stride) as 0x10 bytes in the
  * interleaved order: low halves (bits 0-15 of each) in *lo, high halves in *hi. */
 static inline void fifth_bits4(const uint8_t *p, int64_t stride, __m512i *lo, __m512i *hi) {
@@ -110,6 +124,8 @@ static inline __attribute__((always_inline)) void dot_b32_512(const int t, const
     const __m512i lo4 = _mm512_set1_epi8(0x0F), z = _mm512_setzero_si512();
 #if defined(__AVX512VBMI__)
     const __m512i qs_ix = _mm512_set_epi8(QS_16(48), QS_16(32), QS_16(16), QS_16(0));
+#else
+    const __m512i qs_ix = _mm512_setzero_si512(); /* unused: load_qs4 */
 #endif
     __m512 acc[QMAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
@@ -122,12 +138,7 @@ static inline __attribute__((always_inline)) void dot_b32_512(const int t, const
         __m512i lo[4], hi[4];
         for (int64_t k = 0; k < k4; k++) {
             const uint8_t *b4 = blk + 4 * k * BYTES;
-#if defined(__AVX512VBMI__)
-            const __m512i v = _mm512_permutex2var_epi8(_mm512_loadu_si512(b4), qs_ix,
-                                                       _mm512_loadu_si512(b4 + 4 * BYTES - 64));
-#else
-            const __m512i v = load_qs4(b4 + QS, BYTES);
-#endif
+            const __m512i v = qs_of_4(b4, BYTES, QS, qs_ix);
             lo[k] = _mm512_and_si512(v, lo4), hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
             if (five) fifth_bits4(b4 + QS - 4, BYTES, &lo[k], &hi[k]);
         }
@@ -183,6 +194,8 @@ static inline __attribute__((always_inline)) void dot_mxfp4_512(const uint8_t *w
     const __m512i neg_lo = _mm512_set1_epi8(0x08), neg_hi = _mm512_set1_epi8((char)0x80);
 #if defined(__AVX512VBMI__)
     const __m512i qs_ix = _mm512_set_epi8(QS_16(48), QS_16(32), QS_16(16), QS_16(0));
+#else
+    const __m512i qs_ix = _mm512_setzero_si512(); /* unused: load_qs4 */
 #endif
     __m512 acc[QMAX_ROWS];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
@@ -196,12 +209,7 @@ static inline __attribute__((always_inline)) void dot_mxfp4_512(const uint8_t *w
         __mmask64 nlo[4], nhi[4];
         for (int64_t k = 0; k < k4; k++) {
             const uint8_t *b4 = blk + 4 * k * BYTES;
-#if defined(__AVX512VBMI__)
-            const __m512i v = _mm512_permutex2var_epi8(_mm512_loadu_si512(b4), qs_ix,
-                                                       _mm512_loadu_si512(b4 + 4 * BYTES - 64));
-#else
-            const __m512i v = load_qs4(b4 + QS, BYTES);
-#endif
+            const __m512i v = qs_of_4(b4, BYTES, QS, qs_ix);
             ulo[k] = _mm512_shuffle_epi8(ka, _mm512_and_si512(v, lo4));
             uhi[k] = _mm512_shuffle_epi8(ka, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
             nlo[k] = _mm512_test_epi8_mask(v, neg_lo), nhi[k] = _mm512_test_epi8_mask(v, neg_hi);
