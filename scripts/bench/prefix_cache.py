@@ -24,7 +24,6 @@ import random
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import openai
@@ -34,6 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from tandem.builtin import default_model  # noqa: E402
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves it out
+from serve import wait_up  # noqa: E402
 
 LAYOUTS = {"single": [], "tp2": ["--tp", "2"]}
 WORDS = (
@@ -58,21 +60,6 @@ def system_prompt(words: int) -> str:
     rng = random.Random(0)
     rules = " ".join(rng.choice(WORDS) for _ in range(words))
     return f"You are a helpful assistant. Follow these rules: {rules}."
-
-
-def _wait(base: str, group: ProcessGroup, timeout_s: float = 900) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if group.poll() is not None:
-            raise SystemExit("the server exited during start-up")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("the server did not come up")
 
 
 def _turn(client: openai.OpenAI, model: str, messages: list, max_tokens: int) -> dict:
@@ -118,7 +105,7 @@ def play(
     argv += [] if cache else ["--no-prefix-cache"]
     base = f"http://127.0.0.1:{port}"
     with ProcessGroup([RankProcess("serve", argv, {"PYTHONPATH": str(ROOT)})]) as group:
-        _wait(base, group)
+        wait_up(base, group, timeout_s=900)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="bench", max_retries=0, timeout=900)
         name = client.models.list().data[0].id
         warm = [{"role": "user", "content": system_prompt(100)}]  # the prefill path too

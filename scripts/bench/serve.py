@@ -42,7 +42,8 @@ PROMPTS = [
 ]
 
 
-def _wait(base: str, group: ProcessGroup, timeout_s: float = 600) -> None:
+def wait_up(base: str, group: ProcessGroup, timeout_s: float = 600) -> None:
+    """Until `base`/health answers 200; exits if the server dies or `timeout_s` passes."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if group.poll() is not None:
@@ -140,7 +141,7 @@ def main() -> int:
     argv += ["--max-batch", str(max(8, args.clients))]
     base = f"http://127.0.0.1:{port}"
     with ProcessGroup([RankProcess("serve", argv, {"PYTHONPATH": str(ROOT)})]) as group:
-        _wait(base, group)
+        wait_up(base, group)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="bench", max_retries=0, timeout=600)
         name = client.models.list().data[0].id
         _one(client, name, PROMPTS[0], 4)  # warm-up

@@ -4,9 +4,9 @@ says (16 KB, 100 fields)."""
 
 import http.client
 import json
-import socket
 
 import pytest
+from raw_http import status_line
 from serve_support import running
 
 from tandem.loaders.gguf.writer import write_preset_gguf
@@ -38,25 +38,12 @@ def test_a_rebinding_host_is_421_and_the_servers_own_names_are_served(server):
     assert status == 421 and body["error"]["code"] == "host_not_allowed"
 
 
-def _status_line(port: int, head: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        try:
-            s.sendall(head)
-        except OSError:
-            pass
-        s.settimeout(10)
-        try:
-            return s.recv(4096).split(b"\r\n", 1)[0]
-        except OSError:
-            return b""
-
-
 def test_heads_over_the_documented_limits_are_refused(server):
     port = server
     get = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     many = get + b"".join(b"X-H%d: a\r\n" % i for i in range(1000)) + b"\r\n"
-    assert _status_line(port, many).startswith(b"HTTP/1.1 431")
+    assert status_line(port, many, 10).startswith(b"HTTP/1.1 431")
     big = get + b"X-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
-    line = _status_line(port, big)
+    line = status_line(port, big, 10)
     assert line == b"" or line.startswith(b"HTTP/1.1 4"), line
-    assert _status_line(port, get + b"\r\n") == b"HTTP/1.1 200 OK"
+    assert status_line(port, get + b"\r\n", 10) == b"HTTP/1.1 200 OK"

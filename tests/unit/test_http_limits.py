@@ -12,6 +12,7 @@ import time
 import httpx
 from fastapi import FastAPI
 from http_server_support import running_server
+from raw_http import status_line
 
 from tandem.server.http_limits import MAX_HEADER_BYTES, DeadlineH11Protocol, HeadLimit
 
@@ -87,32 +88,17 @@ def test_a_header_over_16_kb_is_refused() -> None:
         s.close()
 
 
-def _status_line(port: int, head: bytes) -> bytes:
-    s = socket.create_connection(("127.0.0.1", port))
-    try:
-        s.sendall(head)
-    except OSError:
-        pass
-    s.settimeout(5)
-    try:
-        return s.recv(4096).split(b"\r\n", 1)[0]
-    except OSError:
-        return b""
-    finally:
-        s.close()
-
-
 def test_a_whole_head_of_64_kb_or_1000_headers_is_refused_and_15_kb_passes() -> None:
     """h11 bounds a head only while it is incomplete: one sent whole passed at any size."""
     get = b"GET /health HTTP/1.1\r\nHost: x\r\n"
     with running_server(HeadLimit(_app())) as port:
         many = get + b"".join(b"X-H%d: a\r\n" % i for i in range(1000)) + b"\r\n"
         assert len(many) < MAX_HEADER_BYTES  # h11 parses it whole: the count is what refuses
-        assert _status_line(port, many) == b"HTTP/1.1 431 Request Header Fields Too Large"
+        assert status_line(port, many, 5) == b"HTTP/1.1 431 Request Header Fields Too Large"
         big = get + b"X-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
-        assert _status_line(port, big).startswith(b"HTTP/1.1 4")  # 431, or h11's 400 if split
+        assert status_line(port, big, 5).startswith(b"HTTP/1.1 4")  # 431, or h11's 400 if split
         fits = get + b"X-Big: " + b"a" * (15 * 1024) + b"\r\n\r\n"
-        assert _status_line(port, fits) == b"HTTP/1.1 200 OK"
+        assert status_line(port, fits, 5) == b"HTTP/1.1 200 OK"
 
 
 def test_the_head_limit_names_the_bytes_and_the_bound() -> None:
