@@ -1,10 +1,9 @@
 """Frozen configuration records shared by every package.
 
 `ModelConfig` is the model's shape as Hugging Face `config.json` states it (field names kept as HF
-spells them), normalised across the supported architectures: Llama, Mistral, Qwen2 and Qwen3 differ
-only in which of these switches they set; the mixture-of-experts families (Qwen3-MoE, Mixtral,
-gpt-oss) add a `MoESpec`, parsed by `tandem.moe_config`. gpt-oss also sets attention sinks, a
-sliding window on every other layer (`window_layers`) and YaRN rope scaling.
+spells them), normalised across the supported architectures: the shape every family shares is read
+here, and each family (`tandem.models.families`, one declaration each) sets its own switches: biases,
+q/k norms, sliding windows, attention sinks, a `MoESpec` (`tandem.moe_config`).
 """
 
 from __future__ import annotations
@@ -12,25 +11,20 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem import boundedjson
-from tandem.moe_config import MoESpec, moe_checkpoint_names, moe_hf_fields, parse_moe
+from tandem.moe_config import MoESpec, moe_checkpoint_names
 
-# architecture name -> HF model_type written into config.json
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "MixtralForCausalLM": "mixtral",
-    "GptOssForCausalLM": "gpt_oss",
-}
+if TYPE_CHECKING:
+    from tandem.models.families.base import Family
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
 CONFIG_MAX_DEPTH = 32
+
+
+OMIT = object()  # a family's `hf_extras` value: leave this key out of config.json
 
 
 class ConfigError(ValueError):
@@ -158,8 +152,15 @@ class ModelConfig:
         return self.moe is not None and self.moe.is_sparse(layer)
 
     @property
+    def family(self) -> Family:
+        """This architecture's declaration (`tandem.models.families`)."""
+        from tandem.models import families
+
+        return families.by_architecture(self.architecture)
+
+    @property
     def model_type(self) -> str:
-        return SUPPORTED_ARCHITECTURES[self.architecture]
+        return self.family.model_type
 
     @property
     def n_rep(self) -> int:
@@ -211,32 +212,24 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """Parses an HF `config.json` dict; old (`rope_theta`/`rope_scaling`) and new
+        """Parses an HF `config.json` dict: the shape every family shares here, then the family's
+        own fields (`Family.hf_fields`). Old (`rope_theta`/`rope_scaling`) and new
         (`rope_parameters`) rope layouts are both accepted."""
+        from tandem.models import families
+
         archs = d.get("architectures") or []
         arch = archs[0] if isinstance(archs, list) and archs else None
-        if arch is None:
-            by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
-            arch = by_type.get(d.get("model_type", ""))
-        if arch not in SUPPORTED_ARCHITECTURES:
+        family = (
+            families.by_architecture(arch) if arch else families.by_model_type(d.get("model_type"))
+        )
+        if family is None:
             raise UnsupportedArchitectureError(
                 f"{source}: architecture {arch or d.get('model_type')!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"supported: {', '.join(families.supported_architectures())}"
             )
-
-        def need(key: str, kind: type = int) -> Any:
-            if key not in d or d[key] is None:
-                raise ConfigError(f"{source}: required field {key!r} is missing")
-            return _typed(d[key], kind, key, source)
-
-        def opt(key: str, kind: type, default: Any) -> Any:
-            v = d.get(key)
-            return default if v is None else _typed(v, kind, key, source)
-
-        hidden = need("hidden_size")
-        n_heads = need("num_attention_heads")
-        n_kv = opt("num_key_value_heads", int, n_heads)
-        head_dim = opt("head_dim", int, hidden // n_heads if n_heads else 0)
+        r = HFFields(d, source)
+        hidden = r.need("hidden_size")
+        n_heads = r.need("num_attention_heads")
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
@@ -244,65 +237,42 @@ class ModelConfig:
         rope = d.get("rope_parameters") or {}
         if not isinstance(rope, dict):
             raise ConfigError(f"{source}: 'rope_parameters' must be an object")
-        default_theta = (
-            150000.0 if arch == "GptOssForCausalLM" else 10000.0
-        )  # transformers' defaults
-        theta = rope.get("rope_theta", d.get("rope_theta", default_theta))
+        theta = rope.get("rope_theta", d.get("rope_theta", family.rope_theta))
         scaling_d = d.get("rope_scaling") or rope
         if isinstance(scaling_d, dict) and scaling_d.get("rope_type", scaling_d.get("type")) in (
             None,
             "default",
         ):
             scaling_d = None
-        scaling = _parse_rope_scaling(scaling_d, d, source) if scaling_d else None
-
-        gpt_oss = arch == "GptOssForCausalLM"
-        bias_default = gpt_oss  # gpt-oss: attention_bias defaults to true
-        attn_bias = bool(d.get("attention_bias", bias_default))
-        qkv_bias = arch == "Qwen2ForCausalLM" or attn_bias
-        o_bias = arch != "Qwen2ForCausalLM" and attn_bias
-        window = d.get("sliding_window") if arch == "MistralForCausalLM" else None
-        window_layers = None
-        if gpt_oss:
-            window = d.get("sliding_window", 128)
-            window_layers = _window_layers(d, need("num_hidden_layers"), source)
-        if arch == "Qwen2ForCausalLM" and d.get("use_sliding_window"):
-            raise ConfigError(f"{source}: Qwen2 'use_sliding_window' is not supported")
+        attn_bias = bool(d.get("attention_bias", family.attention_bias))
         eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
-        moe = parse_moe(arch, d, need("num_hidden_layers"), source)
-        if arch == "MixtralForCausalLM":
-            window = d.get("sliding_window")
-
+        bos = d.get("bos_token_id")
+        fields: dict[str, Any] = dict(
+            architecture=family.architecture,
+            vocab_size=r.need("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=r.need("intermediate_size"),
+            num_hidden_layers=r.need("num_hidden_layers"),
+            num_attention_heads=n_heads,
+            num_key_value_heads=r.opt("num_key_value_heads", int, n_heads),
+            head_dim=r.opt("head_dim", int, hidden // n_heads if n_heads else 0),
+            max_position_embeddings=r.opt("max_position_embeddings", int, 4096),
+            rms_norm_eps=r.opt("rms_norm_eps", float, 1e-6),
+            rope_theta=r.typed(theta, float, "rope_theta"),
+            rope_scaling=_parse_rope_scaling(scaling_d, d, source) if scaling_d else None,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            qkv_bias=attn_bias,
+            o_bias=attn_bias,
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
+            eos_token_ids=tuple(eos)
+            if isinstance(eos, list)
+            else ((eos,) if isinstance(eos, int) else ()),
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+        )
+        fields.update(family.hf_fields(r))
         try:
-            return cls(
-                architecture=arch,
-                vocab_size=need("vocab_size"),
-                hidden_size=hidden,
-                intermediate_size=need("intermediate_size"),
-                num_hidden_layers=need("num_hidden_layers"),
-                num_attention_heads=n_heads,
-                num_key_value_heads=n_kv,
-                head_dim=head_dim,
-                max_position_embeddings=opt("max_position_embeddings", int, 4096),
-                rms_norm_eps=opt("rms_norm_eps", float, 1e-6),
-                rope_theta=_typed(theta, float, "rope_theta", source),
-                rope_scaling=scaling,
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                qkv_bias=qkv_bias,
-                o_bias=o_bias,
-                mlp_bias=bool(d.get("mlp_bias", False)),
-                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-                sliding_window=_typed(window, int, "sliding_window", source) if window else None,
-                window_layers=window_layers,
-                attn_sinks=gpt_oss,
-                bos_token_id=d.get("bos_token_id")
-                if isinstance(d.get("bos_token_id"), int)
-                else None,
-                eos_token_ids=eos_ids,
-                torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
-                moe=moe,
-            )
+            return cls(**fields)
         except ConfigFieldError as e:  # __post_init__ validated it
             raise e.at(source) from None
 
@@ -408,35 +378,8 @@ class ModelConfig:
             if len(self.eos_token_ids) != 1
             else self.eos_token_ids[0],
         }
-        if self.architecture == "LlamaForCausalLM":
-            d["attention_bias"] = self.o_bias
-            d["mlp_bias"] = self.mlp_bias
-        if self.architecture == "Qwen3ForCausalLM":
-            d["attention_bias"] = False
-        if self.architecture == "MistralForCausalLM":
-            d["sliding_window"] = self.sliding_window
-        if self.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
-            d["use_sliding_window"] = False
-        if self.architecture == "Qwen3MoeForCausalLM":
-            d["attention_bias"] = False
-        if self.architecture == "MixtralForCausalLM":
-            d["sliding_window"] = self.sliding_window
-        if self.architecture == "GptOssForCausalLM":
-            d["attention_bias"] = self.o_bias
-            d["sliding_window"] = self.sliding_window
-            d["layer_types"] = [
-                "full_attention" if self.window(i) is None else "sliding_attention"
-                for i in range(self.num_hidden_layers)
-            ]
-            if self.rope_scaling is not None:  # transformers reads gpt-oss's yarn only from here
-                d["rope_parameters"] = {
-                    "rope_theta": self.rope_theta,
-                    **self.rope_scaling.to_hf_dict(),
-                }
-                del d["rope_scaling"]
-        if self.moe is not None:
-            d.update(moe_hf_fields(self.architecture, self.moe, self.num_hidden_layers))
-        return d
+        d.update(self.family.hf_extras(self))
+        return {k: v for k, v in d.items() if v is not OMIT}
 
 
 def _check_int(name: str, v: Any, lo: int, hi: int) -> None:
@@ -457,6 +400,30 @@ def _typed(v: Any, kind: type, key: str, source: str) -> Any:
         raise ConfigFieldError(key, v, "a finite float", source) from None
 
 
+class HFFields:
+    """Typed reads of one config.json dict `d`, for the common parse and each family's
+    `hf_fields`: `need` (a required field), `opt` (a default when absent or null), `typed`; a
+    wrong type raises ConfigError naming the field and `source`."""
+
+    def __init__(self, d: dict[str, Any], source: str) -> None:
+        self.d, self.source = d, source
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.d.get(key, default)
+
+    def need(self, key: str, kind: type = int) -> Any:
+        if key not in self.d or self.d[key] is None:
+            raise ConfigError(f"{self.source}: required field {key!r} is missing")
+        return _typed(self.d[key], kind, key, self.source)
+
+    def opt(self, key: str, kind: type, default: Any) -> Any:
+        v = self.d.get(key)
+        return default if v is None else _typed(v, kind, key, self.source)
+
+    def typed(self, v: Any, kind: type, key: str) -> Any:
+        return _typed(v, kind, key, self.source)
+
+
 def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
     """YaRN's default attention factor (transformers' `get_mscale`): 0.1 m ln(factor) + 1."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
@@ -466,20 +433,6 @@ def alternating_window_layers(num_layers: int) -> tuple[int, ...]:
     """gpt-oss's sliding layers when nothing states them: the even-indexed ones (transformers'
     default `layer_types`, llama.cpp's swa pattern 2)."""
     return tuple(range(0, num_layers, 2))
-
-
-def _window_layers(d: dict[str, Any], num_layers: Any, source: str) -> tuple[int, ...]:
-    """gpt-oss's sliding layers: `layer_types` as stated, else `alternating_window_layers`."""
-    types = d.get("layer_types")
-    n = num_layers if isinstance(num_layers, int) else 0
-    if types is None:
-        return alternating_window_layers(n)
-    kinds = ("sliding_attention", "full_attention")
-    if not isinstance(types, list) or len(types) != n or any(t not in kinds for t in types):
-        raise ConfigError(
-            f"{source}: 'layer_types' must list {n} of 'sliding_attention' / 'full_attention'"
-        )
-    return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
 
 
 def _parse_yarn(s: dict[str, Any], d: dict[str, Any], source: str) -> RopeScaling:

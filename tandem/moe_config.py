@@ -1,5 +1,6 @@
 """`MoESpec`: the mixture-of-experts part of a model's shape, as the HF configs of the supported
-families state it (torch-free: `config` and the GGUF loader read it).
+families state it (each family's declaration in `tandem.models.families` reads its own fields;
+torch-free: `config` and the GGUF loader read it).
 
     family (HF architecture)   experts / top-k fields                   router                dense layers
     Qwen3MoeForCausalLM        num_experts, num_experts_per_tok,        softmax, top-k,       mlp_only_layers, and
@@ -23,17 +24,12 @@ whose experts also carry biases (gate/up/down, `expert_bias`), as its router doe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # "softmax_topk": softmax over every expert, then the top-k (renormalised or not);
 # "topk_softmax": the top-k logits, then a softmax over those k (gpt-oss)
 ROUTERS = ("softmax_topk", "topk_softmax")
 ACTIVATIONS = ("swiglu", "swiglu_clamped")
 MAX_EXPERTS = 4096
-
-
-class MoEConfigError(ValueError):
-    """An MoE field missing, of the wrong type, or outside what tandem runs."""
 
 
 @dataclass(frozen=True)
@@ -97,80 +93,3 @@ def moe_checkpoint_names(spec: MoESpec) -> list[str]:
         names += [f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")]
         names.append("mlp.shared_expert_gate.weight")
     return names
-
-
-def _int(d: dict[str, Any], key: str, source: str, default: Any = None) -> int:
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise MoEConfigError(f"{source}: field {key!r} must be an integer, got {v!r}")
-    return v
-
-
-def _float(d: dict[str, Any], key: str, source: str, default: float) -> float:
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise MoEConfigError(f"{source}: field {key!r} must be a number, got {v!r}")
-    return float(v)
-
-
-def parse_moe(arch: str, d: dict[str, Any], num_layers: Any, source: str) -> MoESpec | None:
-    """The MoE spec of an HF config dict (module docstring), None for a dense architecture."""
-    if arch == "MixtralForCausalLM":
-        return MoESpec(
-            num_experts=_int(d, "num_local_experts", source, 8),
-            top_k=_int(d, "num_experts_per_tok", source, 2),
-            intermediate_size=_int(d, "intermediate_size", source),
-            norm_topk_prob=True,
-        )
-    if arch == "GptOssForCausalLM":
-        return MoESpec(
-            num_experts=_int(d, "num_local_experts", source, 128),
-            top_k=_int(d, "num_experts_per_tok", source, 4),
-            intermediate_size=_int(d, "intermediate_size", source),
-            norm_topk_prob=False,
-            router="topk_softmax",
-            router_bias=True,
-            expert_bias=True,
-            activation="swiglu_clamped",
-            swiglu_alpha=_float(d, "swiglu_alpha", source, 1.702),
-            swiglu_limit=_float(d, "swiglu_limit", source, 7.0),
-        )
-    if arch != "Qwen3MoeForCausalLM":
-        return None
-    n = _int(d, "num_experts", source, d.get("num_local_experts"))
-    step = _int(d, "decoder_sparse_step", source, 1)
-    only = d.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
-        raise MoEConfigError(f"{source}: 'mlp_only_layers' must be a list of layer indices")
-    if step < 1:
-        raise MoEConfigError(f"{source}: decoder_sparse_step {step} must be >= 1")
-    layers = num_layers if isinstance(num_layers, int) else 0
-    dense = tuple(i for i in range(layers) if i in only or (i + 1) % step != 0)
-    return MoESpec(
-        num_experts=n,
-        top_k=_int(d, "num_experts_per_tok", source),
-        intermediate_size=_int(d, "moe_intermediate_size", source),
-        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-        dense_layers=dense,
-    )
-
-
-def moe_hf_fields(arch: str, spec: MoESpec, num_layers: int) -> dict[str, Any]:
-    """The config.json fields transformers reads for `spec` (the inverse of `parse_moe`)."""
-    if arch == "MixtralForCausalLM":
-        return {"num_local_experts": spec.num_experts, "num_experts_per_tok": spec.top_k}
-    if arch == "GptOssForCausalLM":
-        return {
-            "num_local_experts": spec.num_experts,
-            "num_experts_per_tok": spec.top_k,
-            "swiglu_alpha": spec.swiglu_alpha,
-            "swiglu_limit": spec.swiglu_limit,
-        }
-    return {
-        "num_experts": spec.num_experts,
-        "num_experts_per_tok": spec.top_k,
-        "moe_intermediate_size": spec.intermediate_size,
-        "norm_topk_prob": spec.norm_topk_prob,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": list(spec.dense_layers),
-    }

@@ -23,6 +23,7 @@ from tandem.loaders.gguf.reader import GGUFMissingFileError
 from tandem.loaders.gguf.writer import write_gguf, write_preset_gguf
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
+from tandem.models.families import gpt_oss
 from tandem.models.llama import Transformer
 from tandem.models.presets import get_preset, random_weights
 from tandem.models.quant.blocks import BY_NAME
@@ -74,16 +75,18 @@ def test_every_model_parameter_has_one_gguf_name_and_back():
     names += [n for n, _ in sparse.named_parameters() if n.startswith("model.layers.0.mlp.")]
     assert len({gguf_name(n) for n in names}) == len(names)
     assert all(hf_name(gguf_name(n)) == n for n in names)
-    assert len(GLOBAL_NAMES) + len(LAYER_NAMES) == 24
+    assert len(GLOBAL_NAMES) + len(LAYER_NAMES) == 23
     # gpt-oss: a bare parameter (no `.weight` in HF) and its own name for the second norm
     assert gguf_name("model.layers.3.self_attn.sinks") == "blk.3.attn_sinks.weight"
     assert hf_name("blk.3.attn_sinks.weight") == "model.layers.3.self_attn.sinks"
+    oss = gpt_oss.FAMILY.gguf_names
+    assert hf_name("blk.3.post_attention_norm.weight") is None
     assert (
-        hf_name("blk.3.post_attention_norm.weight")
+        hf_name("blk.3.post_attention_norm.weight", oss)
         == "model.layers.3.post_attention_layernorm.weight"
     )
     ln = "model.layers.3.post_attention_layernorm.weight"
-    assert (gguf_name(ln), gguf_name(ln, "gpt-oss")) == (
+    assert (gguf_name(ln), gguf_name(ln, oss)) == (
         "blk.3.ffn_norm.weight",
         "blk.3.post_attention_norm.weight",
     )

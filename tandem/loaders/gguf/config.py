@@ -44,21 +44,13 @@ from tandem.config import (
     ModelConfig,
     RopeScaling,
     UnsupportedArchitectureError,
-    alternating_window_layers,
     yarn_attention_factor,
 )
 from tandem.loaders.gguf.reader import GGUFError, GuardedReader
+from tandem.models import families
+from tandem.models.families.base import Family
 from tandem.moe_config import MoESpec
 
-ARCHITECTURES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",
-    "gpt-oss": "GptOssForCausalLM",
-}
-MIXTRAL = "MixtralForCausalLM"  # a `llama` file whose layers hold experts
-PERMUTED_QK = frozenset({"llama"})  # architectures whose q/k rows llama.cpp's converter permutes
 _MISSING = object()
 
 
@@ -113,12 +105,27 @@ class Metadata:
 
 def architecture(meta: Metadata) -> str:
     arch = meta.get("general.architecture", str)
-    if arch not in ARCHITECTURES:
+    if arch not in families.GGUF_ARCHITECTURES:
         raise GGUFArchitectureError(
             f"{meta.file}: architecture {arch!r} is not supported; supported: "
-            f"{', '.join(ARCHITECTURES)}"
+            f"{', '.join(families.GGUF_ARCHITECTURES)}"
         )
     return arch
+
+
+def family_of(meta: Metadata, tensors: Collection[str]) -> Family:
+    """The family `meta`'s file is read as (`families.by_gguf`: a `llama` file with experts is
+    Mixtral)."""
+    experts = any(n.endswith("ffn_gate_exps.weight") for n in tensors)
+    return families.by_gguf(architecture(meta), experts)
+
+
+class GGUFFields:
+    """What a family's `gguf_fields` reads: `meta`, the key prefix `a` ("{arch}."), the tensor
+    names present and the layer count."""
+
+    def __init__(self, meta: Metadata, a: str, tensors: Collection[str], layers: int) -> None:
+        self.meta, self.a, self.tensors, self.layers = meta, a, tensors, layers
 
 
 def config_from_gguf(
@@ -129,8 +136,8 @@ def config_from_gguf(
 ) -> ModelConfig:
     """The model's config from `meta`, the GGUF tensor names present, the token embedding's row
     count (the vocabulary when the metadata states none) and the `rope_freqs` values if any."""
-    arch = architecture(meta)
-    a = f"{arch}."
+    family = family_of(meta, tensors)
+    a = f"{family.gguf_arch}."
     hidden = meta.get(a + "embedding_length", int)
     heads = meta.get(a + "attention.head_count", int)
     kv = _per_layer(meta, a + "attention.head_count_kv", heads)
@@ -154,14 +161,10 @@ def config_from_gguf(
         t = meta.get(f"tokenizer.ggml.{key}_token_id", int, None)
         if t is not None and t not in eos:
             eos.append(t)
-    moe = _moe(meta, a, tensors)
-    gpt_oss = arch == "gpt-oss"
-    window = meta.get(a + "attention.sliding_window", int, None) if gpt_oss else None
     layers = _layers(meta, a, tensors)
-    hf_arch = MIXTRAL if arch == "llama" and moe is not None else ARCHITECTURES[arch]
     try:
-        cfg = ModelConfig(
-            architecture=hf_arch,
+        fields: dict[str, Any] = dict(
+            architecture=family.architecture,
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=meta.get(a + "feed_forward_length", int),
@@ -177,18 +180,16 @@ def config_from_gguf(
             if rope_freqs is not None
             else None,
             tie_word_embeddings="output.weight" not in tensors,
-            qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in tensors,
+            qkv_bias="blk.0.attn_q.bias" in tensors,
             o_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_gate.bias" in tensors,
-            qk_norm=arch in ("qwen3", "qwen3moe"),
-            sliding_window=window,
-            window_layers=alternating_window_layers(layers) if window else None,
-            attn_sinks=gpt_oss,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(eos),
             torch_dtype="float32",
-            moe=moe,
+            moe=_moe(meta, a, tensors),
         )
+        fields.update(family.gguf_fields(GGUFFields(meta, a, tensors, layers)))
+        cfg = ModelConfig(**fields)
         cfg.validate(str(meta.file))
     except GGUFError:
         raise
@@ -215,15 +216,6 @@ def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
         top_k=meta.get(a + "expert_used_count", int),
         intermediate_size=width or meta.get(a + "feed_forward_length", int),
     )
-    if a == "gpt-oss.":
-        return MoESpec(
-            **experts,
-            norm_topk_prob=False,
-            router="topk_softmax",
-            router_bias="blk.0.ffn_gate_inp.bias" in tensors,
-            expert_bias="blk.0.ffn_gate_exps.bias" in tensors,
-            activation="swiglu_clamped",
-        )
     return MoESpec(
         **experts,
         norm_topk_prob=meta.get(a + "expert_weights_norm", bool, True),

@@ -32,11 +32,11 @@ import numpy as np
 
 from tandem.loaders.errors import MissingTensorError, TensorShapeError
 from tandem.loaders.gguf.config import (
-    PERMUTED_QK,
     GGUFArchitectureError,
     Metadata,
     architecture,
     config_from_gguf,
+    family_of,
 )
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, hf_name, permuted_heads, unpermute_rows
 from tandem.loaders.gguf.reader import (
@@ -129,7 +129,7 @@ class GGUFModel:
         self.path = self.files[0]
         self.readers: list[GuardedReader] = [open_reader(f) for f in self.files]
         self.metadata = Metadata(self.readers[0], self.path)
-        self.arch = architecture(self.metadata)
+        architecture(self.metadata)  # an unsupported file is refused before its tensors are read
         self._raw: dict[str, GGUFTensorInfo] = {}  # GGUF name -> info
         for part, reader in enumerate(self.readers):
             self._check_split(part, reader)
@@ -149,13 +149,15 @@ class GGUFModel:
                     part,
                 )
         self._check_split_total()
+        self.family = family_of(self.metadata, self._raw.keys())
+        self.arch = self.family.gguf_arch
         embed = self._raw.get("token_embd.weight")
         self.config = config_from_gguf(
             self.metadata, self._raw.keys(), embed.shape[0] if embed else None, self._rope_freqs()
         )
         self.manifest: dict[str, GGUFTensorInfo] = {}  # HF parameter name -> info
         for name, info in self._raw.items():
-            hf = hf_name(name)
+            hf = hf_name(name, self.family.gguf_names)
             if hf is not None:
                 self.manifest[hf] = info
         self._check_no_stray_tensors()
@@ -189,7 +191,7 @@ class GGUFModel:
         stray = [
             i.gguf_name
             for name, i in self._raw.items()
-            if name != ROPE_FREQS and hf_name(name) not in used
+            if name != ROPE_FREQS and hf_name(name, self.family.gguf_names) not in used
         ]
         if stray:
             raise GGUFArchitectureError(
@@ -210,7 +212,7 @@ class GGUFModel:
         info = self.manifest.get(name)
         if info is None:
             raise GGUFMissingTensorError(
-                f"{self.path}: no tensor {gguf_name(name)!r} (the model's {name!r})"
+                f"{self.path}: no tensor {gguf_name(name, self.family.gguf_names)!r} (the model's {name!r})"
             )
         return info
 
@@ -248,7 +250,7 @@ class GGUFModel:
     def qk_pairs(self) -> bool:
         """Whether this file's q/k rows are stored in llama.cpp's RoPE pair order (a `llama`
         file, module docstring): what `as_stored` reads keep."""
-        return self.arch in PERMUTED_QK
+        return self.family.permuted_qk
 
     def block_array(self, name: str, as_stored: bool = False) -> np.ndarray:
         """Parameter `name` as uint8 blocks (rows, row_bytes) as numpy: a view of the mapped file
@@ -275,7 +277,7 @@ class GGUFModel:
         return out if heads is None else unpermute_rows(out, heads)
 
     def _heads(self, name: str) -> int | None:
-        if self.arch not in PERMUTED_QK:
+        if not self.family.permuted_qk:
             return None
         c = self.config
         return permuted_heads(name, c.num_attention_heads, c.num_key_value_heads)

@@ -11,6 +11,8 @@ so on quantized blocks it is a row gather of whole-block rows: no requantization
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TypeVar
 
 GLOBAL_NAMES: dict[str, str] = {  # GGUF name -> HF name
@@ -39,20 +41,16 @@ LAYER_NAMES: dict[str, str] = {  # blk.N.<GGUF> -> model.layers.N.<HF>
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-    # gpt-oss: the attention sinks (a parameter without a `.weight` in HF, `BARE`), and its name
-    # for the norm before the feed-forward (`ffn_norm` elsewhere: `ARCH_NAMES`)
+    # gpt-oss: the attention sinks (a parameter without a `.weight` in HF, `BARE`)
     "attn_sinks": "self_attn.sinks",
-    "post_attention_norm": "post_attention_layernorm",
 }
 BARE = frozenset({"self_attn.sinks"})  # HF parameters named without `.weight`
-ARCH_NAMES: dict[str, dict[str, str]] = {  # HF -> GGUF where an architecture names it its own way
-    "gpt-oss": {"post_attention_layernorm": "post_attention_norm"},
-}
 ROPE_FREQS = (
     "rope_freqs.weight"  # llama3 rope scaling as llama.cpp stores it: per-frequency divisors
 )
+_NONE: Mapping[str, str] = MappingProxyType({})
 _TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
-_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items() if k != "post_attention_norm"}
+_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _HF_BARE = re.compile(r"model\.layers\.(\d+)\.(self_attn\.sinks)")
@@ -62,30 +60,35 @@ class UnknownTensorNameError(KeyError):
     """A model parameter with no GGUF counterpart in the table."""
 
 
-def hf_name(gguf: str) -> str | None:
-    """The HF name of GGUF tensor `gguf`, or None for one the model has no parameter for."""
+def hf_name(gguf: str, family_names: Mapping[str, str] = _NONE) -> str | None:
+    """The HF name of GGUF tensor `gguf`, or None for one the model has no parameter for;
+    `family_names` (HF -> GGUF, `Family.gguf_names`) where the file's family names a layer
+    tensor its own way."""
     if gguf in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf]
     m = _GGUF_LAYER.fullmatch(gguf)
-    if m is None or m.group(2) not in LAYER_NAMES:
+    if m is None:
         return None
-    name = LAYER_NAMES[m.group(2)]
+    own = {g: h for h, g in family_names.items()}
+    name = own.get(m.group(2)) or LAYER_NAMES.get(m.group(2))
+    if name is None:
+        return None
     if name in BARE:
         return f"model.layers.{m.group(1)}.{name}" if m.group(3) == "weight" else None
     return f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
 
 
-def gguf_name(hf: str, arch: str = "") -> str:
-    """The GGUF name of the model parameter `hf` in a file of architecture `arch`."""
+def gguf_name(hf: str, family_names: Mapping[str, str] = _NONE) -> str:
+    """The GGUF name of the model parameter `hf` (`family_names` as for `hf_name`)."""
     if hf in _TO_GGUF:
         return _TO_GGUF[hf]
     m = _HF_BARE.fullmatch(hf)
     if m is not None:
         return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}.weight"
     m = _HF_LAYER.fullmatch(hf)
-    if m is None or m.group(2) not in _LAYER_TO_GGUF:
+    if m is None or m.group(2) not in _LAYER_TO_GGUF and m.group(2) not in family_names:
         raise UnknownTensorNameError(f"parameter {hf!r} has no GGUF tensor name")
-    base = ARCH_NAMES.get(arch, {}).get(m.group(2)) or _LAYER_TO_GGUF[m.group(2)]
+    base = family_names.get(m.group(2)) or _LAYER_TO_GGUF[m.group(2)]
     return f"blk.{m.group(1)}.{base}.{m.group(3)}"
 
 

@@ -26,7 +26,6 @@ from gguf.constants import GGMLQuantizationType, RopeScalingType, TokenType
 from tokenizers import Tokenizer as HFTokenizer
 
 from tandem.config import ModelConfig
-from tandem.loaders.gguf.config import ARCHITECTURES, MIXTRAL, PERMUTED_QK
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, permute_rows, permuted_heads
 from tandem.loaders.gguf.tensor_types import K_MIX as K_MIX  # re-exported: the mix's name
 from tandem.loaders.gguf.tensor_types import GGUFWriteError, tensor_type
@@ -39,8 +38,6 @@ from tandem.loaders.tokenizer_build import (
 from tandem.models.presets import get_preset, hot_rows, random_weights
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.quantize import quantize
-
-_ARCH_OF = {v: k for k, v in ARCHITECTURES.items()} | {MIXTRAL: "llama"}
 
 
 def write_gguf(
@@ -56,20 +53,20 @@ def write_gguf(
 ) -> list[Path]:
     """Writes `out` (or its split parts `out-0000i-of-0000N.gguf` when `split_max_tensors`
     caps the tensors per file); returns the files written."""
-    arch = _ARCH_OF.get(config.architecture)
-    if arch is None:
+    family = config.family
+    if family.gguf_arch is None:
         raise GGUFWriteError(f"GGUF architecture for {config.architecture} is not supported")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    w = GGUFWriter(out, arch, split_max_tensors=split_max_tensors)
+    w = GGUFWriter(out, family.gguf_arch, split_max_tensors=split_max_tensors)
     _metadata(w, config, name)
     if tokenizer is not None:
         _tokenizer(w, config, tokenizer, tokenizer_cfg or {})
     for hf, t in tensors.items():
-        g = gguf_name(hf, arch)
+        g = gguf_name(hf, family.gguf_names)
         x = t.detach().float()
         heads = permuted_heads(hf, config.num_attention_heads, config.num_key_value_heads)
-        if arch in PERMUTED_QK and heads is not None:
+        if family.permuted_qk and heads is not None:
             x = permute_rows(x, heads)
         kind = tensor_type(g, tuple(x.shape), qtype, config.tie_word_embeddings)
         w.add_tensor(g, quantize(x.numpy(), BY_NAME[kind].type_id), raw_dtype=_ggml(kind))
@@ -97,7 +94,7 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_theta)
     w.add_vocab_size(c.vocab_size)
-    if _ARCH_OF[c.architecture] in PERMUTED_QK:
+    if c.family.permuted_qk:
         w.add_rope_dimension_count(c.head_dim)
     if c.head_dim != c.hidden_size // c.num_attention_heads:
         w.add_key_length(c.head_dim)
@@ -105,7 +102,7 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
     if c.moe is not None:
         w.add_expert_count(c.moe.num_experts)
         w.add_expert_used_count(c.moe.top_k)
-        if c.architecture != MIXTRAL:
+        if not c.family.gguf_experts:  # a `llama` file's experts are feed_forward_length wide
             w.add_expert_feed_forward_length(c.moe.intermediate_size)
         if c.moe.shared_intermediate_size:
             w.add_expert_shared_feed_forward_length(c.moe.shared_intermediate_size)
@@ -121,8 +118,7 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
         w.add_rope_scaling_orig_ctx_len(s.original_max_position_embeddings)
         w.add_rope_scaling_yarn_beta_fast(s.beta_fast)
         w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
-    if c.sliding_window is not None and c.architecture == "GptOssForCausalLM":
-        w.add_sliding_window(c.sliding_window)
+    c.family.gguf_write(w, c)
 
 
 def _llama3_factors(c: ModelConfig) -> np.ndarray:

@@ -1,0 +1,49 @@
+"""`Family`: what one model family declares about itself.
+
+Every supported family is the Llama decoder (`models.llama`) with a few switches set: q/k norms,
+biases, a sliding window on some layers, attention sinks, a mixture of experts. A family's module
+in this package states exactly those, for both ways a model arrives:
+
+    architecture, model_type   the HF names (`config.json`'s `architectures[0]` and `model_type`)
+    hf_fields(r)               the `ModelConfig` fields its config.json sets beyond the shape every
+                               family shares (`ModelConfig.from_hf_dict`; `r` is a `config.HFFields`)
+    hf_extras(c)               the config.json fields transformers needs back (`to_hf_dict`)
+    rope_theta, attention_bias transformers' defaults where config.json states no value
+    gguf_arch, gguf_experts    the GGUF `general.architecture` it is read from (`gguf_experts`: only
+                               files whose layers hold expert tensors, as Mixtral's `llama` files)
+    gguf_write(w, c)           the family's own metadata, written to a gguf-py `GGUFWriter`
+    gguf_fields(g)             the fields its GGUF metadata sets beyond the shape every family shares
+                               (`loaders.gguf.config`; `g` is a `GGUFFields`)
+    gguf_names                 HF module -> GGUF tensor name, where the family's files differ
+    permuted_qk                llama.cpp's converter permuted its q/k rows (`gguf.names`)
+
+The module is torch-free (config parsing runs in processes that never import torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _nothing(_: Any) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family's declaration (module docstring)."""
+
+    architecture: str
+    model_type: str
+    hf_fields: Callable[[Any], dict[str, Any]] = _nothing
+    hf_extras: Callable[[Any], dict[str, Any]] = _nothing
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    gguf_arch: str | None = None
+    gguf_experts: bool = False
+    gguf_fields: Callable[[Any], dict[str, Any]] = _nothing
+    gguf_write: Callable[[Any, Any], None] = lambda w, c: None
+    gguf_names: Mapping[str, str] = field(default_factory=dict)
+    permuted_qk: bool = False

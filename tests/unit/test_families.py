@@ -1,0 +1,61 @@
+"""Model families as declarations (`tandem.models.families`): every preset's config survives
+config.json and GGUF metadata through its family's declaration unchanged; transformers reads the
+config.json a declaration writes as that family; lookups resolve GGUF architectures (a `llama` file
+with experts is Mixtral) and name the supported families when they refuse one."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import transformers
+
+from tandem.config import ModelConfig, UnsupportedArchitectureError
+from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.gguf.writer import write_preset_gguf
+from tandem.models import families
+from tandem.models.presets import PRESETS
+
+FAMILY_PRESETS = [n for n in PRESETS if n.startswith("tiny-")]
+
+
+@pytest.mark.parametrize("name", FAMILY_PRESETS)
+def test_config_json_round_trips_through_the_familys_declaration(name):
+    config = PRESETS[name].config
+    d = config.to_hf_dict()
+    assert ModelConfig.from_hf_dict(d) == config
+    hf = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    assert type(hf).model_type == config.model_type == config.family.model_type
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"],
+)
+def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_path):
+    config = PRESETS[name].config
+    _, (file,) = write_preset_gguf(tmp_path / "m.gguf", name, "F32")
+    got = GGUFModel(file).config
+    assert got.family is config.family
+    # what GGUF files do not carry (`test_gguf_loader`): eps beyond float32, the dtype the weights
+    # came in, eos ids beyond the tokenizer's; gpt-oss's SwiGLU constants and YaRN's truncated
+    # corrections are llama.cpp's own
+    want = replace(
+        config, rms_norm_eps=float(np.float32(config.rms_norm_eps)), torch_dtype="float32",
+        eos_token_ids=got.eos_token_ids, bos_token_id=got.bos_token_id,
+    )  # fmt: skip
+    if config.moe is not None and config.moe.activation == "swiglu_clamped":
+        moe = replace(config.moe, swiglu_alpha=1.702, swiglu_limit=7.0)
+        want = replace(want, moe=moe, rope_scaling=replace(config.rope_scaling, truncate=True))
+    assert got == want
+
+
+def test_lookups_and_refusals_name_the_families():
+    assert families.by_gguf("llama", has_experts=True).architecture == "MixtralForCausalLM"
+    assert families.by_gguf("llama", has_experts=False).architecture == "LlamaForCausalLM"
+    assert families.by_gguf("qwen3moe", has_experts=True).architecture == "Qwen3MoeForCausalLM"
+    assert families.by_gguf("mamba", has_experts=False) is None
+    assert families.by_model_type("gpt_oss").architecture == "GptOssForCausalLM"
+    archs = [f.architecture for f in families.FAMILIES]
+    assert len(set(archs)) == len(archs) == len(families.supported_architectures())
+    with pytest.raises(UnsupportedArchitectureError, match="'MambaForCausalLM'.*LlamaForCausalLM"):
+        ModelConfig.from_hf_dict({"architectures": ["MambaForCausalLM"], "hidden_size": 8})
