@@ -1,16 +1,24 @@
 """Which algorithm a collective runs, and how it cuts a tensor: pure functions every rank evaluates
 identically, so every rank makes the same choice from the same (size, world size).
 
-Two all-reduce algorithms exist, and each fixes a reduction order (float addition is commutative
-but not associative, so the order is part of the result; `reference.py` mirrors both):
+Two all-reduce algorithms exist (float addition is commutative but not associative, so the order
+is part of the result; `reference.py` mirrors both):
 
-- RANK_ORDER (latency-optimal for small tensors): every rank sees every rank's values and sums
-  them in rank order, ((x_0 + x_1) + x_2) + ... . Used by the ring for small tensors (a ring
-  all-gather of whole tensors, N-1 hops) and always by the star.
-- RING (bandwidth-optimal for large tensors): the flat tensor is cut into N chunks by
-  `chunk_bounds`; chunk c's partial sum starts at rank c+1 and travels right, so its order is
-  ((x_{c+1} + x_{c+2}) + ...) + x_c; rank c ends the reduce-scatter owning chunk c, and an
-  all-gather ring hands every chunk to every rank. Each rank sends 2(N-1)/N of the tensor.
+- RANK_ORDER (latency-optimal for small tensors): every rank sees every rank's values (the ring:
+  an all-gather of whole tensors, N-1 hops; the star: through its root) and sums them.
+- RING (bandwidth-optimal for large tensors): the tensor is cut into N chunks; chunk c's partial
+  sum starts at rank c+1 and travels right, so its order is ((x_{c+1} + x_{c+2}) + ...) + x_c;
+  rank c ends the reduce-scatter owning chunk c, and an all-gather ring hands every chunk to
+  every rank. Each rank sends 2(N-1)/N of the tensor.
+
+The ring's all-reduce sums every element in one order whatever the tensor's size and whichever
+algorithm carries it, so a row's sum does not depend on how many rows share the tensor (batch
+invariance, on the float32 wire): the ring chunks are `column_bounds`, N slices of the LAST
+dimension (the same columns of every row, so an element's chunk is a function of its column
+alone), and RANK_ORDER sums an element of column chunk c in that chunk's ring order
+(`ring_order`). At N = 2 every order is the same sum (commutativity). The star, and the ring
+on a narrower wire (whose ring rounds each forwarded partial), sum small tensors in rank order,
+((x_0 + x_1) + x_2) + ... .
 """
 
 from __future__ import annotations
@@ -33,6 +41,17 @@ def chunk_bounds(n: int, world_size: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def column_bounds(shape: tuple[int, ...], world_size: int) -> list[tuple[int, int]]:
+    """The ring all-reduce's chunks of a tensor of `shape`: `chunk_bounds` of its last dimension
+    (of one element for a scalar), as [start, end) column ranges shared by every row."""
+    return chunk_bounds(shape[-1] if shape else 1, world_size)
+
+
+def ring_order(chunk: int, world_size: int) -> list[int]:
+    """The ranks whose values chunk `chunk`'s sum adds, in order: c+1, c+2, ..., c (mod N)."""
+    return [(chunk + k) % world_size for k in range(1, world_size + 1)]
 
 
 def choose_all_reduce(wire_nbytes: int, world_size: int, small_max_bytes: int) -> str:

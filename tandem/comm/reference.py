@@ -44,17 +44,23 @@ def sum_rank_order(xs: Sequence[np.ndarray], wire: wd.WireDtype) -> np.ndarray:
 
 
 def sum_ring_chunks(
-    xs: Sequence[np.ndarray], wire: wd.WireDtype, bounds: list[tuple[int, int]]
+    xs: Sequence[np.ndarray], wire: wd.WireDtype, bounds: list[tuple[int, int]], cols: int = 0
 ) -> np.ndarray:
-    """The RING all-reduce of flat float32 arrays: chunk c is summed starting at rank c+1,
-    each forwarded partial rounded through the wire, the finished chunk rounded once more."""
+    """The RING all-reduce of float32 arrays: chunk c (flat ranges `bounds`, or with `cols` the
+    column ranges `bounds` of every row of `cols` columns) is summed in `algorithms.ring_order`,
+    starting at rank c+1, each forwarded partial rounded through the wire, the finished chunk
+    rounded once more."""
     n = len(xs)
+    cols = cols or xs[0].size
+    grids = [x.reshape(-1, cols) if cols else x.reshape(1, 0) for x in xs]
     out = np.empty_like(xs[0])
+    grid = out.reshape(grids[0].shape)
     for c, (lo, hi) in enumerate(bounds):
-        acc = xs[(c + 1) % n][lo:hi].copy()
-        for k in range(2, n + 1):
-            acc = quantize(acc, wire) + xs[(c + k) % n][lo:hi]
-        out[lo:hi] = quantize(acc, wire)
+        first, *rest = alg.ring_order(c, n)
+        acc = grids[first][:, lo:hi].copy()
+        for k in rest:
+            acc = quantize(acc, wire) + grids[k][:, lo:hi]
+        grid[:, lo:hi] = quantize(acc, wire)
     return out
 
 
@@ -66,6 +72,17 @@ def _flat_sum(
     return sum_ring_chunks(xs, wire, bounds)
 
 
+def _ring_all_reduce(
+    xs: Sequence[np.ndarray], wire: wd.WireDtype, algorithm: str, shape: tuple[int, ...]
+) -> np.ndarray:
+    """The ring's all-reduce (`algorithms`): column chunks of the last dimension, and RANK_ORDER
+    on the float32 wire with more than two ranks summing each in the same ring order."""
+    if algorithm == alg.RANK_ORDER and (len(xs) == 2 or wire.code != wd.FLOAT32.code):
+        return sum_rank_order(xs, wire)
+    cols = shape[-1] if shape else 1
+    return sum_ring_chunks(xs, wire, alg.column_bounds(shape, len(xs)), cols)
+
+
 def all_reduce_sum(
     inputs: Sequence[torch.Tensor],
     *,
@@ -73,7 +90,9 @@ def all_reduce_sum(
     algorithm: str | None = None,
     small_max_bytes: int = alg.DEFAULT_SMALL_MAX_BYTES,
 ) -> list[torch.Tensor]:
-    """Every rank's all-reduce output; `algorithm` None picks as the ring does (by size)."""
+    """Every rank's all-reduce output: `algorithm` None is the ring's (by size, column chunks,
+    `_ring_all_reduce`); RANK_ORDER (the star's, gloo's) or RING forces that order, RING on
+    flat chunks."""
     wire = wd.negotiable(wire_dtype)
     ts = [base.check_tensor(t, "all_reduce_sum", reduce=True) for t in inputs]
     base.check_same_shape([tuple(t.shape) for t in ts], "all_reduce_sum")
@@ -82,7 +101,10 @@ def all_reduce_sum(
     n = ts[0].numel()
     algo = algorithm or alg.choose_all_reduce(n * wire.itemsize, len(ts), small_max_bytes)
     xs = [stage_to_host(t, torch.float32) for t in ts]
-    total = _flat_sum(xs, wire, algo, alg.chunk_bounds(n, len(ts)))
+    if algorithm is None:
+        total = _ring_all_reduce(xs, wire, algo, tuple(ts[0].shape))
+    else:
+        total = _flat_sum(xs, wire, algo, alg.chunk_bounds(n, len(ts)))
     return [unstage(total.copy(), tuple(t.shape), t) for t in ts]
 
 
@@ -95,7 +117,7 @@ def reduce_scatter(
     small_max_bytes: int = alg.DEFAULT_SMALL_MAX_BYTES,
 ) -> list[torch.Tensor]:
     """Rank r's part r of the all-reduce sum along `dim`. The RING order cuts chunks at the
-    `dim` parts (for dim 0 these are exactly the all-reduce's chunks, so the identity
+    `dim` parts (for a 1-D tensor these are exactly the all-reduce's chunks, so the identity
     all_reduce_sum == all_gather . reduce_scatter holds bit for bit)."""
     wire = wd.negotiable(wire_dtype)
     ts = [base.check_tensor(t, "reduce_scatter", reduce=True) for t in inputs]
@@ -109,7 +131,10 @@ def reduce_scatter(
     xs = [stage_to_host(t.movedim(d, 0), torch.float32) for t in ts]
     n = xs[0].size
     algo = algorithm or alg.choose_all_reduce(n * wire.itemsize, size, small_max_bytes)
-    total = _flat_sum(xs, wire, algo, alg.chunk_bounds(n, size)).reshape(moved_shape)
+    if algorithm is None:  # the ring's: flat chunks (the parts), in their ring order
+        total = _ring_all_reduce(xs, wire, algo, (n,)).reshape(moved_shape)
+    else:
+        total = _flat_sum(xs, wire, algo, alg.chunk_bounds(n, size)).reshape(moved_shape)
     outs = []
     for r, t in enumerate(ts):
         mine = np.ascontiguousarray(total[r * part : (r + 1) * part])

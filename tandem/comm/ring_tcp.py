@@ -6,6 +6,10 @@ agrees (`algorithms.choose_all_reduce`):
   exchange), then every rank sums all N in rank order: one hop of latency at N = 2.
 - RING, large tensors: reduce-scatter then all-gather over N chunks (each rank sends 2(N-1)/N of
   the tensor); arriving segments are reduced while later bytes are still on the wire.
+An all-reduce's chunks are column slices of the last dimension (`algorithms.column_bounds`): the
+tensor is copied chunk-major (`_ChunkMajor`: chunk c's columns of every row, one after another)
+so each chunk travels as one contiguous run, and on the float32 wire RANK_ORDER sums each column
+chunk in the ring's order for it: both give an element the same sum whatever the tensor's rows.
 Every rank ends with bit-identical values equal to `reference` for the same algorithm. At N = 2
 on one host the small whole-tensor exchanges (RANK_ORDER's, a small broadcast's) go through
 `same_host` (`ring_shm.SameHostRoad`) instead of TCP: the same frames, the same checks.
@@ -35,6 +39,55 @@ from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
 _SEGMENT_BYTES = 256 * 1024  # reduce arriving data in cache-sized pieces
+
+
+class _ChunkMajor:
+    """A flat tensor of `shape` (rows x cols, cols its last dimension) against its column chunks
+    `algorithms.column_bounds`: `flat` are the chunks' ranges once the tensor is laid out
+    chunk-major (chunk 0's columns of every row, then chunk 1's, ...); `is_flat` when that layout
+    is the tensor's own (one row, or one column chunk's worth)."""
+
+    def __init__(self, shape: tuple[int, ...], n: int, world_size: int) -> None:
+        self.size = world_size
+        self.cols = shape[-1] if shape else 1
+        self.rows = n // self.cols if self.cols else 0
+        self.bounds = alg.column_bounds(shape, world_size)
+        self.flat, at = [], 0
+        for lo, hi in self.bounds:
+            self.flat.append((at, at + self.rows * (hi - lo)))
+            at += self.rows * (hi - lo)
+        self.is_flat = self.rows <= 1
+
+    def _parts(self, flat: np.ndarray, grid: np.ndarray):
+        """(chunk-major run, the same elements as a (rows, width) view of the row-major grid)."""
+        for (lo, hi), (a, b) in zip(self.bounds, self.flat):
+            yield flat[a:b].reshape(self.rows, hi - lo), grid[:, lo:hi]
+
+    def to_chunk_major(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if self.is_flat:
+            return x
+        for run, cols in self._parts(out, x.reshape(self.rows, self.cols)):
+            run[...] = cols
+        return out
+
+    def from_chunk_major(self, acc: np.ndarray, out: np.ndarray) -> np.ndarray:
+        for run, cols in self._parts(acc, out.reshape(self.rows, self.cols)):
+            cols[...] = run
+        return out
+
+    def sum_in_ring_order(self, xs: list[np.ndarray]) -> np.ndarray:
+        """Every rank's float32 values (row-major) summed per column chunk c in the ring's order
+        for c (`algorithms.ring_order`): what the RING all-reduce gives on the float32 wire."""
+        grids = [x.reshape(max(self.rows, 1), self.cols) for x in xs]
+        out = np.empty(xs[0].size, dtype=np.float32)
+        grid = out.reshape(max(self.rows, 1), self.cols)
+        for c, (lo, hi) in enumerate(self.bounds):
+            first, second, *rest = alg.ring_order(c, self.size)
+            acc = grid[:, lo:hi]
+            np.add(grids[first][:, lo:hi], grids[second][:, lo:hi], out=acc)
+            for j in rest:
+                np.add(acc, grids[j][:, lo:hi], out=acc)
+        return out
 
 
 class TcpRing(StagedMoves):
@@ -75,8 +128,11 @@ class TcpRing(StagedMoves):
 
     # ----------------------------------------------------------------------------- all-reduce
 
-    def sum_rank_order(self, x: np.ndarray, op: int, seq: int, fp: int) -> np.ndarray:
-        """RANK_ORDER: ring all-gather of whole wire payloads, then q(sum in rank order)."""
+    def sum_rank_order(
+        self, x: np.ndarray, op: int, seq: int, fp: int, cols: _ChunkMajor | None = None
+    ) -> np.ndarray:
+        """RANK_ORDER: ring all-gather of whole wire payloads, then q(sum in rank order); with
+        `cols` (float32 wire) each column chunk summed in its ring order instead."""
         link = self.link
         n, size, r, wire = x.size, link.size, link.rank, link.wire
         blocks: list[Any] = [None] * size
@@ -91,6 +147,8 @@ class TcpRing(StagedMoves):
             link.io.send([head, blocks[(r - s) % size]])
             blocks[(r - s - 1) % size] = link.reader.known_small(head, n * wire.itemsize, link.wnp)
         link.io.flush()
+        if cols is not None:
+            return cols.sum_in_ring_order([decode_f32(b, wire) for b in blocks])
         acc = np.add(decode_f32(blocks[0], wire), decode_f32(blocks[1], wire))
         for j in range(2, size):
             np.add(acc, decode_f32(blocks[j], wire), out=acc)
@@ -99,12 +157,12 @@ class TcpRing(StagedMoves):
         return acc
 
     def _reduce_scatter_ring(
-        self, x: np.ndarray, acc: np.ndarray, op: int, seq: int, fp: int
+        self, x: np.ndarray, acc: np.ndarray, op: int, seq: int, fp: int, bounds: list
     ) -> None:
-        """RING reduce-scatter: afterwards acc[chunk r] holds the (unrounded) full sum of chunk r."""
+        """RING reduce-scatter over the flat chunks `bounds`: afterwards acc[chunk r] holds the
+        (unrounded) full sum of chunk r."""
         link = self.link
         size, wire = link.size, link.wire
-        bounds = alg.chunk_bounds(x.size, size)
         scratch = self._buffer("scratch", max(hi - lo for lo, hi in bounds), link.wnp)
         f32 = wire.code == wd.FLOAT32.code
         seg = _SEGMENT_BYTES // wire.itemsize
@@ -133,12 +191,12 @@ class TcpRing(StagedMoves):
                 continue
 
     def _all_gather_ring(
-        self, acc: np.ndarray, op: int, seq: int, fp: int, first_step: int
+        self, acc: np.ndarray, op: int, seq: int, fp: int, first_step: int, bounds: list
     ) -> None:
-        """RING all-gather of the owned chunks (each rounded through the wire once, on its owner)."""
+        """RING all-gather of the owned flat chunks `bounds` (each rounded through the wire once,
+        on its owner)."""
         link = self.link
         size, wire, r = link.size, link.wire, link.rank
-        bounds = alg.chunk_bounds(acc.size, size)
         f32 = wire.code == wd.FLOAT32.code
         carried = acc if f32 else self._buffer("carried", acc.size, link.wnp)
         lo, hi = bounds[r]
@@ -156,22 +214,34 @@ class TcpRing(StagedMoves):
                 acc[rlo:rhi] = decode_f32(carried[rlo:rhi], wire)
         link.io.flush()
 
+    def _ordered(self) -> bool:
+        """Whether RANK_ORDER sums in the ring's order (`algorithms`): float32 wire, N > 2."""
+        return self.link.size > 2 and self.link.wire.code == wd.FLOAT32.code
+
     def _all_reduce(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         link = self.link
         seq = link.begin()
         op, code = fr.ALL_REDUCE, link.wire.code
         fp = link.fingerprint(op, code, shape)
+        cols = _ChunkMajor(shape, x.size, link.size)
         if (
             alg.choose_all_reduce(x.size * link.wire.itemsize, link.size, link.small)
             == alg.RANK_ORDER
         ):
-            return link.guard(self.sum_rank_order, x, op, seq, fp)
-        acc = self._output(x.size)
-        link.guard(self._reduce_scatter_ring, x, acc, op, seq, fp)
+            return link.guard(
+                self.sum_rank_order, x, op, seq, fp, cols if self._ordered() else None
+            )
+        xc = cols.to_chunk_major(x, self._buffer("chunk_major_in", x.size, np.float32))
+        acc = (
+            self._output(x.size)
+            if cols.is_flat
+            else self._buffer("chunk_major", x.size, np.float32)
+        )
+        link.guard(self._reduce_scatter_ring, xc, acc, op, seq, fp, cols.flat)
         # The gather receives into chunks the scatter may still be sending from: drain first.
         link.guard(link.io.flush)
-        link.guard(self._all_gather_ring, acc, op, seq, fp, link.size - 1)
-        return acc
+        link.guard(self._all_gather_ring, acc, op, seq, fp, link.size - 1, cols.flat)
+        return acc if cols.is_flat else cols.from_chunk_major(acc, self._output(x.size))
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         base.check_tensor(t, "all_reduce_sum", reduce=True)
@@ -193,12 +263,15 @@ class TcpRing(StagedMoves):
             alg.choose_all_reduce(x.size * link.wire.itemsize, link.size, link.small)
             == alg.RANK_ORDER
         ):
-            mine = link.guard(self.sum_rank_order, x, op, seq, fp)[r * rows : (r + 1) * rows].copy()
+            cols = _ChunkMajor((x.size,), x.size, link.size) if self._ordered() else None
+            total = link.guard(self.sum_rank_order, x, op, seq, fp, cols)
+            mine = total[r * rows : (r + 1) * rows].copy()
         else:
             acc = np.empty(x.size, dtype=np.float32)
-            link.guard(self._reduce_scatter_ring, x, acc, op, seq, fp)
+            bounds = alg.chunk_bounds(x.size, link.size)
+            link.guard(self._reduce_scatter_ring, x, acc, op, seq, fp, bounds)
             link.io.flush()
-            lo, hi = alg.chunk_bounds(x.size, link.size)[r]
+            lo, hi = bounds[r]
             mine = acc[lo:hi]
             if link.wire.code != wd.FLOAT32.code:
                 mine = decode_f32(encode_f32(mine, link.wire), link.wire)

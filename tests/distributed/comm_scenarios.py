@@ -39,6 +39,16 @@ def conformance(comm: Any, cases: list[tuple], mirror: dict) -> list[tuple[str, 
             xs = [rank_input(seed, j, (size,)) for j in range(n)]
             got = comm.all_reduce_sum(xs[r])
             want = reference.all_reduce_sum(xs, **mirror)[r]
+        elif kind == "all_reduce_2d":  # rows of 37 columns: column chunks of uneven widths
+            xs = [rank_input(seed, j, (size, 37)) for j in range(n)]
+            got = comm.all_reduce_sum(xs[r])
+            want = reference.all_reduce_sum(xs, **mirror)[r]
+        elif kind == "row_invariant":  # a row's sum is the same bits among `size` rows or alone
+            x = rank_input(seed, r, (size, 96))
+            picks = [0, size // 2, size - 1]
+            got = comm.all_reduce_sum(x)[picks]
+            want = torch.cat([comm.all_reduce_sum(x[k : k + 1].clone()) for k in picks])
+            name = f"all_reduce==rowwise:{size}"
         elif kind == "reduce_scatter":
             dim = seed % 2
             shape = (n * size, 3) if dim == 0 else (2, n * size)
@@ -63,7 +73,9 @@ def conformance(comm: Any, cases: list[tuple], mirror: dict) -> list[tuple[str, 
             want = torch.cat([p.flatten() for p in parts[r]])
             name = f"all_to_all.all_to_all==identity:{size}"
         elif kind == "rs_ag_identity":
-            x = rank_input(seed, r, (n * size, 4))
+            # 1-D: the all-reduce's chunks (columns of the last dimension) are then exactly the
+            # reduce-scatter's parts, so the two orders agree (`algorithms`)
+            x = rank_input(seed, r, (n * size,))
             got = comm.all_gather(comm.reduce_scatter(x, 0), 0)
             want = comm.all_reduce_sum(x)
             name = f"all_reduce==all_gather.reduce_scatter:{size}"

@@ -1,16 +1,18 @@
-"""Batch invariance across real processes on loopback: a TP=2 group (the head and one `tandem
-worker`, over the TCP ring) and a PP=2 pipeline (the head and one stage process) on a BF16
-GGUF. For a fixed handful of step compositions (sequences prefilled in chunks beside others'
+"""Batch invariance across real processes on loopback: TP=2 and TP=3 groups (the head and
+`tandem worker`s, over the TCP ring) and a PP=2 pipeline (the head and one stage process) on
+BF16, Q8_0 and K-quant GGUFs. For a fixed handful of step compositions (sequences prefilled in chunks beside others'
 decode tokens, joining late, sitting steps out, leaving), each sequence's logits after every step
 equal, bit for bit, the same tokens run alone through the same group (one-step prefill, then one
 decode token per step). Equality is per layout: a TP=2 group against itself alone, not against
 the single node (its shard sums add in another order).
 
 Why it holds beyond one process: each rank's shard computes a row from that row alone (the
-modules of tests/unit/test_batch_invariance.py), the all-reduce adds each element's two partial
-sums (x + y, commutative, so the ring's chunk cut by the step's size does not matter at N = 2),
-and a pipeline's hidden state crosses the wire element by element in float32. (At N >= 3 the
-ring's order per element follows its chunk, which depends on the step's size: not held here.)
+modules of tests/unit/test_batch_invariance.py), the ring's all-reduce sums each element in an
+order set by its column alone (`comm.algorithms`: column chunks, RANK_ORDER in the same ring
+order), and a pipeline's hidden state crosses the wire element by element in float32. The larger
+compositions' steps hold more than 102 rows of 160 float32 columns, past the 64 KB cut-over where
+the ring's RING algorithm takes over from RANK_ORDER, while a sequence alone stays under it: at
+TP=3 both algorithms meet in one comparison.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ COMPOSITIONS = [(3, 11), (7, 12), (12, 13)]
 
 def launch(layout: str, f):
     common = dict(max_batch=MAX_BATCH, max_seq_len=MAX_LEN, threads=1)
-    if layout == "tp2":
-        return launch_local_tp(f, 2, **common)
+    if layout in ("tp2", "tp3"):
+        return launch_local_tp(f, int(layout[2]), **common)
     return launch_pipeline(f, [StageSpec(R(0, 1)), StageSpec(R(1, 2))], timeout=60, **common)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2", "tp3", "pp2"])
 def test_each_sequences_logits_are_the_same_bits_alone_or_in_any_step_across_processes(
     tmp_path, layout, qtype
 ):

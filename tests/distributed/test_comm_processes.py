@@ -14,6 +14,8 @@ CASES = (
         ("all_reduce", n, i)
         for i, n in enumerate([1, 4, 16, 100, 1024, 1000, 16384, 100000, *PRIMES])
     ]
+    + [("all_reduce_2d", n, i) for i, n in enumerate([1, 5, 600])]
+    + [("row_invariant", 700, 3)]
     + [("reduce_scatter", n, i) for i, n in enumerate([1, 3, 7, 1024, 40961])]
     + [("all_gather", n, i) for i, n in enumerate([0, 1, 5, 1031, 70001])]
     + [("broadcast", n, i) for i, n in enumerate([1, 17, 100003])]

@@ -59,8 +59,9 @@ def test_chunk_bounds_tile_the_tensor_half_open(n: int, world: int) -> None:
 def test_reference_all_reduce_equals_all_gather_of_reduce_scatter(
     world: int, small_max_bytes: int
 ) -> None:
+    # 1-D: the all-reduce's column chunks are the reduce-scatter's parts (`algorithms`)
     comms = ReferenceCommunicator.group(world, small_max_bytes=small_max_bytes)
-    xs = _inputs(world, (world * 3, 5), seed=1)
+    xs = _inputs(world, (world * 3 * 5,), seed=1)
 
     def body(c: ReferenceCommunicator) -> tuple[torch.Tensor, torch.Tensor]:
         x = xs[c.rank]
@@ -153,3 +154,15 @@ def test_solo_is_the_identity() -> None:
     assert isinstance(s, base.Communicator) and isinstance(
         ReferenceCommunicator.group(1)[0], base.Communicator
     )
+
+
+@pytest.mark.parametrize("world", [3, 5])
+def test_the_rings_all_reduce_gives_a_row_the_same_bits_among_any_rows(world: int) -> None:
+    # 700 rows of 96 float32 columns cross the small cut-over (RING) where one row does not
+    # (RANK_ORDER): both sum an element in its column chunk's ring order
+    xs = _inputs(world, (700, 96))
+    whole = reference.all_reduce_sum(xs)[0]
+    assert 700 * 96 * 4 > alg.DEFAULT_SMALL_MAX_BYTES >= 96 * 4
+    for k in (0, 1, 350, 699):
+        row = reference.all_reduce_sum([x[k : k + 1].clone() for x in xs])[0]
+        assert torch.equal(whole[k : k + 1], row), k
