@@ -28,6 +28,10 @@
                                          read a file); the router (top-k then softmax, biased),
                                          the experts' biases and clamped SwiGLU (alpha 1.702,
                                          limit 7: llama.cpp's constants)
+    gemma3                               `models.families.gemma3.gguf_fields`: sandwich norms
+                                         stored as 1 + w, GELU-tanh, the embedding scale, the
+                                         sliding window and its layer pattern, the local rope
+                                         base, llama.cpp's attention scale
 
 `llama` covers Llama, Mistral and SmolLM files (llama.cpp writes them all as `llama`, q/k rows
 permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
@@ -48,6 +52,7 @@ from tandem.config import (
     yarn_attention_factor,
 )
 from tandem.loaders.gguf.reader import GGUFError, GuardedReader
+from tandem.models.families import gemma3
 from tandem.moe_config import MoESpec
 
 ARCHITECTURES: dict[str, str] = {
@@ -56,8 +61,13 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "gpt-oss": "GptOssForCausalLM",
+    gemma3.GGUF_ARCH: "Gemma3ForCausalLM",
 }
+# GGUF architecture -> its family's own ModelConfig fields from the metadata (`models.families`),
+# laid over the fields every architecture shares
+FAMILY_FIELDS = {gemma3.GGUF_ARCH: gemma3.gguf_fields}
 MIXTRAL = "MixtralForCausalLM"  # a `llama` file whose layers hold experts
+GGUF_ARCH_OF = {v: k for k, v in ARCHITECTURES.items()} | {MIXTRAL: "llama"}  # HF -> GGUF
 PERMUTED_QK = frozenset({"llama"})  # architectures whose q/k rows llama.cpp's converter permutes
 _MISSING = object()
 
@@ -159,8 +169,9 @@ def config_from_gguf(
     window = meta.get(a + "attention.sliding_window", int, None) if gpt_oss else None
     layers = _layers(meta, a, tensors)
     hf_arch = MIXTRAL if arch == "llama" and moe is not None else ARCHITECTURES[arch]
+    family = _family_fields(meta, arch, tensors)
     try:
-        cfg = ModelConfig(
+        fields = dict(
             architecture=hf_arch,
             vocab_size=vocab,
             hidden_size=hidden,
@@ -189,6 +200,7 @@ def config_from_gguf(
             torch_dtype="float32",
             moe=moe,
         )
+        cfg = ModelConfig(**{**fields, **family})
         cfg.validate(str(meta.file))
     except GGUFError:
         raise
@@ -200,6 +212,21 @@ def config_from_gguf(
             f"{head_dim} implies {head_dim // 2}"
         )
     return cfg
+
+
+def _family_fields(meta: Metadata, arch: str, tensors: Collection[str]) -> dict[str, Any]:
+    """`FAMILY_FIELDS[arch]`'s fields (none for an architecture without), its refusals as this
+    module's typed errors."""
+    if arch not in FAMILY_FIELDS:
+        return {}
+    try:
+        return FAMILY_FIELDS[arch](meta, f"{arch}.", tensors)
+    except GGUFError:
+        raise
+    except UnsupportedArchitectureError as e:
+        raise GGUFArchitectureError(str(e)) from e
+    except ConfigError as e:
+        raise GGUFMetadataError(str(e)) from e
 
 
 def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:

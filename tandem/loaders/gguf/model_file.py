@@ -155,7 +155,7 @@ class GGUFModel:
         )
         self.manifest: dict[str, GGUFTensorInfo] = {}  # HF parameter name -> info
         for name, info in self._raw.items():
-            hf = hf_name(name)
+            hf = hf_name(name, self.arch)
             if hf is not None:
                 self.manifest[hf] = info
         self._check_no_stray_tensors()
@@ -189,7 +189,7 @@ class GGUFModel:
         stray = [
             i.gguf_name
             for name, i in self._raw.items()
-            if name != ROPE_FREQS and hf_name(name) not in used
+            if name != ROPE_FREQS and hf_name(name, self.arch) not in used
         ]
         if stray:
             raise GGUFArchitectureError(
@@ -210,7 +210,7 @@ class GGUFModel:
         info = self.manifest.get(name)
         if info is None:
             raise GGUFMissingTensorError(
-                f"{self.path}: no tensor {gguf_name(name)!r} (the model's {name!r})"
+                f"{self.path}: no tensor {gguf_name(name, self.arch)!r} (the model's {name!r})"
             )
         return info
 

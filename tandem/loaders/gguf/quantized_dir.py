@@ -19,6 +19,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tandem.loaders.gguf.config import GGUF_ARCH_OF
 from tandem.loaders.gguf.names import gguf_name
 from tandem.loaders.gguf.tensor_types import K_MIX, tensor_type
 from tandem.loaders.safetensors_dir import ModelDir, TensorShapeError
@@ -74,7 +75,8 @@ class QuantizedModelDir:
 
     def info(self, name: str) -> QuantizedTensorInfo:
         shape = tuple(self.md.info(name).shape)
-        kind = tensor_type(gguf_name(name), shape, self.qtype, self.config.tie_word_embeddings)
+        g = gguf_name(name, GGUF_ARCH_OF.get(self.config.architecture, ""))
+        kind = tensor_type(g, shape, self.qtype, self.config.tie_word_embeddings)
         return QuantizedTensorInfo(name, BY_NAME[kind].type_id, shape)
 
     def check(self, name: str, shape: tuple[int, ...]) -> QuantizedTensorInfo:

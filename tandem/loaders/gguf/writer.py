@@ -2,8 +2,9 @@
 preset, or an HF model directory), quantized per tensor to a ggml type, laid out as llama.cpp's
 `convert_hf_to_gguf.py` + `llama-quantize` would: architecture metadata, the `llama` q/k row
 permutation (`names.permute_rows`, so a loader must undo it), 1-D tensors (norms, biases) in
-F32, llama3 rope scaling as a `rope_freqs` tensor, and a `gpt2` tokenizer (tokens, token types,
-merges, special ids, chat template) when the model has a byte-level BPE tokenizer.
+F32, llama3 rope scaling as a `rope_freqs` tensor, a family's own keys and norm shift (gemma3:
+norms stored as 1 + w, `models.families.gemma3.gguf_kv`), and a `gpt2` tokenizer (tokens, token
+types, merges, special ids, chat template) when the model has a byte-level BPE tokenizer.
 
 `qtype` names one ggml type for every matrix ("Q8_0", "Q4_K", "F16", ...) or the mix
 "K_MIX" (Q4_K, with Q5_K for attn_output / ffn_down and Q6_K for attn_v and the output matrix:
@@ -26,7 +27,7 @@ from gguf.constants import GGMLQuantizationType, RopeScalingType, TokenType
 from tokenizers import Tokenizer as HFTokenizer
 
 from tandem.config import ModelConfig
-from tandem.loaders.gguf.config import ARCHITECTURES, MIXTRAL, PERMUTED_QK
+from tandem.loaders.gguf.config import GGUF_ARCH_OF, MIXTRAL, PERMUTED_QK
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, permute_rows, permuted_heads
 from tandem.loaders.gguf.tensor_types import K_MIX as K_MIX  # re-exported: the mix's name
 from tandem.loaders.gguf.tensor_types import GGUFWriteError, tensor_type
@@ -36,11 +37,12 @@ from tandem.loaders.tokenizer_build import (
     tokenizer_config,
     word_token_ids,
 )
+from tandem.models.families import gemma3
 from tandem.models.presets import get_preset, hot_rows, random_weights
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.quantize import quantize
 
-_ARCH_OF = {v: k for k, v in ARCHITECTURES.items()} | {MIXTRAL: "llama"}
+_ARCH_OF = GGUF_ARCH_OF
 
 
 def write_gguf(
@@ -68,6 +70,8 @@ def write_gguf(
     for hf, t in tensors.items():
         g = gguf_name(hf, arch)
         x = t.detach().float()
+        if arch == gemma3.GGUF_ARCH:
+            x = x + gemma3.gguf_norm_shift(config, hf)  # llama.cpp's converter: 1 + w
         heads = permuted_heads(hf, config.num_attention_heads, config.num_key_value_heads)
         if arch in PERMUTED_QK and heads is not None:
             x = permute_rows(x, heads)
@@ -87,6 +91,8 @@ def _ggml(kind: str) -> GGMLQuantizationType:
 
 
 def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
+    arch = _ARCH_OF[c.architecture]
+    family = _family_kv(c)
     w.add_name(name)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -99,7 +105,7 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
     w.add_vocab_size(c.vocab_size)
     if _ARCH_OF[c.architecture] in PERMUTED_QK:
         w.add_rope_dimension_count(c.head_dim)
-    if c.head_dim != c.hidden_size // c.num_attention_heads:
+    if c.head_dim != c.hidden_size // c.num_attention_heads and not family:
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
     if c.moe is not None:
@@ -123,6 +129,19 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
         w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
     if c.sliding_window is not None and c.architecture == "GptOssForCausalLM":
         w.add_sliding_window(c.sliding_window)
+    for key, (kind, value) in family.items():
+        getattr(w, f"add_{kind}")(f"{arch}.{key}", value)
+
+
+def _family_kv(c: ModelConfig) -> dict[str, tuple[str, Any]]:
+    """The family's own keys (`gemma3.gguf_kv`: its key and value lengths among them), none for
+    the others; GGUFWriteError for a model the file cannot state."""
+    if _ARCH_OF[c.architecture] != gemma3.GGUF_ARCH:
+        return {}
+    try:
+        return gemma3.gguf_kv(c)
+    except ValueError as e:
+        raise GGUFWriteError(str(e)) from e
 
 
 def _llama3_factors(c: ModelConfig) -> np.ndarray:
