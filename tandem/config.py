@@ -264,7 +264,7 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedArchitectureError(
                 f"{source}: architecture {arch or d.get('model_type')!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"supported: {', '.join([*SUPPORTED_ARCHITECTURES, *TEXT_OF])}"
             )
 
         def need(key: str, kind: type = int) -> Any:

@@ -29,6 +29,7 @@ from tandem.loaders.errors import (  # noqa: F401  (re-exported: where callers h
     TensorShapeError,
 )
 from tandem.loaders.expert_tensors import View, expert_views, is_expert_source, router_alias
+from tandem.models.families.gemma3 import text_weight_names
 
 if TYPE_CHECKING:
     import torch
@@ -153,7 +154,10 @@ class ModelDir:
                     )
                 self.manifest[name] = info
         self.sources = dict(self.manifest)
-        self._renames: dict[str, str] = {}  # reference name -> source name
+        # reference name -> source name: a multimodal checkpoint's text weights (Gemma 3's)
+        self._renames: dict[str, str] = text_weight_names(self.manifest)
+        for name, source in self._renames.items():
+            self.manifest[name] = self.manifest.pop(source)
         self._views = self._expert_views()
         self._handles: dict[Path, Any] = {}
 

@@ -113,3 +113,12 @@ def test_family_switches_are_validated_on_direct_construction():
     ):
         with pytest.raises(ConfigFieldError, match=field):
             dataclasses.replace(base, **change)
+
+
+def test_help_and_the_unsupported_architecture_error_name_gemma3():
+    from tandem.cli.main import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "Gemma3ForCausalLM" in text and "gemma3" in text and "Gemma 3" in text
+    with pytest.raises(UnsupportedArchitectureError, match="Gemma3ForConditionalGeneration"):
+        ModelConfig.from_hf_dict({"architectures": ["Gemma2ForCausalLM"]})

@@ -71,3 +71,33 @@ def test_a_gemma_layer_is_never_eligible_for_the_native_decode_halves():
     )  # fmt: skip
     h = torch.zeros(1, model.config.hidden_size)
     assert not any(decode_layer.eligible(la, h, ctx) for la in model.model.layers.values())
+
+
+@torch.inference_mode()
+def test_a_multimodal_checkpoint_loads_its_text_model_equal_to_transformers(tmp_path):
+    """A Gemma3ForConditionalGeneration saved by transformers (text weights under
+    `language_model.`, a vision tower beside them): its text model's logits on a text prompt."""
+    import transformers
+
+    from tandem.loaders.load import load_model
+    from tandem.loaders.safetensors_dir import ModelDir
+
+    text = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=7,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
+        query_pre_attn_scalar=24, max_position_embeddings=256,
+    )  # fmt: skip
+    vision = dict(
+        model_type="siglip_vision_model", hidden_size=32, intermediate_size=37,
+        num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14,
+    )  # fmt: skip
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    for p in hf.parameters():
+        p.normal_(0, 0.25) if p.dim() >= 2 else p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    md = ModelDir(tmp_path)
+    assert md.config.architecture == "Gemma3ForCausalLM"
+    ids = torch.tensor([PROMPT])
+    torch.testing.assert_close(load_model(md)(ids), hf(input_ids=ids).logits, atol=1e-4, rtol=0)

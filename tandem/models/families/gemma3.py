@@ -69,6 +69,14 @@ GGUF_LAYER_NAMES: dict[str, str] = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# a Gemma3ForConditionalGeneration checkpoint's text weights -> the text model's names
+# (transformers >= 4.52 writes `model.language_model.`, the released files `language_model.model.`)
+TEXT_PREFIXES = {
+    "model.language_model.": "model.",
+    "language_model.model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+    "lm_head.": "lm_head.",
+}
 LLAMACPP_27B_LAYERS = 62  # llama.cpp's LLM_TYPE_27B: its attention scale reads hidden / heads
 
 
@@ -155,6 +163,20 @@ def _window_layers(d: dict[str, Any], n: int, source: str) -> tuple[int, ...]:
     ):
         raise ConfigError(f"{source}: 'layer_types' must list {n} of '{LOCAL}' / '{GLOBAL}'")
     return tuple(i for i, t in enumerate(types) if t == LOCAL)
+
+
+def text_weight_names(names: Collection[str]) -> dict[str, str]:
+    """The text model's name -> the checkpoint's, for a multimodal checkpoint's text weights
+    (`TEXT_PREFIXES`); empty for a text-only checkpoint (its names are the model's)."""
+    if not any(n.startswith(("model.language_model.", "language_model.")) for n in names):
+        return {}
+    out = {}
+    for n in names:
+        for prefix, ours in TEXT_PREFIXES.items():
+            if n.startswith(prefix):
+                out[ours + n[len(prefix) :]] = n
+                break
+    return out
 
 
 def to_hf_dict(c: ModelConfig, d: dict[str, Any]) -> dict[str, Any]:
