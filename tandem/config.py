@@ -3,7 +3,8 @@
 `ModelConfig` is the model's shape as Hugging Face `config.json` states it (field names kept as HF
 spells them), normalised across the supported architectures: the shape every family shares is read
 here, and each family (`tandem.models.families`, one declaration each) sets its own switches: biases,
-q/k norms, sliding windows, attention sinks, a `MoESpec` (`tandem.moe_config`).
+q/k norms, sliding windows, attention sinks, a `MoESpec` (`tandem.moe_config`), Gemma's sandwich
+norms, `(offset + w)` RMSNorm, GELU-tanh MLP, embedding and attention scales and local rope base.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from tandem.models.families.base import Family
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+NORM_PLACEMENTS = ("pre", "sandwich")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
 CONFIG_MAX_DEPTH = 32
 
@@ -69,6 +72,10 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "rope_scaling.beta_fast": (1e-6, 1e6),
     "rope_scaling.beta_slow": (1e-6, 1e6),
     "rope_scaling.attention_factor": (1e-6, 1e6),
+    "rope_local_theta": (1.0, 1e12),
+    "norm_weight_offset": (-1.0, 1.0),
+    "embed_scale": (1e-6, 1e6),
+    "query_pre_attn_scalar": (1e-6, 1e12),
 }
 TOKEN_ID_MAX = (1 << 31) - 1
 MAX_EOS_IDS = 64
@@ -138,6 +145,19 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"
     moe: MoESpec | None = None  # a mixture-of-experts model: its sparse layers (`moe_config`)
+    # "pre": h + f(norm(h)) per block; "sandwich" (Gemma): h + norm_post(f(norm_pre(h))), four
+    # norms a layer (`models.sandwich.SandwichDecoderLayer`)
+    norm_placement: str = "pre"
+    # None: Llama's RMSNorm, y = w * x / rms(x) in the activations' dtype; a number: Gemma's,
+    # y = (offset + w) * x / rms(x) in float32, rounded once (HF stores w: offset 1; llama.cpp's
+    # converter stores 1 + w: offset 0)
+    norm_weight_offset: float | None = None
+    mlp_activation: str = "silu"  # the gated MLP's act(gate) * up: "silu", "gelu_tanh" (Gemma)
+    embed_scale: float | None = None  # embeddings times this, in their dtype (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # logits scaled by its -1/2 power (None: head_dim)
+    # the windowed layers' rope base, unscaled (Gemma 3's local layers); None: rope_theta and
+    # rope_scaling on every layer
+    rope_local_theta: float | None = None
 
     def window(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends within (None: every earlier key)."""
@@ -150,6 +170,17 @@ class ModelConfig:
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` holds the MoE block (else the dense MLP of `intermediate_size`)."""
         return self.moe is not None and self.moe.is_sparse(layer)
+
+    def rope_local(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with `rope_local_theta` (a windowed layer of a model
+        that states one) rather than `rope_theta` and `rope_scaling`."""
+        return self.rope_local_theta is not None and self.window(layer) is not None
+
+    @property
+    def attention_scale(self) -> float:
+        """What q . k is multiplied by before the softmax: query_pre_attn_scalar^-1/2, else
+        head_dim^-1/2."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def family(self) -> Family:
@@ -188,6 +219,8 @@ class ModelConfig:
             per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
         if self.attn_sinks:
             per_layer.append("self_attn.sinks")
+        if self.norm_placement == "sandwich":
+            per_layer += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
         for i in range(self.num_hidden_layers):
             ffn = moe_checkpoint_names(self.moe) if self.is_sparse(i) else dense
             names.update(f"model.layers.{i}.{n}" for n in per_layer + ffn)
@@ -227,11 +260,14 @@ class ModelConfig:
                 f"{source}: architecture {arch or d.get('model_type')!r} is not supported; "
                 f"supported: {', '.join(families.supported_architectures())}"
             )
+        if arch in family.multimodal:  # a multimodal checkpoint: its text model's config
+            d = _text_config(d, source)
+        d = {**family.hf_defaults, **d}  # transformers' defaults for what the config omits
         r = HFFields(d, source)
         hidden = r.need("hidden_size")
         n_heads = r.need("num_attention_heads")
         act = d.get("hidden_act", "silu")
-        if act != "silu":
+        if act != "silu" and not family.own_activation:
             raise ConfigError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
 
         rope = d.get("rope_parameters") or {}
@@ -259,7 +295,7 @@ class ModelConfig:
             max_position_embeddings=r.opt("max_position_embeddings", int, 4096),
             rms_norm_eps=r.opt("rms_norm_eps", float, 1e-6),
             rope_theta=r.typed(theta, float, "rope_theta"),
-            rope_scaling=_parse_rope_scaling(scaling_d, d, source) if scaling_d else None,
+            rope_scaling=parse_rope_scaling(scaling_d, d, source) if scaling_d else None,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=attn_bias,
             o_bias=attn_bias,
@@ -334,6 +370,7 @@ class ModelConfig:
             raise ConfigFieldError(
                 "layer_types", self.window_layers, f"layers in [0, {self.num_hidden_layers})"
             )
+        self._check_family_switches()
         if self.bos_token_id is not None:
             _check_int("bos_token_id", self.bos_token_id, 0, TOKEN_ID_MAX)
         if len(self.eos_token_ids) > MAX_EOS_IDS:
@@ -352,6 +389,24 @@ class ModelConfig:
                     "moe.intermediate_size", self.moe.intermediate_size,
                     f"Mixtral's intermediate_size ({self.intermediate_size}): its experts' width",
                 )  # fmt: skip
+
+    def _check_family_switches(self) -> None:
+        """The switches a family sets (Gemma 3's): named values and bounded numbers."""
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise ConfigFieldError(
+                "norm_placement", self.norm_placement, " or ".join(NORM_PLACEMENTS)
+            )
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ConfigFieldError(
+                "mlp_activation", self.mlp_activation, " or ".join(MLP_ACTIVATIONS)
+            )
+        for name in ("rope_local_theta", "norm_weight_offset", "embed_scale"):
+            _check_optional_float(name, getattr(self, name))
+        _check_optional_float("query_pre_attn_scalar", self.query_pre_attn_scalar)
+        if self.rope_local_theta is not None and self.sliding_window is None:
+            raise ConfigFieldError(
+                "rope_local_theta", self.rope_local_theta, "unset without a sliding window"
+            )
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config.json Hugging Face `transformers` writes for this shape (old rope layout, which
@@ -380,6 +435,24 @@ class ModelConfig:
         }
         d.update(self.family.hf_extras(self))
         return {k: v for k, v in d.items() if v is not OMIT}
+
+
+def _text_config(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """A multimodal config.json's `text_config`, with the top level's token ids and dtype where
+    the text config states none (Gemma 3's checkpoints keep them there)."""
+    text = d.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"{source}: a multimodal config needs a 'text_config' object")
+    keep = ("eos_token_id", "bos_token_id", "torch_dtype", "dtype", "tie_word_embeddings")
+    return {**{k: d[k] for k in keep if k in d}, **text}
+
+
+def _check_optional_float(name: str, v: Any) -> None:
+    lo, hi = FLOAT_RANGES[name]
+    if v is not None and (
+        isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi
+    ):
+        raise ConfigFieldError(name, v, f"[{lo:g}, {hi:g}] (finite) or unset")
 
 
 def _check_int(name: str, v: Any, lo: int, hi: int) -> None:
@@ -462,7 +535,7 @@ def _parse_yarn(s: dict[str, Any], d: dict[str, Any], source: str) -> RopeScalin
     )
 
 
-def _parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:
+def parse_rope_scaling(s: Any, d: dict[str, Any], source: str) -> RopeScaling:
     if not isinstance(s, dict):
         raise ConfigError(f"{source}: 'rope_scaling' must be an object")
     kind = s.get("rope_type", s.get("type", "default"))

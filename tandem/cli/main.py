@@ -31,12 +31,29 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or of the command `only` alone."""
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tandem", description=__doc__.split("\n\n")[0], epilog=models_supported()
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         if only is None or name == only:
             importlib.import_module(f"tandem.cli.{name}").register(sub)
     return parser
+
+
+def models_supported() -> str:
+    """The model list `tandem --help` ends with: the HF architectures and GGUF architectures."""
+    from tandem.models import families
+
+    hf = ", ".join(
+        [*(f.architecture for f in families.FAMILIES)]
+        + [f"{a} (its text model)" for f in families.FAMILIES for a in f.multimodal]
+    )
+    return (
+        f"models (--model): HF directories of {hf} (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, "
+        f"Mixtral, gpt-oss, Gemma 3); GGUF files of architecture "
+        f"{', '.join(families.GGUF_ARCHITECTURES)}"
+    )
 
 
 def command_named(argv: list[str]) -> str | None:

@@ -22,7 +22,7 @@ from tandem.kernels.cstructs import TqLinear as _Linear
 from tandem.kernels.linear import NATIVE, KernelLinear
 from tandem.kernels.quant_linear import QuantKernelLinear
 from tandem.models.context import ForwardContext
-from tandem.models.layers import MLP
+from tandem.models.llama import DecoderLayer
 
 
 def _native_linear(m, dtype: torch.dtype) -> bool:
@@ -53,7 +53,11 @@ def eligible(layer, h: torch.Tensor, ctx: ForwardContext) -> bool:
     """`layer` can run this step through the native halves (module docstring)."""
     attn, mlp, dt = layer.self_attn, layer.mlp, h.dtype
     return (
-        isinstance(mlp, MLP)  # a sparse layer's MoE block runs on its own (kernels.moe)
+        isinstance(layer, DecoderLayer)  # Llama's pre-norm layer: not Gemma's sandwich
+        # the fast, fused SwiGLU and attention (a sparse layer's MoE block runs on its own,
+        # Gemma's GELU-tanh MLP and attention on the reference math)
+        and getattr(mlp, "gate_up_proj", None) is not None
+        and getattr(attn, "qkv_proj", None) is not None
         and h.dim() == 2
         and h.shape[0] == 1
         and ctx.cache is not None

@@ -153,7 +153,11 @@ class ModelDir:
                     )
                 self.manifest[name] = info
         self.sources = dict(self.manifest)
-        self._renames: dict[str, str] = {}  # reference name -> source name
+        # reference name -> source name: tensors the family stores under other names (a
+        # multimodal checkpoint's text weights: Gemma 3's)
+        self._renames: dict[str, str] = self.config.family.checkpoint_renames(self.manifest)
+        for name, source in self._renames.items():
+            self.manifest[name] = self.manifest.pop(source)
         self._views = self._expert_views()
         self._handles: dict[Path, Any] = {}
 

@@ -38,6 +38,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(D, self.n_kv_heads * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, D, bias=config.o_bias)
         self.window = config.window(layer_idx)
+        self.scale: float | None = None  # q . k's factor; None: head_dim^-1/2 (SDPA's default)
         self.sinks = nn.Parameter(torch.empty(self.n_heads)) if config.attn_sinks else None
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
@@ -68,7 +69,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """One new token: qg (B, Hkv, n_rep, hd) against keys/values (B, Hkv, S, hd) -> (B, Hkv,
         n_rep, hd)."""
-        return F.scaled_dot_product_attention(qg, keys, values, attn_mask=self.mask_of(ctx)[0])
+        mask = self.mask_of(ctx)[0]
+        return F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
 
     def mask_of(self, ctx: ForwardContext) -> tuple[torch.Tensor | None, bool]:
         """(mask, is_causal) of this layer: the windowed ones where it has a window."""
@@ -106,7 +108,7 @@ class Attention(nn.Module):
             keys = keys.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
             values = values.repeat_interleave(n_rep, dim=1)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal
+            q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal, scale=self.scale
         )  # (B, H, T, hd)
         return out.transpose(1, 2)
 

@@ -7,7 +7,9 @@ T = max(lengths); padded tokens are computed but never written to the cache or r
 
 A model whose sliding window covers only some layers (gpt-oss) gets two masks: `attn_mask` /
 `is_causal` for its full layers and `local_mask` for its windowed ones (`ForwardContext.mask`); a
-model windowed throughout (Mistral) folds the window into `attn_mask`.
+model windowed throughout (Mistral) folds the window into `attn_mask`. A model whose windowed
+layers rotate by a rope table of their own (Gemma 3) gets it as `local_cos` / `local_sin`
+(`ForwardContext.rotary`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ class ForwardContext:
     writes: CacheWrites | None = None  # where this step's keys/values go (kv_cache.plan_writes)
     local_mask: torch.Tensor | None = None  # (B, 1, T, S) for the windowed layers, when it matters
     start_pos: tuple[int, ...] = ()  # each row's first position (positions[:, 0], on the host)
+    local_cos: torch.Tensor | None = None  # (B, T, 1, head_dim): the local rope table's, if any
+    local_sin: torch.Tensor | None = None
+
+    def rotary(self, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) for a layer of the local rope table (`local`) or the global one."""
+        if local and self.local_cos is not None:
+            return self.local_cos, self.local_sin
+        return self.cos, self.sin
 
     def mask(self, windowed: bool) -> tuple[torch.Tensor | None, bool]:
         """(attention mask, is_causal) for a layer with (`windowed`) or without a sliding window."""
@@ -88,6 +98,8 @@ def build_context(
     last_index = torch.tensor([n - 1 for n in lengths], dtype=torch.int64, device=device)
     ctx = ForwardContext(positions, cos, sin, None, False, T, last_index, tuple(lengths))
     ctx.start_pos = tuple(start_pos)
+    if rope.local_inv_freq is not None:
+        ctx.local_cos, ctx.local_sin = rope(positions, dtype, local=True)
 
     if cache is None:
         key_pos = positions  # keys are this step's tokens

@@ -1,4 +1,5 @@
-"""The small building blocks of a Llama-family decoder layer: RMSNorm and the SwiGLU MLP."""
+"""The small building blocks of a decoder layer: RMSNorm and the SwiGLU MLP (Llama), Gemma's
+RMSNorm and GELU-tanh gated MLP, and `make_norm`, the norm a config asks for."""
 
 from __future__ import annotations
 
@@ -32,3 +33,35 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GemmaRMSNorm(nn.Module):
+    """y = (offset + w) * x / sqrt(mean(x^2) + eps), computed in float32 and rounded once to x's
+    dtype (HF's Gemma3RMSNorm: `(x * w).to(dtype)`, where Llama rounds x first). An HF checkpoint
+    stores w (offset 1); llama.cpp's converter stores 1 + w (offset 0)."""
+
+    def __init__(self, dim: int, eps: float, offset: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps, self.offset = eps, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (self.offset + self.weight.float())).type_as(x)
+
+
+class GeluTanhMLP(MLP):
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gelu_tanh(z) = z/2 (1 + tanh(sqrt(2/pi) (z +
+    0.044715 z^3))) (HF's `gelu_pytorch_tanh`). Split for tensor parallelism as SwiGLU is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+def make_norm(config, dim: int) -> nn.Module:
+    """The RMSNorm `config` asks for over `dim` features: Gemma's where `norm_weight_offset` is
+    set, else Llama's."""
+    if config.norm_weight_offset is not None:
+        return GemmaRMSNorm(dim, config.rms_norm_eps, config.norm_weight_offset)
+    return RMSNorm(dim, config.rms_norm_eps)

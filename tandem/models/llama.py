@@ -1,6 +1,8 @@
 """The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts Qwen3-MoE and
 Mixtral, whose sparse layers hold `models.moe.MoE` as their `mlp`) in plain PyTorch: the
-single-device reference every parallel path is proven against.
+single-device reference every parallel path is proven against. A config with sandwich norms
+(Gemma 3) gets `models.gemma.SandwichDecoderLayer`s, its final norm `make_norm`'s kind, and its
+embeddings times `embed_scale`.
 
 Module names equal Hugging Face state-dict keys (`model.embed_tokens`, `model.layers.<i>.self_attn.
 q_proj`, ..., `model.norm`, `lm_head`), so checkpoints load by name. `model.layers` is keyed by the
@@ -17,8 +19,9 @@ from torch import nn
 from tandem.config import ModelConfig
 from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext, build_context
+from tandem.models.gemma import SandwichDecoderLayer
 from tandem.models.kv_cache import KVCache
-from tandem.models.layers import MLP, RMSNorm
+from tandem.models.layers import MLP, RMSNorm, make_norm
 from tandem.models.moe import MoE
 from tandem.models.rope import RotaryEmbedding
 
@@ -66,11 +69,10 @@ class Transformer(nn.Module):
         self.model = nn.Module()
         if with_embed:
             self.model.embed_tokens = _embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleDict(
-            {str(i): DecoderLayer(config, i) for i in range(start, end)}
-        )
+        layer = SandwichDecoderLayer if config.norm_placement == "sandwich" else DecoderLayer
+        self.model.layers = nn.ModuleDict({str(i): layer(config, i) for i in range(start, end)})
         if with_head:
-            self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.model.norm = make_norm(config, config.hidden_size)
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             if config.tie_word_embeddings and with_embed:
                 self.lm_head.weight = self.model.embed_tokens.weight
@@ -110,8 +112,12 @@ class Transformer(nn.Module):
         )
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) int64 -> h (B, T, hidden_size)."""
-        return self.model.embed_tokens(tokens)
+        """tokens (B, T) int64 -> h (B, T, hidden_size), times `embed_scale` where the config
+        sets one (rounded to float32, then to h's dtype, as transformers rounds Gemma's)."""
+        h = self.model.embed_tokens(tokens)
+        if self.config.embed_scale is None:
+            return h
+        return h * torch.tensor(self.config.embed_scale, dtype=torch.float32).to(h.dtype)
 
     def forward_layers(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Runs the held layers in ascending global index; h (B, T, D) -> (B, T, D)."""

@@ -12,7 +12,10 @@ float32 reference's greedy ids for many tokens) while outputs still depend on th
   among them with a top-1/top-2 gap of a large fraction of the logit scale, instead of the
   near-ties of a 150k-way Gaussian maximum that 16-bit rounding would flip every few tokens;
 - with tied embeddings the final norm weight gets random signs, so a token's own embedding is not
-  an attractor (otherwise the model would just repeat its input).
+  an attractor (otherwise the model would just repeat its input);
+- Gemma's norms (`norm_weight_offset`) store the weight less the offset, so every family's norms
+  scale alike; sandwich layers' post-block norms scale by 1/sqrt(2 * layers), as o_proj and
+  down_proj do elsewhere.
 """
 
 from __future__ import annotations
@@ -105,6 +108,29 @@ def _qwen3_moe_bench() -> Preset:
     return Preset(config, tokenizer_vocab=4096, dtype=torch.bfloat16)
 
 
+def _tiny_gemma3(**kw) -> ModelConfig:
+    """Gemma 3's blocks at tiny size: 7 layers (local 0-4 and 6, global 5: the 5:1 pattern),
+    MQA (one kv head), a window of 8, local rope base 10000 and linearly scaled global rope 1e6,
+    an attention scalar other than head_dim."""
+    base = dict(
+        num_hidden_layers=7,
+        num_key_value_heads=1,
+        qk_norm=True,
+        sliding_window=8,
+        window_layers=(0, 1, 2, 3, 4, 6),
+        rope_theta=1_000_000.0,
+        rope_scaling=RopeScaling("linear", 8.0),
+        rope_local_theta=10_000.0,
+        norm_placement="sandwich",
+        norm_weight_offset=1.0,
+        mlp_activation="gelu_tanh",
+        embed_scale=64**0.5,
+        query_pre_attn_scalar=24.0,
+        bos_token_id=2,
+    )
+    return _tiny("Gemma3ForCausalLM", **{**base, **kw})
+
+
 _TINY_MOE = MoESpec(num_experts=8, top_k=2, intermediate_size=64, norm_topk_prob=True)
 
 PRESETS: dict[str, Preset] = {
@@ -183,6 +209,7 @@ PRESETS: dict[str, Preset] = {
         512,
         torch.float32,
     ),
+    "tiny-gemma3": Preset(_tiny_gemma3(), 512, torch.float32),
     "tiny-mixtral": Preset(
         _tiny("MixtralForCausalLM", tie_word_embeddings=False, moe=_TINY_MOE, intermediate_size=64),
         512,
@@ -237,6 +264,7 @@ def random_weights(
         embed[out_rows] *= HOT_SCALE
     w["model.embed_tokens.weight"] = embed
     residual_scale = 1.0 / math.sqrt(2 * L)
+    shift = config.norm_weight_offset or 0.0  # Gemma's norms store w less it
     for i in range(L):
         p = f"model.layers.{i}."
         w[p + "self_attn.q_proj.weight"] = linear(H * hd, D)
@@ -250,8 +278,8 @@ def random_weights(
         if config.o_bias:
             w[p + "self_attn.o_proj.bias"] = normal((D,), 0.1)
         if config.qk_norm:
-            w[p + "self_attn.q_norm.weight"] = 1.0 + normal((hd,), 0.1)
-            w[p + "self_attn.k_norm.weight"] = 1.0 + normal((hd,), 0.1)
+            w[p + "self_attn.q_norm.weight"] = 1.0 + normal((hd,), 0.1) - shift
+            w[p + "self_attn.k_norm.weight"] = 1.0 + normal((hd,), 0.1) - shift
         if config.attn_sinks:
             w[p + "self_attn.sinks"] = normal((H,), 1.0)
         if config.is_sparse(i):
@@ -263,13 +291,20 @@ def random_weights(
         if config.mlp_bias and not config.is_sparse(i):
             for name, n in (("gate_proj", F), ("up_proj", F), ("down_proj", D)):
                 w[p + f"mlp.{name}.bias"] = normal((n,), 0.1)
-        w[p + "input_layernorm.weight"] = 1.0 + normal((D,), 0.1)
-        w[p + "post_attention_layernorm.weight"] = 1.0 + normal((D,), 0.1)
+        w[p + "input_layernorm.weight"] = 1.0 + normal((D,), 0.1) - shift
+        w[p + "post_attention_layernorm.weight"] = 1.0 + normal((D,), 0.1) - shift
+        if config.norm_placement == "sandwich":  # the post norms scale the blocks' outputs
+            post = residual_scale * (1.0 + normal((D,), 0.1))
+            w[p + "post_attention_layernorm.weight"] = post - shift
+            w[p + "pre_feedforward_layernorm.weight"] = 1.0 + normal((D,), 0.1) - shift
+            w[p + "post_feedforward_layernorm.weight"] = (
+                residual_scale * (1.0 + normal((D,), 0.1)) - shift
+            )
     if config.tie_word_embeddings:
         signs = torch.randint(0, 2, (D,), generator=g).float() * 2 - 1
-        w["model.norm.weight"] = signs
+        w["model.norm.weight"] = signs - shift
     else:
-        w["model.norm.weight"] = 1.0 + normal((D,), 0.1)
+        w["model.norm.weight"] = 1.0 + normal((D,), 0.1) - shift
         head = normal((config.vocab_size, D), out_std)
         head[out_rows] *= HOT_SCALE
         w["lm_head.weight"] = head

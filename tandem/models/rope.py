@@ -2,7 +2,8 @@
 scaling (positions divided by a factor), YaRN (gpt-oss: frequencies blended between interpolated
 and extrapolated over a ramp of dimensions, and cos/sin scaled by an attention factor), and
 llama.cpp's explicit per-frequency divisors (a GGUF's `rope_freqs` tensor,
-`ModelConfig.rope_freq_factors`).
+`ModelConfig.rope_freq_factors`); and a second, unscaled table of base `rope_local_theta` for the
+windowed layers of a model that states one (Gemma 3's local layers).
 
 Matches Hugging Face `transformers` bit for bit in float32: inverse frequencies and the angle
 `position * inv_freq` are computed in float32, then cos/sin are cast to the compute dtype.
@@ -17,11 +18,17 @@ import torch
 from tandem.config import ModelConfig
 
 
+def plain_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    """1 / theta^(2i / dim), float32, shape (dim // 2,)."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim
+    return 1.0 / (theta**exponents)
+
+
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies, float32, shape (head_dim // 2,)."""
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim
-    inv_freq = 1.0 / (config.rope_theta**exponents)
+    inv_freq = plain_inv_freq(config.rope_theta, dim)
     if config.rope_freq_factors is not None:
         factors = torch.tensor(config.rope_freq_factors, dtype=torch.float32, device="cpu")
         return inv_freq / factors
@@ -84,18 +91,24 @@ class RotaryEmbedding:
     def __init__(self, config: ModelConfig) -> None:
         self.inv_freq = rope_inv_freq(config)
         self.scale = attention_factor(config)
-        self._on: dict[torch.device, torch.Tensor] = {}
+        self.local_inv_freq = None  # the windowed layers' own table (`rope_local_theta`)
+        if config.rope_local_theta is not None:
+            self.local_inv_freq = plain_inv_freq(config.rope_local_theta, config.head_dim)
+        self._on: dict[tuple[torch.device, bool], torch.Tensor] = {}
 
     def __call__(
-        self, positions: torch.Tensor, dtype: torch.dtype
+        self, positions: torch.Tensor, dtype: torch.dtype, local: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (B, T) int64 -> cos, signed sin each (B, T, 1, head_dim) in `dtype`."""
-        inv = self._on.get(positions.device)
+        """positions (B, T) int64 -> cos, signed sin each (B, T, 1, head_dim) in `dtype`; of the
+        local table (unscaled) when `local`."""
+        key = (positions.device, local)
+        inv = self._on.get(key)
         if inv is None:
-            inv = self._on[positions.device] = self.inv_freq.to(positions.device)
+            table = self.local_inv_freq if local else self.inv_freq
+            inv = self._on[key] = table.to(positions.device)
         freqs = positions[..., None].float() * inv  # (B, T, head_dim/2)
         cos, sin = freqs.cos(), freqs.sin()
-        if self.scale != 1.0:
+        if self.scale != 1.0 and not local:
             cos, sin = cos * self.scale, sin * self.scale
         cos = torch.cat((cos, cos), dim=-1)  # (B, T, head_dim)
         sin = torch.cat((-sin, sin), dim=-1)

@@ -1,7 +1,7 @@
 """tandem on GGUF files equals Hugging Face `transformers` loading the same file
 (`from_pretrained(dir, gguf_file=...)`, which dequantizes with gguf-py): random-weight models of
-every architecture in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and a K-quant mix, and the real
-SmolLM2-135M-Instruct Q4_1 file.
+every architecture in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and a K-quant mix (Gemma 3 in Q8_0, Q4_0 and
+the mix), and the real SmolLM2-135M-Instruct Q4_1 file.
 
 The bounds. Both sides multiply the very same float32 weights (tandem's dequantization equals
 gguf-py's bit for bit, `test_quant_dequant.py`), so they differ only in float32 summation order
@@ -97,6 +97,30 @@ def test_random_gguf_logits_and_greedy_ids_match_transformers(tmp_path, preset, 
     with torch.no_grad():
         ours, theirs = model(ids)[0], hf(ids).logits[0]
     torch.testing.assert_close(ours, theirs, atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+# Gemma 3 as transformers reads a gemma3 file: query_pre_attn_scalar and rope_local_base_freq
+# at their defaults (256, 10000: llama.cpp's too for a model of head_dim 256), no rope scaling,
+# layer_types by the 5:1 pattern; 7 layers so both kinds exist, MQA, a window of 8 that every
+# prompt + 32 tokens crosses (in prefill for the 8-token one)
+GEMMA3 = dict(
+    SHAPE, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=None, rope_scaling=None,
+    embed_scale=256**0.5,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "K_MIX"])
+def test_a_gemma3_gguf_matches_transformers_reading_the_same_file(tmp_path, qtype):
+    config = replace(get_preset("tiny-gemma3").config, **GEMMA3)
+    _, (file,) = write_preset_gguf(tmp_path / "g.gguf", "tiny-gemma3", qtype, config=config)
+    src = GGUFModel(file)
+    assert src.config.norm_weight_offset == 0.0  # the file holds 1 + w, as llama.cpp's does
+    assert src.config.window_layers == (0, 1, 2, 3, 4, 6)
+    model, hf = load_model(src), hf_model(file)
+    ids = torch.tensor([PROMPTS[0] + [8, 9, 10]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
     assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 

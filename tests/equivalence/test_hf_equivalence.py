@@ -4,7 +4,8 @@ for 32 new tokens at batch 1 and at batch 3 with prompts of different lengths. T
 families (Qwen3-MoE with a dense layer among sparse ones and norm_topk_prob off, Mixtral) load
 from the per-expert tensors transformers writes; gpt-oss (biased router, clamped SwiGLU experts
 with biases, attention sinks, a sliding window of 6 on every other layer, YaRN) from its fused,
-transposed and interleaved expert tensors."""
+transposed and interleaved expert tensors. Gemma 3 (sandwich norms, a window of 8 on its local
+layers, their own rope base) crosses its window in prefill and in decode."""
 
 import pytest
 import torch
@@ -95,6 +96,24 @@ ARCHS = {
                 truncate=False,
                 original_max_position_embeddings=32,
             ),  # fmt: skip
+        ),
+    ),
+    # 5 local layers : 1 global (7 layers: both kinds, a local one after the global), MQA, a
+    # window of 8 crossed in prefill and decode, local and linearly scaled global rope, sandwich
+    # norms, GELU-tanh, an attention scalar other than head_dim
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        dict(
+            head_dim=16,
+            num_hidden_layers=7,
+            num_key_value_heads=1,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+                "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+            },
         ),
     ),
     "mixtral-moe": (

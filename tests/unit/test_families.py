@@ -13,6 +13,7 @@ from tandem.config import ModelConfig, UnsupportedArchitectureError
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models import families
+from tandem.models.families import gemma3
 from tandem.models.presets import PRESETS
 
 FAMILY_PRESETS = [n for n in PRESETS if n.startswith("tiny-")]
@@ -55,7 +56,8 @@ def test_lookups_and_refusals_name_the_families():
     assert families.by_gguf("qwen3moe", has_experts=True).architecture == "Qwen3MoeForCausalLM"
     assert families.by_gguf("mamba", has_experts=False) is None
     assert families.by_model_type("gpt_oss").architecture == "GptOssForCausalLM"
-    archs = [f.architecture for f in families.FAMILIES]
+    archs = [a for f in families.FAMILIES for a in (f.architecture, *f.multimodal)]
     assert len(set(archs)) == len(archs) == len(families.supported_architectures())
+    assert families.by_architecture("Gemma3ForConditionalGeneration") is gemma3.FAMILY
     with pytest.raises(UnsupportedArchitectureError, match="'MambaForCausalLM'.*LlamaForCausalLM"):
         ModelConfig.from_hf_dict({"architectures": ["MambaForCausalLM"], "hidden_size": 8})

@@ -141,9 +141,17 @@ def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     assert ex.seqs.cached(0) == 3
 
 
-def test_sliding_window_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
+def test_sliding_window_gemma_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
     with pytest.raises(LeanUnsupportedError, match="sliding-window"):
         check_supported(get_preset("tiny-mistral").config)
+    gemma = dataclasses.replace(
+        get_preset("tiny-gemma3").config,
+        sliding_window=None,
+        window_layers=None,
+        rope_local_theta=None,
+    )  # a gemma3 GGUF without windows still holds Gemma's blocks
+    with pytest.raises(LeanUnsupportedError, match="Gemma"):
+        check_supported(gemma)
     with pytest.raises(LeanUnsupportedError, match="F32 layer weights"):
         LeanExecutor.from_file(_gguf(tmp_path_factory, "tiny-qwen3", "F32"))
 

@@ -6,11 +6,12 @@ rank's own modules, kernels and compute dtype, and the head compares each rank's
 own float64 computation from the model file:
 
     x          (1, T, D) float32, the same seeded values on every rank
-    rank r's   p_r = down_r( silu(gate_r x) * up_r x )   over its MLP rows I_r = [a, b):
-    partial    gate_r = G[a:b], up_r = U[a:b] (column-parallel), down_r = Dn[:, a:b] (row-parallel)
+    rank r's   p_r = down_r( act(gate_r x) * up_r x )    over its MLP rows I_r = [a, b), act the
+    partial    model's (`ACTIVATIONS`: SiLU, Gemma's GELU-tanh):
+               gate_r = G[a:b], up_r = U[a:b] (column-parallel), down_r = Dn[:, a:b] (row-parallel)
 
 The MLP's own forward ends in the row-parallel all-reduce, so the group runs it once per rank r
-with every other rank feeding zeros: silu(0) * 0 = 0 contributes nothing, and the sum is rank r's
+with every other rank feeding zeros: act(0) * 0 = 0 contributes nothing, and the sum is rank r's
 partial (a baseline round with zeros everywhere is subtracted, so an MLP bias cancels too); each
 rank's own view of its round is all-gathered in float32 to the head. The head reads rank r's rows from its own copy of the file (`ModelSource.read` slices, dequantized
 for GGUF blocks) in chunks and computes p_r in float64. The error is relative, in the Frobenius
@@ -44,6 +45,10 @@ PROBE_SEED = 0x7A4D
 PROBE_TOKENS = 4
 PROBE_WEIGHTS = (0.625, 0.375)  # the two probed experts' weights (exact in every dtype)
 CHUNK_ROWS = 512  # the head's float64 reference reads a rank's MLP rows this many at a time
+ACTIVATIONS = {  # ModelConfig.mlp_activation -> the gated MLP's activation
+    "silu": F.silu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+}
 
 
 class ConformanceError(RuntimeError):
@@ -170,12 +175,13 @@ def reference_partial(
     a, b = rows
     pre = f"model.layers.{layer}.mlp."
     x64 = x.double()
+    act = ACTIVATIONS[md.config.mlp_activation]
     y = torch.zeros((*x.shape[:-1], md.config.hidden_size), dtype=torch.float64)
     for c0 in range(a, b, CHUNK_ROWS):
         c1 = min(b, c0 + CHUNK_ROWS)
         g = F.linear(x64, md.read(pre + "gate_proj.weight", 0, c0, c1).double())
         u = F.linear(x64, md.read(pre + "up_proj.weight", 0, c0, c1).double())
-        y += F.linear(F.silu(g) * u, md.read(pre + "down_proj.weight", 1, c0, c1).double())
+        y += F.linear(act(g) * u, md.read(pre + "down_proj.weight", 1, c0, c1).double())
     return y
 
 

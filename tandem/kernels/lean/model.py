@@ -128,6 +128,13 @@ def check_supported(config: ModelConfig) -> None:
         raise LeanUnsupportedError("YaRN rope scaling (the torch path runs it)")
     if config.attn_sinks:
         raise LeanUnsupportedError("attention sinks (the torch path runs them)")
+    gemma = (config.norm_placement, config.norm_weight_offset, config.mlp_activation) != (
+        "pre",
+        None,
+        "silu",
+    )
+    if gemma or config.embed_scale is not None or config.query_pre_attn_scalar is not None:
+        raise LeanUnsupportedError("Gemma's decoder blocks (the torch path runs them)")
     m = config.moe
     if m is not None and (m.router != "softmax_topk" or m.expert_bias or m.activation != "swiglu"):
         raise LeanUnsupportedError("gpt-oss's router and experts (the torch path runs them)")

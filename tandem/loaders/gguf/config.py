@@ -29,6 +29,11 @@
                                          the experts' biases and clamped SwiGLU (alpha 1.702,
                                          limit 7: llama.cpp's constants)
 
+    gemma3                               `models.families.gemma3.gguf_fields`: sandwich norms
+                                         stored as 1 + w, GELU-tanh, the embedding scale, the
+                                         sliding window and its layer pattern, the local rope
+                                         base, llama.cpp's attention scale
+
 `llama` covers Llama, Mistral and SmolLM files (llama.cpp writes them all as `llama`, q/k rows
 permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
 """
@@ -193,6 +198,8 @@ def config_from_gguf(
         cfg.validate(str(meta.file))
     except GGUFError:
         raise
+    except UnsupportedArchitectureError as e:  # a family's refusal of a variant (gemma3)
+        raise GGUFArchitectureError(str(e)) from e
     except ConfigError as e:
         raise GGUFMetadataError(str(e)) from e
     if rope_freqs is not None and len(rope_freqs) != head_dim // 2:

@@ -74,7 +74,8 @@ class QuantizedModelDir:
 
     def info(self, name: str) -> QuantizedTensorInfo:
         shape = tuple(self.md.info(name).shape)
-        kind = tensor_type(gguf_name(name), shape, self.qtype, self.config.tie_word_embeddings)
+        g = gguf_name(name, self.config.family.gguf_names)
+        kind = tensor_type(g, shape, self.qtype, self.config.tie_word_embeddings)
         return QuantizedTensorInfo(name, BY_NAME[kind].type_id, shape)
 
     def check(self, name: str, shape: tuple[int, ...]) -> QuantizedTensorInfo:

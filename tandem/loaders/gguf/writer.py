@@ -2,7 +2,8 @@
 preset, or an HF model directory), quantized per tensor to a ggml type, laid out as llama.cpp's
 `convert_hf_to_gguf.py` + `llama-quantize` would: architecture metadata, the `llama` q/k row
 permutation (`names.permute_rows`, so a loader must undo it), 1-D tensors (norms, biases) in
-F32, llama3 rope scaling as a `rope_freqs` tensor, and a `gpt2` tokenizer (tokens, token types,
+F32, llama3 rope scaling as a `rope_freqs` tensor, a family's own keys and stored form
+(`Family.gguf_write`, `gguf_store`: gemma3's norms as 1 + w), and a `gpt2` tokenizer (tokens, token types,
 merges, special ids, chat template) when the model has a byte-level BPE tokenizer.
 
 `qtype` names one ggml type for every matrix ("Q8_0", "Q4_K", "F16", ...) or the mix
@@ -64,7 +65,7 @@ def write_gguf(
         _tokenizer(w, config, tokenizer, tokenizer_cfg or {})
     for hf, t in tensors.items():
         g = gguf_name(hf, family.gguf_names)
-        x = t.detach().float()
+        x = family.gguf_store(config, hf, t.detach().float())
         heads = permuted_heads(hf, config.num_attention_heads, config.num_key_value_heads)
         if family.permuted_qk and heads is not None:
             x = permute_rows(x, heads)
@@ -118,7 +119,10 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
         w.add_rope_scaling_orig_ctx_len(s.original_max_position_embeddings)
         w.add_rope_scaling_yarn_beta_fast(s.beta_fast)
         w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
-    c.family.gguf_write(w, c)
+    try:
+        c.family.gguf_write(w, c)
+    except ValueError as e:  # a model the family's files cannot state
+        raise GGUFWriteError(str(e)) from e
 
 
 def _llama3_factors(c: ModelConfig) -> np.ndarray:

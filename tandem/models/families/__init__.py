@@ -7,7 +7,16 @@ beyond the Llama skeleton, and one line in `FAMILIES` registers it. The referenc
 
 from __future__ import annotations
 
-from tandem.models.families import gpt_oss, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
+from tandem.models.families import (
+    gemma3,
+    gpt_oss,
+    llama,
+    mistral,
+    mixtral,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 from tandem.models.families.base import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -18,14 +27,16 @@ FAMILIES: tuple[Family, ...] = (
     qwen3_moe.FAMILY,
     mixtral.FAMILY,
     gpt_oss.FAMILY,
+    gemma3.FAMILY,
 )
-_BY_ARCH = {f.architecture: f for f in FAMILIES}
+_BY_ARCH = {a: f for f in FAMILIES for a in (f.architecture, *f.multimodal)}
 _BY_TYPE = {f.model_type: f for f in FAMILIES}
 GGUF_ARCHITECTURES = tuple(dict.fromkeys(f.gguf_arch for f in FAMILIES if f.gguf_arch))
 
 
 def by_architecture(arch: str | None) -> Family | None:
-    """The family of HF architecture `arch` (`LlamaForCausalLM`, ...), or None."""
+    """The family of HF architecture `arch` (`LlamaForCausalLM`, ...; a multimodal one whose text
+    model a family is), or None."""
     return _BY_ARCH.get(arch or "")
 
 

@@ -5,6 +5,10 @@ biases, a sliding window on some layers, attention sinks, a mixture of experts. 
 in this package states exactly those, for both ways a model arrives:
 
     architecture, model_type   the HF names (`config.json`'s `architectures[0]` and `model_type`)
+    multimodal                 HF architectures whose `text_config` is this family's (their text
+                               weights renamed by `checkpoint_renames`)
+    hf_defaults                transformers' defaults, laid under what config.json states
+    own_activation             its `hf_fields` reads and checks the activation (else only SiLU)
     hf_fields(r)               the `ModelConfig` fields its config.json sets beyond the shape every
                                family shares (`ModelConfig.from_hf_dict`; `r` is a `config.HFFields`)
     hf_extras(c)               the config.json fields transformers needs back (`to_hf_dict`)
@@ -15,6 +19,8 @@ in this package states exactly those, for both ways a model arrives:
     gguf_fields(g)             the fields its GGUF metadata sets beyond the shape every family shares
                                (`loaders.gguf.config`; `g` is a `GGUFFields`)
     gguf_names                 HF module -> GGUF tensor name, where the family's files differ
+    gguf_store(c, name, x)     tensor `name` as the family's GGUF files store it (Gemma: 1 + w)
+    checkpoint_renames(names)  the reference name -> checkpoint name of tensors stored elsewhere
     permuted_qk                llama.cpp's converter permuted its q/k rows (`gguf.names`)
 
 The module is torch-free (config parsing runs in processes that never import torch).
@@ -37,6 +43,9 @@ class Family:
 
     architecture: str
     model_type: str
+    multimodal: tuple[str, ...] = ()
+    hf_defaults: Mapping[str, Any] = field(default_factory=dict)
+    own_activation: bool = False
     hf_fields: Callable[[Any], dict[str, Any]] = _nothing
     hf_extras: Callable[[Any], dict[str, Any]] = _nothing
     rope_theta: float = 10000.0
@@ -47,3 +56,5 @@ class Family:
     gguf_write: Callable[[Any, Any], None] = lambda w, c: None
     gguf_names: Mapping[str, str] = field(default_factory=dict)
     permuted_qk: bool = False
+    gguf_store: Callable[[Any, str, Any], Any] = lambda c, name, x: x
+    checkpoint_renames: Callable[[Any], dict[str, str]] = _nothing

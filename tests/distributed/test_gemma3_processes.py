@@ -1,0 +1,91 @@
+"""Gemma 3 across real processes on loopback, against the single node in float32: a random-weight
+`Gemma3ForCausalLM` saved by transformers (7 layers: local 0-4 and 6, global 5; MQA with one kv
+head; a window of 8 that prompts of 7-10 tokens and 32 new ones cross in prefill and in decode;
+local and linearly scaled global rope; sandwich norms) at TP=2 and TP=3 (the one kv head
+replicated on every rank, its 4 query heads split 2/2 and 2/1/1), a pipeline of two stages and a
+(TP=2, TP=1) grid gives the single node's greedy ids for 32 tokens at batch 1 and 3 and its first
+logits within 1e-4; the single node's batch-1 ids are transformers' own."""
+
+import pytest
+import torch
+import transformers
+from tp_support import SingleNode, greedy, launch_concurrently
+
+from tandem.engine.pp.launch import StageSpec, launch_pipeline
+from tandem.parallel.partition import LayerRange as R
+
+PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
+N_NEW = 32
+LAYOUTS = {"tp2": 2, "tp3": 3}
+
+
+def hf_model() -> transformers.Gemma3ForCausalLM:
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=7,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
+        query_pre_attn_scalar=24, max_position_embeddings=256,
+        rope_parameters={
+            "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+            "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+        },
+        bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(29)
+    hf = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # spread transformers' std-0.02 init so logits are not ties
+        for p in hf.parameters():
+            p.normal_(0, 0.25) if p.dim() >= 2 else p.add_(torch.randn_like(p) * 0.1)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """(model dir, single-node greedy at batch 1 and 3)."""
+    d = tmp_path_factory.mktemp("gemma3")
+    hf = hf_model()
+    hf.save_pretrained(d, safe_serialization=True)
+    ref = SingleNode(d)
+    expected = {b: greedy(ref, PROMPTS[:b], N_NEW) for b in (1, 3)}
+    with torch.inference_mode():
+        out = hf.generate(
+            torch.tensor([PROMPTS[0]]), max_new_tokens=N_NEW, do_sample=False,
+            pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+    assert expected[1][0][0] == out[0, len(PROMPTS[0]) :].tolist()
+    return d, expected
+
+
+def assert_single_node(ex, expected) -> None:
+    for batch in (1, 3):
+        ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
+        want_ids, want_first = expected[batch]
+        assert (first - want_first).abs().max().item() < 1e-4
+        assert ids == want_ids, f"batch {batch}"
+
+
+def test_tp2_and_tp3_with_the_one_kv_head_replicated_match_single_node(gemma):
+    d, expected = gemma
+    groups = launch_concurrently(
+        {k: (d, tp, {}) for k, tp in LAYOUTS.items()}, max_batch=4, max_seq_len=128, threads=1
+    )
+    try:
+        for name, ex in groups.items():
+            shards = [r["shard"] for r in ex.describe()["ranks"]]
+            assert all(s["kv_heads"] == [0, 1] for s in shards), name  # replicated
+            assert_single_node(ex, expected)
+    finally:
+        for ex in groups.values():
+            ex.close()
+
+
+def test_a_pipeline_and_a_grid_match_single_node(gemma):
+    d, expected = gemma
+    for stages in (
+        [StageSpec(R(0, 3)), StageSpec(R(3, 7))],
+        [StageSpec(R(0, 3), tp=2), StageSpec(R(3, 7), tp=1)],
+    ):
+        ex = launch_pipeline(d, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
+        try:
+            assert_single_node(ex, expected)
+        finally:
+            ex.close()
