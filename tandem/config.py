@@ -4,7 +4,9 @@
 spells them), normalised across the supported architectures: Llama, Mistral, Qwen2 and Qwen3 differ
 only in which of these switches they set; the mixture-of-experts families (Qwen3-MoE, Mixtral,
 gpt-oss) add a `MoESpec`, parsed by `tandem.moe_config`. gpt-oss also sets attention sinks, a
-sliding window on every other layer (`window_layers`) and YaRN rope scaling.
+sliding window on every other layer (`window_layers`) and YaRN rope scaling. Phi-3 / Phi-4-mini
+(`tandem.models.families.phi3`) set partial rotary (`partial_rotary_factor`), `longrope` scaling and
+a sliding window, and store q/k/v and gate/up fused.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem import boundedjson
+from tandem.models.families import phi3
 from tandem.moe_config import MoESpec, moe_checkpoint_names, moe_hf_fields, parse_moe
 
 # architecture name -> HF model_type written into config.json
@@ -26,9 +29,10 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "GptOssForCausalLM": "gpt_oss",
+    "Phi3ForCausalLM": "phi3",
 }
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")  # longrope: Phi-3 only
 CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
 CONFIG_MAX_DEPTH = 32
 
@@ -75,6 +79,9 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "rope_scaling.beta_fast": (1e-6, 1e6),
     "rope_scaling.beta_slow": (1e-6, 1e6),
     "rope_scaling.attention_factor": (1e-6, 1e6),
+    "rope_scaling.short_factor": (1e-6, 1e6),  # each element of longrope's factor lists
+    "rope_scaling.long_factor": (1e-6, 1e6),
+    "partial_rotary_factor": (1e-6, 1.0),
 }
 TOKEN_ID_MAX = (1 << 31) - 1
 MAX_EOS_IDS = 64
@@ -83,9 +90,11 @@ MAX_EOS_IDS = 64
 @dataclass(frozen=True)
 class RopeScaling:
     """Rope scaling: `llama3` (Llama 3.1+: factor, the two freq factors, the original length),
-    `linear` (positions divided by `factor`; the other fields unused) or `yarn` (gpt-oss: factor,
+    `linear` (positions divided by `factor`; the other fields unused), `yarn` (gpt-oss: factor,
     beta_fast/beta_slow, truncate, the original length, and the `attention_factor` cos and sin are
-    multiplied by: 0.1 ln(factor) + 1 unless the config states it); absent for plain RoPE."""
+    multiplied by: 0.1 ln(factor) + 1 unless the config states it) or `longrope` (Phi-3: per
+    frequency divisors `short_factor` / `long_factor`, the long set for a sequence longer than the
+    original length, and the `attention_factor`; `factor` unused); absent for plain RoPE."""
 
     rope_type: str
     factor: float
@@ -96,8 +105,18 @@ class RopeScaling:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float = 1.0
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
     def to_hf_dict(self) -> dict[str, Any]:
+        if self.rope_type == "longrope":
+            return {
+                "rope_type": "longrope",
+                "short_factor": list(self.short_factor),
+                "long_factor": list(self.long_factor),
+                "original_max_position_embeddings": self.original_max_position_embeddings,
+                "attention_factor": self.attention_factor,
+            }
         if self.rope_type == "linear":
             return {"rope_type": "linear", "factor": self.factor}
         if self.rope_type == "yarn":
@@ -110,6 +129,8 @@ class RopeScaling:
             }
         d = asdict(self)
         for k in ("beta_fast", "beta_slow", "truncate", "attention_factor"):
+            del d[k]
+        for k in ("short_factor", "long_factor"):
             del d[k]
         return d
 
@@ -140,6 +161,8 @@ class ModelConfig:
     # llama.cpp's per-frequency divisors (a GGUF's `rope_freqs` tensor, how its converter stores
     # llama3 scaling): inv_freq[i] / rope_freq_factors[i]; HF config.json has no such field
     rope_freq_factors: tuple[float, ...] | None = None
+    # Phi-4-mini: RoPE rotates only the first `rotary_dim` = int(head_dim * factor) dims of a head
+    partial_rotary_factor: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"
@@ -156,6 +179,11 @@ class ModelConfig:
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` holds the MoE block (else the dense MLP of `intermediate_size`)."""
         return self.moe is not None and self.moe.is_sparse(layer)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each q/k head RoPE rotates (transformers' int(hd * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def model_type(self) -> str:
@@ -254,7 +282,8 @@ class ModelConfig:
             "default",
         ):
             scaling_d = None
-        scaling = _parse_rope_scaling(scaling_d, d, source) if scaling_d else None
+        family = phi3.hf_fields(d, source) if arch == phi3.ARCHITECTURE else {}
+        scaling = _parse_rope_scaling(scaling_d, d, source) if scaling_d and not family else None
 
         gpt_oss = arch == "GptOssForCausalLM"
         bias_default = gpt_oss  # gpt-oss: attention_bias defaults to true
@@ -275,7 +304,7 @@ class ModelConfig:
             window = d.get("sliding_window")
 
         try:
-            return cls(
+            fields = dict(
                 architecture=arch,
                 vocab_size=need("vocab_size"),
                 hidden_size=hidden,
@@ -303,6 +332,7 @@ class ModelConfig:
                 torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
                 moe=moe,
             )
+            return cls(**{**fields, **family})
         except ConfigFieldError as e:  # __post_init__ validated it
             raise e.at(source) from None
 
@@ -326,13 +356,31 @@ class ModelConfig:
             )  # fmt: skip
         if self.head_dim % 2:
             raise ConfigFieldError("head_dim", self.head_dim, "even (RoPE rotates pairs)")
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ConfigFieldError(
+                "partial_rotary_factor", self.partial_rotary_factor,
+                f"one giving an even rotary_dim >= 2 of head_dim {self.head_dim}",
+            )  # fmt: skip
+        s = self.rope_scaling
+        if s is not None and s.rope_type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                factors = getattr(s, name)
+                if len(factors) != self.rotary_dim // 2:
+                    raise ConfigFieldError(
+                        f"rope_scaling.{name}", f"{len(factors)} values",
+                        f"rotary_dim / 2 = {self.rotary_dim // 2} values",
+                    )  # fmt: skip
 
     def _check_ranges(self) -> None:
         for name, (lo, hi) in INT_RANGES.items():
             _check_int(name, getattr(self, name), lo, hi)
-        values = {"rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta}
+        values = {
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "partial_rotary_factor": self.partial_rotary_factor,
+        }
         s = self.rope_scaling
-        if s is not None:
+        if s is not None and s.rope_type != "longrope":  # longrope reads no `factor`
             values["rope_scaling.factor"] = s.factor
         if s is not None and s.rope_type == "llama3":  # linear scaling reads only the factor
             values["rope_scaling.low_freq_factor"] = s.low_freq_factor
@@ -341,7 +389,14 @@ class ModelConfig:
             values["rope_scaling.beta_fast"] = s.beta_fast
             values["rope_scaling.beta_slow"] = s.beta_slow
             values["rope_scaling.attention_factor"] = s.attention_factor
-        if s is not None and s.rope_type in ("llama3", "yarn"):
+        if s is not None and s.rope_type == "longrope":
+            values["rope_scaling.attention_factor"] = s.attention_factor
+            for name in ("short_factor", "long_factor"):
+                for v in getattr(s, name):
+                    lo, hi = FLOAT_RANGES[f"rope_scaling.{name}"]
+                    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+                        raise ConfigFieldError(f"rope_scaling.{name}", v, f"[{lo:g}, {hi:g}]")
+        if s is not None and s.rope_type in ("llama3", "yarn", "longrope"):
             _check_int(
                 "rope_scaling.original_max_position_embeddings",
                 s.original_max_position_embeddings, 1, 1 << 24,
@@ -434,6 +489,8 @@ class ModelConfig:
                     **self.rope_scaling.to_hf_dict(),
                 }
                 del d["rope_scaling"]
+        if self.architecture == phi3.ARCHITECTURE:
+            d.update(phi3.hf_dict(self))
         if self.moe is not None:
             d.update(moe_hf_fields(self.architecture, self.moe, self.num_hidden_layers))
         return d
