@@ -29,6 +29,12 @@
                                          the experts' biases and clamped SwiGLU (alpha 1.702,
                                          limit 7: llama.cpp's constants)
 
+    phi3                                 fused attn_qkv / ffn_up (gate, up) split by rows
+                                         (`models.families.phi3`); rope.dimension_count <
+                                         head_dim: partial rotary; rope_factors_short/long
+                                         tensors: longrope (rope.scaling.attn_factor,
+                                         .original_context_length); attention.sliding_window
+
 `llama` covers Llama, Mistral and SmolLM files (llama.cpp writes them all as `llama`, q/k rows
 permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
 """
@@ -36,6 +42,7 @@ permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,7 @@ from tandem.config import (
     yarn_attention_factor,
 )
 from tandem.loaders.gguf.reader import GGUFError, GuardedReader
+from tandem.models.families import phi3
 from tandem.moe_config import MoESpec
 
 ARCHITECTURES: dict[str, str] = {
@@ -56,6 +64,7 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "gpt-oss": "GptOssForCausalLM",
+    phi3.GGUF_ARCH: phi3.ARCHITECTURE,
 }
 MIXTRAL = "MixtralForCausalLM"  # a `llama` file whose layers hold experts
 PERMUTED_QK = frozenset({"llama"})  # architectures whose q/k rows llama.cpp's converter permutes
@@ -126,19 +135,27 @@ def config_from_gguf(
     tensors: Collection[str],
     embed_rows: int | None,
     rope_freqs: Sequence[float] | None,
+    rope_factors: dict[str, list[float]] | None = None,
 ) -> ModelConfig:
     """The model's config from `meta`, the GGUF tensor names present, the token embedding's row
-    count (the vocabulary when the metadata states none) and the `rope_freqs` values if any."""
+    count (the vocabulary when the metadata states none), the `rope_freqs` values if any and a
+    phi3 file's longrope factors (`phi3.GGUF_ROPE_FACTORS`' values, by field)."""
     arch = architecture(meta)
     a = f"{arch}."
     hidden = meta.get(a + "embedding_length", int)
     heads = meta.get(a + "attention.head_count", int)
     kv = _per_layer(meta, a + "attention.head_count_kv", heads)
     rope_dims = meta.get(a + "rope.dimension_count", int, None)
+    if arch == phi3.GGUF_ARCH:  # the rotary width of a partial rotary (`phi3.gguf_fields`)
+        rope_dims = None
     head_dim = meta.get(
         a + "attention.key_length", int, rope_dims or (hidden // heads if heads else 0)
     )
     value_dim = meta.get(a + "attention.value_length", int, head_dim)
+    family = {}
+    if arch == phi3.GGUF_ARCH:  # partial rotary among its switches
+        ctx_len = meta.get(a + "context_length", int)
+        family = phi3.gguf_fields(meta.get, a, head_dim, ctx_len, rope_factors or {})
     if value_dim != head_dim or (rope_dims is not None and rope_dims != head_dim):
         raise GGUFArchitectureError(
             f"{meta.file}: key length {head_dim}, value length {value_dim}, rope dimensions "
@@ -189,6 +206,7 @@ def config_from_gguf(
             torch_dtype="float32",
             moe=moe,
         )
+        cfg = replace(cfg, **family)  # validated again
         cfg.validate(str(meta.file))
     except GGUFError:
         raise

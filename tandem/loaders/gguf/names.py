@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
+from tandem.models.families import phi3
+
 GLOBAL_NAMES: dict[str, str] = {  # GGUF name -> HF name
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -48,6 +50,9 @@ BARE = frozenset({"self_attn.sinks"})  # HF parameters named without `.weight`
 ARCH_NAMES: dict[str, dict[str, str]] = {  # HF -> GGUF where an architecture names it its own way
     "gpt-oss": {"post_attention_layernorm": "post_attention_norm"},
 }
+# GGUF -> HF where an architecture's tensor is another one's: a phi3 file's fused projections
+# (its `ffn_up` is gate and up; `loaders.fused_rows` splits them)
+ARCH_LAYER_NAMES: dict[str, dict[str, str]] = {phi3.GGUF_ARCH: phi3.GGUF_FUSED}
 ROPE_FREQS = (
     "rope_freqs.weight"  # llama3 rope scaling as llama.cpp stores it: per-frequency divisors
 )
@@ -62,14 +67,16 @@ class UnknownTensorNameError(KeyError):
     """A model parameter with no GGUF counterpart in the table."""
 
 
-def hf_name(gguf: str) -> str | None:
-    """The HF name of GGUF tensor `gguf`, or None for one the model has no parameter for."""
+def hf_name(gguf: str, arch: str = "") -> str | None:
+    """The HF name of GGUF tensor `gguf` in a file of architecture `arch`, or None for one the
+    model has no parameter for."""
     if gguf in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf]
     m = _GGUF_LAYER.fullmatch(gguf)
-    if m is None or m.group(2) not in LAYER_NAMES:
+    table = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get(arch, {})}
+    if m is None or m.group(2) not in table:
         return None
-    name = LAYER_NAMES[m.group(2)]
+    name = table[m.group(2)]
     if name in BARE:
         return f"model.layers.{m.group(1)}.{name}" if m.group(3) == "weight" else None
     return f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
@@ -83,9 +90,11 @@ def gguf_name(hf: str, arch: str = "") -> str:
     if m is not None:
         return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}.weight"
     m = _HF_LAYER.fullmatch(hf)
-    if m is None or m.group(2) not in _LAYER_TO_GGUF:
+    fused = {v: k for k, v in ARCH_LAYER_NAMES.get(arch, {}).items()}
+    if m is None or (m.group(2) not in _LAYER_TO_GGUF and m.group(2) not in fused):
         raise UnknownTensorNameError(f"parameter {hf!r} has no GGUF tensor name")
-    base = ARCH_NAMES.get(arch, {}).get(m.group(2)) or _LAYER_TO_GGUF[m.group(2)]
+    base = fused.get(m.group(2)) or ARCH_NAMES.get(arch, {}).get(m.group(2))
+    base = base or _LAYER_TO_GGUF[m.group(2)]
     return f"blk.{m.group(1)}.{base}.{m.group(3)}"
 
 

@@ -2,7 +2,9 @@
 preset, or an HF model directory), quantized per tensor to a ggml type, laid out as llama.cpp's
 `convert_hf_to_gguf.py` + `llama-quantize` would: architecture metadata, the `llama` q/k row
 permutation (`names.permute_rows`, so a loader must undo it), 1-D tensors (norms, biases) in
-F32, llama3 rope scaling as a `rope_freqs` tensor, and a `gpt2` tokenizer (tokens, token types,
+F32, llama3 rope scaling as a `rope_freqs` tensor, a phi3 model's q/k/v and gate/up fused
+(`attn_qkv`, `ffn_up`) with its rotary width, longrope factor tensors and window as
+`Phi3MiniModel` writes them, and a `gpt2` tokenizer (tokens, token types,
 merges, special ids, chat template) when the model has a byte-level BPE tokenizer.
 
 `qtype` names one ggml type for every matrix ("Q8_0", "Q4_K", "F16", ...) or the mix
@@ -26,6 +28,7 @@ from gguf.constants import GGMLQuantizationType, RopeScalingType, TokenType
 from tokenizers import Tokenizer as HFTokenizer
 
 from tandem.config import ModelConfig
+from tandem.loaders.fused_rows import fuse, rules_for
 from tandem.loaders.gguf.config import ARCHITECTURES, MIXTRAL, PERMUTED_QK
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, permute_rows, permuted_heads
 from tandem.loaders.gguf.tensor_types import K_MIX as K_MIX  # re-exported: the mix's name
@@ -36,6 +39,7 @@ from tandem.loaders.tokenizer_build import (
     tokenizer_config,
     word_token_ids,
 )
+from tandem.models.families import phi3
 from tandem.models.presets import get_preset, hot_rows, random_weights
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.quantize import quantize
@@ -65,7 +69,7 @@ def write_gguf(
     _metadata(w, config, name)
     if tokenizer is not None:
         _tokenizer(w, config, tokenizer, tokenizer_cfg or {})
-    for hf, t in tensors.items():
+    for hf, t in fuse(tensors, rules_for(config)).items():
         g = gguf_name(hf, arch)
         x = t.detach().float()
         heads = permuted_heads(hf, config.num_attention_heads, config.num_key_value_heads)
@@ -75,6 +79,10 @@ def write_gguf(
         w.add_tensor(g, quantize(x.numpy(), BY_NAME[kind].type_id), raw_dtype=_ggml(kind))
     if config.rope_scaling is not None and config.rope_scaling.rope_type == "llama3":
         w.add_tensor(ROPE_FREQS, _llama3_factors(config))
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "longrope":
+        for field in ("long_factor", "short_factor"):  # the converter's order
+            values = np.array(getattr(config.rope_scaling, field), dtype=np.float32)
+            w.add_tensor(phi3.GGUF_ROPE_FACTORS[field], values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -123,6 +131,13 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
         w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
     if c.sliding_window is not None and c.architecture == "GptOssForCausalLM":
         w.add_sliding_window(c.sliding_window)
+    if c.architecture == phi3.ARCHITECTURE:  # as llama.cpp's Phi3MiniModel writes them
+        w.add_rope_dimension_count(c.rotary_dim)
+        orig = s.original_max_position_embeddings if s is not None else c.max_position_embeddings
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_sliding_window(c.sliding_window or 0)  # 0: none
+        if s is not None and s.rope_type == "longrope":
+            w.add_rope_scaling_attn_factors(s.attention_factor)
 
 
 def _llama3_factors(c: ModelConfig) -> np.ndarray:
