@@ -14,6 +14,14 @@ import argparse
 import importlib
 import sys
 
+# What --model runs (tests/unit/test_cli_models.py holds it to the loaders' tables).
+MODELS_EPILOG = (
+    "models: HF directories of Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, gpt-oss and "
+    "Phi-3 / Phi-4-mini (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+    "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
+    "Phi3ForCausalLM); GGUF files of architecture llama, qwen2, qwen3, qwen3moe, gpt-oss, phi3"
+)
+
 # One module per command; a module listed here must exist.
 COMMAND_MODULES: tuple[str, ...] = (
     "plan",
@@ -31,7 +39,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or of the command `only` alone."""
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tandem", description=__doc__.split("\n\n")[0], epilog=MODELS_EPILOG
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         if only is None or name == only:
