@@ -4,7 +4,7 @@
 spells them), normalised across the supported architectures: the shape every family shares is read
 here, and each family (`tandem.models.families`, one declaration each) sets its own switches: biases,
 q/k norms, sliding windows, attention sinks, a `MoESpec` (`tandem.moe_config`), Gemma's sandwich
-norms, `(offset + w)` RMSNorm, GELU-tanh MLP, embedding and attention scales and local rope base.
+norms, `(offset + w)` RMSNorm, GELU-tanh MLP, embedding and attention scales and local rope base, Phi-3's partial rotary and `longrope`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tandem.moe_config import MoESpec, moe_checkpoint_names
 if TYPE_CHECKING:
     from tandem.models.families.base import Family
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")  # longrope: Phi-3 only
 NORM_PLACEMENTS = ("pre", "sandwich")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 CONFIG_MAX_BYTES = 4 << 20  # config.json files are a few KB; id2label tables stay far below this
@@ -76,6 +76,9 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "norm_weight_offset": (-1.0, 1.0),
     "embed_scale": (1e-6, 1e6),
     "query_pre_attn_scalar": (1e-6, 1e12),
+    "rope_scaling.short_factor": (1e-6, 1e6),  # each element of longrope's factor lists
+    "rope_scaling.long_factor": (1e-6, 1e6),
+    "partial_rotary_factor": (1e-6, 1.0),
 }
 TOKEN_ID_MAX = (1 << 31) - 1
 MAX_EOS_IDS = 64
@@ -84,9 +87,11 @@ MAX_EOS_IDS = 64
 @dataclass(frozen=True)
 class RopeScaling:
     """Rope scaling: `llama3` (Llama 3.1+: factor, the two freq factors, the original length),
-    `linear` (positions divided by `factor`; the other fields unused) or `yarn` (gpt-oss: factor,
+    `linear` (positions divided by `factor`; the other fields unused), `yarn` (gpt-oss: factor,
     beta_fast/beta_slow, truncate, the original length, and the `attention_factor` cos and sin are
-    multiplied by: 0.1 ln(factor) + 1 unless the config states it); absent for plain RoPE."""
+    multiplied by: 0.1 ln(factor) + 1 unless the config states it) or `longrope` (Phi-3: per
+    frequency divisors `short_factor` / `long_factor`, the long set for a sequence longer than the
+    original length, and the `attention_factor`; `factor` unused); absent for plain RoPE."""
 
     rope_type: str
     factor: float
@@ -97,8 +102,18 @@ class RopeScaling:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float = 1.0
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
     def to_hf_dict(self) -> dict[str, Any]:
+        if self.rope_type == "longrope":
+            return {
+                "rope_type": "longrope",
+                "short_factor": list(self.short_factor),
+                "long_factor": list(self.long_factor),
+                "original_max_position_embeddings": self.original_max_position_embeddings,
+                "attention_factor": self.attention_factor,
+            }
         if self.rope_type == "linear":
             return {"rope_type": "linear", "factor": self.factor}
         if self.rope_type == "yarn":
@@ -111,6 +126,8 @@ class RopeScaling:
             }
         d = asdict(self)
         for k in ("beta_fast", "beta_slow", "truncate", "attention_factor"):
+            del d[k]
+        for k in ("short_factor", "long_factor"):
             del d[k]
         return d
 
@@ -141,6 +158,8 @@ class ModelConfig:
     # llama.cpp's per-frequency divisors (a GGUF's `rope_freqs` tensor, how its converter stores
     # llama3 scaling): inv_freq[i] / rope_freq_factors[i]; HF config.json has no such field
     rope_freq_factors: tuple[float, ...] | None = None
+    # Phi-4-mini: RoPE rotates only the first `rotary_dim` = int(head_dim * factor) dims of a head
+    partial_rotary_factor: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"
@@ -188,6 +207,11 @@ class ModelConfig:
         from tandem.models import families
 
         return families.by_architecture(self.architecture)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each q/k head RoPE rotates (transformers' int(hd * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def model_type(self) -> str:
@@ -295,7 +319,9 @@ class ModelConfig:
             max_position_embeddings=r.opt("max_position_embeddings", int, 4096),
             rms_norm_eps=r.opt("rms_norm_eps", float, 1e-6),
             rope_theta=r.typed(theta, float, "rope_theta"),
-            rope_scaling=parse_rope_scaling(scaling_d, d, source) if scaling_d else None,
+            rope_scaling=parse_rope_scaling(scaling_d, d, source)
+            if scaling_d and not family.own_rope
+            else None,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=attn_bias,
             o_bias=attn_bias,
@@ -332,13 +358,31 @@ class ModelConfig:
             )  # fmt: skip
         if self.head_dim % 2:
             raise ConfigFieldError("head_dim", self.head_dim, "even (RoPE rotates pairs)")
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ConfigFieldError(
+                "partial_rotary_factor", self.partial_rotary_factor,
+                f"one giving an even rotary_dim >= 2 of head_dim {self.head_dim}",
+            )  # fmt: skip
+        s = self.rope_scaling
+        if s is not None and s.rope_type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                factors = getattr(s, name)
+                if len(factors) != self.rotary_dim // 2:
+                    raise ConfigFieldError(
+                        f"rope_scaling.{name}", f"{len(factors)} values",
+                        f"rotary_dim / 2 = {self.rotary_dim // 2} values",
+                    )  # fmt: skip
 
     def _check_ranges(self) -> None:
         for name, (lo, hi) in INT_RANGES.items():
             _check_int(name, getattr(self, name), lo, hi)
-        values = {"rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta}
+        values = {
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "partial_rotary_factor": self.partial_rotary_factor,
+        }
         s = self.rope_scaling
-        if s is not None:
+        if s is not None and s.rope_type != "longrope":  # longrope reads no `factor`
             values["rope_scaling.factor"] = s.factor
         if s is not None and s.rope_type == "llama3":  # linear scaling reads only the factor
             values["rope_scaling.low_freq_factor"] = s.low_freq_factor
@@ -347,7 +391,14 @@ class ModelConfig:
             values["rope_scaling.beta_fast"] = s.beta_fast
             values["rope_scaling.beta_slow"] = s.beta_slow
             values["rope_scaling.attention_factor"] = s.attention_factor
-        if s is not None and s.rope_type in ("llama3", "yarn"):
+        if s is not None and s.rope_type == "longrope":
+            values["rope_scaling.attention_factor"] = s.attention_factor
+            for name in ("short_factor", "long_factor"):
+                for v in getattr(s, name):
+                    lo, hi = FLOAT_RANGES[f"rope_scaling.{name}"]
+                    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+                        raise ConfigFieldError(f"rope_scaling.{name}", v, f"[{lo:g}, {hi:g}]")
+        if s is not None and s.rope_type in ("llama3", "yarn", "longrope"):
             _check_int(
                 "rope_scaling.original_max_position_embeddings",
                 s.original_max_position_embeddings, 1, 1 << 24,

@@ -51,7 +51,7 @@ def models_supported() -> str:
     )
     return (
         f"models (--model): HF directories of {hf} (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, "
-        f"Mixtral, gpt-oss, Gemma 3); GGUF files of architecture "
+        f"Mixtral, gpt-oss, Gemma 3, Phi-3 / Phi-4-mini); GGUF files of architecture "
         f"{', '.join(families.GGUF_ARCHITECTURES)}"
     )
 

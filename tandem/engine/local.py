@@ -24,6 +24,7 @@ import torch
 
 from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult
+from tandem.engine.rope_rewind import LongRopeRewind
 from tandem.engine.runner import ShardRunner
 from tandem.engine.sequences import SequenceError
 from tandem.kernels.prepare import prepare
@@ -57,6 +58,7 @@ class LocalExecutor:
         self.max_batch = max_batch
         self.runner = ShardRunner(model, max_batch, self.max_seq_len, swap=False)
         self.slots = self.runner.seqs.slots  # seq_id -> its cache row
+        self.rewind = LongRopeRewind.for_config(cfg)  # longrope: a crossing recomputes
 
     @classmethod
     def from_dir(
@@ -76,12 +78,14 @@ class LocalExecutor:
     def run(self, step: Step) -> StepResult:
         if self.files is not None:
             self.files.check()  # before any mapped byte is read
+        step = self.rewind.expand(step)
         out = self.runner.forward(step)
         assert out is not None  # the whole model: the head is here
         return StepResult.of(step, out)
 
     def release(self, seq_ids: list[int]) -> None:
         self.runner.release(seq_ids)
+        self.rewind.release(seq_ids)
 
     def health(self) -> tuple[bool, str]:
         """One process: whole while it runs and its model files are the ones it opened."""
@@ -112,3 +116,4 @@ class LocalExecutor:
 
     def close(self) -> None:
         self.runner.seqs.clear()
+        self.rewind.clear()

@@ -69,6 +69,7 @@ def eligible(layer, h: torch.Tensor, ctx: ForwardContext) -> bool:
         and native.handles(h)
         and h.is_contiguous()
         and ctx.cos.dtype == dt
+        and ctx.cos.shape[-1] == attn.head_dim  # partial rotary keeps the per-module path
         and _native_linear(attn.qkv_proj, dt)
         and _native_linear(attn.o_proj, dt)
         and _native_linear(mlp.gate_up_proj, dt)

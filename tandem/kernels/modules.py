@@ -57,7 +57,10 @@ class FastAttention(Attention):
         )
 
     def position(self, q, k, v, ctx: ForwardContext):
-        if not (native.handles(q) and ctx.cos.dtype == q.dtype):
+        # partial rotary (a table narrower than the head: Phi-4-mini) keeps the reference's RoPE
+        if not (
+            native.handles(q) and ctx.cos.dtype == q.dtype and ctx.cos.shape[-1] == self.head_dim
+        ):
             return super().position(q, k, v, ctx)
         B, T = ctx.positions.shape
         hd, H, Hkv = self.head_dim, self.n_heads, self.n_kv_heads

@@ -29,6 +29,7 @@ from tandem.loaders.errors import (  # noqa: F401  (re-exported: where callers h
     TensorShapeError,
 )
 from tandem.loaders.expert_tensors import View, expert_views, is_expert_source, router_alias
+from tandem.loaders.fused_rows import RowSlice, check_rows, row_views, rules_for
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +138,8 @@ class ModelDir:
 
     `manifest` is keyed by the reference model's names: a mixture-of-experts checkpoint's
     per-expert (or fused) tensors appear as the stacked (E, out, in) tensors the model holds, and
-    Mixtral's router under `mlp.gate` (`expert_tensors`); `sources` keeps the files' own names."""
+    Mixtral's router under `mlp.gate` (`expert_tensors`), and a fused projection (Phi-3's
+    `qkv_proj`, `gate_up_proj`) as its parts (`fused_rows`); `sources` keeps the files' own names."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -159,7 +161,19 @@ class ModelDir:
         for name, source in self._renames.items():
             self.manifest[name] = self.manifest.pop(source)
         self._views = self._expert_views()
+        self._rows = self._row_views()
         self._handles: dict[Path, Any] = {}
+
+    def _row_views(self) -> dict[str, RowSlice]:
+        """Replaces each fused projection in the manifest by its parts (`fused_rows`)."""
+        rules = rules_for(self.config)
+        views = row_views(self.sources, rules)
+        for name, view in views.items():
+            src = self.sources[view.source]
+            check_rows(view.source, src.shape[0], rules, str(src.file))
+            self.manifest.pop(view.source, None)
+            self.manifest[name] = TensorInfo(src.file, src.dtype, (view.rows, *src.shape[1:]))
+        return views
 
     def _expert_views(self) -> dict[str, View]:
         """Renames Mixtral's routers and replaces the expert sources by their stacked views."""
@@ -234,6 +248,19 @@ class ModelDir:
     ) -> torch.Tensor:
         """Tensor `name`, or its slice [start, end) along `dim`, in its stored dtype on the CPU."""
         info = self.info(name)
+        rows = self._rows.get(name)
+        if rows is not None:  # a part of a fused projection: only its rows of the source
+            index = list(self._index(info.shape, dim, start, end))
+            if dim is not None and not (
+                0 <= dim < len(info.shape)
+                and 0 <= index[dim].start <= index[dim].stop <= info.shape[dim]
+            ):
+                raise TensorShapeError(
+                    f"{info.file}: slice [{start}, {end}) of dim {dim} outside {name!r} {info.shape}"
+                )
+            r = index[0]
+            index[0] = slice(rows.row0 + r.start, rows.row0 + r.stop)
+            return self._read_index(rows.source, tuple(index))
         view = self._views.get(name)
         if view is not None or name in self._renames:
             if dim is not None:
@@ -272,7 +299,12 @@ class ModelDir:
 
     @staticmethod
     def _index(shape: tuple[int, ...], dim: int | None, start, end) -> tuple[slice, ...]:
-        return tuple(slice(start, end) if d == dim else slice(0, n) for d, n in enumerate(shape))
+        def part(d: int, n: int) -> slice:
+            if d != dim:
+                return slice(0, n)
+            return slice(0 if start is None else start, n if end is None else end)
+
+        return tuple(part(d, n) for d, n in enumerate(shape))
 
     def _read_index(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         """`index` (one slice per dimension) of source tensor `name`, reading only those bytes."""

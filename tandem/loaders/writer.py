@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from tandem.config import ModelConfig
 from tandem.loaders.expert_tensors import checkpoint_tensors
+from tandem.loaders.fused_rows import fuse, rules_for
 from tandem.loaders.safetensors_dir import INDEX_FILE, SINGLE_FILE
 from tandem.loaders.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -27,8 +28,8 @@ def write_model_dir(
 ) -> Path:
     """Writes `out`; with `shard_bytes`, tensors go into shards of about that size plus an index.
     `tensors` are the reference model's; experts are written as the family's checkpoints hold
-    them (`expert_tensors.checkpoint_tensors`)."""
-    tensors = checkpoint_tensors(config.architecture, tensors)
+    them (`expert_tensors.checkpoint_tensors`), fused projections fused (`fused_rows.fuse`)."""
+    tensors = fuse(checkpoint_tensors(config.architecture, tensors), rules_for(config))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")

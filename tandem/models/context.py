@@ -30,7 +30,7 @@ class BadStepError(ValueError):
 @dataclass
 class ForwardContext:
     positions: torch.Tensor  # (B, T) int64 absolute positions
-    cos: torch.Tensor  # (B, T, 1, head_dim), compute dtype
+    cos: torch.Tensor  # (B, T, 1, rotary_dim), compute dtype (rotary_dim = head_dim unless partial)
     sin: torch.Tensor
     attn_mask: (
         torch.Tensor | None
@@ -92,9 +92,9 @@ def build_context(
     device = torch.device(device)
     starts = torch.tensor(list(start_pos), dtype=torch.int64, device=device)
     positions = starts[:, None] + torch.arange(T, device=device)  # (B, T)
-    cos, sin = rope(positions, dtype)
-    all_valid = all(n == T for n in lengths)
     ends = [s + n for s, n in zip(start_pos, lengths)]
+    cos, sin = rope(positions, dtype, ends)
+    all_valid = all(n == T for n in lengths)
     last_index = torch.tensor([n - 1 for n in lengths], dtype=torch.int64, device=device)
     ctx = ForwardContext(positions, cos, sin, None, False, T, last_index, tuple(lengths))
     ctx.start_pos = tuple(start_pos)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from tandem.config import ModelConfig, RopeScaling, yarn_attention_factor
+from tandem.models.families import phi3
 from tandem.moe_config import MoESpec
 
 HOT_ROWS = 24
@@ -210,6 +211,24 @@ PRESETS: dict[str, Preset] = {
         torch.float32,
     ),
     "tiny-gemma3": Preset(_tiny_gemma3(), 512, torch.float32),
+    # Phi-4-mini's switches: fused q/k/v and gate/up in its checkpoints, partial rotary (0.75 of
+    # each head), longrope switching to its long set past 32 tokens, no biases
+    "tiny-phi3": Preset(
+        _tiny(
+            "Phi3ForCausalLM",
+            partial_rotary_factor=0.75,
+            rope_scaling=RopeScaling(
+                "longrope",
+                1.0,
+                original_max_position_embeddings=32,
+                attention_factor=phi3.longrope_attention_factor(512 / 32, 32),
+                short_factor=(1.0, 1.05, 1.1, 1.3, 1.6, 2.0),
+                long_factor=(1.0, 1.5, 2.5, 4.0, 6.0, 8.0),
+            ),
+        ),
+        512,
+        torch.float32,
+    ),
     "tiny-mixtral": Preset(
         _tiny("MixtralForCausalLM", tie_word_embeddings=False, moe=_TINY_MOE, intermediate_size=64),
         512,

@@ -23,6 +23,7 @@ from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.gguf.model_file import GGUFModel
+from tandem.loaders.gguf.names import hf_name
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.load import load_model
 from tandem.models.llama import Transformer
@@ -344,3 +345,80 @@ def test_smollm2_q4_1_greedy_ids_match_transformers_for_32_tokens_on_5_prompts(s
     with torch.no_grad():
         torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
     assert assert_same_greedy(model, hf, prompts) >= 4 * NEW_TOKENS
+
+
+def _phi3(**kw):
+    return replace(get_preset("tiny-phi3").config, **{**SHAPE, "head_dim": 64, **kw})
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "K_MIX"])
+def test_a_phi3_gguf_matches_transformers_reading_the_same_file(tmp_path, qtype):
+    """Fused attn_qkv / ffn_up split by whole rows of blocks. transformers reads a phi3 file's
+    plain switches only (no rope.dimension_count, factor tensors or window): such a model."""
+    config = _phi3(partial_rotary_factor=1.0, rope_scaling=None, sliding_window=None)
+    _, (file,) = write_preset_gguf(tmp_path / "phi3.gguf", "tiny-phi3", qtype, config=config)
+    src = GGUFModel(file)
+    q = src.manifest["model.layers.0.self_attn.k_proj.weight"]
+    assert q.gguf_name == "blk.0.attn_qkv.weight rows [256, 384)" and q.shape == (128, 256)
+    assert src.manifest["model.layers.0.mlp.up_proj.weight"].gguf_name.startswith("blk.0.ffn_up")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32, pad_token_id=0
+    ).eval()  # Phi3Config's default pad id (32000) is past this vocabulary
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+def hf_generate_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """transformers' own generate (which recomputes a sequence crossing longrope's switch): ids
+    and each step's top-2 gap."""
+    out = hf.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+        eos_token_id=None, output_logits=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    ids = out.sequences[0, len(prompt) :].tolist()
+    gaps = [float(g[0, 0] - g[0, 1]) for g in (lg.topk(2).values for lg in out.logits)]
+    return ids, gaps
+
+
+def test_a_phi3_gguf_with_partial_rotary_longrope_and_a_window_matches_transformers_phi3(tmp_path):
+    """rope.dimension_count (partial rotary), the rope_factors_short/long tensors with
+    rope.scaling.attn_factor (longrope, switching past 32 tokens: every prompt crosses it) and
+    attention.sliding_window, which transformers' GGUF reader ignores: its Phi3ForCausalLM
+    configured as the file states, over the tensors gguf-py dequantizes (fused names as HF's)."""
+    base = get_preset("tiny-phi3").config.rope_scaling
+    scaling = replace(
+        base,
+        short_factor=tuple(1.0 + i / 20 for i in range(24)),
+        long_factor=tuple(1.0 + i / 2 for i in range(24)),
+    )
+    config = _phi3(sliding_window=24, rope_scaling=scaling)
+    _, (file,) = write_preset_gguf(tmp_path / "phi4.gguf", "tiny-phi3", "Q8_0", config=config)
+    src = GGUFModel(file)
+    got = src.config
+    assert (got.rotary_dim, got.sliding_window) == (48, 24)
+    assert got.rope_scaling.rope_type == "longrope" and len(got.rope_scaling.long_factor) == 24
+    state = {}
+    for g, x in gguf_py_tensors(file).items():
+        if g.startswith("rope_factors"):
+            continue
+        layer = g.split(".")[1] if g.startswith("blk.") else None
+        leaf = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+        name = g.split(".")[2] if layer else None
+        state[f"model.layers.{layer}.{leaf[name]}.weight" if name in leaf else hf_name(g)] = x
+    state.pop("lm_head.weight", None)
+    hf_cfg = transformers.Phi3Config(**got.to_hf_dict(), pad_token_id=0)
+    hf = transformers.Phi3ForCausalLM(hf_cfg).eval()
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    ours = tandem_greedy(model, PROMPTS, NEW_TOKENS)
+    for prompt, mine in zip(PROMPTS, ours):
+        want, gaps = hf_generate_greedy(hf, prompt, NEW_TOKENS)
+        k = compared_prefix(gaps)
+        assert k > 32 - len(prompt) and mine[:k] == want[:k], (prompt, mine, want, gaps)

@@ -5,7 +5,10 @@ families (Qwen3-MoE with a dense layer among sparse ones and norm_topk_prob off,
 from the per-expert tensors transformers writes; gpt-oss (biased router, clamped SwiGLU experts
 with biases, attention sinks, a sliding window of 6 on every other layer, YaRN) from its fused,
 transposed and interleaved expert tensors. Gemma 3 (sandwich norms, a window of 8 on its local
-layers, their own rope base) crosses its window in prefill and in decode."""
+layers, their own rope base) crosses its window in prefill and in decode. Phi-3 loads from its
+fused qkv_proj / gate_up_proj, with a sliding window the generation crosses, and as Phi-4-mini
+with partial rotary and longrope whose switch to the long factor set every prompt crosses while
+generating."""
 
 import pytest
 import torch
@@ -116,6 +119,29 @@ ARCHS = {
             },
         ),
     ),
+    # fused qkv_proj / gate_up_proj split at load, no biases, a sliding window crossed by the
+    # prompts + 32 tokens
+    "phi3": (
+        transformers.Phi3Config,
+        transformers.Phi3ForCausalLM,
+        dict(sliding_window=20, original_max_position_embeddings=256),
+    ),
+    # Phi-4-mini's partial rotary (12 of 16 dims) and longrope switching to its long set past
+    # 16 tokens: every prompt crosses it while generating
+    "phi3-partial-longrope": (
+        transformers.Phi3Config,
+        transformers.Phi3ForCausalLM,
+        dict(
+            partial_rotary_factor=0.75,
+            original_max_position_embeddings=16,
+            rope_scaling=dict(
+                type="longrope",
+                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                long_factor=[1.0, 2.0, 3.0, 5.0, 7.0, 9.0],
+            ),
+            tie_word_embeddings=True,
+        ),
+    ),
     "mixtral-moe": (
         transformers.MixtralConfig,
         transformers.MixtralForCausalLM,
@@ -124,11 +150,14 @@ ARCHS = {
 }
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [200, 7], [42, 43, 44, 45, 46]]
+# transformers picks longrope's factor set for a whole batch by its longest (padded) row; tandem
+# per sequence, as transformers does at batch 1: a batch is compared with each prompt alone
+PER_SEQUENCE = {"phi3-partial-longrope"}
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
 def pair(request, tmp_path_factory):
-    """(HF model, tandem model loaded from the directory HF saved)."""
+    """(HF model, tandem model loaded from the directory HF saved, the ARCHS key)."""
     cfg_cls, model_cls, extra = ARCHS[request.param]
     torch.manual_seed(1234)
     cfg = cfg_cls(**{**SMALL, **extra}, bos_token_id=None, eos_token_id=None, pad_token_id=0)
@@ -142,12 +171,12 @@ def pair(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(d, safe_serialization=True)
     ours = load_model(ModelDir(d), dtype=torch.float32)
-    return hf, ours
+    return hf, ours, request.param
 
 
 @torch.inference_mode()
 def test_last_position_logits_match_transformers_within_1e_4_in_float32(pair):
-    hf, ours = pair
+    hf, ours, _ = pair
     ex = LocalExecutor(ours, max_batch=3, max_seq_len=64)
     step = Step(tuple(StepSequence(i, tuple(p), 0) for i, p in enumerate(PROMPTS)))
     logits = ex.run(step).logits
@@ -179,11 +208,14 @@ def hf_greedy(hf, prompts, n):
 
 
 def test_greedy_ids_match_transformers_for_32_tokens_at_batch_1_and_3(pair):
-    hf, ours = pair
+    hf, ours, arch = pair
     params = SamplingParams(max_tokens=32, temperature=0.0)
     ex = LocalExecutor(ours, max_batch=3, max_seq_len=64)
     single = generate(ex, [PROMPTS[0]], params)[0].token_ids
     assert single == hf_greedy(hf, [PROMPTS[0]], 32)[0]
     batch = [r.token_ids for r in generate(ex, PROMPTS, params)]
     assert batch[0] == single
-    assert batch == hf_greedy(hf, PROMPTS, 32)
+    if arch in PER_SEQUENCE:
+        assert batch == [hf_greedy(hf, [p], 32)[0] for p in PROMPTS]
+    else:
+        assert batch == hf_greedy(hf, PROMPTS, 32)

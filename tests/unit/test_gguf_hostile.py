@@ -160,15 +160,15 @@ def test_bad_magic_and_version_are_refused(tmp_path, good):
 
 
 def test_another_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path):
-    p = tmp_path / "phi.gguf"
-    w = GGUFWriter(p, "phi3")
+    p = tmp_path / "mamba.gguf"
+    w = GGUFWriter(p, "mamba")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(GGUFArchitectureError, match=r"'phi3' is not supported; supported: llama"):
+    with pytest.raises(GGUFArchitectureError, match=r"'mamba' is not supported; supported: llama"):
         GGUFModel(p)
 
 

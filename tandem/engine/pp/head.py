@@ -35,6 +35,7 @@ from tandem.engine.pp import frames as pp
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.pp.stage import StageRunner
+from tandem.engine.rope_rewind import LongRopeRewind
 from tandem.engine.sequences import SequenceCache
 from tandem.models.llama import Transformer
 
@@ -97,6 +98,7 @@ class PipelineExecutor:
         self._local: dict[int, torch.Tensor] = {}
         # the head's record of every sequence (the stages keep their own by the same rule)
         self.seqs = SequenceCache(max_batch, max_seq_len, vocab_size=self.vocab_size)
+        self.rewind = LongRopeRewind.for_config(embed_head.config)  # longrope: crossing recomputes
         self._failed: str | None = None
         self.steps = 0
         self.tokens_in = 0
@@ -115,6 +117,7 @@ class PipelineExecutor:
     def run(self, step: Step) -> StepResult:
         """The step's result at each sequence's last new token (see `StepResult`)."""
         self._check_usable()
+        step = self.rewind.expand(step)  # every stage gets the rewound rows
         self.seqs.check(step)
         try:
             groups = split_microbatches(step.sequences, self._microbatches_for(step))
@@ -136,6 +139,7 @@ class PipelineExecutor:
         back in submission order (`collect`). A caller that keeps one group of sequences in flight
         per stage keeps every stage busy (see `tandem.engine.pp.generate`)."""
         self._check_usable()
+        step = self.rewind.expand(step)
         self.seqs.check(step)
         try:
             tag = self._launch(step.sequences)
@@ -162,6 +166,7 @@ class PipelineExecutor:
         self._check_usable()
         self.stage0.release(seq_ids)
         self.seqs.release(seq_ids)
+        self.rewind.release(seq_ids)
         frame = pp.encode(
             StageMessage(
                 pp.KIND_RELEASE,

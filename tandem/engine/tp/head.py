@@ -20,6 +20,7 @@ from tandem.comm.base import Communicator
 from tandem.comm.metered import CommStats, MeteredCommunicator
 from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult
+from tandem.engine.rope_rewind import LongRopeRewind
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp import control
 from tandem.engine.tp.balance import ComputeClock, balance_entry, gather_clocks
@@ -69,6 +70,9 @@ class TPExecutor:
                 f"the head is rank 0 of its group, this communicator is rank {comm.rank}"
             )
         self.runner = runner
+        self.rewind = LongRopeRewind.for_config(
+            runner.model.config
+        )  # longrope: crossing recomputes
         self.comm = comm
         self.vocab_size = vocab_size
         self.max_seq_len = runner.max_seq_len
@@ -124,6 +128,7 @@ class TPExecutor:
         with self._lock:
             if self._failure is not None:
                 raise self._failure
+            step = self.rewind.expand(step)  # every rank gets the rewound rows
             self.runner.check(step)  # refused here, before any rank sees it
             release = tuple(self._pending_release)
             self._pending_release.clear()
@@ -231,6 +236,7 @@ class TPExecutor:
         with self._lock:
             self.runner.release(seq_ids)
             self._pending_release.extend(seq_ids)
+            self.rewind.release(seq_ids)
 
     def close(self) -> None:
         """Tells the workers to leave their loop, closes the communicator, then `on_close`."""

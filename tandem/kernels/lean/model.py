@@ -124,8 +124,12 @@ def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
     if config.sliding_window is not None:
         raise LeanUnsupportedError("sliding-window attention (the torch path runs it)")
-    if config.rope_scaling is not None and config.rope_scaling.rope_type == "yarn":
-        raise LeanUnsupportedError("YaRN rope scaling (the torch path runs it)")
+    if config.rope_scaling is not None and config.rope_scaling.rope_type in ("yarn", "longrope"):
+        raise LeanUnsupportedError(
+            f"{config.rope_scaling.rope_type} rope scaling (the torch path runs it)"
+        )
+    if config.rotary_dim != config.head_dim:
+        raise LeanUnsupportedError("partial rotary (the torch path runs it)")
     if config.attn_sinks:
         raise LeanUnsupportedError("attention sinks (the torch path runs them)")
     gemma = (config.norm_placement, config.norm_weight_offset, config.mlp_activation) != (

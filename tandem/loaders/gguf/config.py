@@ -28,6 +28,11 @@
                                          read a file); the router (top-k then softmax, biased),
                                          the experts' biases and clamped SwiGLU (alpha 1.702,
                                          limit 7: llama.cpp's constants)
+    phi3                                 `models.families.phi3`: fused attn_qkv / ffn_up (gate,
+                                         up) split by rows; rope.dimension_count < head_dim:
+                                         partial rotary; rope_factors_short/long tensors:
+                                         longrope (rope.scaling.attn_factor,
+                                         .original_context_length); attention.sliding_window
 
     gemma3                               `models.families.gemma3.gguf_fields`: sandwich norms
                                          stored as 1 + w, GELU-tanh, the embedding scale, the
@@ -40,7 +45,7 @@ permuted; see `names`); `qwen2` and `qwen3` are stored unpermuted.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +132,19 @@ def family_of(meta: Metadata, tensors: Collection[str]) -> Family:
 
 class GGUFFields:
     """What a family's `gguf_fields` reads: `meta`, the key prefix `a` ("{arch}."), the tensor
-    names present and the layer count."""
+    names present, the layer count, the head width and its `gguf_config_tensors`' values."""
 
-    def __init__(self, meta: Metadata, a: str, tensors: Collection[str], layers: int) -> None:
+    def __init__(
+        self,
+        meta: Metadata,
+        a: str,
+        tensors: Collection[str],
+        layers: int,
+        head_dim: int,
+        values: Mapping[str, list[float]],
+    ) -> None:
         self.meta, self.a, self.tensors, self.layers = meta, a, tensors, layers
+        self.head_dim, self.values = head_dim, values
 
 
 def config_from_gguf(
@@ -138,15 +152,19 @@ def config_from_gguf(
     tensors: Collection[str],
     embed_rows: int | None,
     rope_freqs: Sequence[float] | None,
+    values: Mapping[str, list[float]] | None = None,
 ) -> ModelConfig:
     """The model's config from `meta`, the GGUF tensor names present, the token embedding's row
-    count (the vocabulary when the metadata states none) and the `rope_freqs` values if any."""
+    count (the vocabulary when the metadata states none), the `rope_freqs` values if any and the
+    values of the family's `gguf_config_tensors` present (by field)."""
     family = family_of(meta, tensors)
     a = f"{family.gguf_arch}."
     hidden = meta.get(a + "embedding_length", int)
     heads = meta.get(a + "attention.head_count", int)
     kv = _per_layer(meta, a + "attention.head_count_kv", heads)
     rope_dims = meta.get(a + "rope.dimension_count", int, None)
+    if family.gguf_partial_rotary:  # the rotary width, read by the family's gguf_fields
+        rope_dims = None
     head_dim = meta.get(
         a + "attention.key_length", int, rope_dims or (hidden // heads if heads else 0)
     )
@@ -193,7 +211,8 @@ def config_from_gguf(
             torch_dtype="float32",
             moe=_moe(meta, a, tensors),
         )
-        fields.update(family.gguf_fields(GGUFFields(meta, a, tensors, layers)))
+        got = GGUFFields(meta, a, tensors, layers, head_dim, values or {})
+        fields.update(family.gguf_fields(got))
         cfg = ModelConfig(**fields)
         cfg.validate(str(meta.file))
     except GGUFError:

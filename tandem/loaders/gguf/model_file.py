@@ -7,6 +7,11 @@ Split models `NAME-00001-of-0000N.gguf` are found from any part; each part must 
 its `split.no` / `split.count` where it sits, and together they must hold `split.tensors.count`
 tensors, none twice. Metadata is the first part's.
 
+A fused projection (a phi3 file's `attn_qkv`, and its `ffn_up`: gate then up) is in the manifest
+as its parts (`loaders.fused_rows`), each the byte range of its whole rows of blocks: a row slice
+of a GGUF tensor is contiguous, so a part reads, shards and multiplies like any tensor and nothing
+is dequantized or requantized.
+
 Whole tensors are zero-copy views of the memory-mapped files (a TP shard's slices are read with
 pread: `blocks`) except the q/k weights (and biases) of a
 `llama` file, whose rows llama.cpp's converter permuted (`names.unpermute_rows`): those are read
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tandem.loaders.errors import MissingTensorError, TensorShapeError
+from tandem.loaders.fused_rows import check_rows, row_views, rules_for
 from tandem.loaders.gguf.config import (
     GGUFArchitectureError,
     Metadata,
@@ -153,14 +159,51 @@ class GGUFModel:
         self.arch = self.family.gguf_arch
         embed = self._raw.get("token_embd.weight")
         self.config = config_from_gguf(
-            self.metadata, self._raw.keys(), embed.shape[0] if embed else None, self._rope_freqs()
+            self.metadata,
+            self._raw.keys(),
+            embed.shape[0] if embed else None,
+            self._rope_freqs(),
+            self._config_values(),
         )
         self.manifest: dict[str, GGUFTensorInfo] = {}  # HF parameter name -> info
         for name, info in self._raw.items():
             hf = hf_name(name, self.family.gguf_names)
             if hf is not None:
                 self.manifest[hf] = info
+        self._fused = self._split_fused()
         self._check_no_stray_tensors()
+
+    def _split_fused(self) -> set[str]:
+        """Replaces each fused projection in the manifest by its parts' row ranges (module
+        docstring); returns the fused HF names it consumed."""
+        rules = rules_for(self.config)
+        views = row_views(list(self.manifest), rules)
+        for name, view in views.items():
+            src = self.manifest[view.source]
+            check_rows(view.source, src.shape[0], rules, f"{src.file}: {src.gguf_name}")
+            row_bytes = src.nbytes // src.shape[0]
+            a, b = view.row0, view.row0 + view.rows
+            self.manifest[name] = replace(
+                src,
+                gguf_name=f"{src.gguf_name} rows [{a}, {b})",
+                shape=(view.rows, *src.shape[1:]),
+                offset=src.offset + a * row_bytes,
+                nbytes=view.rows * row_bytes,
+            )
+        fused = {v.source for v in views.values()}
+        for name in fused:
+            del self.manifest[name]
+        return fused
+
+    def _config_values(self) -> dict[str, list[float]]:
+        """The values of the family's `gguf_config_tensors` the file holds, by field (a phi3
+        file's longrope factor sets)."""
+        got = {}
+        for field, name in self.family.gguf_config_tensors.items():
+            info = self._raw.get(name)
+            if info is not None:
+                got[field] = self.values_array(info, name).reshape(-1).tolist()
+        return got
 
     def _check_split(self, part: int, reader: GuardedReader) -> None:
         if len(self.files) == 1:
@@ -187,11 +230,12 @@ class GGUFModel:
         """Every tensor must feed a parameter of the model the config describes: one it has no
         place for (q/k norms in a llama file, an unknown name) means a variant tandem would
         silently run wrong."""
-        used = self.config.checkpoint_names()
+        used = self.config.checkpoint_names() | self._fused
+        config_only = {ROPE_FREQS, *self.family.gguf_config_tensors.values()}
         stray = [
             i.gguf_name
             for name, i in self._raw.items()
-            if name != ROPE_FREQS and hf_name(name, self.family.gguf_names) not in used
+            if name not in config_only and hf_name(name, self.family.gguf_names) not in used
         ]
         if stray:
             raise GGUFArchitectureError(

@@ -11,6 +11,7 @@ from tandem.models.quant.blocks import BY_NAME
 K_MIX = "K_MIX"
 _MIX = {
     "attn_v": "Q6_K",
+    "attn_qkv": "Q5_K",  # llama-quantize's Q4_K_M choice for a fused q/k/v
     "output": "Q6_K",
     "attn_output": "Q5_K",
     "ffn_down": "Q5_K",

@@ -3,7 +3,9 @@ preset, or an HF model directory), quantized per tensor to a ggml type, laid out
 `convert_hf_to_gguf.py` + `llama-quantize` would: architecture metadata, the `llama` q/k row
 permutation (`names.permute_rows`, so a loader must undo it), 1-D tensors (norms, biases) in
 F32, llama3 rope scaling as a `rope_freqs` tensor, a family's own keys and stored form
-(`Family.gguf_write`, `gguf_store`: gemma3's norms as 1 + w), and a `gpt2` tokenizer (tokens, token types,
+(`Family.gguf_write`, `gguf_store`: gemma3's norms as 1 + w; phi3's rotary width, longrope
+factor tensors and window), a family's fused projections fused (`Family.fused_rows`: phi3's
+`attn_qkv`, `ffn_up`), and a `gpt2` tokenizer (tokens, token types,
 merges, special ids, chat template) when the model has a byte-level BPE tokenizer.
 
 `qtype` names one ggml type for every matrix ("Q8_0", "Q4_K", "F16", ...) or the mix
@@ -27,6 +29,7 @@ from gguf.constants import GGMLQuantizationType, RopeScalingType, TokenType
 from tokenizers import Tokenizer as HFTokenizer
 
 from tandem.config import ModelConfig
+from tandem.loaders.fused_rows import fuse, rules_for
 from tandem.loaders.gguf.names import ROPE_FREQS, gguf_name, permute_rows, permuted_heads
 from tandem.loaders.gguf.tensor_types import K_MIX as K_MIX  # re-exported: the mix's name
 from tandem.loaders.gguf.tensor_types import GGUFWriteError, tensor_type
@@ -63,7 +66,7 @@ def write_gguf(
     _metadata(w, config, name)
     if tokenizer is not None:
         _tokenizer(w, config, tokenizer, tokenizer_cfg or {})
-    for hf, t in tensors.items():
+    for hf, t in fuse(tensors, rules_for(config)).items():
         g = gguf_name(hf, family.gguf_names)
         x = family.gguf_store(config, hf, t.detach().float())
         heads = permuted_heads(hf, config.num_attention_heads, config.num_key_value_heads)

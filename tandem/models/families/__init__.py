@@ -13,6 +13,7 @@ from tandem.models.families import (
     llama,
     mistral,
     mixtral,
+    phi3,
     qwen2,
     qwen3,
     qwen3_moe,
@@ -28,6 +29,7 @@ FAMILIES: tuple[Family, ...] = (
     mixtral.FAMILY,
     gpt_oss.FAMILY,
     gemma3.FAMILY,
+    phi3.FAMILY,
 )
 _BY_ARCH = {a: f for f in FAMILIES for a in (f.architecture, *f.multimodal)}
 _BY_TYPE = {f.model_type: f for f in FAMILIES}

@@ -9,6 +9,7 @@ in this package states exactly those, for both ways a model arrives:
                                weights renamed by `checkpoint_renames`)
     hf_defaults                transformers' defaults, laid under what config.json states
     own_activation             its `hf_fields` reads and checks the activation (else only SiLU)
+    own_rope                   its `hf_fields` reads the rope scaling (a type only it runs)
     hf_fields(r)               the `ModelConfig` fields its config.json sets beyond the shape every
                                family shares (`ModelConfig.from_hf_dict`; `r` is a `config.HFFields`)
     hf_extras(c)               the config.json fields transformers needs back (`to_hf_dict`)
@@ -20,7 +21,13 @@ in this package states exactly those, for both ways a model arrives:
                                (`loaders.gguf.config`; `g` is a `GGUFFields`)
     gguf_names                 HF module -> GGUF tensor name, where the family's files differ
     gguf_store(c, name, x)     tensor `name` as the family's GGUF files store it (Gemma: 1 + w)
+    gguf_partial_rotary        `rope.dimension_count` may be less than the head (its gguf_fields
+                               reads it)
+    gguf_config_tensors        field -> GGUF tensor whose values configure the model (Phi-3's
+                               longrope factors), read for `gguf_fields` (`GGUFFields.values`)
     checkpoint_renames(names)  the reference name -> checkpoint name of tensors stored elsewhere
+    fused_rows(c)              checkpoint projections that hold several of the reference's, by
+                               rows (`loaders.fused_rows`: Phi-3's qkv_proj, gate_up_proj)
     permuted_qk                llama.cpp's converter permuted its q/k rows (`gguf.names`)
 
 The module is torch-free (config parsing runs in processes that never import torch).
@@ -46,6 +53,7 @@ class Family:
     multimodal: tuple[str, ...] = ()
     hf_defaults: Mapping[str, Any] = field(default_factory=dict)
     own_activation: bool = False
+    own_rope: bool = False
     hf_fields: Callable[[Any], dict[str, Any]] = _nothing
     hf_extras: Callable[[Any], dict[str, Any]] = _nothing
     rope_theta: float = 10000.0
@@ -57,4 +65,7 @@ class Family:
     gguf_names: Mapping[str, str] = field(default_factory=dict)
     permuted_qk: bool = False
     gguf_store: Callable[[Any, str, Any], Any] = lambda c, name, x: x
+    gguf_partial_rotary: bool = False
+    gguf_config_tensors: Mapping[str, str] = field(default_factory=dict)
     checkpoint_renames: Callable[[Any], dict[str, str]] = _nothing
+    fused_rows: Callable[[Any], dict[str, Any]] = _nothing
