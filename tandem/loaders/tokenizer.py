@@ -118,6 +118,14 @@ class Tokenizer:
             self._pieces = _PieceRules.of(self._tok)
         return self._pieces.bytes_of(token_id, piece)
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token whose text is exactly `text` (a marker such as `<think>`),
+        or None where the vocabulary has no such token."""
+        found = self._tok.token_to_id(text)
+        if found is None or self._tok.decode([found], skip_special_tokens=False) != text:
+            return None
+        return found
+
     @property
     def special_token_ids(self) -> list[int]:
         """The ids of the added tokens marked special (no text encodes to them)."""
