@@ -117,6 +117,8 @@ def add_ollama(app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN
         body.refuse_unsupported()
         if not body.prompt and not body.context:
             return _loaded(engine, {"response": ""})
+        if body.raw and body.think:
+            raise APIError(400, "`think` is not read with raw: true", param="think")
         read = PLAIN if body.raw else fmt  # raw: the text as the model writes it
         variables = _think_variables(engine, read, body.think)
         prompt_ids, tail = await _prompt_ids(

@@ -171,6 +171,10 @@ def test_ollama_thinking_is_the_openai_reasoning_and_think_false_turns_it_off(qw
     assert off.thinking is None and plain.reasoning_content is None
     assert off.content == plain.content and plain.content
     assert "thinking" in o.show(name).capabilities
+    gen = o.generate(model=name, prompt=ASK[0]["content"], options=greedy)  # one user turn
+    assert (gen.thinking, gen.response) == (got.thinking, got.content)
+    with pytest.raises(ollama.ResponseError, match="raw"):
+        o.generate(model=name, prompt="x", raw=True, think=True)
 
 
 def test_reasoning_parser_none_leaves_the_text_as_the_model_wrote_it(qwen_think):
