@@ -6,6 +6,7 @@ tiny-qwen3 with `<think>` / `</think>` added tokens and a template that opens `<
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from tokenizers import AddedToken
 
 from tandem.loaders.tokenizer_build import build_byte_bpe, word_token_ids
@@ -48,8 +49,6 @@ def _write(
         eos_token_ids=tuple(tok.token_to_id(t) for t in eos),
         torch_dtype="float32",
     )
-    import torch
-
     tensors = random_weights(config, 0, torch.float32, hot_rows(config, hot))
     tokenizer_config = {"eos_token": eos[0], "bos_token": None, "chat_template": template}
     write_model_dir(
