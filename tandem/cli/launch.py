@@ -138,6 +138,7 @@ def serve_argv(args: argparse.Namespace, model: Path) -> list[str]:
         "shrink_after",
         "pp_weights",
         "allowed_hosts",
+        "reasoning_parser",
     ):
         value = getattr(args, flag)
         if value is not None:

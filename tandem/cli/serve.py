@@ -75,6 +75,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
     p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=("auto", "none", "think", "harmony"),
+        help="how chat answers are split into reasoning and content: harmony (gpt-oss), think "
+        "(<think>...</think>: Qwen3, DeepSeek-R1), none (the text as written); auto (default) "
+        "picks by the tokenizer's marker tokens",
+    )
+    p.add_argument(
         "--op-timeout",
         type=float,
         default=None,
@@ -216,7 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
                 pp_weights=args.pp_weights,
                 prefix_cache=args.prefix_cache,
             )
-            switch.app = create_app(engine, api_key=args.api_key)
+            switch.app = create_app(engine, api_key=args.api_key, reasoning=args.reasoning_parser)
             layout = f"tp={args.tp}, pp={args.pp}"
             if ring_config:
                 layout = f"rank 0 of the group in {ring_config}"

@@ -8,6 +8,11 @@ is known not to be one, so a stop string never leaks into the output, streamed o
 With logprobs asked for, each delta carries the tokens whose text starts in it (`OutputToken`,
 with its offset in the completion's text); a token whose text starts past the end of a text cut
 at a stop string is not reported, and one that ends the request (EOS, a stop id) neither.
+
+A request may name marker tokens (a reasoning format's `<think>`, harmony's `<|channel|>`): those
+are kept out of the text and reported as `Mark`s, each with the offset in the text it came at,
+in the delta that shows the text before it; so a reader can tell the model's marker token from
+the same characters written as text.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
 __all__ = [
     "Completion",
     "EngineUnavailable",
+    "Mark",
     "OutputToken",
     "PromptRejected",
     "RequestRejected",
@@ -55,12 +61,23 @@ class OutputToken:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """A marker token kept out of the text: `token_id` came after the first `offset` characters
+    of the completion's text."""
+
+    offset: int
+    token_id: int
+
+
+@dataclass(frozen=True)
 class TextDelta:
-    """Text newly safe to show, and the tokens (with logprobs, when asked for) whose text starts
-    in it; at the end of a generation the text may be empty."""
+    """Text newly safe to show, the tokens (with logprobs, when asked for) whose text starts in
+    it, and the marker tokens (`Mark`) that came within or at the end of it, in order; at the end
+    of a generation the text may be empty."""
 
     text: str
     tokens: tuple[OutputToken, ...] = ()
+    marks: tuple[Mark, ...] = ()
 
 
 @dataclass
@@ -72,6 +89,7 @@ class Completion:
     cached_tokens: int = 0  # of the prompt's, taken from the prefix cache (not prefilled)
     tokens: list[OutputToken] = field(default_factory=list)  # with logprobs, when asked for
     token_ids: list[int] = field(default_factory=list)  # every token generated (no EOS)
+    marks: list[Mark] = field(default_factory=list)  # the marker tokens, kept out of `text`
 
 
 class PromptRejected(RequestRejected):
@@ -179,19 +197,29 @@ class ServingEngine:
     @property
     def template_takes_tools(self) -> bool:
         """Whether the model's chat template reads `tools` itself (its source names them)."""
+        return self.template_reads("tools")
+
+    def template_reads(self, name: str) -> bool:
+        """Whether the model's chat template names the variable `name` (`tools`,
+        `enable_thinking`, `reasoning_effort`): a template that does not would ignore it."""
         config = getattr(self.tokenizer, "config", None)
         template = config.get("chat_template") if isinstance(config, dict) else None
-        return self._chat_template is not None and "tools" in str(template or "")
+        return self._chat_template is not None and name in str(template or "")
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
-        """The prompt text of `messages` (and `tools`, for a template that takes them)."""
+        """The prompt text of `messages` (and `tools`, for a template that takes them; the
+        template's other `variables`, such as `enable_thinking`)."""
         if self._chat_template is not None:
+            extra = dict(variables or {})
+            if tools:
+                extra["tools"] = tools
             try:
-                if tools:
-                    return self._chat_template(messages, tools=tools)
-                return self._chat_template(messages)
+                return self._chat_template(messages, **extra)
             except TemplateLimitError as e:
                 raise PromptRejected(str(e), "chat_template_limit") from e
             except ChatTemplateError as e:
@@ -211,15 +239,19 @@ class ServingEngine:
         on_delta: Callable[[TextDelta], None],
         on_done: Callable[[Completion | None, BaseException | None], None],
         mask: TokenMask | None = None,
+        markers: frozenset[int] = frozenset(),
     ) -> Request:
         """Starts a generation; `on_delta` gets text as it becomes safe to show (with the tokens it
-        starts, when `params.logprobs` is set), then `on_done` once. Raises RequestRejected /
-        EngineUnavailable before anything runs. Cancel with `.cancel()`."""
+        starts, when `params.logprobs` is set, and the `markers` tokens met, as `Mark`s), then
+        `on_done` once. Raises RequestRejected / EngineUnavailable before anything runs. Cancel
+        with `.cancel()`."""
         stream = TextStream(self.tokenizer.decode, stop)
         ids: list[int] = []
         logged: list[OutputToken] = []  # every token reported, in order
         held: list[OutputToken] = []  # reported once text past their start is shown
         last: list[TokenLogprobs] = []
+        marks: list[Mark] = []  # every mark reported, in order
+        waiting: list[Mark] = []  # reported once the text before them is shown
 
         def on_logprobs(lp: TokenLogprobs) -> None:
             last.append(lp)
@@ -228,15 +260,25 @@ class ServingEngine:
             ids.append(token)
             if last:
                 held.append(OutputToken(last.pop(), stream.start))
-            text, hit = stream.push(token)
+            if token in markers:  # kept out of the text: its place in it is all it has
+                text, hit = "", False
+                waiting.append(Mark(stream.start, token))
+            else:
+                text, hit = stream.push(token)
             k = 0  # offsets never decrease: the tokens shown are a prefix of those held
             while k < len(held) and held[k].offset < stream.sent:
                 k += 1
             shown = held[:k]
             del held[:k]
             logged.extend(shown)
-            if text or shown:
-                on_delta(TextDelta(text, tuple(shown)))
+            m = 0  # a mark goes once all the text before it has
+            while m < len(waiting) and waiting[m].offset <= stream.sent:
+                m += 1
+            reached = tuple(waiting[:m])
+            del waiting[:m]
+            marks.extend(reached)
+            if text or shown or reached:
+                on_delta(TextDelta(text, tuple(shown), reached))
             return hit
 
         def on_finish(reason: str, error: BaseException | None) -> None:
@@ -247,10 +289,14 @@ class ServingEngine:
             tail = stream.flush()
             rest = [t for t in held if not stream.stopped or t.offset < len(stream.text)]
             logged.extend(rest)
-            if tail or rest:
-                on_delta(TextDelta(tail, tuple(rest)))
+            # past a stop string's cut only the marks before it stand
+            after = tuple(m for m in waiting if not stream.stopped or m.offset <= len(stream.text))
+            marks.extend(after)
+            if tail or rest or after:
+                on_delta(TextDelta(tail, tuple(rest), after))
+            n = len(ids)
             done = Completion(
-                stream.text, reason, len(prompt_ids), len(ids), req.cached_tokens, logged, ids
+                stream.text, reason, len(prompt_ids), n, req.cached_tokens, logged, ids, marks
             )
             on_done(done, None)
 

@@ -26,6 +26,7 @@ __all__ = ["ChatTemplateError", "StreamDecoder", "TemplateLimitError", "Tokenize
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"  # its eos_token_id: every id that ends a turn
 PROBE_MESSAGES = [{"role": "user", "content": "Hello!"}]
 
 
@@ -67,7 +68,9 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer | None:
         """The directory's tokenizer, or None when it has no `tokenizer.json` (prompts must then be
-        given as token ids)."""
+        given as token ids). Generation stops on the EOS token and on the ids
+        `generation_config.json` lists as `eos_token_id`, as transformers' generate does (gpt-oss
+        ends a tool call with `<|call|>`, named only there)."""
         path = Path(path)
         file = path / TOKENIZER_FILE
         if not file.exists():
@@ -76,16 +79,13 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(file))
         except Exception as e:  # the Rust library raises a bare Exception on malformed files
             raise CorruptFileError(f"{file}: not a valid tokenizer ({e})") from e
-        config: dict[str, Any] = {}
-        cfg_file = path / TOKENIZER_CONFIG_FILE
-        if cfg_file.exists():
-            try:
-                config = json.loads(cfg_file.read_text())
-                if not isinstance(config, dict):
-                    raise ValueError("not an object")
-            except (ValueError, RecursionError) as e:  # deep nesting: RecursionError
-                raise CorruptFileError(f"{cfg_file}: not a JSON object ({e})") from e
-        return cls(tok, config, path)
+        config = _json_object(path / TOKENIZER_CONFIG_FILE)
+        made = cls(tok, config, path)
+        listed = _json_object(path / GENERATION_CONFIG_FILE).get("eos_token_id")
+        listed = listed if isinstance(listed, list) else [listed]
+        more = [i for i in listed if type(i) is int and 0 <= i < made.vocab_size]
+        made.eos_token_ids = tuple(dict.fromkeys([*made.eos_token_ids, *more]))
+        return made
 
     def encode(self, text: str) -> list[int]:
         """The text's ids, special tokens written in it matched whole; nothing added."""
@@ -117,6 +117,14 @@ class Tokenizer:
         if self._pieces is None:
             self._pieces = _PieceRules.of(self._tok)
         return self._pieces.bytes_of(token_id, piece)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the one token whose text is exactly `text` (a marker such as `<think>`),
+        or None where the vocabulary has no such token."""
+        found = self._tok.token_to_id(text)
+        if found is None or self._tok.decode([found], skip_special_tokens=False) != text:
+            return None
+        return found
 
     @property
     def special_token_ids(self) -> list[int]:
@@ -238,6 +246,19 @@ class _PieceRules:
         if self.byte_fallback and m:
             return bytes([int(m.group(1), 16)])
         return piece.replace("\u2581", " ").encode()
+
+
+def _json_object(file: Path) -> dict[str, Any]:
+    """A small config file's JSON object ({} where there is no file)."""
+    if not file.exists():
+        return {}
+    try:
+        value = json.loads(file.read_text())
+        if not isinstance(value, dict):
+            raise ValueError("not an object")
+    except (ValueError, RecursionError) as e:  # deep nesting: RecursionError
+        raise CorruptFileError(f"{file}: not a JSON object ({e})") from e
+    return value
 
 
 def _token_text(t: Any) -> str | None:

@@ -24,7 +24,8 @@ from tandem.engine.serving import (
     ServingEngine,
     TextDelta,
 )
-from tandem.server import tools
+from tandem.server import reasoning_format, tools
+from tandem.server.answers import ChoiceAnswer, Part
 from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.generation import drain, generate_choices
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
@@ -41,16 +42,22 @@ from tandem.server.protocol import (
     error_response,
     keyed,
 )
+from tandem.server.reasoning_grammar import chat_grammar
 from tandem.server.structured import grammar_masks, response_format_spec
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def create_app(
-    engine: ServingEngine, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+    engine: ServingEngine,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    reasoning: str = "auto",
 ) -> FastAPI:
     """The API over `engine`; with `api_key`, /v1 and /api need `Authorization: Bearer <key>` (and only
-    such a caller sees /health's full detail). Bodies over `max_body_bytes` are answered 413."""
+    such a caller sees /health's full detail). Bodies over `max_body_bytes` are answered 413.
+    `reasoning`: how chat answers are read for reasoning (`reasoning_format.choose`)."""
+    fmt = reasoning_format.choose(engine.tokenizer, reasoning)
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None)
     http_counts: dict[tuple[str, int], int] = {}
 
@@ -99,7 +106,7 @@ def create_app(
         )
 
     cluster = add_page(app, engine)  # GET /, /static/*, /v1/cluster
-    add_ollama(app, engine)  # /api/*
+    add_ollama(app, engine, fmt)  # /api/*
 
     @app.get("/metrics")
     async def metrics():
@@ -131,26 +138,36 @@ def create_app(
                     "a forced tool call and a response_format cannot both hold",
                     param="tool_choice",
                 )
-            grammar, field = tool_plan.grammar, "tool_choice"
+            field = "tool_choice"
+        variables = body.template_variables(engine.template_reads)
         native = engine.template_takes_tools
         listed = tool_plan.tools if tool_plan is not None else None
         messages = tools.template_messages(
             [m.for_template(i) for i, m in enumerate(body.messages)], listed, native
         )
+
+        def prompt() -> tuple[list[int], list]:
+            text = engine.chat_prompt(messages, listed if native else None, variables)
+            ids = engine.encode(text)
+            return ids, fmt.prompt_tail(ids, engine.tokenizer.decode)
+
         # off the event loop: a long prompt must not stall every open stream while it tokenizes
         try:
-            prompt_ids = await asyncio.to_thread(
-                lambda: engine.encode(engine.chat_prompt(messages, listed if native else None))
-            )
+            prompt_ids, tail = await asyncio.to_thread(prompt)
         except PromptRejected as e:  # the template's refusal, failure or limit: named
             raise APIError(400, str(e), param="messages", code=e.code) from e
         params = _params(engine, body, prompt_ids, default_max=None)
+        grammar = chat_grammar(fmt, grammar, tool_plan, tail)
         masks = await grammar_masks(engine, grammar, body.n, field)
         parse = tool_plan is not None and tool_plan.parse
+        answers = [ChoiceAnswer(fmt.reader(tail), parse) for _ in range(body.n)]
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
+        events = generate_choices(
+            engine, prompt_ids, params, body.stop_strings(), body.n, masks, fmt.marker_ids
+        )
+        shown = fmt.kind != "none"  # reasoning_content is a field of this server's answers
         if body.stream:
-            return _sse(_chat_chunks(engine, events, rid, created, body, parse))
+            return _sse(_chat_chunks(engine, events, rid, created, body, answers, shown))
         done = await drain(events, body.n)
         return {
             "id": rid,
@@ -160,7 +177,7 @@ def create_app(
             "choices": [
                 {
                     "index": i,
-                    **_chat_message(c, parse),
+                    **_chat_message(c, answers[i], shown),
                     "logprobs": None
                     if params.logprobs is None
                     else chat_logprobs(engine.token_bytes, c.tokens),
@@ -338,24 +355,28 @@ def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-def _chat_message(c: Completion, parse: bool) -> dict[str, Any]:
-    """A choice's `message` and `finish_reason`: with tools in play, the `<tool_call>` blocks of
-    its text as `tool_calls` (finish_reason "tool_calls")."""
-    if parse:
-        content, calls = tools.parse_calls(c.text)
-        if calls:
-            message = {"role": "assistant", "content": content, "tool_calls": calls}
-            return {"message": message, "finish_reason": "tool_calls"}
-    return {"message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
+def _chat_message(c: Completion, answer: ChoiceAnswer, shown: bool) -> dict[str, Any]:
+    """A choice's `message` and `finish_reason`: its reasoning as `reasoning_content` (where the
+    model has a reasoning format), its content, and its calls as `tool_calls` (finish_reason
+    "tool_calls")."""
+    part = answer.whole(c)
+    message: dict[str, Any] = {"role": "assistant", "content": part.content}
+    if shown:
+        message["reasoning_content"] = part.reasoning or None
+    if part.calls:
+        message.update(content=part.content or None, tool_calls=part.calls)
+    return {"message": message, "finish_reason": answer.finish_reason(c)}
 
 
 async def _chat_chunks(
-    engine, events, rid, created, body, parse: bool = False
+    engine, events, rid, created, body, answers: list[ChoiceAnswer], shown: bool
 ) -> AsyncIterator[dict[str, Any]]:
-    """The chat's SSE chunks. With tools in play (`parse`) a choice's text is held to its end
-    and sent as one delta: its content, or its `tool_calls` (each whole, with its index)."""
+    """The chat's SSE chunks: reasoning as `delta.reasoning_content` and content as
+    `delta.content` as they are read, each call whole (with its index) as it ends. With tools in
+    play a choice's content is held to its end (`answers.ChoiceAnswer`)."""
     logged = body.logprobs_wanted() is not None
     done: dict[int, Completion] = {}
+    calls = [0] * body.n  # calls sent so far, per choice
 
     def chunk(i: int, delta: dict, finish: str | None = None, lps: Any = None) -> dict[str, Any]:
         return {
@@ -366,26 +387,31 @@ async def _chat_chunks(
             "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": lps}],
         }
 
+    def delta(i: int, part: Part) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if part.reasoning:
+            out["reasoning_content"] = part.reasoning
+        if part.content:
+            out["content"] = part.content
+        if part.calls:
+            out["tool_calls"] = [{"index": calls[i] + k, **c} for k, c in enumerate(part.calls)]
+            calls[i] += len(part.calls)
+        return out
+
     for i in range(body.n):
         yield chunk(i, {"role": "assistant", "content": ""})
     async for i, item in events:
         if isinstance(item, TextDelta):
-            if parse:
-                continue
             lps = chat_logprobs(engine.token_bytes, item.tokens) if logged else None
-            yield chunk(i, {"content": item.text}, lps=lps)
+            out = delta(i, answers[i].read(item))
+            if out or lps:
+                yield chunk(i, out if out or shown else {"content": ""}, lps=lps)
         else:
             done[i] = item
-            finish = item.finish_reason
-            if parse:
-                answer = _chat_message(item, parse)
-                message, finish = answer["message"], answer["finish_reason"]
-                if message.get("tool_calls"):
-                    calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
-                    yield chunk(i, {"content": message["content"], "tool_calls": calls})
-                elif message["content"]:
-                    yield chunk(i, {"content": message["content"]})
-            yield chunk(i, {}, finish)
+            out = delta(i, answers[i].finish())
+            if out:
+                yield chunk(i, out)
+            yield chunk(i, {}, answers[i].finish_reason(item))
     if body.stream_options and body.stream_options.include_usage:
         yield {**chunk(0, {}), "choices": [], "usage": _usage([done[i] for i in sorted(done)])}
 

@@ -32,12 +32,14 @@ def generate_choices(
     stop: tuple[str, ...],
     n: int = 1,
     masks: list[TokenMask] | None = None,
+    markers: frozenset[int] = frozenset(),
 ) -> AsyncIterator[Event]:
     """Submits `n` choices now (so admission errors become 4xx/5xx before any response starts),
-        choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
-        stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
-        sequence (its own prefill; a kept prefix serves one of them). `masks`: choice i's `TokenMask`
-    (structured output), one per choice."""
+    choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
+    stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
+    sequence (its own prefill; a kept prefix serves one of them). `masks`: choice i's `TokenMask`
+    (structured output), one per choice; `markers`: the reasoning format's marker tokens, kept out
+    of the text and reported as `Mark`s."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -52,7 +54,9 @@ def generate_choices(
         for i in range(n):
             p = params if i == 0 else dataclasses.replace(params, choice=i)
             mask = masks[i] if masks is not None else None
-            handles.append(engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i), mask))
+            handles.append(
+                engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i), mask, markers)
+            )
     except (RequestRejected, EngineUnavailable) as e:
         for h in handles:
             h.cancel()

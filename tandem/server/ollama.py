@@ -20,6 +20,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,7 @@ from fastapi.responses import StreamingResponse
 
 from tandem.engine.serving import Completion, PromptRejected, ServingEngine, TextDelta
 from tandem.server import tools
+from tandem.server.answers import ChoiceAnswer, Part
 from tandem.server.generation import generate_choices
 from tandem.server.logprobs import token_entries
 from tandem.server.ollama_protocol import (
@@ -37,15 +39,20 @@ from tandem.server.ollama_protocol import (
     sampling_params,
 )
 from tandem.server.protocol import APIError
+from tandem.server.reasoning_format import ReasoningFormat
+from tandem.server.reasoning_grammar import hold_answer
 from tandem.server.structured import grammar_masks, ollama_format_spec
+
+PLAIN = ReasoningFormat("none", {})  # no reasoning format: the output is the content
 
 # The Ollama API level these routes follow (clients check /api/version against their minimum).
 OLLAMA_API_VERSION = "0.12.0"
 ROUTES = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
 
 
-def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
-    """Registers the /api routes on `app` (its error handler answers `{"error": ...}` there)."""
+def add_ollama(app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN) -> None:
+    """Registers the /api routes on `app` (its error handler answers `{"error": ...}` there);
+    answers are read for reasoning by `fmt`."""
 
     @app.get("/api/version")
     async def version():
@@ -77,7 +84,7 @@ def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
             "template": template or "",
             "details": _details(engine),
             "model_info": {"general.context_length": engine.max_seq_len},
-            "capabilities": ["completion"],
+            "capabilities": ["completion", *(["thinking"] if fmt.kind != "none" else [])],
             "modified_at": _timestamp(engine.started_at),
         }
 
@@ -87,16 +94,22 @@ def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
         body.refuse_unsupported()
         if not body.messages:  # Ollama's way of loading a model
             return _loaded(engine, {"message": {"role": "assistant", "content": ""}})
+        variables = _think_variables(engine, fmt, body.think)
         plan = tools.plan(body.tools, "auto")
         listed = plan.tools if plan is not None else None
         native = engine.template_takes_tools
         messages = tools.template_messages(
             [m.for_template(i) for i, m in enumerate(body.messages)], listed, native
         )
-        prompt_ids = await _prompt_ids(
-            lambda: engine.encode(engine.chat_prompt(messages, listed if native else None))
+        prompt_ids, tail = await _prompt_ids(
+            fmt,
+            engine,
+            lambda: engine.encode(
+                engine.chat_prompt(messages, listed if native else None, variables)
+            ),
         )
-        return await _answer(engine, body, prompt_ids, chat=True, parse=plan is not None)
+        reading = _Reading(fmt, tail, plan is not None, body.think is not False)
+        return await _answer(engine, body, prompt_ids, reading, chat=True)
 
     @app.post("/api/generate")
     async def generate(body: OllamaGenerateRequest):
@@ -104,13 +117,55 @@ def add_ollama(app: FastAPI, engine: ServingEngine) -> None:
         body.refuse_unsupported()
         if not body.prompt and not body.context:
             return _loaded(engine, {"response": ""})
-        prompt_ids = await _prompt_ids(lambda: _generate_prompt(engine, body))
-        return await _answer(engine, body, prompt_ids, chat=False)
+        if body.raw and body.think:
+            raise APIError(400, "`think` is not read with raw: true", param="think")
+        read = PLAIN if body.raw else fmt  # raw: the text as the model writes it
+        variables = _think_variables(engine, read, body.think)
+        prompt_ids, tail = await _prompt_ids(
+            read, engine, lambda: _generate_prompt(engine, body, variables)
+        )
+        reading = _Reading(read, tail, False, body.think is not False)
+        return await _answer(engine, body, prompt_ids, reading, chat=False)
 
 
-async def _prompt_ids(build: Callable[[], list[int]]) -> list[int]:
-    """`build()` off the event loop (a long prompt must not stall the open streams); the chat
-    template's refusal, failure or limit is a 400."""
+@dataclass(frozen=True)
+class _Reading:
+    """How a request's output is read: its reasoning format and the prompt's tail it continues,
+    whether tool calls are parsed, whether the reasoning is returned (`think` not false)."""
+
+    fmt: ReasoningFormat
+    tail: list
+    parse: bool
+    thinking: bool
+
+
+def _think_variables(engine: ServingEngine, fmt: ReasoningFormat, think: Any) -> dict[str, Any]:
+    """Ollama's `think` as the chat template's variables: `enable_thinking` (Qwen3's), and a
+    level as `reasoning_effort` (gpt-oss's), where the template reads them; thinking asked of a
+    model without a reasoning format is a 400, as Ollama answers it."""
+    if think is None:
+        return {}
+    if think is not False and fmt.kind == "none":
+        raise APIError(400, f"{_name(engine)!r} does not support thinking", param="think")
+    out: dict[str, Any] = {}
+    if engine.template_reads("enable_thinking"):
+        out["enable_thinking"] = think is not False
+    if isinstance(think, str) and engine.template_reads("reasoning_effort"):
+        out["reasoning_effort"] = think
+    return out
+
+
+async def _prompt_ids(
+    fmt: ReasoningFormat, engine: ServingEngine, ids: Callable[[], list[int]]
+) -> tuple[list[int], list]:
+    """The prompt's `ids()` and the tail of it the output continues (`prompt_tail`), built off
+    the event loop (a long prompt must not stall the open streams); the chat template's
+    refusal, failure or limit is a 400."""
+
+    def build() -> tuple[list[int], list]:
+        prompt = ids()
+        return prompt, fmt.prompt_tail(prompt, engine.tokenizer.decode)
+
     try:
         return await asyncio.to_thread(build)
     except PromptRejected as e:
@@ -118,18 +173,24 @@ async def _prompt_ids(build: Callable[[], list[int]]) -> list[int]:
 
 
 async def _answer(
-    engine: ServingEngine, body: Any, prompt_ids: list[int], *, chat: bool, parse: bool = False
+    engine: ServingEngine, body: Any, prompt_ids: list[int], reading: _Reading, *, chat: bool
 ):
-    """The answer, whole or as NDJSON lines. With tools offered (`parse`) the text is held to its
-    end and its `<tool_call>` blocks returned as the message's `tool_calls`."""
+    """The answer, whole or as NDJSON lines: reasoning as `thinking` (unless `think` is false),
+    the content, and with tools offered the calls as the message's `tool_calls` (the content
+    then held to its end)."""
     params, stop = sampling_params(body, len(prompt_ids), engine.max_seq_len)
-    masks = await grammar_masks(engine, ollama_format_spec(body.format), 1, "format")
+    spec = ollama_format_spec(body.format)
+    if spec is not None:
+        spec = hold_answer(reading.fmt, spec, reading.tail)
+    masks = await grammar_masks(engine, spec, 1, "format")
     started = time.perf_counter()
-    events = generate_choices(engine, prompt_ids, params, stop, 1, masks)
+    markers = reading.fmt.marker_ids
+    events = generate_choices(engine, prompt_ids, params, stop, 1, masks, markers)
+    answer = ChoiceAnswer(reading.fmt.reader(reading.tail), reading.parse)
     logged = params.logprobs is not None
     if body.stream:
         return StreamingResponse(
-            _lines(engine, events, prompt_ids, started, chat, logged, parse),
+            _lines(engine, events, prompt_ids, started, chat, logged, answer, reading.thinking),
             media_type="application/x-ndjson",
         )
     first, done = None, None
@@ -141,59 +202,55 @@ async def _answer(
     if done is None:
         raise APIError(500, "generation ended without a result", type_="server_error")
     final = _final(engine, done, prompt_ids, started, first or started, chat)
-    final["message" if chat else "response"] = _message(done.text, parse) if chat else done.text
+    final.update(_said(answer.whole(done), chat, reading.thinking))
     if logged:
         final["logprobs"] = token_entries(engine.token_bytes, done.tokens)
     return final
 
 
-def _message(text: str, parse: bool) -> dict[str, Any]:
-    """Ollama's assistant message: with tools offered, the calls in `text` as `tool_calls`
-    (arguments as objects, as Ollama sends them)."""
-    if parse:
-        content, calls = tools.parse_calls(text)
-        if calls:
-            return {
-                "role": "assistant",
-                "content": content or "",
-                "tool_calls": [
-                    {"function": {"name": c["function"]["name"],
-                                  "arguments": json.loads(c["function"]["arguments"])}}
-                    for c in calls
-                ],
-            }  # fmt: skip
-    return {"role": "assistant", "content": text}
+def _said(part: Part, chat: bool, thinking: bool) -> dict[str, Any]:
+    """A stretch of the answer as Ollama's fields: chat's `message` (content, `thinking`,
+    `tool_calls` with arguments as objects, as Ollama sends them), or generate's `response` and
+    `thinking`."""
+    think = {"thinking": part.reasoning} if thinking and part.reasoning else {}
+    if not chat:
+        return {"response": part.content, **think}
+    message: dict[str, Any] = {"role": "assistant", "content": part.content, **think}
+    if part.calls:
+        message["tool_calls"] = [
+            {"function": {"name": c["function"]["name"],
+                          "arguments": json.loads(c["function"]["arguments"])}}
+            for c in part.calls
+        ]  # fmt: skip
+    return {"message": message}
 
 
 async def _lines(
-    engine, events, prompt_ids, started, chat, logged, parse=False
+    engine, events, prompt_ids, started, chat, logged, answer: ChoiceAnswer, thinking: bool
 ) -> AsyncIterator[str]:
     first = None
+
+    def line(part: Part, lps: Any = None) -> str:
+        out = {"model": _name(engine), "created_at": _timestamp(time.time())}
+        out.update(_said(part, chat, thinking))
+        if lps is not None:
+            out["logprobs"] = lps
+        return json.dumps({**out, "done": False}) + "\n"
+
     try:
         async for _, item in events:
             if isinstance(item, TextDelta):
                 first = first or time.perf_counter()
-                if parse:
-                    continue
-                part = {"model": _name(engine), "created_at": _timestamp(time.time())}
-                if chat:
-                    part["message"] = {"role": "assistant", "content": item.text}
-                else:
-                    part["response"] = item.text
-                if logged:
-                    part["logprobs"] = token_entries(engine.token_bytes, item.tokens)
-                part["done"] = False
-                yield json.dumps(part) + "\n"
+                part = answer.read(item)
+                lps = token_entries(engine.token_bytes, item.tokens) if logged else None
+                if part.content or part.calls or (thinking and part.reasoning) or lps:
+                    yield line(part, lps)
             else:
-                if parse:
-                    part = {"model": _name(engine), "created_at": _timestamp(time.time())}
-                    part.update(message=_message(item.text, parse), done=False)
-                    yield json.dumps(part) + "\n"
+                part = answer.finish()
+                if part.content or part.calls or (thinking and part.reasoning):
+                    yield line(part)
                 final = _final(engine, item, prompt_ids, started, first or started, chat)
-                if chat:
-                    final["message"] = {"role": "assistant", "content": ""}
-                else:
-                    final["response"] = ""
+                final.update(_said(Part(), chat, False))
                 yield json.dumps(final) + "\n"
     except APIError as e:  # mid-stream failure: Ollama's clients read an error line
         yield json.dumps({"error": e.message}) + "\n"
@@ -218,13 +275,15 @@ def _final(engine, done: Completion, prompt_ids, started, first, chat) -> dict[s
     return out
 
 
-def _generate_prompt(engine: ServingEngine, body: OllamaGenerateRequest) -> list[int]:
+def _generate_prompt(
+    engine: ServingEngine, body: OllamaGenerateRequest, variables: dict[str, Any]
+) -> list[int]:
     """The ids /api/generate starts from: `context` in front, then the prompt, through the chat
-    template as one user turn after the `system` one unless `raw`."""
+    template (with its `variables`) as one user turn after the `system` one unless `raw`."""
     text = body.prompt or ""
     if not body.raw and text:
         messages = [{"role": "system", "content": body.system}] if body.system else []
-        text = engine.chat_prompt([*messages, {"role": "user", "content": text}])
+        text = engine.chat_prompt([*messages, {"role": "user", "content": text}], None, variables)
     elif body.raw and body.system:
         raise APIError(400, "`system` is not read with raw: true", param="system")
     if not body.context:

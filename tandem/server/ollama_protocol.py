@@ -19,13 +19,15 @@ tandem generates and are accepted; options for samplers tandem does not have (mi
 typical_p) are a 400 naming them unless given their off value, and so is any option or field
 Ollama does not define. `format` ("json" or a JSON schema) constrains the output (`structured.py`);
 chat's `tools` are offered to the model and its `<tool_call>` blocks returned as `tool_calls`;
-`images`, `think` and generate's `tools` are refused until tandem honours them.
+`think` (true, false, or a level "low" / "medium" / "high") is read by `ollama.py` (false: no
+`thinking` in the answer); a message's `thinking` goes back to the template as its reasoning;
+`images` and generate's `tools` are refused until tandem honours them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -85,13 +87,14 @@ SAMPLING_OPTIONS = frozenset(
 NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
     "tools": lambda v: not v,
     "images": lambda v: not v,
-    "think": lambda v: v in (None, False),
     "suffix": lambda v: not v,
     "template": lambda v: not v,
 }
 ACCEPTED = frozenset({"keep_alive"})  # when to unload the model: tandem keeps it loaded
-MESSAGE_NOT_HONOURED = ("images", "thinking")
-MESSAGE_PASSED = ("tool_calls", "tool_name")  # a call the model made, a tool's result
+MESSAGE_NOT_HONOURED = ("images",)
+# a call the model made, a tool's result, an assistant turn's reasoning
+MESSAGE_PASSED = ("tool_calls", "tool_name", "thinking")
+REASONING_KEYS = ("reasoning_content", "thinking")  # as templates read it (Qwen3's, gpt-oss's)
 
 
 class OllamaMessage(BaseModel):
@@ -115,10 +118,14 @@ class OllamaMessage(BaseModel):
 
 
 def _passed(index: int, name: str, value: Any) -> dict[str, Any]:
-    """Ollama's `tool_calls` ([{"function": {"name", "arguments": {...}}}]) as OpenAI's, and
-    `tool_name` as the message's `name`."""
+    """Ollama's `tool_calls` ([{"function": {"name", "arguments": {...}}}]) as OpenAI's,
+    `tool_name` as the message's `name`, `thinking` under both names templates read."""
     if name == "tool_name":
         return {"name": str(value)}
+    if name == "thinking":
+        if not isinstance(value, str):
+            raise APIError(400, f"messages[{index}].thinking must be a string")
+        return dict.fromkeys(REASONING_KEYS, value)
     if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
         raise APIError(400, f"messages[{index}].tool_calls must be a list of calls")
     return {
@@ -135,6 +142,7 @@ class _OllamaRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
+    think: bool | Literal["low", "medium", "high"] | None = None  # None: the model's default
 
     def refuse_unsupported(self) -> None:
         for name, value in (self.model_extra or {}).items():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -102,6 +102,12 @@ MESSAGE_NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
     "audio": lambda v: v is None,
 }
 MESSAGE_PASSED = ("name", "tool_call_id")  # handed to the chat template with role and content
+# an assistant turn's reasoning, as templates read it: Qwen3's `reasoning_content`, gpt-oss's
+# `thinking`
+REASONING_KEYS = ("reasoning_content", "thinking")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+# template variables a request's `chat_template_kwargs` may not set: tandem sets them
+RESERVED_TEMPLATE_VARIABLES = frozenset({"tools", "messages", "add_generation_prompt"})
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on the map's size
 MAX_N = 8
 
@@ -217,6 +223,8 @@ class ChatMessage(BaseModel):
         for name in MESSAGE_PASSED:
             if isinstance(extra.get(name), str):
                 out[name] = extra[name]
+        if isinstance(extra.get("reasoning_content"), str):
+            out.update(dict.fromkeys(REASONING_KEYS, extra["reasoning_content"]))
         calls = extra.get("tool_calls")
         if calls:
             if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
@@ -234,6 +242,31 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None  # the calls a model writes are all returned
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # for a chat template that reads it (gpt-oss's); refused for one that does not
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: e.g. {"enable_thinking": false}
+
+    def template_variables(self, reads: Callable[[str], bool]) -> dict[str, Any]:
+        """The chat template's variables this request sets (`reads(name)`: whether the template
+        names it); a 400 for `reasoning_effort` where the template has no use for it, or a
+        `chat_template_kwargs` key tandem sets itself."""
+        out = dict(self.chat_template_kwargs or {})
+        taken = RESERVED_TEMPLATE_VARIABLES & set(out)
+        if taken:
+            raise APIError(
+                400,
+                f"chat_template_kwargs may not set {', '.join(sorted(taken))}",
+                param="chat_template_kwargs",
+            )
+        if self.reasoning_effort is not None:
+            if not reads("reasoning_effort"):
+                raise APIError(
+                    400,
+                    "`reasoning_effort` is not supported by this model's chat template",
+                    param="reasoning_effort",
+                )
+            out["reasoning_effort"] = self.reasoning_effort
+        return out
 
     def logprobs_wanted(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

@@ -163,6 +163,7 @@ def test_top_logprobs_without_logprobs_and_completion_logprobs_past_5_are_refuse
         ("prediction", {"type": "content", "content": "x"}),
         ("reasoning_effort", "high"),
         ("web_search_options", {}),
+        ("chat_template_kwargs", {"tools": []}),  # tandem's to set
         ("no_such_field", 1),
         ("stream_options", {"include_usage": True, "no_such_option": 1}),
     ],

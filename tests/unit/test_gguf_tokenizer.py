@@ -29,12 +29,14 @@ from _gguf_vocab import (
     train_sentencepiece,
     write_gguf,
 )
+from tokenizers import AddedToken, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
 
 from tandem.cli.generate import prompt_ids
 from tandem.engine.serving import ServingEngine
 from tandem.loaders.gguf.tokenizer import load_gguf_tokenizer
+
+T = gguf.TokenType
 
 SMOLLM2_SPECIAL_TEXT = [
     "<|im_start|>user\nhi<|im_end|>\n",
@@ -225,6 +227,29 @@ def test_qwen2_pre_ids_equal_the_trained_tokenizer_and_transformers(qwen2_gguf):
     im_end = trained.token_to_id("<|im_end|>")
     assert tok.eos_token_ids == (im_end, trained.token_to_id("<|endoftext|>"))
     assert tok.decode(tok.encode("a<think>b<|im_end|>")) == "a<think>b"
+
+
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>")
+
+
+@pytest.mark.parametrize("markers", [HARMONY, ("<|end|>",)])
+def test_a_harmony_file_stops_on_return_and_call_and_others_on_end(tmp_path, markers):
+    """gpt-oss's `<|end|>` closes its analysis message mid-answer: with `<|return|>` and
+    `<|call|>` in the vocabulary they end the turn and it does not; elsewhere (Phi-3) it does."""
+    trained = train_qwen2_bpe()
+    trained.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in markers])
+    fields = byte_level_fields(trained, "qwen2")
+    control = set(markers) | {"<|im_end|>", "<|endoftext|>", "<|im_start|>"}
+    types = [
+        int(T.CONTROL) if t in control else int(T.NORMAL) for t in fields[gguf.Keys.Tokenizer.LIST]
+    ]
+    fields[gguf.Keys.Tokenizer.TOKEN_TYPE] = types
+    tok = load(write_gguf(tmp_path / "harmony.gguf", "qwen2", fields))
+    stops = {trained.id_to_token(i) for i in tok.eos_token_ids}
+    if "<|return|>" in markers:
+        assert {"<|return|>", "<|call|>"} <= stops and "<|end|>" not in stops
+    else:
+        assert "<|end|>" in stops
 
 
 LLAMA_CPP = Path(os.environ.get("TANDEM_LLAMACPP_SRC", Path.home() / ".cache/tandem-llamacpp/src"))

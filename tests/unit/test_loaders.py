@@ -1,10 +1,12 @@
 """Model directories: presets written in HF layout, read back lazily, by slice, sharded or not."""
 
 import json
+import shutil
 
 import pytest
 import torch
 
+from tandem.loaders.errors import CorruptFileError
 from tandem.loaders.load import load_model
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.safetensors_dir import ModelDir
@@ -91,6 +93,20 @@ def test_tokenizer_round_trips_text_and_renders_chatml(qwen_dir):
     assert tok.eos_token_ids == (2,)
     dec = StreamDecoder(tok)
     assert "".join(dec.push(i) for i in tok.encode("naïve café")) == "naïve café"
+
+
+def test_generation_config_eos_ids_also_stop_and_a_corrupt_one_is_named(tmp_path, qwen_dir):
+    """transformers stops on generation_config.json's eos_token_id list (gpt-oss: <|return|>,
+    <|endoftext|>, <|call|>); ids outside the vocabulary are not kept."""
+    d = tmp_path / "m"
+    shutil.copytree(qwen_dir, d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0, 10**9]}))
+    assert Tokenizer.from_dir(d).eos_token_ids == (2, 0)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 1}))
+    assert Tokenizer.from_dir(d).eos_token_ids == (2, 1)
+    (d / "generation_config.json").write_text("[")
+    with pytest.raises(CorruptFileError, match="generation_config.json"):
+        Tokenizer.from_dir(d)
 
 
 def test_directory_without_tokenizer_is_accepted(tmp_path):

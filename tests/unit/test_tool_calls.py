@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from test_grammar_mask import EOS, VOCAB, AsciiTokenizer, _allowed_chars, _feed
 
 from tandem.engine.scheduler import Scheduler
-from tandem.engine.serving import ServingEngine
+from tandem.engine.serving import Completion, ServingEngine
 from tandem.server import tools
 from tandem.server.app import create_app
 from tandem.server.protocol import APIError
@@ -126,12 +126,17 @@ def test_a_forced_tool_call_comes_back_as_tool_calls_whose_arguments_validate(cl
 
 
 def test_ollama_chat_offers_tools_takes_calls_and_results_back_and_returns_calls():
-    from tandem.server.ollama import _message
+    from tandem.server.answers import ChoiceAnswer
+    from tandem.server.ollama import PLAIN, _said
+
+    def message(text: str, parse: bool) -> dict:
+        part = ChoiceAnswer(PLAIN.reader([]), parse).whole(Completion(text, "stop", 1, 1))
+        return _said(part, chat=True, thinking=True)["message"]
 
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
-    (call,) = _message(text, parse=True)["tool_calls"]
+    (call,) = message(text, parse=True)["tool_calls"]
     assert call == {"function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}
-    assert _message(text, parse=False) == {"role": "assistant", "content": text}
+    assert message(text, parse=False) == {"role": "assistant", "content": text}
 
 
 def test_ollama_chat_with_tools_and_a_round_trip_is_answered(client):

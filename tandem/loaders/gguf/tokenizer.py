@@ -19,7 +19,8 @@ as llama.cpp does when it parses special tokens; control ones are dropped when d
 
 Generation stops on `eos_token_ids`: the EOS id, `eot_token_id` / `eom_token_id` when present, and
 the ids of the `END_OF_TURN_TEXTS` tokens (llama.cpp's end-of-generation set, less its fill-in-the-
-middle tokens). A file without a BOS / EOS id key gets llama.cpp's SentencePiece defaults (1 / 2)
+middle tokens). In gpt-oss's harmony vocabulary (`<|return|>` and `<|call|>` present) `<|end|>`
+ends a message, not the turn, so it is not a stop there (llama.cpp's rule too). A file without a BOS / EOS id key gets llama.cpp's SentencePiece defaults (1 / 2)
 and none for BPE (llama.cpp's 11 there is a relic of one model's vocabulary).
 
 Everything read is checked first: a wrong type, a count past `MAX_VOCAB` / `MAX_MERGES`, arrays of
@@ -65,8 +66,11 @@ END_OF_TURN_TEXTS = frozenset(
         "<|end_of_text|>",
         "<EOT>",
         "<end_of_utterance>",
+        "<|return|>",  # gpt-oss's harmony: the answer's end
+        "<|call|>",  # and a tool call's
     )
 )
+HARMONY_ENDS = ("<|return|>", "<|call|>")  # with both, <|end|> only ends a message
 
 _SPECIAL_TYPES = (T.CONTROL, T.UNKNOWN)
 _ID_KEYS = (K.BOS_ID, K.EOS_ID, K.UNK_ID, K.PAD_ID, K.EOT_ID, K.EOM_ID)
@@ -102,6 +106,8 @@ def load_gguf_tokenizer(reader: gguf.GGUFReader, path: Path) -> Tokenizer:
     _add_special_tokens(tok, tokens, types, end_of_turn)
     stop = [i for i in (ids[K.EOS_ID], ids[K.EOT_ID], ids[K.EOM_ID]) if i is not None]
     stop += sorted(end_of_turn - set(stop))
+    if all(t in {tokens[i] for i in end_of_turn} for t in HARMONY_ENDS):
+        stop = [i for i in stop if tokens[i] != "<|end|>"]
 
     def text(key: str) -> str | None:
         return tokens[ids[key]] if ids[key] is not None else None
