@@ -39,7 +39,6 @@ from tandem.engine.recovery import REFORMING
 
 DEFAULT_DEMO_PROMPT = "Once upon a time"
 FALLBACK_PRESET = "tiny-qwen3"
-DEFAULT_REFORM_TIMEOUT_S = 120.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-dir", default=None, help="write each rank's output here instead of the terminal"
     )
-    # a cluster by default: two ranks on loopback, re-formed when one of them dies
-    p.set_defaults(func=run, tp=2, reform_timeout=DEFAULT_REFORM_TIMEOUT_S)
+    # a cluster by default: two ranks on loopback (re-formed when one of them dies: serve's
+    # --reform-timeout default)
+    p.set_defaults(func=run, tp=2)
 
 
 def default_model_dir(console: Console) -> tuple[Path, str]:

@@ -29,6 +29,11 @@ class ServeError(RuntimeError):
     """A mistake the user can fix (missing model, port in use, unsupported layout): one line."""
 
 
+# how long a TP/PP group that lost a rank has to re-form before requests fail: serve, launch and
+# a joined head alike
+DEFAULT_REFORM_TIMEOUT_S = 120.0
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Options shared by `serve` and `launch`."""
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes)")
@@ -92,11 +97,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reform-timeout",
         type=float,
-        default=0.0,
+        default=DEFAULT_REFORM_TIMEOUT_S,
         help="seconds a TP/PP group that lost a rank has to re-form (new local processes, or "
         "the joined worker's return; a new epoch; requests in flight are replayed) before "
-        "requests fail; 0: a lost rank ends it (serve's default; launch's and cluster join's "
-        "is 120)",
+        f"requests fail (default {DEFAULT_REFORM_TIMEOUT_S:g}, as under launch and cluster "
+        "join); 0: a lost rank ends it",
     )
     p.add_argument(
         "--shrink-after",

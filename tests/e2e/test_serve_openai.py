@@ -151,7 +151,9 @@ def test_a_pipeline_server_gives_the_same_greedy_chat_as_the_tensor_parallel_one
 def test_health_turns_503_when_a_worker_dies_and_requests_get_an_openai_error(model):
     if TP < 2:
         pytest.skip("needs a worker rank")
-    with running(["serve", "--model", str(model), "--tp", str(TP)]) as (proc, base):
+    # --reform-timeout 0: the first loss ends the group (test_serve_recovery.py: the default)
+    args = ["serve", "--model", str(model), "--tp", str(TP), "--reform-timeout", "0"]
+    with running(args) as (proc, base):
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
         name = client.models.list().data[0].id
         _chat(client, name, "Hello", max_tokens=2)

@@ -73,7 +73,7 @@ def starting(tmp_path_factory):
     path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
     (port,) = free_ports(1)
     argv = [*TANDEM, "serve", "--model", str(default_model_dir()), "--tp", "2"]
-    argv += ["--max-batch", "4", "--port", str(port)]
+    argv += ["--max-batch", "4", "--port", str(port), "--reform-timeout", "0"]  # a loss ends it
     proc = spawn(argv, env={**os.environ, "TANDEM_API_KEY": KEY, "PYTHONPATH": path})
     base = f"http://127.0.0.1:{port}"
     try:

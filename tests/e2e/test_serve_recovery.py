@@ -1,0 +1,43 @@
+"""`tandem serve --tp 2` re-forms as `tandem launch` does, by default: a worker SIGKILLed in the
+middle of 4 streaming greedy requests is started again, the group re-forms under a new epoch,
+/health says 503 "re-forming" meanwhile and 200 after, and every stream finishes with the text of
+an uninterrupted run. Real processes on loopback."""
+
+import signal
+
+import pytest
+from serve_support import make_model, metric, running
+
+from tandem.bench.fault_drill import health, run_drill, worker_pids
+
+PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    model = make_model(tmp_path_factory.mktemp("serve-recovery") / "model")
+    # no --reform-timeout: serve's default re-forms
+    with running(["serve", "--model", str(model), "--tp", "2", "--max-batch", "4"]) as up:
+        yield up
+
+
+# ~60 s on 2 shared cores: the replacement worker starts, loads its shard and joins
+@pytest.mark.slow
+def test_serve_tp2_replaces_a_killed_worker_by_default_and_every_stream_equals_a_quiet_run(served):
+    proc, base = served
+    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in quiet.streams] == [None] * 4
+    before = worker_pids(proc.pid)
+    reforms = metric(base, "tandem_group_reforms_total")
+
+    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGKILL)
+
+    assert drill.victim_pid in before and drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert reasons and all(r.startswith("re-forming") for r in reasons), reasons
+    assert health(base)[0] == 200 and proc.poll() is None
+    assert metric(base, "tandem_group_reforms_total") == reforms + 1
+    assert drill.victim_pid not in worker_pids(proc.pid)
