@@ -62,7 +62,13 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin), v
+        cos, sin = self.rotary(ctx)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def rotary(self, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's (cos, sin) for the step: the model's one table (a family with a table per
+        layer kind overrides it)."""
+        return ctx.cos, ctx.sin
 
     def decode_attend(
         self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ctx: ForwardContext

@@ -24,7 +24,6 @@ from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext
 from tandem.models.layers import MLP, GeluTanhMLP, make_norm
 from tandem.models.moe import MoE
-from tandem.models.rope import apply_rope
 
 
 class GemmaAttention(Attention):
@@ -38,20 +37,9 @@ class GemmaAttention(Attention):
             self.q_norm = make_norm(config, self.head_dim)
             self.k_norm = make_norm(config, self.head_dim)
 
-    def position(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The projections -> q (B, T, H, hd), k and v (B, T, Hkv, hd); q and k normed per head
-        and rotated by this layer kind's table."""
-        B, T = ctx.positions.shape
-        hd = self.head_dim
-        q = q.view(B, T, self.n_heads, hd)
-        k = k.view(B, T, self.n_kv_heads, hd)
-        v = v.view(B, T, self.n_kv_heads, hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = ctx.rotary(self.rope_local)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    def rotary(self, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local layers' table on a local layer, the global one elsewhere."""
+        return ctx.rotary(self.rope_local)
 
 
 class SandwichDecoderLayer(nn.Module):

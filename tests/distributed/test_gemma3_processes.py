@@ -9,13 +9,15 @@ logits within 1e-4; the single node's batch-1 ids are transformers' own."""
 import pytest
 import torch
 import transformers
-from tp_support import SingleNode, greedy, launch_concurrently
+from family_support import (
+    N_NEW,
+    PROMPTS,
+    assert_pipeline_and_grid_match,
+    assert_single_node,
+    expected_greedy,
+)
+from tp_support import SingleNode, launch_concurrently
 
-from tandem.engine.pp.launch import StageSpec, launch_pipeline
-from tandem.parallel.partition import LayerRange as R
-
-PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
-N_NEW = 32
 LAYOUTS = {"tp2": 2, "tp3": 3}
 
 
@@ -45,7 +47,7 @@ def gemma(tmp_path_factory):
     hf = hf_model()
     hf.save_pretrained(d, safe_serialization=True)
     ref = SingleNode(d)
-    expected = {b: greedy(ref, PROMPTS[:b], N_NEW) for b in (1, 3)}
+    expected = expected_greedy(ref)
     with torch.inference_mode():
         out = hf.generate(
             torch.tensor([PROMPTS[0]]), max_new_tokens=N_NEW, do_sample=False,
@@ -53,14 +55,6 @@ def gemma(tmp_path_factory):
         )  # fmt: skip
     assert expected[1][0][0] == out[0, len(PROMPTS[0]) :].tolist()
     return d, expected
-
-
-def assert_single_node(ex, expected) -> None:
-    for batch in (1, 3):
-        ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
-        want_ids, want_first = expected[batch]
-        assert (first - want_first).abs().max().item() < 1e-4
-        assert ids == want_ids, f"batch {batch}"
 
 
 def test_tp2_and_tp3_with_the_one_kv_head_replicated_match_single_node(gemma):
@@ -79,13 +73,4 @@ def test_tp2_and_tp3_with_the_one_kv_head_replicated_match_single_node(gemma):
 
 
 def test_a_pipeline_and_a_grid_match_single_node(gemma):
-    d, expected = gemma
-    for stages in (
-        [StageSpec(R(0, 3)), StageSpec(R(3, 7))],
-        [StageSpec(R(0, 3), tp=2), StageSpec(R(3, 7), tp=1)],
-    ):
-        ex = launch_pipeline(d, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
-        try:
-            assert_single_node(ex, expected)
-        finally:
-            ex.close()
+    assert_pipeline_and_grid_match(gemma[0], gemma[1], cut=3, layers=7)

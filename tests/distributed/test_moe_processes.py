@@ -9,18 +9,20 @@ runs at TP=2 on uneven expert rows (512 / 256) and with whole experts.
 from dataclasses import replace
 
 import pytest
-from tp_support import SingleNode, greedy, greedy_steps, launch_concurrently
+from family_support import (
+    PROMPTS,
+    assert_pipeline_and_grid_match,
+    assert_single_node,
+    expected_greedy,
+)
+from tp_support import SingleNode, greedy_steps, launch_concurrently
 
-from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.source import open_model
 from tandem.models.presets import get_preset
-from tandem.parallel.partition import LayerRange as R
 from tandem.parallel.plan import Span, plan_for_source
 
-PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
-N_NEW = 32
 LAYOUTS = {
     "tp2": (2, {}),
     "tp3": (3, {}),
@@ -36,7 +38,7 @@ def family(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param) / "m"
     config = make_model_dir(d, request.param)
     ref = SingleNode(d)
-    return d, config.num_hidden_layers, {b: greedy(ref, PROMPTS[:b], N_NEW) for b in (1, 3)}
+    return d, config.num_hidden_layers, expected_greedy(ref)
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +57,6 @@ def groups(family):
             ex.close()
 
 
-def assert_single_node(ex, expected) -> None:
-    for batch in (1, 3):
-        ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
-        want_ids, want_first = expected[batch]
-        assert (first - want_first).abs().max().item() < 1e-4
-        assert ids == want_ids, f"batch {batch}"
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_expert_placement_matches_single_node_across_processes(groups, family, layout):
     ex = groups[layout]
@@ -78,15 +72,7 @@ def test_every_expert_placement_matches_single_node_across_processes(groups, fam
 
 def test_a_pipeline_and_a_grid_hold_whole_sparse_layers_and_match_single_node(family):
     d, layers, expected = family
-    for stages in (
-        [StageSpec(R(0, 1)), StageSpec(R(1, layers))],
-        [StageSpec(R(0, 1), tp=2), StageSpec(R(1, layers), tp=1)],
-    ):
-        ex = launch_pipeline(d, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
-        try:
-            assert_single_node(ex, expected)
-        finally:
-            ex.close()
+    assert_pipeline_and_grid_match(d, expected, cut=1, layers=layers)
 
 
 @pytest.fixture(scope="module")

@@ -11,20 +11,22 @@ node step for step.
 from dataclasses import replace
 
 import pytest
+from family_support import (
+    PROMPTS,
+    assert_pipeline_and_grid_match,
+    assert_single_node,
+    expected_greedy,
+)
 from test_tp_gguf import assert_matches
-from tp_support import greedy, greedy_steps, launch_concurrently
+from tp_support import greedy_steps, launch_concurrently
 
 from tandem.engine.local import LocalExecutor
-from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.load import load_model
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.source import open_model
 from tandem.models.presets import get_preset
-from tandem.parallel.partition import LayerRange as R
 
-PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
-N_NEW = 32
 LAYOUTS = {"tp2": (2, {}), "tp3": (3, {})}
 
 
@@ -41,7 +43,7 @@ def phi3(tmp_path_factory):
     config = replace(get_preset("tiny-phi3").config, sliding_window=20)
     make_model_dir(d, "tiny-phi3", config=config)
     ref = single_node(d)
-    return d, {b: greedy(ref, PROMPTS[:b], N_NEW) for b in (1, 3)}
+    return d, expected_greedy(ref)
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +61,13 @@ def groups(phi3):
             ex.close()
 
 
-def assert_single_node(ex, expected) -> None:
-    for batch in (1, 3):
-        ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
-        want_ids, want_first = expected[batch]
-        assert (first - want_first).abs().max().item() < 1e-4
-        assert ids == want_ids, f"batch {batch}"
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_tensor_parallel_phi3_matches_single_node_across_processes(groups, phi3, layout):
     assert_single_node(groups[layout], phi3[1])
 
 
 def test_a_phi3_pipeline_and_grid_match_single_node(phi3):
-    d, expected = phi3
-    for stages in (
-        [StageSpec(R(0, 1)), StageSpec(R(1, 2))],
-        [StageSpec(R(0, 1), tp=2), StageSpec(R(1, 2), tp=1)],
-    ):
-        ex = launch_pipeline(d, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
-        try:
-            assert_single_node(ex, expected)
-        finally:
-            ex.close()
+    assert_pipeline_and_grid_match(phi3[0], phi3[1], cut=1, layers=2)
 
 
 def test_a_phi3_q8_0_gguf_at_tp2_matches_single_node(tmp_path):

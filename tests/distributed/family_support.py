@@ -1,0 +1,40 @@
+"""What the per-family process tests share (test_moe_processes, test_gemma3_processes,
+test_phi3_processes): the prompts, the single node's greedy ids and first logits at batch 1 and 3,
+and the comparison every layout must pass: ids equal for 32 tokens, first logits within 1e-4."""
+
+from __future__ import annotations
+
+from tp_support import greedy
+
+from tandem.engine.pp.launch import StageSpec, launch_pipeline
+from tandem.parallel.partition import LayerRange as R
+
+PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
+N_NEW = 32
+BATCHES = (1, 3)
+
+
+def expected_greedy(ex) -> dict:
+    """batch -> (greedy ids, first logits) of `ex` (the single node)."""
+    return {b: greedy(ex, PROMPTS[:b], N_NEW) for b in BATCHES}
+
+
+def assert_single_node(ex, expected: dict) -> None:
+    for batch in BATCHES:
+        ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
+        want_ids, want_first = expected[batch]
+        assert (first - want_first).abs().max().item() < 1e-4
+        assert ids == want_ids, f"batch {batch}"
+
+
+def assert_pipeline_and_grid_match(model, expected: dict, cut: int, layers: int) -> None:
+    """Two stages cut at layer `cut`, then the same with the first stage a TP=2 group."""
+    for stages in (
+        [StageSpec(R(0, cut)), StageSpec(R(cut, layers))],
+        [StageSpec(R(0, cut), tp=2), StageSpec(R(cut, layers), tp=1)],
+    ):
+        ex = launch_pipeline(model, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
+        try:
+            assert_single_node(ex, expected)
+        finally:
+            ex.close()
