@@ -170,7 +170,13 @@ def test_mxfp4_on_another_architecture_and_a_malformed_section_are_refused(mxfp4
         ModelConfig.from_dir(tmp_path / "b")
 
 
-def test_quantizing_an_mxfp4_checkpoint_again_is_refused(mxfp4_dir):
+def test_quantizing_an_mxfp4_checkpoint_again_is_refused(mxfp4_dir, tmp_path):
+    """`--quantize` and `tandem quantize` would dequantize the blocks and quantize them again."""
+    from tandem.loaders.gguf.writer import write_model_dir_gguf
+
     with pytest.raises(QuantizeChoiceError, match="MXFP4"):
         open_model(mxfp4_dir, "q8_0")
+    with pytest.raises(QuantizeChoiceError, match="already MXFP4"):
+        write_model_dir_gguf(mxfp4_dir, tmp_path / "m.gguf", "Q8_0")
+    assert not (tmp_path / "m.gguf").exists()
     assert isinstance(open_model(mxfp4_dir), Mxfp4ModelDir)
