@@ -64,6 +64,14 @@ class Mxfp4TensorInfo:
     def quantized(self) -> bool:
         return self.type_id in QUANTIZED
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: 17 per 32 weights for MXFP4 (as in the file: 16 of codes, 1 scale)."""
+        n = BY_ID[self.type_id].row_bytes(self.shape[-1])
+        for d in self.shape[:-1]:
+            n *= d
+        return n
+
 
 @dataclass(frozen=True)
 class _Experts:

@@ -96,6 +96,19 @@ def test_the_experts_are_the_quantizers_blocks_with_gate_and_up_rows_deinterleav
         assert src.info(name).dtype == "MXFP4"
         want = quantize(floats[name].float().numpy(), MXFP4)
         assert np.array_equal(src.blocks(name).numpy(), want), proj
+        assert src.info(name).nbytes == want.size  # what `tandem plan` counts per expert
+
+
+def test_a_sharded_checkpoint_gives_the_same_blocks_and_values(mxfp4_dir, tmp_path):
+    """Blocks and scales in different shards (an index file) read as one tensor."""
+    make_model_dir(tmp_path / "s", "tiny-gpt-oss-mxfp4", shard_bytes=20_000)
+    a, b = open_model(mxfp4_dir), open_model(tmp_path / "s")
+    assert len({i.file for i in b.md.manifest.values()}) > 2
+    assert a.manifest.keys() == b.manifest.keys()
+    for name, info in a.manifest.items():
+        if info.quantized:
+            assert torch.equal(a.blocks(name), b.blocks(name)), name
+        assert torch.equal(a.read(name), b.read(name)), name
 
 
 def test_every_slice_reads_only_its_bytes_and_equals_the_whole_tensors_slice(mxfp4_dir):
@@ -180,3 +193,16 @@ def test_quantizing_an_mxfp4_checkpoint_again_is_refused(mxfp4_dir, tmp_path):
         write_model_dir_gguf(mxfp4_dir, tmp_path / "m.gguf", "Q8_0")
     assert not (tmp_path / "m.gguf").exists()
     assert isinstance(open_model(mxfp4_dir), Mxfp4ModelDir)
+
+
+def test_tandem_plan_shows_an_mxfp4_checkpoints_expert_placement(mxfp4_dir):
+    """`tandem plan --model DIR` (its expert bytes from `info().nbytes`, the blocks' own)."""
+    from tandem.cli.plan import render_experts
+    from tandem.parallel.plan import plan_for_source
+
+    src = open_model(mxfp4_dir)
+    for moe, line in (
+        ("tp", "rank 1: experts [0, 8) (8), rows [32, 64)"),
+        ("experts", "rank 1: experts [4, 8) (4), rows [0, 64)"),
+    ):
+        assert line in render_experts(plan_for_source(src, 2, moe=moe), src)
