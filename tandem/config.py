@@ -46,7 +46,12 @@ class ConfigFieldError(ConfigError):
         super().__init__(f"{source}: {name} = {value!r} is outside the allowed range: {allowed}")
 
     def at(self, source: str) -> ConfigFieldError:
-        return ConfigFieldError(self.name, self.value, self.allowed, source)
+        return type(self)(self.name, self.value, self.allowed, source)
+
+
+class UnsupportedQuantizationError(ConfigFieldError):
+    """config.json's `quantization_config` names a method tandem does not read for the model's
+    architecture (`Family.quant_methods`)."""
 
 
 # Every size a config may state, inclusive, checked before anything is built or allocated: wide
@@ -177,6 +182,9 @@ class ModelConfig:
     # the windowed layers' rope base, unscaled (Gemma 3's local layers); None: rope_theta and
     # rope_scaling on every layer
     rope_local_theta: float | None = None
+    # config.json's quantization_config.quant_method: how the checkpoint stores some weights
+    # (gpt-oss's "mxfp4": its experts as MXFP4 blocks, `loaders.mxfp4_dir`); None: as floats
+    quant_method: str | None = None
 
     def window(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends within (None: every earlier key)."""
@@ -331,6 +339,7 @@ class ModelConfig:
             if isinstance(eos, list)
             else ((eos,) if isinstance(eos, int) else ()),
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            quant_method=_quant_method(d.get("quantization_config"), source),
         )
         fields.update(family.hf_fields(r))
         try:
@@ -442,7 +451,17 @@ class ModelConfig:
                 )  # fmt: skip
 
     def _check_family_switches(self) -> None:
-        """The switches a family sets (Gemma 3's): named values and bounded numbers."""
+        """The switches a family sets (Gemma 3's): named values and bounded numbers; a quant
+        method only where the family's checkpoints use it."""
+        if self.quant_method is not None and self.quant_method not in self.family.quant_methods:
+            methods = self.family.quant_methods
+            raise UnsupportedQuantizationError(
+                "quantization_config.quant_method",
+                self.quant_method,
+                f"{' or '.join(map(repr, methods))} for {self.architecture}"
+                if methods
+                else f"none for {self.architecture}: tandem reads its unquantized checkpoints",
+            )
         if self.norm_placement not in NORM_PLACEMENTS:
             raise ConfigFieldError(
                 "norm_placement", self.norm_placement, " or ".join(NORM_PLACEMENTS)
@@ -486,6 +505,18 @@ class ModelConfig:
         }
         d.update(self.family.hf_extras(self))
         return {k: v for k, v in d.items() if v is not OMIT}
+
+
+def _quant_method(q: Any, source: str) -> Any:
+    """config.json's `quantization_config` -> its `quant_method` (None when absent), checked
+    against the family in `ModelConfig.validate`."""
+    if q is None:
+        return None
+    if not isinstance(q, dict) or "quant_method" not in q:
+        raise ConfigError(
+            f"{source}: 'quantization_config' must be an object with a 'quant_method'"
+        )
+    return q["quant_method"]
 
 
 def _text_config(d: dict[str, Any], source: str) -> dict[str, Any]:

@@ -196,15 +196,16 @@ def _oai_checkpoint(tensors: dict) -> dict:
             out[f"model.layers.{m.group(1)}.mlp.router.{m.group(4)}"] = t
         else:
             by_layer.setdefault(m.group(1), {})[(m.group(3), m.group(4))] = t
-    for layer, parts in by_layer.items():
+    for layer, parts in by_layer.items():  # weights absent: stored as MXFP4 (`mxfp4_dir`)
         base = f"model.layers.{layer}.mlp.experts."
-        gate, up = parts[("gate", "weight")], parts[("up", "weight")]  # (E, I, D)
-        E, inter, D = gate.shape
-        fused = torch.stack((gate, up), dim=2).reshape(E, 2 * inter, D)  # rows gate0 up0 gate1 ..
-        out[base + "gate_up_proj"] = fused.transpose(1, 2).contiguous()  # (E, D, 2I)
-        out[base + "down_proj"] = parts[("down", "weight")].transpose(1, 2).contiguous()
+        if ("gate", "weight") in parts:
+            gate, up = parts[("gate", "weight")], parts[("up", "weight")]  # (E, I, D)
+            E, inter, D = gate.shape
+            fused = torch.stack((gate, up), dim=2).reshape(E, 2 * inter, D)  # gate0 up0 gate1 ..
+            out[base + "gate_up_proj"] = fused.transpose(1, 2).contiguous()  # (E, D, 2I)
+            out[base + "down_proj"] = parts[("down", "weight")].transpose(1, 2).contiguous()
         if ("gate", "bias") in parts:
-            gb, ub = parts[("gate", "bias")], parts[("up", "bias")]
-            out[base + "gate_up_proj_bias"] = torch.stack((gb, ub), dim=2).reshape(E, 2 * inter)
+            gb, ub = parts[("gate", "bias")], parts[("up", "bias")]  # (E, I)
+            out[base + "gate_up_proj_bias"] = torch.stack((gb, ub), dim=2).flatten(1)
             out[base + "down_proj_bias"] = parts[("down", "bias")]
     return out

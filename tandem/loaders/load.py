@@ -1,8 +1,8 @@
 """Builds the reference model from a model source, reading each tensor once, straight into place.
 
-A `GGUFModel` or a `QuantizedModelDir` (a safetensors model quantized in memory) goes to
-`gguf.load.load_gguf_model` (quantized weights stay in their blocks); a safetensors `ModelDir` is
-read here.
+A `GGUFModel`, a `QuantizedModelDir` (a safetensors model quantized in memory) or an
+`Mxfp4ModelDir` (gpt-oss's MXFP4 experts) goes to `gguf.load.load_gguf_model` (quantized weights
+stay in their blocks); a safetensors `ModelDir` is read here.
 
 The model is first built on the `meta` device (no memory), then each parameter is read from the
 memory-mapped checkpoint, converted to the compute dtype and assigned, so peak memory is the model
@@ -18,6 +18,7 @@ from torch import nn
 from tandem.loaders.gguf.load import load_gguf_model
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
+from tandem.loaders.mxfp4_dir import Mxfp4ModelDir
 from tandem.loaders.safetensors_dir import FLOAT_CODES, ModelDir, TensorDtypeError, TensorShapeError
 from tandem.models.llama import Transformer
 from tandem.models.skeleton import skeleton
@@ -37,7 +38,7 @@ def check_tensor(md: ModelDir, name: str, shape: tuple[int, ...]) -> None:
 
 
 def load_model(
-    md: ModelDir | GGUFModel | QuantizedModelDir,
+    md: ModelDir | GGUFModel | QuantizedModelDir | Mxfp4ModelDir,
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
@@ -45,7 +46,7 @@ def load_model(
     with_embed: bool = True,
     with_head: bool = True,
 ) -> Transformer:
-    if isinstance(md, (GGUFModel, QuantizedModelDir)):
+    if isinstance(md, (GGUFModel, QuantizedModelDir, Mxfp4ModelDir)):
         return load_gguf_model(
             md,
             dtype=dtype,

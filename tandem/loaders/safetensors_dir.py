@@ -260,7 +260,7 @@ class ModelDir:
                 )
             r = index[0]
             index[0] = slice(rows.row0 + r.start, rows.row0 + r.stop)
-            return self._read_index(rows.source, tuple(index))
+            return self.read_source(rows.source, tuple(index))
         view = self._views.get(name)
         if view is not None or name in self._renames:
             if dim is not None:
@@ -271,10 +271,10 @@ class ModelDir:
                     )
                 start, end = lo, hi
             if view is None:  # a renamed tensor
-                return self._read_index(
+                return self.read_source(
                     self._renames[name], self._index(info.shape, dim, start, end)
                 )
-            return view.read(self._read_index, info.shape, dim, start, end)
+            return view.read(self.read_source, info.shape, dim, start, end)
         handle = self._handles.get(info.file)
         try:
             if handle is None:
@@ -306,8 +306,9 @@ class ModelDir:
 
         return tuple(part(d, n) for d, n in enumerate(shape))
 
-    def _read_index(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        """`index` (one slice per dimension) of source tensor `name`, reading only those bytes."""
+    def read_source(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        """`index` (one slice per dimension) of source tensor `name` (the file's own name, a key
+        of `sources`), reading only those bytes."""
         info = self.sources[name]
         handle = self._handles.get(info.file)
         try:

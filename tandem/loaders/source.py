@@ -2,6 +2,7 @@
 
     a file NAME.gguf (a split part NAME-0000i-of-0000N.gguf: all parts)   -> GGUFModel
     a folder with config.json (the Hugging Face layout)                    -> ModelDir
+    the same whose config.json states quant_method "mxfp4" (gpt-oss)       -> Mxfp4ModelDir
     a folder without config.json holding exactly one GGUF model            -> GGUFModel
     a folder with config.json and `quantize` ("q8_0", "q4_0", "q4_k", ...)  -> QuantizedModelDir
 
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QuantizeChoiceError, QuantizedModelDir
+from tandem.loaders.mxfp4_dir import Mxfp4ModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 
-ModelSource = ModelDir | GGUFModel | QuantizedModelDir
+ModelSource = ModelDir | GGUFModel | QuantizedModelDir | Mxfp4ModelDir
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -40,4 +42,10 @@ def open_model(path: str | Path, quantize: str | None = None) -> ModelSource:
             )
         return GGUFModel(path)
     md = ModelDir(path)
+    if md.config.quant_method == "mxfp4":
+        if quantize:
+            raise QuantizeChoiceError(
+                f"{path}: --quantize applies to float checkpoints; this one's experts are MXFP4"
+            )
+        return Mxfp4ModelDir(md)
     return QuantizedModelDir(md, quantize) if quantize else md

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from tandem.config import ModelConfig
 from tandem.loaders.expert_tensors import checkpoint_tensors
 from tandem.loaders.fused_rows import fuse, rules_for
+from tandem.loaders.mxfp4_dir import mxfp4_checkpoint
 from tandem.loaders.safetensors_dir import INDEX_FILE, SINGLE_FILE
 from tandem.loaders.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -28,7 +29,11 @@ def write_model_dir(
 ) -> Path:
     """Writes `out`; with `shard_bytes`, tensors go into shards of about that size plus an index.
     `tensors` are the reference model's; experts are written as the family's checkpoints hold
-    them (`expert_tensors.checkpoint_tensors`), fused projections fused (`fused_rows.fuse`)."""
+    them (`expert_tensors.checkpoint_tensors`), fused projections fused (`fused_rows.fuse`); with
+    `config.quant_method` "mxfp4" the experts' weights in MXFP4 blocks as OpenAI's checkpoints
+    store them (`mxfp4_dir.mxfp4_checkpoint`)."""
+    if config.quant_method == "mxfp4":
+        tensors = mxfp4_checkpoint(tensors)
     tensors = fuse(checkpoint_tensors(config.architecture, tensors), rules_for(config))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

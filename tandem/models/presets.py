@@ -235,6 +235,10 @@ PRESETS: dict[str, Preset] = {
         torch.float32,
     ),
 }
+# tiny-gpt-oss as OpenAI's checkpoints store it: the experts in MXFP4 blocks, the rest bfloat16
+PRESETS["tiny-gpt-oss-mxfp4"] = Preset(
+    replace(PRESETS["tiny-gpt-oss"].config, quant_method="mxfp4"), 512, torch.bfloat16
+)
 
 
 class UnknownPresetError(ValueError):

@@ -3,7 +3,8 @@ its biased experts, sinks and sliding-window layers) across real processes on lo
 TP group (rows of every expert at TP=2, TP=3 and weights 2:1; whole experts at 2 and 3 ranks), a
 pipeline and a (TP=2, TP=1) grid give the single node's greedy ids for 32 tokens at batch 1 and 3,
 and its first logits within 1e-4. A GGUF file with Qwen3-30B-A3B's expert width 768 in K-quants
-runs at TP=2 on uneven expert rows (512 / 256) and with whole experts.
+runs at TP=2 on uneven expert rows (512 / 256) and with whole experts. gpt-oss in OpenAI's MXFP4
+safetensors layout runs at TP=2 and on whole experts with its experts kept in their blocks.
 """
 
 from dataclasses import replace
@@ -132,3 +133,41 @@ def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_match
     assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
     # 10 tokens + 16: past the sliding window of 8
     assert_tp2_and_experts2_match_single_node(file, PROMPTS[2])
+
+
+def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_node(
+    tmp_path_factory,
+):
+    """OpenAI's MXFP4 layout in safetensors (`tiny-gpt-oss-mxfp4`): at TP=2 each rank repacks its
+    32 of the 64 rows of every expert (gate/up from the file's interleaved rows) and its 32-column
+    blocks of down; with `--moe experts` its 4 whole experts. Every rank and the single node on
+    the reference quantized modules: 32 greedy ids at batch 1 and 3, first logits within 1e-4."""
+    from tandem.engine.local import LocalExecutor
+    from tandem.loaders.load import load_model
+    from tandem.loaders.mxfp4_dir import Mxfp4ModelDir
+
+    d = tmp_path_factory.mktemp("gpt-oss-mxfp4") / "m"
+    make_model_dir(d, "tiny-gpt-oss-mxfp4")
+    src = open_model(d)
+    assert isinstance(src, Mxfp4ModelDir)
+    plan = plan_for_source(src, 2)
+    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
+    single = LocalExecutor(load_model(src), max_batch=4, max_seq_len=128, kernels="torch")
+    expected = expected_greedy(single)
+    groups = launch_concurrently(
+        {"tp2": (d, 2, {}), "experts2": (d, 2, {"moe": "experts"})},
+        max_batch=4,
+        max_seq_len=128,
+        threads=1,
+        kernels="torch",
+    )
+    try:
+        for name, ex in groups.items():
+            assert_single_node(ex, expected)
+            shards = [r["shard"] for r in ex.describe()["ranks"]]
+            if name == "experts2":
+                assert [s["experts"] for s in shards] == [[0, 4], [4, 8]]
+            assert all("MXFP4" in r["weight_format"] for r in ex.describe()["ranks"])
+    finally:
+        for ex in groups.values():
+            ex.close()

@@ -1,6 +1,6 @@
 """Builds the reference model from a `GGUFModel`, quantized weights kept in their blocks (or
-from a `QuantizedModelDir`, a safetensors model quantized in memory, which offers the same
-`check` / `blocks` / `read`).
+from a `QuantizedModelDir`, a safetensors model quantized in memory, or an `Mxfp4ModelDir`,
+gpt-oss's MXFP4 experts in safetensors, which offer the same `check` / `blocks` / `read`).
 
 The `Transformer` is built on the `meta` device, then filled module by module:
 
@@ -25,6 +25,7 @@ from torch import nn
 
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
+from tandem.loaders.mxfp4_dir import Mxfp4ModelDir
 from tandem.models.llama import Transformer
 from tandem.models.moe import ExpertLinear
 from tandem.models.quant.linear import QuantEmbedding, QuantExpertLinear, QuantLinear
@@ -32,7 +33,7 @@ from tandem.models.skeleton import skeleton
 
 
 def load_gguf_model(
-    src: GGUFModel | QuantizedModelDir,
+    src: GGUFModel | QuantizedModelDir | Mxfp4ModelDir,
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",

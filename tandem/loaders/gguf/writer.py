@@ -224,6 +224,13 @@ def write_model_dir_gguf(model_dir: str | Path, out: str | Path, qtype: str) -> 
     from tandem.loaders.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
     md = ModelDir(model_dir)
+    if md.config.quant_method is not None:  # its blocks would be dequantized and requantized
+        from tandem.loaders.gguf.quantized_dir import QuantizeChoiceError
+
+        raise QuantizeChoiceError(
+            f"{model_dir}: its experts are already {md.config.quant_method.upper()}; run the "
+            f"directory as it is (--model {model_dir})"
+        )
     tensors = {name: md.read(name) for name in md.manifest}
     if md.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)

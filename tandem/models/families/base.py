@@ -29,6 +29,8 @@ in this package states exactly those, for both ways a model arrives:
     fused_rows(c)              checkpoint projections that hold several of the reference's, by
                                rows (`loaders.fused_rows`: Phi-3's qkv_proj, gate_up_proj)
     permuted_qk                llama.cpp's converter permuted its q/k rows (`gguf.names`)
+    quant_methods              config.json `quantization_config.quant_method`s its checkpoints
+                               may state (gpt-oss: "mxfp4"); any other is refused
 
 The module is torch-free (config parsing runs in processes that never import torch).
 """
@@ -69,3 +71,4 @@ class Family:
     gguf_config_tensors: Mapping[str, str] = field(default_factory=dict)
     checkpoint_renames: Callable[[Any], dict[str, str]] = _nothing
     fused_rows: Callable[[Any], dict[str, Any]] = _nothing
+    quant_methods: tuple[str, ...] = ()

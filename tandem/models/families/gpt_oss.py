@@ -4,6 +4,9 @@
 block on every layer: the top `num_experts_per_tok` of the biased router logits, softmax over those
 k, biased experts with the clamped SwiGLU (`swiglu_alpha`, `swiglu_limit`; `moe_config`).
 
+OpenAI's released checkpoints store the experts in MXFP4 (`quantization_config` "mxfp4",
+`loaders.mxfp4_dir`); everything else (attention, router, embeddings, head) stays bf16.
+
 Its GGUF files (`gpt-oss`) name the norm before the feed-forward `post_attention_norm`, and put the
 window on the even layers (llama.cpp's pattern)."""
 
@@ -14,6 +17,13 @@ from tandem.models.families.base import Family
 from tandem.moe_config import MoESpec
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
+# what OpenAI's MXFP4 checkpoints state transformers must leave unquantized: all but the experts
+_NOT_MXFP4 = [
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+]
 
 
 def moe_spec(num_experts: int, top_k: int, width: int, **kw: Any) -> MoESpec:
@@ -74,6 +84,8 @@ def _hf_extras(c: ModelConfig) -> dict[str, Any]:
     if c.rope_scaling is not None:  # transformers reads gpt-oss's yarn only from here
         d["rope_parameters"] = {"rope_theta": c.rope_theta, **c.rope_scaling.to_hf_dict()}
         d["rope_scaling"] = OMIT
+    if c.quant_method == "mxfp4":
+        d["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": _NOT_MXFP4}
     return d
 
 
@@ -111,4 +123,5 @@ FAMILY = Family(
     gguf_fields=_gguf_fields,
     gguf_write=_gguf_write,
     gguf_names={"post_attention_layernorm": "post_attention_norm"},
+    quant_methods=("mxfp4",),
 )
