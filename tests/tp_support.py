@@ -134,14 +134,15 @@ def greedy(
 
 
 class SingleNode:
-    """The single-device reference as an `Executor`: the whole model loaded by the safetensors loader."""
+    """The single-device reference as an `Executor`: the whole model loaded from its source
+    (`open_model`: a safetensors directory, an MXFP4 checkpoint, a GGUF file)."""
 
     def __init__(self, model_dir, dtype=torch.float32, max_batch: int = 4, max_seq_len: int = 128):
         from tandem.engine.runner import ShardRunner
         from tandem.loaders.load import load_model
-        from tandem.loaders.safetensors_dir import ModelDir
+        from tandem.loaders.source import open_model
 
-        self.model = load_model(ModelDir(model_dir), dtype=dtype)
+        self.model = load_model(open_model(model_dir), dtype=dtype)
         self.runner = ShardRunner(self.model, max_batch, max_seq_len)
         self.vocab_size = self.model.config.vocab_size
 
