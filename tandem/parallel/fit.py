@@ -3,12 +3,23 @@ is loaded, so a plan that does not fit is refused by name instead of dying in th
 
 Rank r of a TP plan over a model of L layers, hidden size D, head dim hd holds, in elements:
 
-    weights_r = L [ D hd (2 q_r + 2 kv_r) + 3 D m_r ] + t D v_r
+    weights_r = L D hd (2 q_r + 2 kv_r) + F_r + t D v_r
     kv_r      = 2 L B S kv_r hd                     (its K and V cache at the configured slots)
 
-with q_r, kv_r its query and kv heads, m_r its MLP rows, v_r its vocabulary rows (t = 1 for a tied
-embedding, 2 when the embedding and the LM head are separate matrices), B the batch slots and S the
-maximum sequence length. Bytes are weights_r * w + kv_r * e, with e the rank's compute-dtype
+with q_r, kv_r its query and kv heads, v_r its vocabulary rows (t = 1 for a tied embedding, 2 when
+the embedding and the LM head are separate matrices), B the batch slots and S the maximum sequence
+length. F_r is the feed-forward it holds (`ffn_elements`), summed over the layers:
+
+    dense layer        3 D m_r                      (m_r its MLP rows)
+    sparse layer       E D + n_r 3 D w_r + 3 D s_r + [s > 0] D          (`moe_ffn_elements`)
+
+A sparse (mixture-of-experts) layer holds the router (E x D, on every rank: each routes the full
+token), n_r experts of w_r rows each (under `--moe tp` every expert, n_r = E, and its row slice
+w_r = `plan.expert_rows[r]` of the width w; under `--moe experts` its whole experts,
+n_r = `plan.experts[r].size`, w_r = w) and its rows s_r of the shared expert (width s) with the
+shared expert's gate (D) where the family has one. Qwen3-MoE's dense layers among sparse ones
+(`mlp_only_layers`, `decoder_sparse_step`) are dense layers of `intermediate_size`. A pipeline
+stage holds whole layers, dense or sparse, weighed by `partition.layer_held_params`. Bytes are weights_r * w + kv_r * e, with e the rank's compute-dtype
 element size and w the weights' stored bytes per element (e for a dense checkpoint; for a quantized
 file its matrices' average block bytes per element, blocks staying quantized). Norms and
 biases (a few D per layer) are left out; `HEADROOM_BYTES` covers them and the runtime's own
@@ -52,6 +63,29 @@ class RankNeed:
         return self.need_bytes <= self.free_bytes
 
 
+def moe_ffn_elements(config: Any, plan: Any, rank: int) -> int:
+    """Elements of one sparse layer's feed-forward that `rank` holds under `plan` (module
+    docstring: router, its experts' gate/up/down at its rows, its shared-expert rows and gate)."""
+    spec, D = config.moe, config.hidden_size
+    held = spec.num_experts * D  # the router, replicated
+    held += plan.experts[rank].size * 3 * D * plan.expert_rows[rank].size
+    if spec.shared_intermediate_size:
+        held += 3 * D * plan.shared_rows[rank].size + D
+    return held
+
+
+def ffn_elements(config: Any, plan: Any, rank: int, layers: range) -> int:
+    """`F_r`: the feed-forward elements `rank` holds over `layers` (module docstring)."""
+    dense = 3 * config.hidden_size * plan.intermediate[rank].size
+    sparse = moe_ffn_elements(config, plan, rank) if getattr(config, "moe", None) else 0
+    return sum(sparse if _is_sparse(config, i) else dense for i in layers)
+
+
+def _is_sparse(config: Any, layer: int) -> bool:
+    moe = getattr(config, "moe", None)
+    return moe is not None and moe.is_sparse(layer)
+
+
 def rank_needs(
     config: Any,
     plan: Any,
@@ -67,9 +101,9 @@ def rank_needs(
     tied = 1 if getattr(config, "tie_word_embeddings", False) else 2
     out = []
     for r in range(plan.world_size):
-        q, kv = plan.q_heads(r).size, plan.kv_heads[r].size
-        m, v = plan.intermediate[r].size, plan.vocab[r].size
-        weights = L * (D * hd * (2 * q + 2 * kv) + 3 * D * m) + tied * D * v
+        q, kv, v = plan.q_heads(r).size, plan.kv_heads[r].size, plan.vocab[r].size
+        ffn = ffn_elements(config, plan, r, range(L))
+        weights = L * D * hd * (2 * q + 2 * kv) + ffn + tied * D * v
         cache = 2 * L * max_batch * max_seq_len * kv * hd
         out.append(
             RankNeed(

@@ -11,6 +11,7 @@ from tandem.parallel.fit import (
     HEADROOM_BYTES,
     PlanDoesNotFitError,
     check_fit,
+    moe_ffn_elements,
     rank_needs,
     share_host_memory,
 )
@@ -109,3 +110,125 @@ def test_an_auto_split_the_blocks_cannot_realize_is_tempered_toward_equal(tmp_pa
         plan_for_source(md, 2, (10.0 ** (power + 0.25), 1.0))
     given = WeightsChoice((10.0, 1.0), "given", "--tp-weights")
     assert tp_placement.plannable(md, 2, None, given) is given  # the user's to change
+
+
+# ---- mixture of experts: each rank holds the experts (and rows of them) its placement gives it ----
+
+
+def _held_elements(config, plan, rank):
+    """Elements of every matrix of `rank`'s shard as the TP transform builds it (on the meta
+    device): what `rank_needs` counts, norms and biases left out."""
+    from tandem.comm.reference import ReferenceCommunicator
+    from tandem.parallel.transform import shard_transformer
+
+    comm = ReferenceCommunicator.group(plan.world_size)[rank]
+    model = shard_transformer(config, plan, comm, device="meta")
+    held = model.named_parameters()
+    return sum(p.numel() for n, p in held if n.endswith("weight") and p.dim() >= 2)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"])
+@pytest.mark.parametrize(
+    ("world", "weights", "moe"),
+    [(2, None, "tp"), (2, None, "experts"), (3, (3.0, 2.0, 1.0), "experts"), (2, (2.0, 1.0), "tp")],
+)
+def test_a_moe_ranks_weights_are_the_matrices_its_shard_holds(preset, world, weights, moe):
+    """Router on every rank, the placement's experts and rows of them, dense layers among sparse
+    ones at their MLP rows: `rank_needs` equals the element count of the shard the transform
+    builds, for every rank, under both placements (gpt-oss's expert biases, E (2 w + D) a layer,
+    are left out with the other biases)."""
+    from tandem.models.presets import PRESETS
+
+    config = PRESETS[preset].config
+    plan = plan_for_config(config, world, weights, moe=moe)
+    needs = rank_needs(
+        config,
+        plan,
+        elem_bytes=[4] * world,
+        weight_bytes_per_elem=[1] * world,
+        free_bytes=[1 << 30] * world,
+        max_batch=1,
+        max_seq_len=16,
+    )
+    assert [n.weight_bytes for n in needs] == [
+        _held_elements(config, plan, r) for r in range(world)
+    ]
+
+
+def test_tiny_qwen3_moe_at_tp2_counts_experts_router_and_its_dense_layer():
+    """tiny-qwen3-moe: D 64, 3 layers (layer 1 dense, MLP 128), 4 q / 2 kv heads of 16, 8 experts
+    of width 64, vocabulary 512 tied. Rank r of TP=2 (either placement) holds per layer attention
+    64 16 (2 2 + 2 1) = 6 144; per sparse layer the router 8 64 = 512 and 8 experts x 32 rows
+    (or 4 whole experts) x 3 x 64 = 49 152; the dense layer 3 64 64 = 12 288; half the vocabulary
+    64 256 = 16 384: 3 6 144 + 2 (512 + 49 152) + 12 288 + 16 384 = 146 432 elements. The dense
+    formula (every layer an MLP of 128 rows) gave 71 680: half of what the rank holds."""
+    from tandem.models.presets import PRESETS
+
+    config = PRESETS["tiny-qwen3-moe"].config
+    for moe in ("tp", "experts"):
+        plan = plan_for_config(config, 2, moe=moe)
+        assert moe_ffn_elements(config, plan, 0) == 512 + 49_152
+        (n0, n1) = rank_needs(
+            config, plan, elem_bytes=[4, 4], weight_bytes_per_elem=[1, 1],
+            free_bytes=[0, 0], max_batch=1, max_seq_len=16,
+        )  # fmt: skip
+        assert n0.weight_bytes == n1.weight_bytes == 146_432
+
+
+def _qwen3_30b_a3b():
+    """Qwen3-30B-A3B's shape: 48 layers, D 2048, 32 q / 4 kv heads of 128, 128 experts of width
+    768 (8 active), dense MLP width 6144 (unused: every layer sparse), 151 936 tokens, untied."""
+    from tandem.config import ModelConfig
+    from tandem.moe_config import MoESpec
+
+    return ModelConfig(
+        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, qk_norm=True,
+        tie_word_embeddings=False,
+        moe=MoESpec(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
+    )  # fmt: skip
+
+
+def test_qwen3_30b_a3b_at_tp2_is_refused_on_16_gb_and_admitted_on_32_gb():
+    """Qwen3-30B-A3B in bfloat16 at TP=2, either placement: a rank holds per layer attention
+    2048 128 (2 16 + 2 2) = 9 437 184, the router 128 2048 = 262 144 and 128 experts x 384 rows
+    (or 64 whole experts) x 3 x 2048 = 301 989 888; half of the two vocabulary matrices,
+    2 2048 75 968 = 311 164 928: 48 (9 437 184 + 262 144 + 301 989 888) + 311 164 928 =
+    15 272 247 296 elements, 30.54 GB. The dense formula (an MLP of 3072 rows per rank) said
+    3.34 GB and admitted the plan on two 16 GB ranks; it is refused there now and fits two 32 GB
+    ones. In Q4_K (144 bytes per 256 elements) the same rank needs 8.59 GB: two 10 GB ranks."""
+    config = _qwen3_30b_a3b()
+    kw = dict(elem_bytes=[2, 2], max_batch=1, max_seq_len=4096)
+    kv = 2 * 48 * 4096 * 2 * 128 * 2  # K and V, layers, positions, 2 kv heads, hd, bfloat16
+    for moe in ("tp", "experts"):
+        plan = plan_for_config(config, 2, moe=moe)
+        assert moe_ffn_elements(config, plan, 1) == 262_144 + 301_989_888
+        needs = rank_needs(
+            config, plan, weight_bytes_per_elem=[2, 2], free_bytes=[16 * 10**9] * 2, **kw
+        )
+        assert [n.weight_bytes for n in needs] == [2 * 15_272_247_296] * 2
+        assert [n.kv_bytes for n in needs] == [kv] * 2
+        with pytest.raises(PlanDoesNotFitError):
+            check_fit(needs)
+        check_fit(
+            rank_needs(
+                config, plan, weight_bytes_per_elem=[2, 2], free_bytes=[32 * 10**9] * 2, **kw
+            )
+        )
+        q4k = rank_needs(
+            config, plan, weight_bytes_per_elem=[144 / 256] * 2, free_bytes=[10 * 10**9] * 2, **kw
+        )
+        assert q4k[0].weight_bytes == int(15_272_247_296 * 144 / 256)  # 8.59 GB
+        check_fit(q4k)
+
+
+def test_qwen3_30b_a3b_whole_experts_follow_the_weights():
+    """`--moe experts` with weights 3:1: 96 and 32 of the 128 experts, so rank 0's sparse layer
+    holds 262 144 + 96 3 2048 768 = 453 246 976 elements and rank 1's 262 144 + 32 3 2048 768 =
+    151 257 088 (the router on both)."""
+    config = _qwen3_30b_a3b()
+    plan = plan_for_config(config, 2, (3.0, 1.0), moe="experts")
+    assert [s.size for s in plan.experts] == [96, 32]
+    assert moe_ffn_elements(config, plan, 0) == 453_246_976
+    assert moe_ffn_elements(config, plan, 1) == 151_257_088
