@@ -15,6 +15,19 @@ and we pick integers `n_i >= 1` with `sum n_i = L` and `n_i <= cap_i` (its memor
 `max_i t_i`. Layers are identical jobs on uniform machines, so handing out layers one at a time to the
 stage that would finish earliest (ties to the lower stage index) is optimal and deterministic.
 
+Mixture of experts. A sparse layer holds all E experts but a token reads only the k it is routed
+to, so a layer's parameters split in two (`layer_read_params`, `layer_held_params`), with
+`A` = attention, `w` the expert width, `s` the shared expert's width (0: none), `F` the dense MLP:
+
+    read(layer) = A + E D + k 3 D w + 3 D s + [s > 0] D     held(layer) = A + E D + E 3 D w + ...
+    read = held = A + 3 D F                                  (a dense layer, dense among sparse too)
+
+(the router reads its whole E x D matrix every token). Speed is weighed with the reads (`c` above
+is the mean read per layer), memory with what is held: a stage's memory cap counts the largest
+layer held, so a stage is never given layers it cannot hold (with dense layers among sparse ones
+it may be given one fewer than it could). Qwen3-30B-A3B's shape reads ~3.3 B parameters per token
+(embedding included, as its model card counts) of ~30.5 B held.
+
 `--pp-weights` overrides the cost model: layers are split in proportion to the given weights
 (largest remainder, ties to the lower stage index: `apportion.py`), still at least one layer per
 stage.
@@ -65,34 +78,70 @@ class StageCapacity:
 
 @dataclass(frozen=True)
 class ModelCost:
-    """Parameter counts the partition weighs: per decoder layer, read by the head per token
-    (final norm + LM head), and held by the head in memory (embedding + final norm + LM head,
-    the tied matrix once)."""
+    """Parameter counts the partition weighs: per decoder layer, read per token (`layer_params`,
+    the mean over the layers) and held in memory (`layer_held_params`, the largest layer; None:
+    the same as read, a dense model); read by the head per token (final norm + LM head), and held
+    by the head in memory (embedding + final norm + LM head, the tied matrix once)."""
 
     num_layers: int
     layer_params: int
     head_compute_params: int
     head_memory_params: int
+    layer_held_params: int | None = None
+
+    @property
+    def held_per_layer(self) -> int:
+        return self.layer_params if self.layer_held_params is None else self.layer_held_params
+
+
+def _attention_and_norms(config) -> int:
+    d, n_q, n_kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    hd = getattr(config, "head_dim", None) or d // n_q
+    attn = d * hd * (n_q + 2 * n_kv) + n_q * hd * d
+    return attn + 2 * d + (2 * hd if getattr(config, "qk_norm", False) else 0)
+
+
+def _sparse(config, layer: int) -> bool:
+    moe = getattr(config, "moe", None)
+    return moe is not None and moe.is_sparse(layer)
+
+
+def _ffn_params(config, layer: int, experts: int) -> int:
+    """Layer `layer`'s feed-forward with `experts` of its experts counted (module docstring)."""
+    d = config.hidden_size
+    if not _sparse(config, layer):
+        return 3 * d * config.intermediate_size
+    spec = config.moe
+    shared = 3 * d * spec.shared_intermediate_size + d if spec.shared_intermediate_size else 0
+    return spec.num_experts * d + experts * 3 * d * spec.intermediate_size + shared
+
+
+def layer_read_params(config, layer: int) -> int:
+    """Parameters decoder layer `layer` reads per token: attention, norms, and its dense MLP or
+    router + top-k experts + shared expert (module docstring)."""
+    k = config.moe.top_k if _sparse(config, layer) else 0
+    return _attention_and_norms(config) + _ffn_params(config, layer, k)
+
+
+def layer_held_params(config, layer: int) -> int:
+    """Parameters decoder layer `layer` holds: as read, with every expert (module docstring)."""
+    e = config.moe.num_experts if _sparse(config, layer) else 0
+    return _attention_and_norms(config) + _ffn_params(config, layer, e)
 
 
 def model_cost(config) -> ModelCost:
-    """The `ModelCost` of a Llama-family config (HF attribute names; duck-typed)."""
-    d = config.hidden_size
-    n_q = config.num_attention_heads
-    n_kv = config.num_key_value_heads
-    hd = getattr(config, "head_dim", None) or d // n_q
-    ff = config.intermediate_size
-    vocab = config.vocab_size
-    attn = d * hd * (n_q + 2 * n_kv) + n_q * hd * d
-    mlp = 3 * d * ff
-    norms = 2 * d + (2 * hd if getattr(config, "qk_norm", False) else 0)
-    lm_head = vocab * d
+    """The `ModelCost` of a Llama-family config, dense or mixture of experts (HF attribute names,
+    `config.moe` a `MoESpec`; duck-typed)."""
+    d, L = config.hidden_size, config.num_hidden_layers
+    lm_head = config.vocab_size * d
     tied = bool(getattr(config, "tie_word_embeddings", False))
+    read = sum(layer_read_params(config, i) for i in range(L))
     return ModelCost(
-        num_layers=config.num_hidden_layers,
-        layer_params=attn + mlp + norms,
+        num_layers=L,
+        layer_params=read // L,
         head_compute_params=lm_head + d,
         head_memory_params=(lm_head if tied else 2 * lm_head) + d,
+        layer_held_params=max(layer_held_params(config, i) for i in range(L)),
     )
 
 
@@ -186,7 +235,7 @@ def _layer_cap(i: int, stage: StageCapacity, cost: ModelCost) -> int:
     if stage.memory_bytes is None:
         return cost.num_layers
     fixed = cost.head_memory_params * stage.bytes_per_param if i == 0 else 0
-    per_layer = max(1, cost.layer_params * stage.bytes_per_param)
+    per_layer = max(1, cost.held_per_layer * stage.bytes_per_param)
     cap = (stage.memory_bytes - fixed) // per_layer
     if cap < 1:
         raise CapacityError(

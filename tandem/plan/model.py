@@ -171,14 +171,35 @@ def layer_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tup
     if tp == 1:
         return (1.0,)
     plan = plan_for_config(config, tp, weights)
-    d, ff = config.hidden_size, config.intermediate_size
+    d, L = config.hidden_size, config.num_hidden_layers
     total_attn = d * plan.head_dim * (plan.n_heads * 2 + plan.n_kv_heads * 2)
-    total = total_attn + 3 * d * ff
+    total = total_attn + sum(_ffn_read(config, plan, None, i) for i in range(L)) / L
     shares = []
     for r in range(tp):
         attn = d * (2 * plan.q_rows(r).size + 2 * plan.kv_rows(r).size)
-        shares.append((attn + 3 * d * plan.intermediate[r].size) / total)
+        shares.append((attn + sum(_ffn_read(config, plan, r, i) for i in range(L)) / L) / total)
     return tuple(shares)
+
+
+def _ffn_read(config: Any, plan: Any, rank: int | None, layer: int) -> float:
+    """Feed-forward parameters of `layer` rank `rank` reads per token (None: the whole layer's).
+    A sparse layer: the router (every rank), the top-k experts at the rank's rows under `--moe tp`
+    or, under `--moe experts`, the k experts times the rank's fraction of them (the share routing
+    sends it on average), and its rows of the shared expert (`partition.layer_read_params`)."""
+    d, spec = config.hidden_size, getattr(config, "moe", None)
+    if spec is None or not spec.is_sparse(layer):
+        rows = config.intermediate_size if rank is None else plan.intermediate[rank].size
+        return 3 * d * rows
+    if rank is None:
+        experts, rows, shared = spec.top_k, spec.intermediate_size, spec.shared_intermediate_size
+    else:
+        experts = spec.top_k * plan.experts[rank].size / spec.num_experts
+        rows, shared = (
+            plan.expert_rows[rank].size,
+            plan.shared_rows[rank].size if plan.shared_rows else 0,
+        )
+    gate = d if spec.shared_intermediate_size else 0
+    return spec.num_experts * d + 3 * d * (experts * rows + shared) + gate
 
 
 def vocab_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tuple[float, ...]:

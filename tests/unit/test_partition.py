@@ -195,3 +195,82 @@ def test_partition_covers_every_layer_once_and_is_optimal_on_random_fleets():
             for i, r in enumerate(ranges)
         )
         assert t == pytest.approx(_brute_force_makespan(stages, c))
+
+
+# ---- mixture of experts: a token reads its top-k experts, memory holds all of them ----------------
+
+
+def _qwen3_30b_a3b():
+    """Qwen3-30B-A3B's shape: 48 layers, D 2048, 32 q / 4 kv heads of 128 (q/k norms), 128 experts
+    of width 768 with 8 active, every layer sparse, 151 936 tokens, untied."""
+    from tandem.config import ModelConfig
+    from tandem.moe_config import MoESpec
+
+    return ModelConfig(
+        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, qk_norm=True,
+        tie_word_embeddings=False,
+        moe=MoESpec(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
+    )  # fmt: skip
+
+
+def test_qwen3_30b_a3b_reads_3_3_b_parameters_per_token_of_30_5_b_held():
+    """Per layer: attention 2048 128 (32 + 2 4) + 32 128 2048 = 18 874 368, norms 2 2048 + 2 128;
+    the router 128 2048 = 262 144; 8 experts read, 8 3 2048 768 = 37 748 736, all 128 held,
+    603 979 776. Read per token: 48 56 889 600 + the LM head and final norm 311 166 976 =
+    3.04 B, 3.35 B with the embedding matrix (the model card's 3.3 B active); held: 48 623 120 640
+    + both vocabulary matrices and the final norm 622 331 904 = 30.53 B."""
+    from tandem.parallel.partition import layer_held_params, layer_read_params
+
+    config = _qwen3_30b_a3b()
+    assert layer_read_params(config, 0) == 18_878_720 + 262_144 + 37_748_736 == 56_889_600
+    assert layer_held_params(config, 0) == 18_878_720 + 262_144 + 603_979_776 == 623_120_640
+    c = model_cost(config)
+    assert c.layer_params == 56_889_600 and c.held_per_layer == 623_120_640
+    read = c.num_layers * c.layer_params + c.head_compute_params
+    held = c.num_layers * c.held_per_layer + c.head_memory_params
+    assert read + 151936 * 2048 == 3_353_032_704  # ~3.3 B active, the embedding counted
+    assert held == 30_532_122_624  # ~30.5 B total
+
+
+def test_qwen3_30b_a3b_stages_are_capped_by_what_they_hold_and_split_by_what_they_read():
+    """Two equal bfloat16 stages of 32 GB: a layer holds 623 120 640 2 = 1.246 GB, so stage 0
+    (the head, 1.245 GB of vocabulary) holds 24 layers and stage 1 25. Weighed by reads the head
+    would take 21 (its LM head reads 5.5 layers' worth), leaving 27 = 33.6 GB for stage 1: more
+    than it holds, so stage 1 gets its 25 and the head 23. Weighed by the dense formula (an MLP of
+    6144 per layer, 56.6 M held) each stage held over 270 layers and the 21 / 27 split went
+    through."""
+    c = model_cost(_qwen3_30b_a3b())
+    unbounded = [StageCapacity(bytes_per_param=2)] * 2
+    assert partition_layers(unbounded, c) == (R(0, 21), R(21, 48))
+    stages = [StageCapacity(memory_bytes=32 * 10**9, bytes_per_param=2)] * 2
+    assert partition_layers(stages, c) == (R(0, 23), R(23, 48))
+    with pytest.raises(CapacityError):  # 48 layers do not fit two 28 GB stages (21 + 22)
+        partition_layers([StageCapacity(memory_bytes=28 * 10**9, bytes_per_param=2)] * 2, c)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-mixtral"])
+def test_a_moe_layers_held_and_read_params_are_the_reference_layers(preset):
+    """Held: every parameter of the reference model's layer (tiny-qwen3-moe's dense layer 1
+    among sparse ones included). Read: the same layer with only top-k experts, plus the router's
+    rows of the other experts (the router reads its whole matrix)."""
+    from dataclasses import replace
+
+    from tandem.models.llama import Transformer
+    from tandem.models.presets import PRESETS
+    from tandem.parallel.partition import layer_held_params, layer_read_params
+
+    config = PRESETS[preset].config
+    spec = config.moe
+    top_k_only = replace(config, moe=replace(spec, num_experts=spec.top_k))
+    full, top = Transformer(config), Transformer(top_k_only)
+    for i in range(config.num_hidden_layers):
+        held = sum(p.numel() for p in full.model.layers[str(i)].parameters())
+        assert layer_held_params(config, i) == held
+        routed = sum(p.numel() for p in top.model.layers[str(i)].parameters())
+        unread_router_rows = (spec.num_experts - spec.top_k) * config.hidden_size
+        sparse = config.is_sparse(i)
+        assert layer_read_params(config, i) == routed + (unread_router_rows if sparse else 0)
+    if preset == "tiny-qwen3-moe":
+        assert not config.is_sparse(1)  # the dense layer among sparse ones was counted

@@ -160,3 +160,21 @@ def test_a_host_with_two_slots_runs_two_ranks_at_full_speed_and_shares_beyond():
     assert predict(CFG, Layout(pp=2), two, FREE).compute_s == pytest.approx(0.01)
     with pytest.raises(PlanModelError):
         NodeSpec("x", 0.01, slots=0)
+
+
+def test_a_moe_ranks_share_of_a_layer_is_what_it_reads_per_token():
+    """Qwen3-30B-A3B's shape at TP=2, expert rows 384 / 384: a rank reads its attention
+    2048 128 (2 16 + 2 2) = 9 437 184, the whole router 128 2048 = 262 144 and its rows of the 8
+    chosen experts 8 3 2048 384 = 18 874 368, of a layer's 56 885 248 read (the 128 experts it
+    holds do not enter): 0.5023 each, where the dense formula (an MLP of 6144) gave 0.5."""
+    from tandem.config import ModelConfig
+    from tandem.moe_config import MoESpec
+
+    config = ModelConfig(
+        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, qk_norm=True,
+        moe=MoESpec(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
+    )  # fmt: skip
+    share = (9_437_184 + 262_144 + 18_874_368) / 56_885_248
+    assert layer_shares(config, 2, None) == pytest.approx((share, share), rel=1e-12)
