@@ -36,6 +36,7 @@ from tandem.cli.cluster_epochs import (
     superseded,
 )
 from tandem.cli.cluster_probe import PROBE_COLUMNS, probe_cells, publish_probes, view_url
+from tandem.cli.serve import DEFAULT_REFORM_TIMEOUT_S, add_reasoning_argument
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
 from tandem.cluster.ring_config import RingConfigError, check_timeout
 from tandem.cluster.status import (
@@ -110,10 +111,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument(
         "--reform-timeout",
         type=float,
-        default=120.0,
+        default=DEFAULT_REFORM_TIMEOUT_S,
         help="rank 0: seconds a group that lost a worker has to re-form (the worker rejoins, "
-        "requests in flight are replayed) before requests fail; 0: a lost worker ends it",
+        f"requests in flight are replayed) before requests fail (default "
+        f"{DEFAULT_REFORM_TIMEOUT_S:g}, as under serve and launch); 0: a lost worker ends it",
     )
+    add_reasoning_argument(join)  # rank 0: its server's, as `tandem serve` takes it
     join.add_argument(
         "--op-timeout",
         type=float,
@@ -406,6 +409,23 @@ def _join_rtts(board: StatusBoard) -> dict[int, float]:
     return out
 
 
+def rank_argv(args: argparse.Namespace, rank: int, ring_file: Path, epoch: int = 0) -> list[str]:
+    """The command a joined rank runs: the head `tandem serve` over the ring with its server's
+    flags (`--reform-timeout`, `--reasoning-parser`, `--shrink-after`), a worker `tandem worker`
+    claiming `epoch`."""
+    if rank == 0:
+        argv = [sys.executable, "-m", "tandem", "serve", "--model", args.model]
+        argv += ["--ring-config", str(ring_file), "--host", args.host, "--port", str(args.port)]
+        argv += ["--reform-timeout", str(getattr(args, "reform_timeout", 0.0))]
+        argv += ["--reasoning-parser", getattr(args, "reasoning_parser", "auto")]
+        if getattr(args, "shrink_after", 0.0):
+            argv += ["--shrink-after", str(args.shrink_after)]
+    else:
+        argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
+        argv += ["--epoch", str(epoch)]
+    return argv + ["--device", args.device, "--dtype", args.dtype]
+
+
 def _run_rank(
     console: Console,
     args: argparse.Namespace,
@@ -423,16 +443,7 @@ def _run_rank(
         console.print("joined; no --model given, so holding the slot (Ctrl-C to leave)")
         while True:
             time.sleep(3600)
-    if rank == 0:
-        argv = [sys.executable, "-m", "tandem", "serve", "--model", args.model]
-        argv += ["--ring-config", str(ring_file), "--host", args.host, "--port", str(args.port)]
-        argv += ["--reform-timeout", str(getattr(args, "reform_timeout", 0.0))]
-        if getattr(args, "shrink_after", 0.0):
-            argv += ["--shrink-after", str(args.shrink_after)]
-    else:
-        argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
-        argv += ["--epoch", str(epoch)]
-    argv += ["--device", args.device, "--dtype", args.dtype]
+    argv = rank_argv(args, rank, ring_file, epoch)
     env = {"RING_CONFIG": str(ring_file)}
     if rank == 0 and rtts:
         env["TANDEM_JOIN_RTT_MS"] = json.dumps(rtts)

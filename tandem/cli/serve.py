@@ -34,6 +34,21 @@ class ServeError(RuntimeError):
 DEFAULT_REFORM_TIMEOUT_S = 120.0
 
 
+REASONING_PARSERS = ("auto", "none", "think", "harmony")
+
+
+def add_reasoning_argument(p: argparse.ArgumentParser) -> None:
+    """`--reasoning-parser`, as `serve`, `launch` and a joined head (`cluster join`) take it."""
+    p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=REASONING_PARSERS,
+        help="how chat answers are split into reasoning and content: harmony (gpt-oss), think "
+        "(<think>...</think>: Qwen3, DeepSeek-R1), none (the text as written); auto (default) "
+        "picks by the tokenizer's marker tokens",
+    )
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Options shared by `serve` and `launch`."""
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes)")
@@ -79,14 +94,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "fill idle slots of --max-batch only and go least recently used first (default: on)",
     )
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
-    p.add_argument(
-        "--reasoning-parser",
-        default="auto",
-        choices=("auto", "none", "think", "harmony"),
-        help="how chat answers are split into reasoning and content: harmony (gpt-oss), think "
-        "(<think>...</think>: Qwen3, DeepSeek-R1), none (the text as written); auto (default) "
-        "picks by the tokenizer's marker tokens",
-    )
+    add_reasoning_argument(p)
     p.add_argument(
         "--op-timeout",
         type=float,

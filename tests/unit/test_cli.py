@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_cli_help_lists_usage():
     out = subprocess.run(
@@ -25,3 +27,31 @@ def test_the_prefix_cache_is_on_by_default_and_launch_passes_its_flag_to_serve()
     assert serve_argv(off, Path("m.gguf"))[-1] == "--no-prefix-cache"
     served = parser.parse_args(serve_argv(off, Path("m.gguf"))[3:])
     assert served.prefix_cache is False
+
+
+def test_a_joined_head_serves_with_the_reasoning_parser_and_reform_timeout_it_was_given():
+    """`cluster join --reasoning-parser` reaches the head's `tandem serve` as `serve` takes it, and
+    serve, launch and cluster join share one default re-form timeout."""
+    from pathlib import Path
+
+    from tandem.cli.cluster import rank_argv
+    from tandem.cli.main import build_parser
+    from tandem.cli.serve import DEFAULT_REFORM_TIMEOUT_S, REASONING_PARSERS
+
+    parser = build_parser()
+    for cmd in (["serve"], ["launch"], ["cluster", "join", "TOKEN"]):
+        args = parser.parse_args(cmd)
+        assert args.reform_timeout == DEFAULT_REFORM_TIMEOUT_S
+        assert args.reasoning_parser == "auto"
+    for choice in REASONING_PARSERS:
+        join = parser.parse_args(
+            ["cluster", "join", "TOKEN", "--model", "m", "--reasoning-parser", choice]
+        )
+        head = parser.parse_args(rank_argv(join, 0, Path("ring0.json"))[3:])
+        assert head.command == "serve" and head.reasoning_parser == choice
+        assert head.reform_timeout == DEFAULT_REFORM_TIMEOUT_S
+        worker = rank_argv(join, 1, Path("ring1.json"), epoch=2)
+        assert worker[3] == "worker" and "--reasoning-parser" not in worker
+    with pytest.raises(SystemExit) as e:  # an unknown parser is refused, as serve refuses it
+        parser.parse_args(["cluster", "join", "TOKEN", "--reasoning-parser", "guess"])
+    assert e.value.code == 2
