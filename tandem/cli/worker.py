@@ -20,7 +20,8 @@ import torch
 
 from tandem.comm.base import Communicator
 from tandem.devices import COMPUTE_DTYPES
-from tandem.engine.tp.setup import cluster_id_for, run_worker
+from tandem.engine.tp.layout import cluster_id_for
+from tandem.engine.tp.setup import run_worker
 
 DEFAULT_OP_TIMEOUT_S = 60.0
 

@@ -17,7 +17,7 @@ from tandem.engine.recovery import (
 )
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import Request, Scheduler
-from tandem.engine.tp.setup import cluster_id_for
+from tandem.engine.tp.layout import cluster_id_for
 from tandem.loaders.errors import ModelFileChangedError
 from tandem.transport.endpoints import ConnectTimeoutError, Listener, connect
 from tandem.transport.handshake import ClaimMismatchError, Identity

@@ -27,8 +27,7 @@ from tandem.engine.tp.balance import ComputeClock, balance_entry, gather_clocks
 from tandem.engine.tp.control import Control, send_control
 
 if TYPE_CHECKING:
-    from tandem.engine.tp.local import LocalWorkers
-    from tandem.engine.tp.setup import GroupLayout, RankInfo
+    from tandem.engine.tp.layout import GroupLayout, RankInfo, WorkerProcesses
 
 
 class GroupFailedError(RuntimeError):
@@ -60,7 +59,7 @@ class TPExecutor:
         facts: Sequence[ci.RankFacts] = (),
         ranks: Sequence[RankInfo] = (),
         layout: GroupLayout | None = None,
-        local_workers: LocalWorkers | None = None,
+        local_workers: WorkerProcesses | None = None,
         join_rtt_ms: dict[int, float] | None = None,
         ring_probe: tuple[float, float] | None = None,
         placement: str = "",

@@ -22,7 +22,8 @@ from tandem.cluster.ring_config import keepalive_interval
 from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.tp.head import TPExecutor
-from tandem.engine.tp.setup import cluster_id_for, start_head
+from tandem.engine.tp.layout import cluster_id_for
+from tandem.engine.tp.setup import start_head
 
 
 class LocalGroupError(RuntimeError):

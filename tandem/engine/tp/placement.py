@@ -19,7 +19,7 @@ from tandem.parallel.fit import check_fit, rank_needs, share_host_memory
 from tandem.parallel.plan import DegeneratePlanError, plan_for_source
 
 if TYPE_CHECKING:
-    from tandem.engine.tp.setup import GroupLayout, RankInfo
+    from tandem.engine.tp.layout import GroupLayout, RankInfo
 
 
 def _f32(weights: tuple[float, ...]) -> tuple[float, ...]:

@@ -46,7 +46,7 @@ from tandem.engine.tp.setup import (
 from tandem.loaders.source import open_model
 
 if TYPE_CHECKING:
-    from tandem.engine.tp.local import LocalWorkers
+    from tandem.engine.tp.layout import WorkerProcesses
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def rejoin_head(
     on_close: Callable[[], None] | None = None,
     keepalive_s: float | None = None,
     diagnose: Callable[[], str | None] | None = None,
-    local_workers: LocalWorkers | None = None,
+    local_workers: WorkerProcesses | None = None,
     join_rtt_ms: dict[int, float] | None = None,
     setup_timeout: float | None = None,
     mem_limit_gb: float | None = None,

@@ -27,9 +27,9 @@ import os
 import socket
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -42,17 +42,15 @@ from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.balance import ComputeClock
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.layout import GroupLayout, RankInfo, WorkerProcesses
 from tandem.engine.tp.placement import check_group_fit, plannable, refinement
-from tandem.engine.tp.probe import RankKind, RankProbe, choose_weights, measure
+from tandem.engine.tp.probe import RankProbe, choose_weights, measure
 from tandem.engine.tp.refine import agree_refinement, warmup_clocks
 from tandem.kernels.prepare import prepare
 from tandem.loaders.source import ModelSource, open_model
 from tandem.parallel.plan import MOE_PLACEMENTS, TPPlan, plan_for_source
 from tandem.parallel.shard_load import load_shard, quant_types
 from tandem.parallel.transform import shard_transformer
-
-if TYPE_CHECKING:
-    from tandem.engine.tp.local import LocalWorkers
 
 log = logging.getLogger(__name__)
 
@@ -65,44 +63,8 @@ DTYPE_CODES = ("float32", "bfloat16", "float16")  # the setup frame's dtype code
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
 
-def cluster_id_for(epoch: int) -> str:
-    """The ring's cluster id in `epoch` (what every rank claims in its handshake, so a rank of an
-    earlier epoch is refused): "tandem-tp", then "tandem-tp/epoch-1", ..."""
-    return "tandem-tp" if epoch == 0 else f"tandem-tp/epoch-{epoch}"
-
-
 class GroupSetupError(RuntimeError):
     """The ranks of a group disagree (model, protocol version) or the layout is invalid."""
-
-
-@dataclass(frozen=True)
-class GroupLayout:
-    world_size: int
-    weights: tuple[float, ...]
-    max_batch: int
-    max_seq_len: int
-    fingerprint: str
-    attn_ranks: int = 0  # attention on the first A ranks only (`TPPlan.attn_ranks`); 0: all
-    probed: int = 0  # 1: the weights came from the probe, refined at join (`tp.refine`)
-    moe: str = "tp"  # a mixture of experts' placement (`TPPlan.moe`)
-
-    def plan(self, md: ModelSource) -> TPPlan:
-        """The group's TP plan for `md` (every rank computes the same one)."""
-        return plan_for_source(md, self.world_size, self.weights, self.attn_ranks or None, self.moe)
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    dtype: str
-    device: str
-    threads: int = 0  # the rank's torch CPU threads (its OpenMP pool)
-    pid: int = 0
-    host: str = ""
-    cpu_quota: float = 0.0  # CPUs its cgroup's CFS quota allows; 0: none
-
-    def kind(self) -> RankKind:
-        return RankKind(self.device, self.dtype, self.host, self.threads, self.cpu_quota)
 
 
 def _fp_words(fingerprint: str) -> list[int]:
@@ -336,7 +298,7 @@ def start_head(
     on_close: Callable[[], None] | None = None,
     keepalive_s: float | None = None,
     diagnose: Callable[[], str | None] | None = None,
-    local_workers: LocalWorkers | None = None,
+    local_workers: WorkerProcesses | None = None,
     join_rtt_ms: dict[int, float] | None = None,
     attn_ranks: int | None = None,
     setup_timeout: float | None = None,
@@ -434,7 +396,7 @@ def head_executor(
     probes: list[RankProbe],
     *,
     placement: str,
-    local_workers: LocalWorkers | None,
+    local_workers: WorkerProcesses | None,
     **kw: Any,
 ) -> TPExecutor:
     """The head's executor over a formed group (a first join's, or one re-formed around a kept
