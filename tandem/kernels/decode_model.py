@@ -27,6 +27,7 @@ import torch
 
 from tandem.kernels import decode_layer, native
 from tandem.kernels.cstructs import TqLayer as _Layer
+from tandem.kernels.fast_attention import FastAttention
 from tandem.models.context import ForwardContext
 
 
@@ -104,8 +105,6 @@ def plan(model, layers: list, h: torch.Tensor, ctx: ForwardContext) -> Plan | No
         return None
     if p is not None and p.dtype == h.dtype and p.fits(layers, ctx.cache):
         return p
-    from tandem.kernels.modules import FastAttention
-
     ok = all(
         isinstance(la.self_attn, FastAttention) and decode_layer.eligible(la, h, ctx)
         for la in layers

@@ -12,9 +12,9 @@ the native build is unavailable (`TANDEM_NATIVE=0`, no compiler, not x86-64) or 
 type or width the kernel lacks, the reference module stays.
 
 Dense parts (F32, F16, BF16) take the kernel for every row count too (its one dense row kernel:
-batch-invariant), unless `linear.LIBRARY_PREFILL`: then a prefill takes the library product,
+batch-invariant), unless `wide.LIBRARY_PREFILL`: then a prefill takes the library product,
 the reference module's own math: `F.linear` on an F32 weight as x's dtype; an F16 / BF16 weight
-through the kernel `linear._wide_kernel` picks for it (the float32 tiles where the CPU lacks
+through the kernel `wide._wide_kernel` picks for it (the float32 tiles where the CPU lacks
 native bf16: the weight is not widened whole).
 """
 
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.kernels import linear, native, quant  # linear imports this module: use it late
+from tandem.kernels import native, quant, wide
 
 QUANT = "quant"  # the kernel name in KernelReport.layers
 
@@ -73,7 +73,7 @@ class QuantKernelLinear(nn.Module):
         self._bias32 = None if bias is None else bias.detach().float().contiguous()
         self._rows = native.MAX_ROWS * in_features  # x.numel() at most for a decode call
         dense = any(t in quant.DENSE_TYPES for t in self.qtypes)
-        self._any_rows = not (dense and linear.LIBRARY_PREFILL)  # the kernel at every row count
+        self._any_rows = not (dense and wide.LIBRARY_PREFILL)  # the kernel at every row count
 
     @property
     def qtype(self) -> int:
@@ -105,8 +105,8 @@ class QuantKernelLinear(nn.Module):
         for w, t, rows in zip(self.parts.tensors, self.qtypes, self.parts.rows):
             if t in quant.DENSE_TYPES:
                 dense = w.view(_DENSE[t]).view(rows, self.in_features)  # (rows, in), no copy
-                if linear._wide_kernel(dense) is linear.f32_tiles_linear:
-                    outs.append(linear.f32_tiles_linear(x, dense))  # 16-bit, tile by tile
+                if wide._wide_kernel(dense) is wide.f32_tiles_linear:
+                    outs.append(wide.f32_tiles_linear(x, dense))  # 16-bit, tile by tile
                 else:
                     outs.append(F.linear(x, dense.to(x.dtype)))
             else:

@@ -344,7 +344,7 @@ def test_f32_tiles_linear_is_a_float32_product_rounded_once(wdtype, xdtype, monk
     """The prefill kernel for 16-bit weights on a CPU without native bf16: tiles of the weight
     widened to float32 (small tiles here, so a ragged last tile too), the result rounded once to
     x's dtype, row-major, with the bias; the weight is not widened whole."""
-    from tandem.kernels import linear as lin
+    from tandem.kernels import wide as lin
 
     monkeypatch.setattr(lin, "TILE_BYTES", 16 * 4 * 72)  # 16 rows of K=72 per tile
     g = torch.Generator().manual_seed(0)
