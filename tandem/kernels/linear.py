@@ -22,9 +22,9 @@ else the server runs). The price is prefill speed: the library GEMMs are registe
 on AMX, run bf16 in tiles. Measured (Sapphire Rapids with AMX, 2 threads, Qwen3-0.6B's matrices,
 128-512 rows): float32 2.2-3x and bfloat16 6-14x the library's time per product.
 `TANDEM_LIBRARY_PREFILL=1` gives inputs of more than `native.MAX_ROWS` rows back to the library
-kernel for the weight as stored (and a prefill's attention to SDPA, `modules.FastAttention`),
+kernel for the weight as stored (and a prefill's attention to SDPA, `fast_attention.FastAttention`),
 not batch-invariant: oneDNN for float32, `F.linear` for 16-bit
-weights on a CPU with native bf16 dot products, and elsewhere `f32_tiles_linear`: the weight
+weights on a CPU with native bf16 dot products, and elsewhere `wide.f32_tiles_linear`: the weight
 widened to float32 a tile of rows at a time (~1 MB, cache-resident) and multiplied by the float32
 GEMM. On a CPU without avx512_bf16 / AMX, torch's bf16 GEMM converts in its inner loop and ran
 4-5x slower than that (AVX2 EPYC, 64 x 1024 x 6144: 141 ms against 28 for the tiles, one thread),
