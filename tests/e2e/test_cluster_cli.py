@@ -166,6 +166,50 @@ def test_two_nodes_join_with_a_model_and_serve_the_openai_api(tmp_path):
             kill_tree(p)
 
 
+def test_a_joined_head_serves_with_the_reasoning_parser_it_was_given(tmp_path):
+    """`cluster join --reasoning-parser none` on rank 0, over a model whose tokenizer has `<think>`
+    marker tokens (which `auto`, the default, reads as a think model: test_serve_reasoning.py):
+    the joined head's server answers with the text as the model wrote it, markers included, no
+    reasoning apart, and refuses Ollama's `think` as for a model without a reasoning format."""
+    import ollama
+    import openai
+    from reasoning_models import think_model
+    from serve_support import kill_tree, wait_healthy
+
+    from tandem.cluster.launcher import free_ports
+
+    model = think_model(tmp_path / "qwen3-think")
+    base = free_port_block(4)
+    token = _cli(
+        "cluster", "init", "--hosts", "127.0.0.1,127.0.0.1", "--base-port", str(base), "--no-qr"
+    ).stdout.split()[-1]
+    (http_port,) = free_ports(1)
+    url = f"http://127.0.0.1:{http_port}"
+    procs = []
+    try:
+        for rank in (1, 0):
+            argv = [*TANDEM, "cluster", "join", token, "--rank", str(rank), "--model", str(model)]
+            argv += ["--config-dir", str(tmp_path / f"n{rank}"), "--port", str(http_port)]
+            argv += ["--reasoning-parser", "none"]
+            procs.append(
+                subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            )
+        wait_healthy(procs[1], url)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        name = client.models.list().data[0].id
+        ask = [{"role": "user", "content": "Pick a number."}]
+        choice = client.chat.completions.create(
+            model=name, messages=ask, max_tokens=12, temperature=0, logprobs=True
+        ).choices[0]
+        assert choice.message.content == "".join(t.token for t in choice.logprobs.content)
+        assert getattr(choice.message, "reasoning_content", None) is None
+        with pytest.raises(ollama.ResponseError, match="does not support thinking"):
+            ollama.Client(host=url, timeout=120).chat(model=name, messages=ask, think=True)
+    finally:
+        for p in procs:
+            kill_tree(p)
+
+
 def test_nodes_holding_different_models_are_refused_in_one_line_at_the_head(tmp_path):
     from serve_support import kill_tree, make_model
 
