@@ -19,9 +19,11 @@ w_r = `plan.expert_rows[r]` of the width w; under `--moe experts` its whole expe
 n_r = `plan.experts[r].size`, w_r = w) and its rows s_r of the shared expert (width s) with the
 shared expert's gate (D) where the family has one. Qwen3-MoE's dense layers among sparse ones
 (`mlp_only_layers`, `decoder_sparse_step`) are dense layers of `intermediate_size`. A pipeline
-stage holds whole layers, dense or sparse, weighed by `partition.layer_held_params`. Bytes are weights_r * w + kv_r * e, with e the rank's compute-dtype
-element size and w the weights' stored bytes per element (e for a dense checkpoint; for a quantized
-file its matrices' average block bytes per element, blocks staying quantized). Norms and
+stage holds whole layers, dense or sparse, weighed by `partition.layer_held_params`.
+
+Bytes are weights_r * w + kv_r * e, with e the rank's compute-dtype element size and w the
+weights' stored bytes per element (e for a dense checkpoint; for a quantized file its matrices'
+average block bytes per element, blocks staying quantized). Norms and
 biases (a few D per layer) are left out; `HEADROOM_BYTES` covers them and the runtime's own
 buffers. A rank needs  weights + kv + HEADROOM_BYTES <= free  (its probe's free memory).
 
