@@ -88,6 +88,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "picks by the tokenizer's marker tokens",
     )
     p.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=("auto", "hermes", "llama3", "mistral", "harmony"),
+        help="the format the model writes tool calls in: hermes (<tool_call> blocks: Qwen, "
+        "SmolLM2), llama3 (a bare JSON call), mistral ([TOOL_CALLS]), harmony (gpt-oss); auto "
+        "(default) picks by the chat template",
+    )
+    p.add_argument(
         "--op-timeout",
         type=float,
         default=None,
@@ -229,7 +237,12 @@ def _serve(args: argparse.Namespace) -> int:
                 pp_weights=args.pp_weights,
                 prefix_cache=args.prefix_cache,
             )
-            switch.app = create_app(engine, api_key=args.api_key, reasoning=args.reasoning_parser)
+            switch.app = create_app(
+                engine,
+                api_key=args.api_key,
+                reasoning=args.reasoning_parser,
+                tool_parser=args.tool_call_parser,
+            )
             layout = f"tp={args.tp}, pp={args.pp}"
             if ring_config:
                 layout = f"rank 0 of the group in {ring_config}"
