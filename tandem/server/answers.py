@@ -6,7 +6,7 @@ Reasoning and content stream as they are read. A call streams as OpenAI's `delta
 do: its index, id, type and name first, then its arguments in pieces (`Part.deltas`); and it is
 returned whole once it ends (`Part.calls`, what a whole answer and Ollama's lines carry). Calls
 in the reasoning format itself (harmony's) come whole as each ends. A choice that made a call
-finishes with "tool_calls".
+finishes with "tool_calls" (or "length" where the token limit cut it).
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ class ChoiceAnswer:
         return self.read(TextDelta(done.text, (), tuple(done.marks))).add(self.finish())
 
     def finish_reason(self, done: Completion) -> str:
-        return "tool_calls" if self.called else done.finish_reason
+        """ "tool_calls" for a choice that made a call, unless the token limit cut it ("length",
+        as OpenAI: the last call's arguments may be unfinished)."""
+        return (
+            "tool_calls" if self.called and done.finish_reason != "length" else done.finish_reason
+        )
 
     def _part(self, parsed: Parsed, final: bool) -> Part:
         part = Part(parsed.reasoning)

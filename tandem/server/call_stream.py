@@ -6,7 +6,8 @@ by piece, the way OpenAI streams `delta.tool_calls`.
 A format is a `CallSyntax`: the texts that open a section of calls (`<tool_call>`,
 `[TOOL_CALLS]`, `<|python_tag|>`), whether a `{` that starts the output opens one (Llama 3's
 bare JSON), whether the section is a JSON array, the separators between its calls, the text
-that closes it, and whether a call may be written `NAME[ARGS]{...}` (Mistral's newer form).
+that closes it, and whether a call may be written `NAME[ARGS]{...}` (Mistral's newer form, an
+id `[CALL_ID]ID` maybe before `[ARGS]`).
 
     content  <tool_call> {"name": "f", "arguments": {"a": 1}} </tool_call>  content
     ^ Content           ^ Start(0, "f")          ^ Args(0, '{"a": 1}') ^ End(0)
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 _HEAD = re.compile(
     r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*', re.DOTALL
 )
-_NAMED = re.compile(r"([A-Za-z0-9_.-]{1,64})\[ARGS\]")
-_NAMED_PREFIX = re.compile(r"[A-Za-z0-9_.-]{0,64}(\[(A(R(G(S)?)?)?)?)?")
+# Mistral's newer form: NAME[ARGS]{...}, or NAME[CALL_ID]ID[ARGS]{...} (Small 3.2's template)
+_NAMED = re.compile(r"([A-Za-z0-9_.-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]{1,64})?\[ARGS\]")
+_WORD = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ class CallStream:
                 self._eat(m.end())
                 self._start(m.group(1), named=True)
                 return True
-            if _NAMED_PREFIX.fullmatch(body) and not final:
+            if _named_prefix(body) and not final:
                 return False
         return self._fail()
 
@@ -321,6 +323,17 @@ class CallStream:
             self.out.append(Content(kept))
             self.seen = self.seen or bool(kept.strip())
         self.ws = body[len(kept) :]
+
+
+def _named_prefix(text: str) -> bool:
+    """Whether `text` may still grow into `NAME[ARGS]` or `NAME[CALL_ID]ID[ARGS]`."""
+    rest = text[_WORD.match(text).end() :]  # type: ignore[union-attr]
+    if "[ARGS]".startswith(rest) or "[CALL_ID]".startswith(rest):
+        return True
+    if not rest.startswith("[CALL_ID]"):
+        return False
+    rest = rest[len("[CALL_ID]") :]
+    return "[ARGS]".startswith(rest[_WORD.match(rest).end() :])  # type: ignore[union-attr]
 
 
 def _partial(text: str, openers: tuple[str, ...]) -> int:

@@ -34,6 +34,7 @@ CASES = [
     (M, f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {WEATHER}, "id": "a1b2c3d4e"}}, '
         '{"name": "g", "arguments": {}}]', "", [("get_weather", WEATHER), ("g", "{}")]),
     (M, '[TOOL_CALLS]f[ARGS]{"x": 1}[TOOL_CALLS]g[ARGS]{}', "", [("f", '{"x": 1}'), ("g", "{}")]),
+    (M, '[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{"x": 1}', "", [("f", '{"x": 1}')]),
     (M, "text [TOOL_CALLS] nope", "text [TOOL_CALLS] nope", []),
 ]  # fmt: skip
 

@@ -174,3 +174,16 @@ def test_ollama_chat_with_tools_and_a_round_trip_is_answered(client):
     assert json.loads(lines[-1])["done"] and not json.loads(lines[0])["done"]
     bad = {**body, "messages": [{"role": "assistant", "tool_calls": "x"}]}
     assert client.post("/api/chat", json=bad).status_code == 400
+
+
+def test_a_call_cut_by_the_token_limit_finishes_with_length_as_openai():
+    from tandem.server.answers import ChoiceAnswer
+    from tandem.server.ollama import PLAIN
+
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'
+    for reason, want in [("length", "length"), ("stop", "tool_calls")]:
+        answer = ChoiceAnswer(PLAIN.reader([]), True)
+        done = Completion(text, reason, 1, 1)
+        (call,) = answer.whole(done).calls
+        assert call["function"]["arguments"] == '{"city": "Os'  # as written, like OpenAI's
+        assert answer.finish_reason(done) == want
