@@ -139,6 +139,7 @@ def serve_argv(args: argparse.Namespace, model: Path) -> list[str]:
         "pp_weights",
         "allowed_hosts",
         "reasoning_parser",
+        "tool_call_parser",
     ):
         value = getattr(args, flag)
         if value is not None:

@@ -96,6 +96,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
     add_reasoning_argument(p)
     p.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=("auto", "hermes", "llama3", "mistral", "harmony"),
+        help="the format the model writes tool calls in: hermes (<tool_call> blocks: Qwen, "
+        "SmolLM2), llama3 (a bare JSON call), mistral ([TOOL_CALLS]), harmony (gpt-oss); auto "
+        "(default) picks by the chat template",
+    )
+    p.add_argument(
         "--op-timeout",
         type=float,
         default=None,
@@ -237,7 +245,12 @@ def _serve(args: argparse.Namespace) -> int:
                 pp_weights=args.pp_weights,
                 prefix_cache=args.prefix_cache,
             )
-            switch.app = create_app(engine, api_key=args.api_key, reasoning=args.reasoning_parser)
+            switch.app = create_app(
+                engine,
+                api_key=args.api_key,
+                reasoning=args.reasoning_parser,
+                tool_parser=args.tool_call_parser,
+            )
             layout = f"tp={args.tp}, pp={args.pp}"
             if ring_config:
                 layout = f"rank 0 of the group in {ring_config}"

@@ -202,9 +202,14 @@ class ServingEngine:
     def template_reads(self, name: str) -> bool:
         """Whether the model's chat template names the variable `name` (`tools`,
         `enable_thinking`, `reasoning_effort`): a template that does not would ignore it."""
+        return self._chat_template is not None and name in self.template_source
+
+    @property
+    def template_source(self) -> str:
+        """The chat template's source ("" where the model has none)."""
         config = getattr(self.tokenizer, "config", None)
         template = config.get("chat_template") if isinstance(config, dict) else None
-        return self._chat_template is not None and name in str(template or "")
+        return str(template or "")
 
     def chat_prompt(
         self,

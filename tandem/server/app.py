@@ -24,7 +24,7 @@ from tandem.engine.serving import (
     ServingEngine,
     TextDelta,
 )
-from tandem.server import reasoning_format, tools
+from tandem.server import reasoning_format, tool_formats, tools
 from tandem.server.answers import ChoiceAnswer, Part
 from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.generation import drain, generate_choices
@@ -53,11 +53,16 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     reasoning: str = "auto",
+    tool_parser: str = "auto",
 ) -> FastAPI:
     """The API over `engine`; with `api_key`, /v1 and /api need `Authorization: Bearer <key>` (and only
     such a caller sees /health's full detail). Bodies over `max_body_bytes` are answered 413.
-    `reasoning`: how chat answers are read for reasoning (`reasoning_format.choose`)."""
+    `reasoning`: how chat answers are read for reasoning (`reasoning_format.choose`);
+    `tool_parser`: the tool-call format (`tool_formats.choose`)."""
     fmt = reasoning_format.choose(engine.tokenizer, reasoning)
+    served = tool_formats.serve(
+        tool_formats.choose(engine.template_source, fmt.kind, tool_parser), engine.tokenizer
+    )
     app = FastAPI(title="tandem", docs_url=None, redoc_url=None)
     http_counts: dict[tuple[str, int], int] = {}
 
@@ -106,7 +111,7 @@ def create_app(
         )
 
     cluster = add_page(app, engine)  # GET /, /static/*, /v1/cluster
-    add_ollama(app, engine, fmt)  # /api/*
+    add_ollama(app, engine, fmt, served)  # /api/*
 
     @app.get("/metrics")
     async def metrics():
@@ -128,7 +133,7 @@ def create_app(
     async def chat(body: ChatCompletionRequest):
         _check_model(engine, body.model)
         body.refuse_unsupported()
-        tool_plan = tools.plan(body.tools, body.tool_choice)
+        tool_plan = tools.plan(body.tools, body.tool_choice, served)
         grammar = response_format_spec(body.response_format)
         field = "response_format"
         if tool_plan is not None and tool_plan.grammar is not None:
@@ -143,7 +148,7 @@ def create_app(
         native = engine.template_takes_tools
         listed = tool_plan.tools if tool_plan is not None else None
         messages = tools.template_messages(
-            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, served
         )
 
         def prompt() -> tuple[list[int], list]:
@@ -160,10 +165,12 @@ def create_app(
         grammar = chat_grammar(fmt, grammar, tool_plan, tail)
         masks = await grammar_masks(engine, grammar, body.n, field)
         parse = tool_plan is not None and tool_plan.parse
-        answers = [ChoiceAnswer(fmt.reader(tail), parse) for _ in range(body.n)]
+        kept = served.ids if parse else {}  # the format's marker tokens, read as their text
+        answers = [ChoiceAnswer(fmt.reader(tail, kept), parse, served) for _ in range(body.n)]
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        markers = fmt.marker_ids | frozenset(kept)
         events = generate_choices(
-            engine, prompt_ids, params, body.stop_strings(), body.n, masks, fmt.marker_ids
+            engine, prompt_ids, params, body.stop_strings(), body.n, masks, markers
         )
         shown = fmt.kind != "none"  # reasoning_content is a field of this server's answers
         if body.stream:
@@ -371,12 +378,11 @@ def _chat_message(c: Completion, answer: ChoiceAnswer, shown: bool) -> dict[str,
 async def _chat_chunks(
     engine, events, rid, created, body, answers: list[ChoiceAnswer], shown: bool
 ) -> AsyncIterator[dict[str, Any]]:
-    """The chat's SSE chunks: reasoning as `delta.reasoning_content` and content as
-    `delta.content` as they are read, each call whole (with its index) as it ends. With tools in
-    play a choice's content is held to its end (`answers.ChoiceAnswer`)."""
+    """The chat's SSE chunks: reasoning as `delta.reasoning_content`, content as
+    `delta.content` and calls as `delta.tool_calls` (index, id, type and name first, then the
+    arguments in pieces) as they are read (`answers.ChoiceAnswer`)."""
     logged = body.logprobs_wanted() is not None
     done: dict[int, Completion] = {}
-    calls = [0] * body.n  # calls sent so far, per choice
 
     def chunk(i: int, delta: dict, finish: str | None = None, lps: Any = None) -> dict[str, Any]:
         return {
@@ -393,9 +399,8 @@ async def _chat_chunks(
             out["reasoning_content"] = part.reasoning
         if part.content:
             out["content"] = part.content
-        if part.calls:
-            out["tool_calls"] = [{"index": calls[i] + k, **c} for k, c in enumerate(part.calls)]
-            calls[i] += len(part.calls)
+        if part.deltas:
+            out["tool_calls"] = part.deltas
         return out
 
     for i in range(body.n):

@@ -42,6 +42,8 @@ from tandem.server.protocol import APIError
 from tandem.server.reasoning_format import ReasoningFormat
 from tandem.server.reasoning_grammar import hold_answer
 from tandem.server.structured import grammar_masks, ollama_format_spec
+from tandem.server.tool_formats import ServedFormat
+from tandem.server.tools import HERMES
 
 PLAIN = ReasoningFormat("none", {})  # no reasoning format: the output is the content
 
@@ -50,9 +52,11 @@ OLLAMA_API_VERSION = "0.12.0"
 ROUTES = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
 
 
-def add_ollama(app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN) -> None:
+def add_ollama(
+    app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN, served: ServedFormat = HERMES
+) -> None:
     """Registers the /api routes on `app` (its error handler answers `{"error": ...}` there);
-    answers are read for reasoning by `fmt`."""
+    answers are read for reasoning by `fmt`, for tool calls in the `served` format."""
 
     @app.get("/api/version")
     async def version():
@@ -95,11 +99,11 @@ def add_ollama(app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN
         if not body.messages:  # Ollama's way of loading a model
             return _loaded(engine, {"message": {"role": "assistant", "content": ""}})
         variables = _think_variables(engine, fmt, body.think)
-        plan = tools.plan(body.tools, "auto")
+        plan = tools.plan(body.tools, "auto", served)
         listed = plan.tools if plan is not None else None
         native = engine.template_takes_tools
         messages = tools.template_messages(
-            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, served
         )
         prompt_ids, tail = await _prompt_ids(
             fmt,
@@ -108,7 +112,7 @@ def add_ollama(app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN
                 engine.chat_prompt(messages, listed if native else None, variables)
             ),
         )
-        reading = _Reading(fmt, tail, plan is not None, body.think is not False)
+        reading = _Reading(fmt, tail, plan is not None, body.think is not False, served)
         return await _answer(engine, body, prompt_ids, reading, chat=True)
 
     @app.post("/api/generate")
@@ -124,7 +128,7 @@ def add_ollama(app: FastAPI, engine: ServingEngine, fmt: ReasoningFormat = PLAIN
         prompt_ids, tail = await _prompt_ids(
             read, engine, lambda: _generate_prompt(engine, body, variables)
         )
-        reading = _Reading(read, tail, False, body.think is not False)
+        reading = _Reading(read, tail, False, body.think is not False, served)
         return await _answer(engine, body, prompt_ids, reading, chat=False)
 
 
@@ -137,6 +141,7 @@ class _Reading:
     tail: list
     parse: bool
     thinking: bool
+    served: ServedFormat
 
 
 def _think_variables(engine: ServingEngine, fmt: ReasoningFormat, think: Any) -> dict[str, Any]:
@@ -184,9 +189,10 @@ async def _answer(
         spec = hold_answer(reading.fmt, spec, reading.tail)
     masks = await grammar_masks(engine, spec, 1, "format")
     started = time.perf_counter()
-    markers = reading.fmt.marker_ids
+    kept = reading.served.ids if reading.parse else {}  # the call format's marker tokens
+    markers = reading.fmt.marker_ids | frozenset(kept)
     events = generate_choices(engine, prompt_ids, params, stop, 1, masks, markers)
-    answer = ChoiceAnswer(reading.fmt.reader(reading.tail), reading.parse)
+    answer = ChoiceAnswer(reading.fmt.reader(reading.tail, kept), reading.parse, reading.served)
     logged = params.logprobs is not None
     if body.stream:
         return StreamingResponse(
@@ -219,10 +225,18 @@ def _said(part: Part, chat: bool, thinking: bool) -> dict[str, Any]:
     if part.calls:
         message["tool_calls"] = [
             {"function": {"name": c["function"]["name"],
-                          "arguments": json.loads(c["function"]["arguments"])}}
+                          "arguments": _object(c["function"]["arguments"])}}
             for c in part.calls
         ]  # fmt: skip
     return {"message": message}
+
+
+def _object(arguments: str) -> Any:
+    """A call's arguments as Ollama sends them, an object (as written where they are not JSON)."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 async def _lines(

@@ -99,8 +99,10 @@ class ReasoningFormat:
         splitter = TextMarkers(MARKERS[self.kind])
         return [*splitter.split(text[last:]), *splitter.flush()]
 
-    def reader(self, tail: list[Piece]) -> ChoiceReader:
-        """A fresh reader of one choice's output, primed with the prompt's `tail`."""
+    def reader(self, tail: list[Piece], kept: dict[int, str] | None = None) -> ChoiceReader:
+        """A fresh reader of one choice's output, primed with the prompt's `tail`; the `kept`
+        tokens (id -> text: another format's markers, such as a tool-call format's special
+        tokens, which the engine reports as marks) are read as their text."""
         parser: Any
         if self.kind == "harmony":
             parser = harmony.HarmonyParser()
@@ -111,7 +113,7 @@ class ReasoningFormat:
         else:
             parser = PlainParser()
         splitter = TextMarkers(MARKERS[self.kind]) if self.on_text else None
-        return ChoiceReader(parser, self.ids, splitter)
+        return ChoiceReader(parser, self.ids, splitter, kept or {})
 
 
 def choose(tokenizer: Any, choice: str = "auto") -> ReasoningFormat:
@@ -134,9 +136,16 @@ class ChoiceReader:
     """One choice's output, delta by delta (`read`), through its parser: the text between the
     engine's marks and the marks as `Marker`s, or the text split by `TextMarkers`."""
 
-    def __init__(self, parser: Parser, ids: dict[int, str], splitter: TextMarkers | None) -> None:
+    def __init__(
+        self,
+        parser: Parser,
+        ids: dict[int, str],
+        splitter: TextMarkers | None,
+        kept: dict[int, str] | None = None,
+    ) -> None:
         self.parser = parser
         self.ids = ids
+        self.kept = kept or {}
         self.splitter = splitter
         self.seen = 0  # characters of the choice's text read so far
 
@@ -146,7 +155,10 @@ class ChoiceReader:
         for mark in delta.marks:
             cut = min(max(mark.offset - self.seen, at), len(delta.text))
             pieces += self._text(delta.text[at:cut])
-            pieces.append(Marker(self.ids.get(mark.token_id, "")))
+            if mark.token_id in self.kept and mark.token_id not in self.ids:
+                pieces.append(self.kept[mark.token_id])
+            else:
+                pieces.append(Marker(self.ids.get(mark.token_id, "")))
             at = cut
         pieces += self._text(delta.text[at:])
         self.seen += len(delta.text)

@@ -1,7 +1,6 @@
-"""Tool calls in the Qwen / Hermes format: the request's `tools` and `tool_choice`, the messages
-as a chat template reads them, the grammar a forced call is held to, and the model's
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks parsed into OpenAI's
-`tool_calls`.
+"""Tool calls: the request's `tools` and `tool_choice`, the messages as a chat template reads
+them, and the grammar a forced call is held to, in the served model's format
+(`tandem.server.tool_formats`; the calls are read out of the output by `call_stream`).
 
     tool_choice   the prompt gets     the output is          finish_reason with a call
     none          no tools            free text              -
@@ -19,18 +18,16 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from tandem.engine.grammar import GrammarSpec
 from tandem.server.protocol import APIError
+from tandem.server.tool_formats import ServedFormat, hermes
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+CALL_OPEN, CALL_CLOSE = hermes.OPEN, hermes.CLOSE
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# a forced call's JSON: no free whitespace (a small model left free to indent wanders)
-COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+HERMES = ServedFormat(hermes.FORMAT, {})
 HERMES_SYSTEM = (
     "You are a function calling AI model. You may call one or more functions to assist with the "
     "user query. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function "
@@ -50,9 +47,11 @@ class ToolPlan:
     parse: bool
 
 
-def plan(tools: list[dict[str, Any]] | None, choice: Any) -> ToolPlan | None:
-    """The plan for `tools` and `tool_choice` (None: no tools in play); a 400 naming the field
-    for a tool or choice tandem cannot read."""
+def plan(
+    tools: list[dict[str, Any]] | None, choice: Any, served: ServedFormat = HERMES
+) -> ToolPlan | None:
+    """The plan for `tools` and `tool_choice` (None: no tools in play), a forced call in the
+    `served` format; a 400 naming the field for a tool or choice tandem cannot read."""
     if not tools or choice == "none":
         if choice not in (None, "none", "auto"):
             raise APIError(
@@ -72,47 +71,43 @@ def plan(tools: list[dict[str, Any]] | None, choice: Any) -> ToolPlan | None:
     if choice in (None, "auto"):
         return ToolPlan(tools, None, True)
     if choice == "required":
-        return ToolPlan(tools, call_grammar(tools), True)
+        return ToolPlan(tools, served.call_grammar(tools), True)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     chosen = [t for t in tools if t["function"]["name"] == name]
     if not chosen:
         raise APIError(
             400, f"`tool_choice` names no tool in `tools`: {choice!r}", param="tool_choice"
         )
-    return ToolPlan(chosen, call_grammar(chosen), True)
+    return ToolPlan(chosen, served.call_grammar(chosen), True)
 
 
 def call_grammar(tools: list[dict[str, Any]]) -> GrammarSpec:
     """One `<tool_call>` block whose JSON names one of `tools` and whose arguments validate
-    against that tool's parameters."""
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": t["function"]["name"]},
-                "arguments": t["function"].get("parameters") or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    schema = {"anyOf": options, "x-guidance": COMPACT_JSON}
-    lark = f'start: "{CALL_OPEN}\\n" call "\\n{CALL_CLOSE}"\ncall: %json {json.dumps(schema)}'
-    return GrammarSpec("lark", text=lark)
+    against that tool's parameters (the Hermes format's forced call)."""
+    spec = HERMES.call_grammar(tools)
+    assert spec is not None
+    return spec
 
 
 def template_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, native: bool
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    native: bool,
+    served: ServedFormat = HERMES,
 ) -> list[dict[str, Any]]:
-    """`messages` as the template reads them: arguments as objects for a template that takes
-    tools (`native`); for one that does not, the Hermes forms (see the module's docstring)."""
+    """`messages` as the template reads them: arguments as objects and call ids as the
+    `served` format's template takes them (Mistral's: 9 letters and digits) for a template that
+    takes tools (`native`); for one that does not, the Hermes forms (see the module's
+    docstring)."""
     out: list[dict[str, Any]] = []
+    history_id = served.format.history_id
     for m in messages:
         calls = m.get("tool_calls")
         if native:
             if calls:
-                m = {**m, "tool_calls": [_with_object_arguments(c) for c in calls]}
+                m = {**m, "tool_calls": [_for_template(c, history_id) for c in calls]}
+            if isinstance(m.get("tool_call_id"), str):
+                m = {**m, "tool_call_id": history_id(m["tool_call_id"])}
             out.append(m)
         elif m["role"] == "tool":
             text = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
@@ -133,43 +128,18 @@ def template_messages(
     return out
 
 
-def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(the content outside the calls or None, OpenAI's `tool_calls`) of a model's output; a
-    block that is not a JSON object with a name stays in the content."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = 0
-    for block in CALL_BLOCK.finditer(text):
-        try:
-            obj = json.loads(block.group(1))
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        kept.append(text[last : block.start()])
-        last = block.end()
-        arguments = obj.get("arguments", obj.get("parameters", {}))
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": obj["name"], "arguments": json.dumps(arguments)},
-            }
-        )
-    kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None), calls
-
-
 def _call_json(call: dict[str, Any]) -> dict[str, Any]:
     fn = call.get("function") or {}
     return {"name": fn.get("name"), "arguments": _arguments(fn.get("arguments"))}
 
 
-def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+def _for_template(call: dict[str, Any], history_id) -> dict[str, Any]:
     fn = dict(call.get("function") or {})
     fn["arguments"] = _arguments(fn.get("arguments"))
-    return {**call, "function": fn}
+    out = {**call, "function": fn}
+    if isinstance(call.get("id"), str):
+        out["id"] = history_id(call["id"])
+    return out
 
 
 def _arguments(value: Any) -> Any:

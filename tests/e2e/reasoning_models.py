@@ -36,8 +36,14 @@ THINK_TEMPLATE = (
 )
 
 
-def _write(
-    out: Path, preset: str, special: list[str], added: list[str], template: str, eos: list[str]
+def write_model(
+    out: Path,
+    preset: str,
+    special: list[str],
+    added: list[str],
+    template: str,
+    eos: list[str],
+    context: int | None = None,
 ):
     tok = build_byte_bpe(BPE_TOKENS)
     hot = word_token_ids(tok)
@@ -49,6 +55,8 @@ def _write(
         eos_token_ids=tuple(tok.token_to_id(t) for t in eos),
         torch_dtype="float32",
     )
+    if context is not None:  # room for a long template's prompt (the presets hold 512)
+        config = replace(config, max_position_embeddings=context)
     tensors = random_weights(config, 0, torch.float32, hot_rows(config, hot))
     tokenizer_config = {"eos_token": eos[0], "bos_token": None, "chat_template": template}
     write_model_dir(
@@ -59,14 +67,14 @@ def _write(
 
 def harmony_model(out: Path) -> Path:
     """gpt-oss's layout writing harmony: `<|return|>` and `<|call|>` end a generation."""
-    return _write(
+    return write_model(
         out, "tiny-gpt-oss", list(harmony.MARKERS), [], HARMONY_TEMPLATE, ["<|return|>", "<|call|>"]
     )
 
 
 def think_model(out: Path) -> Path:
     """Qwen3's layout with `<think>` tokens, ending on `<|im_end|>`."""
-    return _write(
+    return write_model(
         out,
         "tiny-qwen3",
         [],

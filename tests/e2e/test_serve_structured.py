@@ -169,3 +169,34 @@ def test_a_required_tool_call_validates_and_its_result_goes_back(server):
         model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=12
     )
     assert after.choices[0].message.content
+
+
+def test_a_streamed_forced_call_comes_as_openai_s_tool_call_deltas(server):
+    """`stream: true` with a named tool: the name first (with the call's index, id and type),
+    then the arguments in pieces that join into JSON valid against the tool's schema; no
+    `<tool_call>` text in `delta.content`; finish_reason "tool_calls". The client's `stream`
+    helper accumulates the same call."""
+    _, client, name = server
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    kw = dict(model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice=forced)
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, temperature=1.0, seed=3, max_tokens=60)
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    pieces = [t for d in deltas for t in d.tool_calls or []]
+    first, rest = pieces[0], pieces[1:]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")
+    assert first.id and all(t.index == 0 and t.id is None for t in rest)
+    assert len([t for t in pieces if t.function.arguments]) > 1  # streamed, not sent whole
+    arguments = "".join(t.function.arguments or "" for t in pieces)
+    jsonschema.validate(json.loads(arguments), WEATHER_TOOL["function"]["parameters"])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    with client.chat.completions.stream(**kw, temperature=0, max_tokens=60) as stream:
+        argument_events = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and argument_events
+    assert final.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])

@@ -39,18 +39,24 @@ TOOLS = [
 ]
 
 
+def _parsed(text: str) -> tuple[str, list]:
+    from tandem.server.answers import ChoiceAnswer
+    from tandem.server.ollama import PLAIN
+
+    part = ChoiceAnswer(PLAIN.reader([]), True).whole(Completion(text, "stop", 1, 1))
+    return part.content, part.calls
+
+
 def test_tool_call_blocks_become_tool_calls_and_the_rest_stays_content():
     text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    content, calls = tools.parse_calls(text)
+    content, calls = _parsed(text)
     assert content == "Let me look."
     (call,) = calls
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
-    assert tools.parse_calls("no calls <tool_call>not json</tool_call>") == (
-        "no calls <tool_call>not json</tool_call>",
-        [],
-    )
+    text = "no calls <tool_call>not json</tool_call>"
+    assert _parsed(text) == (text, [])
 
 
 def test_messages_are_written_natively_or_in_the_hermes_forms():
@@ -120,8 +126,13 @@ def test_a_forced_tool_call_comes_back_as_tool_calls_whose_arguments_validate(cl
     stream = client.post("/v1/chat/completions", json={**body, "stream": True}).text
     events = [json.loads(x[6:]) for x in stream.splitlines() if x.startswith("data: {")]
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
-    (with_calls,) = [d for d in deltas if d.get("tool_calls")]
-    assert with_calls["tool_calls"][0]["index"] == 0
+    pieces = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert {t["index"] for t in pieces} == {0}
+    assert pieces[0]["id"].startswith("call_") and pieces[0]["type"] == "function"
+    assert all("id" not in t and "name" not in t["function"] for t in pieces[1:])
+    streamed = json.loads("".join(t["function"]["arguments"] for t in pieces))
+    jsonschema.validate(streamed, spec[pieces[0]["function"]["name"]])
+    assert not any(d.get("content") for d in deltas)  # no raw `<tool_call>` text
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -163,3 +174,16 @@ def test_ollama_chat_with_tools_and_a_round_trip_is_answered(client):
     assert json.loads(lines[-1])["done"] and not json.loads(lines[0])["done"]
     bad = {**body, "messages": [{"role": "assistant", "tool_calls": "x"}]}
     assert client.post("/api/chat", json=bad).status_code == 400
+
+
+def test_a_call_cut_by_the_token_limit_finishes_with_length_as_openai():
+    from tandem.server.answers import ChoiceAnswer
+    from tandem.server.ollama import PLAIN
+
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'
+    for reason, want in [("length", "length"), ("stop", "tool_calls")]:
+        answer = ChoiceAnswer(PLAIN.reader([]), True)
+        done = Completion(text, reason, 1, 1)
+        (call,) = answer.whole(done).calls
+        assert call["function"]["arguments"] == '{"city": "Os'  # as written, like OpenAI's
+        assert answer.finish_reason(done) == want

@@ -17,6 +17,19 @@ function bubble(role, text) {
   return el;
 }
 
+/** The collapsible block an answer's reasoning goes in (hidden until reasoning arrives). */
+function reasoningBlock() {
+  const block = document.createElement("details");
+  block.className = "reasoning";
+  block.hidden = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Reasoning";
+  const body = document.createElement("div");
+  body.className = "reasoning-text";
+  block.append(summary, body);
+  return block;
+}
+
 /** Yields the parsed JSON of each `data:` event of an SSE body until `[DONE]`. */
 async function* sseEvents(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
@@ -118,6 +131,11 @@ export class Chat {
     e.messages.append(bubble("user", text));
     const reply = bubble("assistant", "");
     const out = reply.querySelector(".text");
+    // the server's reasoning_content apart from the answer: open while it streams, folded
+    // once the answer starts
+    const thought = reasoningBlock();
+    const thoughtText = thought.querySelector(".reasoning-text");
+    out.before(thought);
     reply.dataset.state = "streaming";
     reply.dataset.deltas = "0";
     e.messages.append(reply);
@@ -125,6 +143,7 @@ export class Chat {
     e.send.disabled = true;
     e.stop.disabled = false;
     let answer = "";
+    let reasoning = "";
     try {
       const resp = await api("/v1/chat/completions", {
         method: "POST",
@@ -135,8 +154,16 @@ export class Chat {
       for await (const chunk of sseEvents(resp.body)) {
         if (chunk.error) throw new ApiError(503, chunk.error.message);
         for (const choice of chunk.choices || []) {
+          const thinking = (choice.delta && choice.delta.reasoning_content) || "";
+          if (thinking) {
+            if (!reasoning) thought.open = true;
+            reasoning += thinking;
+            thoughtText.textContent = reasoning;
+            thought.hidden = false;
+          }
           const delta = (choice.delta && choice.delta.content) || "";
           if (delta) {
+            if (!answer) thought.open = false;
             answer += delta;
             out.textContent = answer;
             reply.dataset.deltas = String(Number(reply.dataset.deltas) + 1);
