@@ -107,7 +107,8 @@ def plan(model, layers: list, h: torch.Tensor, ctx: ForwardContext) -> Plan | No
     from tandem.kernels.modules import FastAttention
 
     ok = all(
-        isinstance(la.self_attn, FastAttention) and decode_layer.eligible(la, h, ctx)
+        isinstance(getattr(la, "self_attn", None), FastAttention)
+        and decode_layer.eligible(la, h, ctx)
         for la in layers
     )
     try:
