@@ -168,6 +168,10 @@ def tp_shard(
         out["moe"] = plan.moe
         out["experts"] = [e.start, e.end]
         out["expert_rows"] = [rows.start, rows.end]
+    if plan.linear_k_heads:  # a hybrid's Gated DeltaNet heads (their state is this rank's)
+        k, v = plan.linear_k_heads[rank], plan.linear_v_heads(rank)
+        out["linear_k_heads"] = [k.start, k.end]
+        out["linear_v_heads"] = [v.start, v.end]
     if vocab:
         out["vocab_rows"] = [plan.vocab[rank].start, plan.vocab[rank].end]
     return out
