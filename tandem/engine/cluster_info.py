@@ -13,7 +13,9 @@ Every executor (one device, a TP group, a pipeline) answers with the same shape,
 
 A rank entry is `RankFacts.entry()`: who (rank, role, host, pid), on what (device, compute dtype,
 threads, the stored weight format), holding what (`shard`: layers, and for a TP rank its kv heads,
-query heads, MLP rows and vocabulary rows, all half-open `[start, end)`), `work_share` (the rank's
+query heads, MLP rows, a hybrid's DeltaNet heads and vocabulary rows, all half-open `[start, end)`;
+the single node adds `cache_bytes_per_sequence`, {"kv": keys and values at max_seq_len, "state":
+the recurrent layers' fixed state}, as its cache allocated them), `work_share` (the rank's
 fraction of each token's weight work, from the plan) and `rss_bytes` (resident memory, read live
 for processes on this host, None where unknown). A figure nobody measured is None, never a guess.
 """
