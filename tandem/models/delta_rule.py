@@ -48,11 +48,11 @@ def recurrent_delta_rule(
     (o (B, H, T, dv), the state after the last token); token by token (module docstring)."""
     out = torch.empty_like(v)
     for t in range(q.shape[2]):
+        k_t = k[:, :, t, None, :]  # (B, H, 1, dk)
         state = state * g[:, :, t].exp()[..., None, None]
-        predicted = (state * k[:, :, t, :, None]).sum(dim=-2)  # S^T k: (B, H, dv)
-        delta = (v[:, :, t] - predicted) * beta[:, :, t, None]
-        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
-        out[:, :, t] = (state * q[:, :, t, :, None]).sum(dim=-2)
+        delta = (v[:, :, t, None, :] - k_t @ state) * beta[:, :, t, None, None]  # (B, H, 1, dv)
+        state = state + k_t.transpose(-1, -2) @ delta  # the rank-1 update k delta^T
+        out[:, :, t] = (q[:, :, t, None, :] @ state)[:, :, 0]
     return out, state
 
 

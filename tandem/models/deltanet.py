@@ -82,7 +82,12 @@ class GatedDeltaNet(nn.Module):
         window = torch.cat(
             [conv_prev, self.in_proj_qkv(h).transpose(1, 2)], dim=-1
         )  # (B, C, K-1+T)
-        mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=window.shape[1]))  # (B, C, T)
+        if T == 1:  # decode: one output per channel, the window times its K taps
+            mixed = F.silu((window * self.conv1d.weight[:, 0]).sum(-1, keepdim=True))  # (B, C, 1)
+        else:
+            mixed = F.silu(
+                F.conv1d(window, self.conv1d.weight, groups=window.shape[1])
+            )  # (B, C, T)
         q, k, v = mixed.transpose(1, 2).split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q = l2_normalize(q.reshape(B, T, Hk, dk).float()) * dk**-0.5
         k = l2_normalize(k.reshape(B, T, Hk, dk).float())
@@ -122,9 +127,11 @@ class GatedDeltaNet(nn.Module):
         if cache is None or ctx.writes is None or all(s == 0 for s in ctx.start_pos):
             return conv, state
         slots = ctx.writes.slots
-        cont = torch.tensor([s > 0 for s in ctx.start_pos], device=h.device)  # (B,)
         held_conv = cache.conv[self.layer_idx].index_select(0, slots).to(h.dtype)
         held_state = cache.ssm[self.layer_idx].index_select(0, slots)
+        if all(s > 0 for s in ctx.start_pos):  # every row continues (decode)
+            return held_conv, held_state
+        cont = torch.tensor([s > 0 for s in ctx.start_pos], device=h.device)  # (B,)
         conv = torch.where(cont[:, None, None], held_conv, conv)
         state = torch.where(cont[:, None, None, None], held_state, state)
         return conv, state
