@@ -99,3 +99,21 @@ def test_a_deltanet_layer_holds_a_fixed_state_instead_of_keys_and_values() -> No
     assert conv == (2 * 2 * 8 + 4 * 12) * 3 and matrix == 4 * 8 * 12
     assert cache.bytes_per_sequence() == {"kv": kv, "state": 3 * (conv + matrix) * 4}
     assert cache.nbytes() == 2 * (kv + 3 * (conv + matrix) * 4)
+
+
+def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than_heads() -> None:
+    """tiny-qwen35 (2 q/k heads serving 4 v heads of 12, 8 wide): TP=2 gives each rank one q/k
+    head, its two v heads, and rows q [8h, 8h+8), k 16 + that, v 32 + [24h, 24h+24); TP=3 has
+    a rank with no q/k head and is refused by name; attention on fewer ranks too."""
+    from tandem.parallel.plan import DegeneratePlanError, TPPlanError, plan_for_config
+
+    c = get_preset("tiny-qwen35").config
+    plan = plan_for_config(c, 2)
+    assert [(s.start, s.end) for s in plan.linear_k_heads] == [(0, 1), (1, 2)]
+    assert [(s.start, s.end) for s in plan.linear_qkv_rows(1)] == [(8, 16), (24, 32), (56, 80)]
+    assert (plan.linear_v_heads(1).start, plan.linear_v_heads(1).end) == (2, 4)
+    assert (plan.q_proj_rows(1).start, plan.q_proj_rows(1).end) == (64, 128)  # 2 hd a head
+    with pytest.raises(DegeneratePlanError, match="linear_num_key_heads"):
+        plan_for_config(c, 3)
+    with pytest.raises(TPPlanError, match="attention on every rank"):
+        plan_for_config(c, 2, attn_ranks=1)
