@@ -13,6 +13,12 @@ config states it; torch-free (`config` and the GGUF loader read it).
     linear_value_head_dim      dv                                             value_head_dim
     linear_conv_kernel_dim     the causal conv's window K                     conv_kernel
 
+Two switches say how the weights are stored. HF checkpoints order v heads grouped by their q/k head
+(v head j served by q/k head j // (Hv / Hk)) and store A_log; llama.cpp's converter (GGUF
+`qwen35`, `qwen35moe`) reorders them tiled (v head j served by q/k head j % Hk: `v_tiled`) and
+stores A = -exp(A_log) itself (`a_log` False). Every per-v-head tensor moves together, so a
+model reads either order as stored and only the q/k-to-v expansion differs.
+
 A DeltaNet layer keeps, per sequence, a conv window (2 Hk dk + Hv dv channels x (K - 1) inputs)
 and a dk x dv matrix per v head instead of a KV cache (`state_elements`).
 """
@@ -35,6 +41,9 @@ class DeltaNetSpec:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int = 4
+    # how the weights order and state a layer's v heads and decay (module docstring)
+    v_tiled: bool = False
+    a_log: bool = True
 
     @property
     def conv_dim(self) -> int:

@@ -1,8 +1,7 @@
 """Prefill and decode of a Qwen3.5-shaped hybrid (Gated DeltaNet on 3 of every 4 layers) on one
 node: tandem's single-node executor against transformers on the same random weights, the same
 dtype and the same threads, interleaved round by round in one process (a busy machine shifts both
-alike). The vendored llama.cpp does not read `qwen35` files and tandem has no `qwen35` GGUF yet,
-so transformers (its PyTorch reference path: no flash-linear-attention or causal-conv1d kernels
+alike). The vendored llama.cpp does not read `qwen35` files, so transformers (its PyTorch reference path: no flash-linear-attention or causal-conv1d kernels
 on a CPU) is the peer.
 
     PYTHONSAFEPATH=1 PYTHONPATH=. .venv/bin/python scripts/bench/hybrid_vs_transformers.py \

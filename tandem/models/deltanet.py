@@ -8,7 +8,8 @@ For x (B, T, D), with Hk q/k heads of dk, Hv v heads of dv (`DeltaNetSpec`), win
     q, k = l2norm(q), l2norm(k)          per head; q also times dk^-1/2; each q/k head serves
                                          Hv / Hk consecutive v heads
     beta = sigmoid(in_proj_b(x))         (Hv,) per token
-    g    = -exp(A_log) softplus(in_proj_a(x) + dt_bias)    (Hv,) per token, float32
+    g    = -exp(A_log) softplus(in_proj_a(x) + dt_bias)    (Hv,) per token, float32 (a GGUF
+                                         stores A = -exp(A_log) itself: `DeltaNetSpec.a_log`)
     o    = delta_rule(q, k, v, g, beta)  `models.delta_rule`: chunked for a step of several
                                          tokens, recurrent for one
     y    = out_proj(rmsnorm_w(o) * silu(in_proj_z(x)))     per v head (`GatedRMSNorm`)
@@ -57,6 +58,7 @@ class GatedDeltaNet(nn.Module):
         self.layer_idx = layer_idx
         self.n_k_heads, self.n_v_heads = s.num_key_heads, s.num_value_heads
         self.dk, self.dv, self.kernel = s.key_head_dim, s.value_head_dim, s.conv_kernel
+        self.v_tiled, self.a_log = s.v_tiled, s.a_log  # how the weights are stored
         D = config.hidden_size
         C = s.conv_dim
         self.in_proj_qkv = nn.Linear(D, C, bias=False)
@@ -91,12 +93,11 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.transpose(1, 2).split([Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q = l2_normalize(q.reshape(B, T, Hk, dk).float()) * dk**-0.5
         k = l2_normalize(k.reshape(B, T, Hk, dk).float())
-        rep = Hv // Hk
-        q = q.repeat_interleave(rep, dim=2).transpose(1, 2)  # (B, Hv, T, dk)
-        k = k.repeat_interleave(rep, dim=2).transpose(1, 2)
+        q, k = self.expand(q).transpose(1, 2), self.expand(k).transpose(1, 2)  # (B, Hv, T, dk)
         v = v.reshape(B, T, Hv, dv).float().transpose(1, 2)  # (B, Hv, T, dv)
         beta = torch.sigmoid(self.in_proj_b(h).float())  # (B, T, Hv)
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(h).float() + self.dt_bias.float())
+        a = -self.A_log.float().exp() if self.a_log else self.A_log.float()  # A < 0, (Hv,)
+        g = a * F.softplus(self.in_proj_a(h).float() + self.dt_bias.float())
         valid = self.valid_tokens(ctx, h.device)
         if valid is not None:  # padded tokens leave the state alone (module docstring)
             beta, g = beta * valid[..., None], g * valid[..., None]
@@ -107,6 +108,12 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(h).reshape(B, T, Hv, dv)
         y = self.norm(o.transpose(1, 2).to(h.dtype), z)  # (B, T, Hv, dv)
         return self.out_proj(y.reshape(B, T, Hv * dv)).reshape(*x.shape[:-1], -1)
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """q or k (B, T, Hk, dk) -> (B, T, Hv, dk): each q/k head to the v heads it serves,
+        grouped (HF: v head j <- j // r) or tiled (GGUF: v head j <- j % Hk), r = Hv / Hk."""
+        rep = self.n_v_heads // self.n_k_heads
+        return x.repeat(1, 1, rep, 1) if self.v_tiled else x.repeat_interleave(rep, dim=2)
 
     @staticmethod
     def valid_tokens(ctx: ForwardContext, device: torch.device) -> torch.Tensor | None:

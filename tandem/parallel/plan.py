@@ -434,6 +434,11 @@ def _with_deltanet(plan: TPPlan, config: Any) -> TPPlan:
         return replace(plan, q_gate=gate) if gate else plan
     if plan.attention_ranks < plan.world_size:
         raise TPPlanError("a hybrid (Gated DeltaNet) model places attention on every rank")
+    if spec.v_tiled and spec.num_value_heads != spec.num_key_heads and plan.world_size > 1:
+        raise TPPlanError(
+            "a qwen35 GGUF's DeltaNet v heads are stored tiled (a q/k head's v heads are not "
+            "contiguous): it runs on one node or a pipeline, not under TP"
+        )
     heads = split_by_weights(
         spec.num_key_heads, plan.weights, 1, "Gated DeltaNet q/k heads (linear_num_key_heads)"
     )

@@ -104,7 +104,8 @@ def test_a_deltanet_layer_holds_a_fixed_state_instead_of_keys_and_values() -> No
 def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than_heads() -> None:
     """tiny-qwen35 (2 q/k heads serving 4 v heads of 12, 8 wide): TP=2 gives each rank one q/k
     head, its two v heads, and rows q [8h, 8h+8), k 16 + that, v 32 + [24h, 24h+24); TP=3 has
-    a rank with no q/k head and is refused by name; attention on fewer ranks too."""
+    a rank with no q/k head and is refused by name; attention on fewer ranks too, and a GGUF's
+    tiled v heads (a q/k head's v heads not contiguous)."""
     from tandem.parallel.plan import DegeneratePlanError, TPPlanError, plan_for_config
 
     c = get_preset("tiny-qwen35").config
@@ -117,3 +118,6 @@ def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than
         plan_for_config(c, 3)
     with pytest.raises(TPPlanError, match="attention on every rank"):
         plan_for_config(c, 2, attn_ranks=1)
+    tiled = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, v_tiled=True))
+    with pytest.raises(TPPlanError, match="tiled"):  # a qwen35 GGUF's v heads
+        plan_for_config(tiled, 2)

@@ -24,7 +24,7 @@ M-RoPE (`mrope_section`, `mrope_interleaved`) is ignored: it splits the rotary f
 time/height/width position ids, which for text are all the token's position, so every split
 rotates by the same angle and M-RoPE equals the plain partial RoPE. The vision tower and the
 multi-token-prediction head (`mtp.*`) of the released checkpoints are not read
-(`multimodal.text_weight_names`).
+(`multimodal.text_weight_names`). GGUF (`qwen35`, `qwen35moe`): `qwen3_5_gguf`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 
 from tandem import deltanet_config as dn
 from tandem.config import OMIT, ConfigError, HFFields, ModelConfig
+from tandem.models.families import qwen3_5_gguf as gguf
 from tandem.models.families.base import Family
 from tandem.models.families.multimodal import text_weight_names
 from tandem.moe_config import MoESpec
@@ -147,6 +148,13 @@ def _moe_extras(c: ModelConfig) -> dict[str, Any]:
     }
 
 
+GGUF_SIDE: dict[str, Any] = dict(  # `qwen3_5_gguf`
+    gguf_fields=gguf.gguf_fields,
+    gguf_write=gguf.gguf_write,
+    gguf_names=gguf.GGUF_NAMES,
+    gguf_store=gguf.gguf_store,
+    gguf_partial_rotary=True,
+)
 DENSE = Family(
     architecture="Qwen3_5ForCausalLM",
     model_type="qwen3_5_text",
@@ -155,6 +163,8 @@ DENSE = Family(
     hf_fields=_fields,
     hf_extras=_extras,
     checkpoint_renames=text_weight_names,
+    **GGUF_SIDE,
+    gguf_arch="qwen35",
 )
 MOE = Family(
     architecture="Qwen3_5MoeForCausalLM",
@@ -164,4 +174,6 @@ MOE = Family(
     hf_fields=_moe_fields,
     hf_extras=_moe_extras,
     checkpoint_renames=text_weight_names,
+    **GGUF_SIDE,
+    gguf_arch="qwen35moe",
 )
