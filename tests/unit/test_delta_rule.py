@@ -121,3 +121,18 @@ def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than
     tiled = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, v_tiled=True))
     with pytest.raises(TPPlanError, match="tiled"):  # a qwen35 GGUF's v heads
         plan_for_config(tiled, 2)
+
+
+@torch.inference_mode()
+def test_a_replay_from_position_0_discards_the_held_state() -> None:
+    """A replay (after a node loss) re-prefills a sequence from position 0 on an executor that may
+    still hold it: the DeltaNet state starts from zeros again, so the logits equal a fresh run's."""
+    from tandem.engine.local import LocalExecutor
+
+    held = LocalExecutor(_model("tiny-qwen35"), max_batch=2, max_seq_len=64, kernels="torch")
+    held.run(Step((StepSequence(0, (1, 2, 3, 4, 5), 0),)))
+    held.run(Step((StepSequence(0, (6,), 5),)))
+    history = (1, 2, 3, 4, 5, 6, 7, 8)
+    replayed = held.run(Step((StepSequence(0, history, 0),))).logits[0]
+    fresh = LocalExecutor(_model("tiny-qwen35"), max_batch=2, max_seq_len=64, kernels="torch")
+    torch.testing.assert_close(replayed, fresh.run(Step((StepSequence(0, history, 0),))).logits[0])
