@@ -4,7 +4,9 @@
 spells them), normalised across the supported architectures: the shape every family shares is read
 here, and each family (`tandem.models.families`, one declaration each) sets its own switches: biases,
 q/k norms, sliding windows, attention sinks, a `MoESpec` (`tandem.moe_config`), Gemma's sandwich
-norms, `(offset + w)` RMSNorm, GELU-tanh MLP, embedding and attention scales and local rope base, Phi-3's partial rotary and `longrope`.
+norms, `(offset + w)` RMSNorm, GELU-tanh MLP, embedding and attention scales and local rope base,
+Phi-3's partial rotary and `longrope`, Qwen3.5's Gated DeltaNet layers (`tandem.deltanet_config`)
+and gated attention.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tandem import boundedjson
+from tandem.deltanet_config import DeltaNetSpec
 from tandem.moe_config import MoESpec, moe_checkpoint_names
 
 if TYPE_CHECKING:
@@ -86,6 +89,11 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "partial_rotary_factor": (1e-6, 1.0),
 }
 TOKEN_ID_MAX = (1 << 31) - 1
+# a Gated DeltaNet layer's tensors, relative to `model.layers.<i>.linear_attn.` (`models.deltanet`)
+LINEAR_ATTN_TENSORS = (
+    "in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight",
+    "conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight",
+)  # fmt: skip
 MAX_EOS_IDS = 64
 
 
@@ -185,6 +193,11 @@ class ModelConfig:
     # config.json's quantization_config.quant_method: how the checkpoint stores some weights
     # (gpt-oss's "mxfp4": its experts as MXFP4 blocks, `loaders.mxfp4_dir`); None: as floats
     quant_method: str | None = None
+    # Qwen3.5: the Gated DeltaNet layers and their shape (`deltanet_config`); the other layers'
+    # attention has a sigmoid output gate (`attn_output_gate`: q_proj holds each head's query
+    # and gate rows, `models.qwen35`)
+    deltanet: DeltaNetSpec | None = None
+    attn_output_gate: bool = False
 
     def window(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends within (None: every earlier key)."""
@@ -197,6 +210,16 @@ class ModelConfig:
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` holds the MoE block (else the dense MLP of `intermediate_size`)."""
         return self.moe is not None and self.moe.is_sparse(layer)
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether layer `layer` mixes tokens with a Gated DeltaNet (no KV cache) rather than
+        attention."""
+        return self.deltanet is not None and layer in self.deltanet.linear_layers
+
+    @property
+    def hybrid(self) -> bool:
+        """A model with recurrent (DeltaNet) layers: a sequence's state cannot be rewound."""
+        return self.deltanet is not None and bool(self.deltanet.linear_layers)
 
     def rope_local(self, layer: int) -> bool:
         """Whether layer `layer` rotates with `rope_local_theta` (a windowed layer of a model
@@ -253,9 +276,12 @@ class ModelConfig:
             per_layer.append("self_attn.sinks")
         if self.norm_placement == "sandwich":
             per_layer += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
+        norms = per_layer[:2]
+        linear = [f"linear_attn.{n}" for n in LINEAR_ATTN_TENSORS]
         for i in range(self.num_hidden_layers):
             ffn = moe_checkpoint_names(self.moe) if self.is_sparse(i) else dense
-            names.update(f"model.layers.{i}.{n}" for n in per_layer + ffn)
+            mixer = norms + linear if self.is_linear(i) else per_layer
+            names.update(f"model.layers.{i}.{n}" for n in mixer + ffn)
         return frozenset(names)
 
     # ---- parsing -------------------------------------------------------------------------------
@@ -441,6 +467,8 @@ class ModelConfig:
             _check_int("eos_token_id", t, 0, TOKEN_ID_MAX)
         if not isinstance(self.torch_dtype, str) or len(self.torch_dtype) > 32:
             raise ConfigFieldError("torch_dtype", self.torch_dtype, "a dtype name")
+        if self.deltanet is not None:
+            self.deltanet.validate(self.num_hidden_layers)
         if self.moe is not None:
             self.moe.validate(self.num_hidden_layers)
             mixtral = self.architecture == "MixtralForCausalLM"

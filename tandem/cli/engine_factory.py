@@ -266,7 +266,8 @@ def _start(
     """The scheduler over `executor` started, the engine over it, and the function that stops
     both (scheduler first, then the executor)."""
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
-    cache = PrefixCache() if prefix_cache else None
+    # a hybrid's recurrent state continues only from its end (`prefix_cache` module docstring)
+    cache = PrefixCache(whole_entries=config.hybrid) if prefix_cache else None
     scheduler = Scheduler(executor, eos_token_ids=eos, prefix_cache=cache)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
     engine = ServingEngine(scheduler, tokenizer, name, chat_template=chat)

@@ -28,6 +28,7 @@ from tandem.loaders.safetensors_dir import ModelFileError
 from tandem.loaders.source import open_model
 from tandem.loaders.tokenizer import StreamDecoder, Tokenizer
 from tandem.parallel.partition import PartitionError
+from tandem.parallel.plan import TPPlanError
 
 
 class PromptError(ValueError):
@@ -152,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
         hooks = BuildHooks(source=source, notice=lambda text: print(text, file=sys.stderr))
         try:
             executor = build_executor(args.model, layout, limits, hooks)
-        except PartitionError as e:  # bad --pp-weights, or (auto) a stage too small for its share
+        # bad --pp-weights, (auto) a stage too small for its share, or a TP plan the model
+        # cannot take (more ranks than heads, a qwen35 GGUF's tiled v heads)
+        except (PartitionError, TPPlanError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     stream = StreamDecoder(tokenizer) if tokenizer and not args.json else None

@@ -51,7 +51,8 @@ def models_supported() -> str:
     )
     return (
         f"models (--model): HF directories of {hf} (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, "
-        f"Mixtral, gpt-oss, Gemma 3, Phi-3 / Phi-4-mini); GGUF files of architecture "
+        f"Mixtral, gpt-oss, Gemma 3, Phi-3 / Phi-4-mini, the Qwen3.5 / Qwen3.6 hybrid); GGUF "
+        f"files of architecture "
         f"{', '.join(families.GGUF_ARCHITECTURES)}"
     )
 

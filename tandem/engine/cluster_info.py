@@ -13,7 +13,9 @@ Every executor (one device, a TP group, a pipeline) answers with the same shape,
 
 A rank entry is `RankFacts.entry()`: who (rank, role, host, pid), on what (device, compute dtype,
 threads, the stored weight format), holding what (`shard`: layers, and for a TP rank its kv heads,
-query heads, MLP rows and vocabulary rows, all half-open `[start, end)`), `work_share` (the rank's
+query heads, MLP rows, a hybrid's DeltaNet heads and vocabulary rows, all half-open `[start, end)`;
+the single node adds `cache_bytes_per_sequence`, {"kv": keys and values at max_seq_len, "state":
+the recurrent layers' fixed state}, as its cache allocated them), `work_share` (the rank's
 fraction of each token's weight work, from the plan) and `rss_bytes` (resident memory, read live
 for processes on this host, None where unknown). A figure nobody measured is None, never a guess.
 """
@@ -168,6 +170,10 @@ def tp_shard(
         out["moe"] = plan.moe
         out["experts"] = [e.start, e.end]
         out["expert_rows"] = [rows.start, rows.end]
+    if plan.linear_k_heads:  # a hybrid's Gated DeltaNet heads (their state is this rank's)
+        k, v = plan.linear_k_heads[rank], plan.linear_v_heads(rank)
+        out["linear_k_heads"] = [k.start, k.end]
+        out["linear_v_heads"] = [v.start, v.end]
     if vocab:
         out["vocab_rows"] = [plan.vocab[rank].start, plan.vocab[rank].end]
     return out

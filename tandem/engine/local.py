@@ -106,7 +106,10 @@ class LocalExecutor:
             device=str(m.device),
             dtype=str(m.dtype).removeprefix("torch."),
             weight_format=self.weight_format,
-            shard=ci.layer_shard((0, m.config.num_hidden_layers)),
+            shard={
+                **ci.layer_shard((0, m.config.num_hidden_layers)),
+                "cache_bytes_per_sequence": self.runner.cache.bytes_per_sequence(),
+            },
             work_share=1.0,
             pid=os.getpid(),
             local=True,

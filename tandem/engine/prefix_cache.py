@@ -25,6 +25,11 @@ still reuses the common part. An entry holds one of the executor's `max_batch` s
 request finds no free slot, the least recently kept entry goes (`evict`; the caller releases its
 sequence). Its limits: one request at a time continues an entry (concurrent requests that share
 a system prompt each prefill it), and an entry is reused only from its head.
+
+A hybrid model (Qwen3.5's Gated DeltaNet layers) holds a recurrent state per sequence, which
+cannot be rewound to an earlier position (`engine.sequences.RecurrentRewindError`): with
+`whole_entries` an entry is reused only exactly at its end, p = held, by a prompt that continues
+all of its tokens (the next turn of the same conversation); any shorter match is a miss.
 """
 
 from __future__ import annotations
@@ -79,13 +84,16 @@ class PrefixCache:
         self,
         min_tokens: int = DEFAULT_MIN_TOKENS,
         min_similarity: float = DEFAULT_MIN_SIMILARITY,
+        whole_entries: bool = False,
     ) -> None:
+        """`whole_entries`: reuse an entry only at its end (a hybrid model, module docstring)."""
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be at least 1, got {min_tokens}")
         if not 0.0 <= min_similarity <= 1.0:
             raise ValueError(f"min_similarity is a share in [0, 1], got {min_similarity}")
         self.min_tokens = min_tokens
         self.min_similarity = min_similarity
+        self.whole_entries = whole_entries
         self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self.hits = 0  # requests that continued an entry
         self.misses = 0  # requests that found none worth continuing
@@ -120,6 +128,8 @@ class PrefixCache:
             held = self._entries[seq_id]
             reused = min(common_prefix(held, prompt), limit)
             if reused < max(self.min_tokens, self.min_similarity * len(held)):
+                continue
+            if self.whole_entries and reused != len(held):
                 continue
             if best is None or reused > best.reused:
                 best = PrefixHit(seq_id, reused, len(held))

@@ -7,6 +7,10 @@ and the pipeline's head all hold one of these, and all check a step by the same 
     1 <= B <= max_batch                      B = the step's sequences, each id at most once
     0 <= start_pos <= cached(seq)            continue where the cache ends, or rewind (re-prefill);
                                              never leave a gap
+    start_pos in (0, cached(seq))            a hybrid model (Gated DeltaNet layers, `recurrent`):
+                                             its recurrent state cannot go back to an earlier
+                                             position, so a rewind other than to 0 (a full
+                                             re-prefill) is `RecurrentRewindError`
     start_pos + len(token_ids) <= max_seq_len
     0 <= token id < vocab_size               where this process embeds the tokens
     new sequences <= free slots
@@ -36,6 +40,11 @@ class SequenceError(ValueError):
     """A step that breaks the sequence rule (see the module docstring); the message says which."""
 
 
+class RecurrentRewindError(SequenceError):
+    """A step that rewinds a hybrid model's sequence to a position other than 0 or its end: a
+    recurrent (DeltaNet) state holds no earlier positions to go back to."""
+
+
 class SequenceTooLongError(SequenceError, kv_slots.SequenceTooLongError):
     """A sequence would run past `max_seq_len` (also the KV cache's own error type)."""
 
@@ -55,7 +64,9 @@ class SequenceCache:
         kv: KVCache | None = None,
         vocab_size: int | None = None,
         owner: str = "the KV cache",
+        recurrent: bool = False,
     ) -> None:
+        self.recurrent = recurrent
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         self.kv = kv
@@ -74,7 +85,10 @@ class SequenceCache:
 
         kv = KVCache.for_model(model, max_batch, max_seq_len) if len(model.model.layers) else None
         vocab = model.config.vocab_size if model.with_embed else None
-        return cls(max_batch, max_seq_len, kv=kv, vocab_size=vocab, owner=owner)
+        return cls(
+            max_batch, max_seq_len, kv=kv, vocab_size=vocab, owner=owner,
+            recurrent=model.config.hybrid,
+        )  # fmt: skip
 
     def cached(self, seq_id: int) -> int:
         """Tokens of `seq_id` already held (0 for a sequence not seen)."""
@@ -117,6 +131,11 @@ class SequenceCache:
                 raise SequenceError(
                     f"sequence {sid} starts at {pos} but {self.owner} holds {have or 0} tokens "
                     f"(start_pos {pos}: a step continues or rewinds a sequence, never skips)"
+                )
+            if self.recurrent and 0 < pos < (have or 0):
+                raise RecurrentRewindError(
+                    f"sequence {sid} starts at {pos} but {self.owner} holds {have} tokens of a "
+                    f"hybrid model: its recurrent state continues at {have} or restarts at 0"
                 )
             if pos + length > self.max_seq_len:
                 raise SequenceTooLongError(

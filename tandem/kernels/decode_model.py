@@ -106,7 +106,8 @@ def plan(model, layers: list, h: torch.Tensor, ctx: ForwardContext) -> Plan | No
     if p is not None and p.dtype == h.dtype and p.fits(layers, ctx.cache):
         return p
     ok = all(
-        isinstance(la.self_attn, FastAttention) and decode_layer.eligible(la, h, ctx)
+        isinstance(getattr(la, "self_attn", None), FastAttention)
+        and decode_layer.eligible(la, h, ctx)
         for la in layers
     )
     try:

@@ -3,6 +3,11 @@
 Each layer holds k and v of shape (n_slots, n_kv_heads, max_seq_len, head_dim). `n_kv_heads` is the
 count this process actually computes: the full count on one device, the local share under tensor
 parallelism. A pipeline stage allocates only the layers it holds. Nothing is allocated per token.
+
+A Gated DeltaNet layer (Qwen3.5's linear layers, `models.deltanet`) holds no keys or values: its
+slot holds the sequence's recurrent state instead, of fixed size whatever its length:
+`conv[i]` (n_slots, conv channels, K - 1) in the compute dtype and `ssm[i]` (n_slots, Hv, dk, dv)
+in float32. Such a state cannot be rewound to an earlier position (`engine.sequences`).
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ def plan_writes(
     return w
 
 
+# a recurrent layer's state shape: (conv channels, conv window K - 1, v heads, dk, dv)
+RecurrentShape = tuple[int, int, int, int, int]
+
+
 class KVCache:
     def __init__(
         self,
@@ -89,12 +98,21 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        states: dict[int, RecurrentShape] | None = None,
     ) -> None:
+        """`states`: the recurrent layers (no keys/values) and their state's shape."""
         self.n_slots = n_slots
         self.max_seq_len = max_seq_len
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
+        self.conv: dict[int, torch.Tensor] = {}
+        self.ssm: dict[int, torch.Tensor] = {}
+        for i, (channels, window, heads, dk, dv) in (states or {}).items():
+            self.conv[i] = torch.zeros(n_slots, channels, window, dtype=dtype, device=device)
+            self.ssm[i] = torch.zeros(n_slots, heads, dk, dv, dtype=torch.float32, device=device)
         for i in layer_ids:
+            if i in self.conv:
+                continue
             heads = n_kv_heads[i] if isinstance(n_kv_heads, dict) else n_kv_heads
             shape = (n_slots, heads, max_seq_len, head_dim)
             self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
@@ -107,21 +125,42 @@ class KVCache:
         """Sizes the cache from the layers `model` holds, reading each attention's own (possibly
         tensor-parallel local) `n_kv_heads` and `head_dim`."""
         layers = model.model.layers
-        heads = {int(i): layer.self_attn.n_kv_heads for i, layer in layers.items()}
-        first = next(iter(layers.values())).self_attn
+        states: dict[int, RecurrentShape] = {}
+        heads: dict[int, int] = {}
+        head_dim = 0
+        for i, layer in layers.items():
+            net = getattr(layer, "linear_attn", None) if getattr(layer, "linear", False) else None
+            if net is not None:
+                states[int(i)] = (
+                    net.conv_channels, net.kernel - 1, net.n_v_heads, net.dk, net.dv
+                )  # fmt: skip
+            else:
+                heads[int(i)] = layer.self_attn.n_kv_heads
+                head_dim = layer.self_attn.head_dim
         param = next(model.parameters())
         return cls(
             heads.keys(),
             n_slots,
             max_seq_len,
             heads,
-            first.head_dim,
+            head_dim,
             dtype or param.dtype,
             param.device,
+            states,
         )
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values()))
+        """Bytes of every layer's keys, values and recurrent states."""
+        held = (*self.k.values(), *self.v.values(), *self.conv.values(), *self.ssm.values())
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def bytes_per_sequence(self) -> dict[str, int]:
+        """What one slot holds: `kv` (keys and values at max_seq_len) and `state` (recurrent)."""
+        kv = sum(t[0].numel() * t.element_size() for t in (*self.k.values(), *self.v.values()))
+        rec = sum(
+            t[0].numel() * t.element_size() for t in (*self.conv.values(), *self.ssm.values())
+        )
+        return {"kv": kv, "state": rec}
 
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, w: CacheWrites

@@ -2,7 +2,8 @@
 Mixtral, whose sparse layers hold `models.moe.MoE` as their `mlp`) in plain PyTorch: the
 single-device reference every parallel path is proven against. A config with sandwich norms
 (Gemma 3) gets `models.gemma.SandwichDecoderLayer`s, its final norm `make_norm`'s kind, and its
-embeddings times `embed_scale`.
+embeddings times `embed_scale`. A hybrid config (Qwen3.5: `deltanet`) gets
+`models.qwen35.HybridDecoderLayer`s, Gated DeltaNet or gated attention by layer.
 
 Module names equal Hugging Face state-dict keys (`model.embed_tokens`, `model.layers.<i>.self_attn.
 q_proj`, ..., `model.norm`, `lm_head`), so checkpoints load by name. `model.layers` is keyed by the
@@ -23,6 +24,7 @@ from tandem.models.gemma import SandwichDecoderLayer
 from tandem.models.kv_cache import KVCache
 from tandem.models.layers import MLP, RMSNorm, make_norm
 from tandem.models.moe import MoE
+from tandem.models.qwen35 import HybridDecoderLayer
 from tandem.models.rope import RotaryEmbedding
 
 
@@ -69,7 +71,11 @@ class Transformer(nn.Module):
         self.model = nn.Module()
         if with_embed:
             self.model.embed_tokens = _embedding(config.vocab_size, config.hidden_size)
-        layer = SandwichDecoderLayer if config.norm_placement == "sandwich" else DecoderLayer
+        layer: type[nn.Module] = DecoderLayer
+        if config.norm_placement == "sandwich":
+            layer = SandwichDecoderLayer
+        elif config.deltanet is not None:
+            layer = HybridDecoderLayer
         self.model.layers = nn.ModuleDict({str(i): layer(config, i) for i in range(start, end)})
         if with_head:
             self.model.norm = make_norm(config, config.hidden_size)

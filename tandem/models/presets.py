@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from tandem.config import ModelConfig, RopeScaling, yarn_attention_factor
+from tandem.deltanet_config import DeltaNetSpec
 from tandem.models.families import phi3
 from tandem.moe_config import MoESpec
 
@@ -132,6 +133,28 @@ def _tiny_gemma3(**kw) -> ModelConfig:
     return _tiny("Gemma3ForCausalLM", **{**base, **kw})
 
 
+def _tiny_qwen35(arch: str, **kw) -> ModelConfig:
+    """The Qwen3.5 hybrid at tiny size: 4 layers, Gated DeltaNet on 0-2 and gated attention on
+    3 (the 3:1 pattern), 2 q/k heads of 8 serving 4 v heads of 12, a conv window of 4, partial
+    rotary (a quarter of each head), (1 + w) norms."""
+    base = dict(
+        num_hidden_layers=4,
+        tie_word_embeddings=False,
+        qk_norm=True,
+        norm_weight_offset=1.0,
+        attn_output_gate=True,
+        partial_rotary_factor=0.25,
+        deltanet=DeltaNetSpec(
+            linear_layers=(0, 1, 2),
+            num_key_heads=2,
+            num_value_heads=4,
+            key_head_dim=8,
+            value_head_dim=12,
+        ),
+    )
+    return _tiny(arch, **{**base, **kw})
+
+
 _TINY_MOE = MoESpec(num_experts=8, top_k=2, intermediate_size=64, norm_topk_prob=True)
 
 PRESETS: dict[str, Preset] = {
@@ -229,6 +252,17 @@ PRESETS: dict[str, Preset] = {
         512,
         torch.float32,
     ),
+    "tiny-qwen35": Preset(_tiny_qwen35("Qwen3_5ForCausalLM"), 512, torch.float32),
+    # every layer sparse, with the sigmoid-gated shared expert
+    "tiny-qwen35-moe": Preset(
+        _tiny_qwen35(
+            "Qwen3_5MoeForCausalLM",
+            intermediate_size=64,
+            moe=replace(_TINY_MOE, intermediate_size=64, shared_intermediate_size=96),
+        ),
+        512,
+        torch.float32,
+    ),
     "tiny-mixtral": Preset(
         _tiny("MixtralForCausalLM", tie_word_embeddings=False, moe=_TINY_MOE, intermediate_size=64),
         512,
@@ -290,7 +324,9 @@ def random_weights(
     shift = config.norm_weight_offset or 0.0  # Gemma's norms store w less it
     for i in range(L):
         p = f"model.layers.{i}."
-        w[p + "self_attn.q_proj.weight"] = linear(H * hd, D)
+        if config.is_linear(i):
+            w.update(_deltanet_weights(p, config, linear, normal, residual_scale))
+        w[p + "self_attn.q_proj.weight"] = linear(H * hd * (2 if config.attn_output_gate else 1), D)
         w[p + "self_attn.k_proj.weight"] = linear(Hkv * hd, D)
         w[p + "self_attn.v_proj.weight"] = linear(Hkv * hd, D)
         w[p + "self_attn.o_proj.weight"] = linear(D, H * hd, residual_scale)
@@ -323,6 +359,8 @@ def random_weights(
             w[p + "post_feedforward_layernorm.weight"] = (
                 residual_scale * (1.0 + normal((D,), 0.1)) - shift
             )
+    if config.deltanet is not None:  # a linear layer holds no self_attn
+        w = {k: v for k, v in w.items() if not _attn_of_linear(config, k)}
     if config.tie_word_embeddings:
         signs = torch.randint(0, 2, (D,), generator=g).float() * 2 - 1
         w["model.norm.weight"] = signs - shift
@@ -356,3 +394,28 @@ def _expert_weights(p: str, spec: MoESpec, D: int, normal, residual_scale: float
         w[p + "mlp.shared_expert.down_proj.weight"] = normal((D, S), residual_scale / math.sqrt(S))
         w[p + "mlp.shared_expert_gate.weight"] = normal((1, D), 1 / math.sqrt(D))
     return w
+
+
+def _attn_of_linear(config: ModelConfig, name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) > 3 and parts[3] == "self_attn" and config.is_linear(int(parts[2]))
+
+
+def _deltanet_weights(p: str, config: ModelConfig, linear, normal, residual_scale: float) -> dict:
+    """A Gated DeltaNet layer's weights: projections at std 1/sqrt(fan_in), conv taps of std
+    1/sqrt(K) (a unit-scale input stays unit-scale), decays A = exp(A_log) in [1, 8] and dt_bias
+    near 0 (a state that forgets within a few to tens of tokens)."""
+    s = config.deltanet
+    D, Hv, K = config.hidden_size, s.num_value_heads, s.conv_kernel
+    q = p + "linear_attn."
+    return {
+        q + "in_proj_qkv.weight": linear(s.conv_dim, D),
+        q + "in_proj_z.weight": linear(Hv * s.value_head_dim, D),
+        q + "in_proj_b.weight": linear(Hv, D),
+        q + "in_proj_a.weight": linear(Hv, D),
+        q + "conv1d.weight": normal((s.conv_dim, 1, K), 1 / math.sqrt(K)),
+        q + "A_log": torch.linspace(0.0, math.log(8.0), Hv) + normal((Hv,), 0.05),
+        q + "dt_bias": normal((Hv,), 0.5),
+        q + "norm.weight": 1.0 + normal((s.value_head_dim,), 0.1),
+        q + "out_proj.weight": linear(D, Hv * s.value_head_dim, residual_scale),
+    }

@@ -140,11 +140,39 @@ NODE_ADVICE = "Lower --max-seq-len or --max-batch, or spread the model over rank
 
 
 def kv_cache_bytes(config: Any, max_batch: int, max_seq_len: int, elem_bytes: int) -> int:
-    """K and V of every layer for `max_batch` sequences of `max_seq_len` positions, all kv heads."""
-    return (
-        2 * config.num_hidden_layers * max_batch * max_seq_len
-        * config.num_key_value_heads * config.head_dim * elem_bytes
-    )  # fmt: skip
+    """K and V of every attention layer, and every recurrent layer's state, for `max_batch`
+    sequences of `max_seq_len` positions, all heads (`sequence_cache_bytes`)."""
+    return max_batch * sum(sequence_cache_bytes(config, max_seq_len, elem_bytes).values())
+
+
+def sequence_cache_bytes(
+    config: Any,
+    max_seq_len: int,
+    elem_bytes: int,
+    layers: tuple[int, int] | None = None,
+    plan: Any = None,
+    rank: int = 0,
+) -> dict[str, int]:
+    """What one sequence's cache slot holds in layers `[start, end)` (all by default) on TP rank
+    `rank` of `plan` (None: all heads), as `models.kv_cache.KVCache` allocates it:
+    `kv`: 2 max_seq_len kv_heads head_dim elements per attention layer, in the compute dtype;
+    `state`: per Gated DeltaNet layer (no keys or values), its conv window (conv channels x
+    (K - 1), compute dtype) and one dk x dv matrix per v head (float32), whatever the length."""
+    start, end = layers or (0, config.num_hidden_layers)
+    kv_heads = config.num_key_value_heads if plan is None else plan.kv_heads[rank].size
+    spec = getattr(config, "deltanet", None)
+    kv = state = 0
+    for i in range(start, end):
+        if spec is None or i not in spec.linear_layers:
+            kv += 2 * max_seq_len * kv_heads * config.head_dim * elem_bytes
+            continue
+        hk, hv = spec.num_key_heads, spec.num_value_heads
+        if plan is not None:
+            hk, hv = plan.linear_k_heads[rank].size, plan.linear_v_heads(rank).size
+        channels = 2 * hk * spec.key_head_dim + hv * spec.value_head_dim
+        state += channels * (spec.conv_kernel - 1) * elem_bytes
+        state += hv * spec.key_head_dim * spec.value_head_dim * 4
+    return {"kv": kv, "state": state}
 
 
 def check_node(

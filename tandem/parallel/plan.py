@@ -49,6 +49,15 @@ Mixture-of-experts layers (`config.moe`) are placed one of two ways (`moe`):
     experts' contributions, and one all-reduce sums them. A shared expert is row-split as in "tp".
 Attention stays split by kv heads either way.
 
+A hybrid (Qwen3.5) also splits its Gated DeltaNet layers by heads: rank r owns q/k heads
+`linear_k_heads[r] = [a, b)` (by its weight, a head a unit) and the v heads `[a r, b r)` they serve
+(r = Hv / Hk). Its rows of in_proj_qkv (and conv channels) are three ranges, q `[a dk, b dk)`,
+k `Hk dk + [a dk, b dk)`, v `2 Hk dk + [a r dv, b r dv)` (`linear_qkv_rows`); of in_proj_z
+`[a r dv, b r dv)`, of in_proj_a/b, A_log and dt_bias `[a r, b r)`; out_proj's columns
+`[a r dv, b r dv)`, followed by one all-reduce. The conv, the delta rule and the gated norm act
+per channel or per head, so each rank's state (its channels' conv window, its v heads' matrices)
+stays local. Gated attention's q_proj rows are `2 hd` per query head (`q_proj_rows`).
+
 Attention and the MLP may have different degrees (the fak design's AttnRanks / FFNRanks): with
 `attn_ranks = A < N`, the kv heads are split over ranks `[0, A)` only (by their weights), and ranks
 `[A, N)` hold no attention at all (empty head spans at the end, no q/k/v/o weights, no KV cache);
@@ -60,7 +69,7 @@ memory or a slow link to the others can thus hold only MLP rows. Needs the `head
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tandem.parallel.apportion import Span, apportion, spans
@@ -160,6 +169,10 @@ class TPPlan:
     shared_rows: tuple[Span, ...] = ()  # rows of the shared expert per rank
     expert_align: int = 1
     moe_fallback: str = ""  # why "tp" was asked for and "experts" is the placement
+    q_gate: bool = False  # q_proj holds per head hd query rows then hd gate rows (Qwen3.5)
+    # Gated DeltaNet layers (Qwen3.5): each rank's q/k heads, and (Hk, Hv, dk, dv)
+    linear_k_heads: tuple[Span, ...] = ()
+    linear_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def q_per_kv(self) -> int:
@@ -194,6 +207,32 @@ class TPPlan:
         """Rows of `k_proj.weight` and `v_proj.weight` owned by `rank`."""
         kv = self.kv_heads[rank]
         return Span(kv.start * self.head_dim, kv.end * self.head_dim)
+
+    def q_proj_rows(self, rank: int) -> Span:
+        """Rows of `q_proj.weight` owned by `rank`: its q rows, or with `q_gate` each of its
+        heads' 2 hd query-and-gate rows."""
+        if not self.q_gate:
+            return self.q_rows(rank)
+        q = self.q_heads(rank)
+        return Span(2 * q.start * self.head_dim, 2 * q.end * self.head_dim)
+
+    def linear_v_heads(self, rank: int) -> Span:
+        """A DeltaNet layer's v heads of `rank`: `[a r, b r)` for q/k heads `[a, b)`, r = Hv / Hk
+        (a q/k head travels with the v heads it serves)."""
+        k = self.linear_k_heads[rank]
+        rep = self.linear_dims[1] // self.linear_dims[0]
+        return Span(k.start * rep, k.end * rep)
+
+    def linear_qkv_rows(self, rank: int) -> tuple[Span, Span, Span]:
+        """Rows of `in_proj_qkv.weight` (and channels of `conv1d.weight`) owned by `rank`: its
+        q rows in [0, Hk dk), its k rows in [Hk dk, 2 Hk dk), its v rows after them."""
+        Hk, _, dk, dv = self.linear_dims
+        k, v = self.linear_k_heads[rank], self.linear_v_heads(rank)
+        return (
+            Span(k.start * dk, k.end * dk),
+            Span(Hk * dk + k.start * dk, Hk * dk + k.end * dk),
+            Span(2 * Hk * dk + v.start * dv, 2 * Hk * dk + v.end * dv),
+        )
 
 
 def make_tp_plan(
@@ -369,7 +408,7 @@ def plan_for_config(
             experts_down_block=experts_down_block,
             moe=moe,
         )
-    return make_tp_plan(
+    plan = make_tp_plan(
         world_size=world_size,
         n_heads=n_heads,
         n_kv_heads=config.num_key_value_heads,
@@ -382,6 +421,29 @@ def plan_for_config(
         attn_ranks=attn_ranks,
         **moe_args,
     )
+    return _with_deltanet(plan, config)
+
+
+def _with_deltanet(plan: TPPlan, config: Any) -> TPPlan:
+    """A hybrid's plan (Qwen3.5): gated q_proj rows, and its DeltaNet q/k heads split by the
+    ranks' weights, one head a unit (each with its Hv / Hk v heads). Every rank holds attention
+    and DeltaNet heads: `attn_ranks` and more ranks than q/k heads are refused."""
+    spec = getattr(config, "deltanet", None)
+    gate = bool(getattr(config, "attn_output_gate", False))
+    if spec is None:
+        return replace(plan, q_gate=gate) if gate else plan
+    if plan.attention_ranks < plan.world_size:
+        raise TPPlanError("a hybrid (Gated DeltaNet) model places attention on every rank")
+    if spec.v_tiled and spec.num_value_heads != spec.num_key_heads and plan.world_size > 1:
+        raise TPPlanError(
+            "a qwen35 GGUF's DeltaNet v heads are stored tiled (a q/k head's v heads are not "
+            "contiguous): it runs on one node or a pipeline, not under TP"
+        )
+    heads = split_by_weights(
+        spec.num_key_heads, plan.weights, 1, "Gated DeltaNet q/k heads (linear_num_key_heads)"
+    )
+    dims = (spec.num_key_heads, spec.num_value_heads, spec.key_head_dim, spec.value_head_dim)
+    return replace(plan, q_gate=gate, linear_k_heads=heads, linear_dims=dims)
 
 
 def contraction_blocks(source: Any) -> dict[str, int]:

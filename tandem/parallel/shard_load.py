@@ -72,8 +72,10 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
     if leaf == "sinks":
         s = plan.q_heads(rank)
         return (0, s.start, s.end)
+    if owner == "linear_attn" or module == "linear_attn":
+        return _linear_attn_spec(module if owner == "linear_attn" else "", leaf, plan, rank)
     if module == "q_proj":
-        s = plan.q_rows(rank)
+        s = plan.q_proj_rows(rank)
         return (0, s.start, s.end)
     if module in ("k_proj", "v_proj"):
         s = plan.kv_rows(rank)
@@ -91,6 +93,31 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
         s = plan.vocab[rank]
         return (0, s.start, s.end)
     return None
+
+
+def _linear_attn_spec(
+    module: str, leaf: str, plan: TPPlan, rank: int
+) -> tuple[int, int, int] | None:
+    """A Gated DeltaNet tensor's slice owned by `rank` (`plan` module docstring), where it is
+    one range; in_proj_qkv and conv1d (three ranges) are `linear_ranges`'."""
+    _, _, _, dv = plan.linear_dims
+    v = plan.linear_v_heads(rank)
+    if module in ("in_proj_a", "in_proj_b") or leaf in ("A_log", "dt_bias"):
+        return (0, v.start, v.end)
+    if module == "in_proj_z":
+        return (0, v.start * dv, v.end * dv)
+    if module == "out_proj":
+        return (1, v.start * dv, v.end * dv)
+    return None  # the gated norm (per v head, dv wide): replicated
+
+
+def linear_ranges(param_name: str, plan: TPPlan, rank: int) -> list[tuple[int, int, int]] | None:
+    """The row ranges of in_proj_qkv / conv1d owned by `rank`, concatenated in order (q, k, v);
+    None for any other tensor."""
+    parts = param_name.split(".")
+    if len(parts) < 3 or parts[-3] != "linear_attn" or parts[-2] not in ("in_proj_qkv", "conv1d"):
+        return None
+    return [(0, s.start, s.end) for s in plan.linear_qkv_rows(rank)]
 
 
 def quant_types(source: object) -> dict[str, int]:
@@ -138,7 +165,11 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
         for name, p in model.named_parameters():  # tied parameters are listed once
             source = model.checkpoint_name(name)
             spec = slice_spec(name, plan, rank)
-            t = reader.read(source) if spec is None else reader.read(source, *spec)
+            ranges = linear_ranges(name, plan, rank) if plan.linear_k_heads else None
+            if ranges is not None:  # several row ranges of one tensor (DeltaNet's q, k, v)
+                t = torch.cat([reader.read(source, *r) for r in ranges], dim=0)
+            else:
+                t = reader.read(source) if spec is None else reader.read(source, *spec)
             if tuple(t.shape) != tuple(p.shape):
                 raise ShardLoadError(
                     f"{name}: checkpoint slice {spec} of {source} has shape {tuple(t.shape)}, the "

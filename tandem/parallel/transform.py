@@ -16,6 +16,11 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
     embedding  embed_tokens           -> VocabParallelEmbedding (all-reduce)
     LM head    lm_head                -> VocabParallelLMHead (logits to rank 0 only; tied -> shared)
     norms                             -> replicated
+    DeltaNet   in_proj_qkv/z/b/a      -> ColumnParallelLinear over the rank's q/k heads and their
+               (Qwen3.5's linear         v heads (q, k, v rows: three ranges), conv channels and
+               layers)                   A_log / dt_bias to match; out_proj -> RowParallelLinear
+                                         (all-reduce); the recurrent state stays local
+    gated attn q_proj                 -> 2 hd rows per query head (query and gate)
 
 A quantized source passes `qtypes` (checkpoint name -> GGUF block type of each quantized tensor):
 those layers are built over their blocks (`tensor` module docstring) and `shard_load` fills them.
@@ -99,9 +104,11 @@ def shard_transformer(
             qtype = qt.get(p + name + ".weight")
             return ColumnParallelLinear(D, out, bias, qtype=qtype, device=meta)
 
-        if plan.holds_attention(r):
+        if config.is_linear(int(i)):
+            _shard_deltanet(layer.linear_attn, plan, comm, r, D, qt, p)
+        elif plan.holds_attention(r):
             attn = layer.self_attn
-            attn.q_proj = col("self_attn.q_proj", q.size, config.qkv_bias)
+            attn.q_proj = col("self_attn.q_proj", plan.q_proj_rows(r).size, config.qkv_bias)
             attn.k_proj = col("self_attn.k_proj", kv.size, config.qkv_bias)
             attn.v_proj = col("self_attn.v_proj", kv.size, config.qkv_bias)
             attn.o_proj = RowParallelLinear(
@@ -154,6 +161,26 @@ def shard_transformer(
     if tied and model.lm_head.quant is None:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
+
+
+def _shard_deltanet(net, plan: TPPlan, comm: Communicator, r: int, D: int, qt, p: str) -> None:
+    """A Gated DeltaNet layer's rank-`r` shard (`plan` module docstring): its q/k heads and the
+    v heads they serve, in_proj_* column-parallel, out_proj row-parallel (one all-reduce)."""
+    if any(k.startswith(p + "linear_attn.") for k in qt):
+        raise TransformError("a quantized Gated DeltaNet layer is not sharded (f32/bf16/f16 only)")
+    meta = torch.device("meta")
+    k, v = plan.linear_k_heads[r], plan.linear_v_heads(r)
+    net.n_k_heads, net.n_v_heads = k.size, v.size
+    channels = net.conv_channels
+    net.in_proj_qkv = ColumnParallelLinear(D, channels, False, device=meta)
+    net.in_proj_z = ColumnParallelLinear(D, v.size * net.dv, False, device=meta)
+    net.in_proj_b = ColumnParallelLinear(D, v.size, False, device=meta)
+    net.in_proj_a = ColumnParallelLinear(D, v.size, False, device=meta)
+    with skeleton():
+        net.conv1d = nn.Conv1d(channels, channels, net.kernel, groups=channels, bias=False)
+    net.dt_bias = nn.Parameter(torch.empty(v.size, device=meta))
+    net.A_log = nn.Parameter(torch.empty(v.size, device=meta))
+    net.out_proj = RowParallelLinear(v.size * net.dv, D, False, comm, device=meta)
 
 
 def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -39,6 +39,13 @@ class Shard(BaseModel):
     q_heads: list[int] | None = None
     mlp_rows: list[int] | None = None
     vocab_rows: list[int] | None = None
+    linear_k_heads: list[int] | None = Field(None, description="Gated DeltaNet q/k heads")
+    linear_v_heads: list[int] | None = Field(None, description="Gated DeltaNet v heads")
+    cache_bytes_per_sequence: dict[str, int] | None = Field(
+        None,
+        description='one sequence\'s cache slot: {"kv": keys and values at max_seq_len, '
+        '"state": the recurrent (Gated DeltaNet) layers\' fixed state}',
+    )
 
 
 class Rank(BaseModel):

@@ -63,3 +63,17 @@ def test_generate_rejects_a_per_rank_list_of_the_wrong_length(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "one per rank" in out.stderr
+
+
+def test_generate_tp2_runs_the_qwen35_hybrid_and_refuses_more_ranks_than_its_heads(tmp_path):
+    """tiny-qwen35 (2 DeltaNet q/k heads): TP=2 gives the single node's ids; TP=3 would leave a
+    rank without a q/k head and is refused in one line naming them, exit status 2."""
+    d = tmp_path / "m"
+    make_model_dir(d, "tiny-qwen35", seed=0)
+    single = _generate(d, "--dtype", "float32")
+    assert _generate(d, "--tp", "2", "--dtype", "float32")["token_ids"] == single["token_ids"]
+    cmd = [sys.executable, "-m", "tandem", "generate", "--model", str(d), "--prompt-ids", "5,6",
+           "--max-tokens", "2", "--tp", "3", "--threads", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "linear_num_key_heads" in out.stderr.strip().splitlines()[-1]

@@ -8,7 +8,9 @@ transposed and interleaved expert tensors. Gemma 3 (sandwich norms, a window of 
 layers, their own rope base) crosses its window in prefill and in decode. Phi-3 loads from its
 fused qkv_proj / gate_up_proj, with a sliding window the generation crosses, and as Phi-4-mini
 with partial rotary and longrope whose switch to the long factor set every prompt crosses while
-generating."""
+generating. The Qwen3.5 hybrid, dense and MoE (Gated DeltaNet layers prefilled in chunks and
+decoded token by token from the state each sequence's cache slot holds; gated attention with
+partial rotary; the shared expert), and its prefill across several chunks."""
 
 import pytest
 import torch
@@ -31,6 +33,13 @@ SMALL = dict(
     max_position_embeddings=256,
 )
 
+QWEN35_LINEAR = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    linear_conv_kernel_dim=4,
+)
 ARCHS = {
     "llama-untied": (
         transformers.LlamaConfig,
@@ -142,6 +151,28 @@ ARCHS = {
             tie_word_embeddings=True,
         ),
     ),
+    # the Qwen3.5 hybrid: Gated DeltaNet on layers 0-2 and 4 (2 q/k heads of 8 serving 4 v heads
+    # of 12, a conv window of 4), gated attention with partial rotary on 3; 41 tokens cross no
+    # chunk edge of 64, so a long prompt in `test_qwen35_chunked_prefill_crosses_chunks` does
+    "qwen35": (
+        transformers.Qwen3_5TextConfig,
+        transformers.Qwen3_5ForCausalLM,
+        dict(head_dim=16, num_hidden_layers=5, **QWEN35_LINEAR),
+    ),
+    # every layer sparse, with the sigmoid-gated shared expert
+    "qwen35-moe": (
+        transformers.Qwen3_5MoeTextConfig,
+        transformers.Qwen3_5MoeForCausalLM,
+        dict(
+            head_dim=16,
+            num_hidden_layers=4,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=40,
+            **QWEN35_LINEAR,
+        ),
+    ),
     "mixtral-moe": (
         transformers.MixtralConfig,
         transformers.MixtralForCausalLM,
@@ -163,8 +194,10 @@ def pair(request, tmp_path_factory):
     cfg = cfg_cls(**{**SMALL, **extra}, bos_token_id=None, eos_token_id=None, pad_token_id=0)
     hf = model_cls(cfg).eval()
     with torch.no_grad():  # HF's own init is std 0.02: spread the weights so logits are not ties
-        for p in hf.parameters():
-            if p.dim() >= 2:  # matrices, and experts stacked (E, out, in)
+        for name, p in hf.named_parameters():
+            if name.endswith("conv1d.weight"):  # K taps a channel: unit-scale in, unit out
+                p.normal_(0, p.shape[-1] ** -0.5)
+            elif p.dim() >= 2:  # matrices, and experts stacked (E, out, in)
                 p.normal_(0, 0.25)
             else:
                 p.add_(torch.randn_like(p) * 0.1)
@@ -219,3 +252,33 @@ def test_greedy_ids_match_transformers_for_32_tokens_at_batch_1_and_3(pair):
         assert batch == [hf_greedy(hf, [p], 32)[0] for p in PROMPTS]
     else:
         assert batch == hf_greedy(hf, PROMPTS, 32)
+
+
+@pytest.mark.parametrize("arch", ["qwen35"])
+@torch.inference_mode()
+def test_qwen35_chunked_prefill_crosses_chunks_and_decodes_from_its_state(arch, tmp_path):
+    """A 150-token prompt (three chunks of the delta rule) prefilled in one step and in uneven
+    pieces (state carried across steps), then 8 decode steps: each last-position logits row
+    within 1e-4 of transformers' full forward over the same tokens."""
+    cfg_cls, model_cls, extra = ARCHS[arch]
+    torch.manual_seed(99)
+    cfg = cfg_cls(**{**SMALL, **extra}, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    hf = model_cls(cfg).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    ours = load_model(ModelDir(tmp_path), dtype=torch.float32)
+    prompt = torch.randint(
+        1, SMALL["vocab_size"], (150,), generator=torch.Generator().manual_seed(3)
+    )
+    ex = LocalExecutor(ours, max_batch=2, max_seq_len=200, kernels="torch")
+    whole = ex.run(Step((StepSequence(0, tuple(prompt.tolist()), 0),))).logits[0]
+    ref = hf(prompt[None]).logits[0, -1]
+    torch.testing.assert_close(whole, ref, atol=1e-4, rtol=0)
+    pos, tokens = 0, prompt.tolist()
+    for n in (70, 1, 64, 15):  # pieces of 150
+        out = ex.run(Step((StepSequence(1, tuple(tokens[pos : pos + n]), pos),))).logits[0]
+        pos += n
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
+    for _ in range(8):
+        tokens.append(int(out.argmax()))
+        out = ex.run(Step((StepSequence(1, (tokens[-1],), len(tokens) - 1),))).logits[0]
+        torch.testing.assert_close(out, hf(torch.tensor([tokens])).logits[0, -1], atol=1e-4, rtol=0)

@@ -30,8 +30,11 @@ def test_config_json_round_trips_through_the_familys_declaration(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"],
-)
+    [
+        "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral",
+        "tiny-gpt-oss", "tiny-qwen35", "tiny-qwen35-moe",
+    ],
+)  # fmt: skip
 def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_path):
     config = PRESETS[name].config
     _, (file,) = write_preset_gguf(tmp_path / "m.gguf", name, "F32")
@@ -47,6 +50,9 @@ def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_pat
     if config.moe is not None and config.moe.activation == "swiglu_clamped":
         moe = replace(config.moe, swiglu_alpha=1.702, swiglu_limit=7.0)
         want = replace(want, moe=moe, rope_scaling=replace(config.rope_scaling, truncate=True))
+    if config.deltanet is not None:  # a qwen35 file stores tiled v heads, A itself and 1 + w
+        spec = replace(config.deltanet, v_tiled=True, a_log=False)
+        want = replace(want, deltanet=spec, norm_weight_offset=0.0)
     assert got == want
 
 

@@ -163,6 +163,10 @@ def test_rotary_frequencies_match_the_reference(name) -> None:
         with pytest.raises(LeanUnsupportedError):  # gpt-oss, Phi-3: the torch path
             check_supported(c)
         return
+    if c.deltanet is not None:
+        with pytest.raises(LeanUnsupportedError, match="Gated DeltaNet"):  # Qwen3.5
+            check_supported(c)
+        return
     for config in (
         c,
         dataclasses.replace(

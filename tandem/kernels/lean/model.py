@@ -122,6 +122,10 @@ def _vec(src: WeightSource, name: str) -> np.ndarray:
 
 def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
+    if config.deltanet is not None:
+        raise LeanUnsupportedError(
+            "the Qwen3.5 hybrid's Gated DeltaNet and gated attention (the torch path runs them)"
+        )
     if config.sliding_window is not None:
         raise LeanUnsupportedError("sliding-window attention (the torch path runs it)")
     if config.rope_scaling is not None and config.rope_scaling.rope_type in ("yarn", "longrope"):

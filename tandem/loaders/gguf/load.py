@@ -47,7 +47,8 @@ def load_gguf_model(
 
     def dense(name: str, shape: tuple[int, ...]) -> nn.Parameter:
         src.check(name, shape)
-        return nn.Parameter(src.read(name).to(device=device, dtype=dtype), requires_grad=False)
+        t = src.read(name).reshape(shape)  # a file may drop size-1 dims (`check`)
+        return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
 
     for mname, mod in list(model.named_modules()):
         if isinstance(mod, ExpertLinear):

@@ -261,14 +261,17 @@ class GGUFModel:
         return info
 
     def check(self, name: str, shape: tuple[int, ...]) -> GGUFTensorInfo:
-        """`info(name)`, after checking its type is one tandem reads and its shape is `shape`."""
+        """`info(name)`, after checking its type is one tandem reads and its shape is `shape`
+        (a dense tensor stored without `shape`'s size-1 dims too: qwen35's conv (C, K) for the
+        model's (C, 1, K); the caller reshapes what it reads)."""
         info = self.info(name)
         if info.type_id not in BY_ID:
             raise GGUFTensorTypeError(
                 f"{info.file}: tensor {info.gguf_name!r} is of type "
                 f"{_type_name(info.type_id)}; tandem reads {', '.join(t.name for t in LAYOUTS)}"
             )
-        if info.shape != tuple(shape):
+        squeezed = tuple(d for d in shape if d != 1)  # llama.cpp's converter drops size-1 dims
+        if info.shape != tuple(shape) and (info.quantized or info.shape != squeezed):
             raise GGUFShapeError(
                 f"{info.file}: tensor {info.gguf_name!r} has shape {list(info.shape)}, the "
                 f"metadata implies {list(shape)}"

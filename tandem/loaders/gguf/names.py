@@ -45,13 +45,19 @@ LAYER_NAMES: dict[str, str] = {  # blk.N.<GGUF> -> model.layers.N.<HF>
     "attn_sinks": "self_attn.sinks",
 }
 BARE = frozenset({"self_attn.sinks"})  # HF parameters named without `.weight`
+# HF parameters named without `.weight` whose GGUF names are whole (qwen35's, as llama.cpp's
+# converter names the Gated DeltaNet's A and dt bias)
+WHOLE: dict[str, str] = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}
 ROPE_FREQS = (
     "rope_freqs.weight"  # llama3 rope scaling as llama.cpp stores it: per-frequency divisors
 )
 _NONE: Mapping[str, str] = MappingProxyType({})
 _TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
 _LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
-_GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
+_WHOLE_TO_HF = {g: h for h, g in WHOLE.items()}
+_GGUF_LAYER = re.compile(r"blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias)")
+_GGUF_WHOLE = re.compile(r"blk\.(\d+)\.(" + "|".join(re.escape(g) for g in WHOLE.values()) + ")")
+_HF_WHOLE = re.compile(r"model\.layers\.(\d+)\.(" + "|".join(re.escape(h) for h in WHOLE) + ")")
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _HF_BARE = re.compile(r"model\.layers\.(\d+)\.(self_attn\.sinks)")
 
@@ -66,6 +72,9 @@ def hf_name(gguf: str, family_names: Mapping[str, str] = _NONE) -> str | None:
     tensor its own way."""
     if gguf in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf]
+    m = _GGUF_WHOLE.fullmatch(gguf)
+    if m is not None:
+        return f"model.layers.{m.group(1)}.{_WHOLE_TO_HF[m.group(2)]}"
     m = _GGUF_LAYER.fullmatch(gguf)
     if m is None:
         return None
@@ -82,6 +91,9 @@ def gguf_name(hf: str, family_names: Mapping[str, str] = _NONE) -> str:
     """The GGUF name of the model parameter `hf` (`family_names` as for `hf_name`)."""
     if hf in _TO_GGUF:
         return _TO_GGUF[hf]
+    m = _HF_WHOLE.fullmatch(hf)
+    if m is not None:
+        return f"blk.{m.group(1)}.{WHOLE[m.group(2)]}"
     m = _HF_BARE.fullmatch(hf)
     if m is not None:
         return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}.weight"

@@ -16,6 +16,7 @@ from tandem.models.families import (
     phi3,
     qwen2,
     qwen3,
+    qwen3_5,
     qwen3_moe,
 )
 from tandem.models.families.base import Family
@@ -30,6 +31,8 @@ FAMILIES: tuple[Family, ...] = (
     gpt_oss.FAMILY,
     gemma3.FAMILY,
     phi3.FAMILY,
+    qwen3_5.DENSE,
+    qwen3_5.MOE,
 )
 _BY_ARCH = {a: f for f in FAMILIES for a in (f.architecture, *f.multimodal)}
 _BY_TYPE = {f.model_type: f for f in FAMILIES}

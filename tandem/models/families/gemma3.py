@@ -35,11 +35,11 @@ the layer count; the file has no key for it); no q/k row permutation (NEOX rope)
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
 from tandem.config import OMIT, ConfigError, HFFields, ModelConfig, UnsupportedArchitectureError
 from tandem.models.families.base import Family
+from tandem.models.families.multimodal import text_weight_names
 
 # transformers' Gemma3TextConfig defaults: what a multimodal checkpoint's `text_config` omits
 HF_DEFAULTS: dict[str, Any] = {
@@ -70,14 +70,6 @@ GGUF_NAMES: dict[str, str] = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_attention_layernorm": "post_attention_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
-}
-# a Gemma3ForConditionalGeneration checkpoint's text weights -> the text model's names
-# (transformers >= 4.52 writes `model.language_model.`, the released files `language_model.model.`)
-TEXT_PREFIXES = {
-    "model.language_model.": "model.",
-    "language_model.model.": "model.",
-    "language_model.lm_head.": "lm_head.",
-    "lm_head.": "lm_head.",
 }
 LLAMACPP_27B_LAYERS = 62  # llama.cpp's LLM_TYPE_27B: its attention scale reads hidden / heads
 
@@ -166,20 +158,6 @@ def _window_layers(d: dict[str, Any], n: int, source: str) -> tuple[int, ...]:
     ):
         raise ConfigError(f"{source}: 'layer_types' must list {n} of '{LOCAL}' / '{GLOBAL}'")
     return tuple(i for i, t in enumerate(types) if t == LOCAL)
-
-
-def text_weight_names(names: Collection[str]) -> dict[str, str]:
-    """The text model's name -> the checkpoint's, for a multimodal checkpoint's text weights
-    (`TEXT_PREFIXES`); empty for a text-only checkpoint (its names are the model's)."""
-    if not any(n.startswith(("model.language_model.", "language_model.")) for n in names):
-        return {}
-    out = {}
-    for n in names:
-        for prefix, ours in TEXT_PREFIXES.items():
-            if n.startswith(prefix):
-                out[ours + n[len(prefix) :]] = n
-                break
-    return out
 
 
 def _whole(v: float) -> float | int:

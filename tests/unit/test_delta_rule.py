@@ -1,0 +1,138 @@
+"""The gated delta rule's two forms equal each other, and a DeltaNet layer's state is the
+sequence's alone: the chunked prefill equals the token-by-token recurrence (output and final state,
+across several chunks and from a nonzero state); padded tokens leave a row's state as its last real
+token left it; a step in pieces equals the step whole; a hybrid sequence refuses a rewind."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.sequences import RecurrentRewindError, SequenceCache
+from tandem.models.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from tandem.models.kv_cache import KVCache
+from tandem.models.llama import Transformer
+from tandem.models.presets import get_preset, random_weights
+
+
+def _inputs(B: int, H: int, T: int, dk: int, dv: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(B, H, T, dk, generator=g), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, dk, generator=g), dim=-1)
+    v = torch.randn(B, H, T, dv, generator=g)
+    decay = -torch.rand(B, H, T, generator=g) * 3
+    beta = torch.rand(B, H, T, generator=g)
+    state = torch.randn(B, H, dk, dv, generator=g)
+    return q, k, v, decay, beta, state
+
+
+@pytest.mark.parametrize("T", [1, 5, 64, 150])
+def test_chunked_delta_rule_equals_the_recurrence(T) -> None:
+    args = _inputs(2, 3, T, 8, 12, seed=T)
+    o_rec, s_rec = recurrent_delta_rule(*args)
+    for chunk in (16, 64):
+        o, s = chunked_delta_rule(*args, chunk=chunk)
+        torch.testing.assert_close(o, o_rec, atol=2e-5, rtol=0)
+        torch.testing.assert_close(s, s_rec, atol=2e-5, rtol=0)
+
+
+def test_a_token_without_decay_or_rate_leaves_the_state_alone() -> None:
+    q, k, v, decay, beta, state = _inputs(1, 2, 6, 4, 5, seed=1)
+    decay[..., 3:], beta[..., 3:] = 0.0, 0.0
+    _, s_all = chunked_delta_rule(q, k, v, decay, beta, state)
+    _, s_three = recurrent_delta_rule(q[:, :, :3], k[:, :, :3], v[:, :, :3], decay[..., :3],
+                                      beta[..., :3], state)  # fmt: skip
+    torch.testing.assert_close(s_all, s_three, atol=1e-6, rtol=0)
+
+
+def _model(name: str) -> Transformer:
+    c = get_preset(name).config
+    m = Transformer(c)
+    m.load_state_dict(random_weights(c, 5, torch.float32))
+    return m.eval()
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen35", "tiny-qwen35-moe"])
+@torch.inference_mode()
+def test_a_ragged_batch_in_pieces_equals_each_sequence_whole(name) -> None:
+    """Rows of 9, 2 and 5 tokens prefilled together (padded), then 3, 1, 4 more: each row's
+    last logits equal that sequence run alone in one step."""
+    m = _model(name)
+    first = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [200, 7], [42, 43, 44, 45, 46]]
+    more = [[5, 6, 7], [8], [9, 10, 11, 12]]
+    cache = KVCache.for_model(m, 3, 64)
+    ctx = m.context([0, 0, 0], [9, 2, 5], cache, [0, 1, 2])
+    m.forward_layers(m.embed(torch.tensor([r + [0] * (9 - len(r)) for r in first])), ctx)
+    starts = [len(r) for r in first]
+    ctx = m.context(starts, [3, 1, 4], cache, [0, 1, 2])
+    h = m.forward_layers(m.embed(torch.tensor([r + [0] * (4 - len(r)) for r in more])), ctx)
+    got = m.head(m.last_hidden(h, ctx))[:, 0]
+    for b in range(3):
+        whole = m(torch.tensor([first[b] + more[b]]))[0, -1]
+        torch.testing.assert_close(got[b], whole, atol=1e-5, rtol=0)
+
+
+def test_a_hybrid_sequence_continues_or_restarts_but_never_rewinds() -> None:
+    cfg = get_preset("tiny-qwen35").config
+    seqs = SequenceCache(2, 64, recurrent=cfg.hybrid)
+    seqs.advance(Step((StepSequence(0, (1, 2, 3, 4), 0),)))
+    seqs.check(Step((StepSequence(0, (5,), 4),)))  # continues
+    seqs.check(Step((StepSequence(0, (1, 2), 0),)))  # restarts: a full re-prefill
+    with pytest.raises(RecurrentRewindError, match="continues at 4 or restarts at 0"):
+        seqs.check(Step((StepSequence(0, (3, 9), 2),)))
+    dense = SequenceCache(2, 64, recurrent=dataclasses.replace(cfg, deltanet=None).hybrid)
+    dense.advance(Step((StepSequence(0, (1, 2, 3, 4), 0),)))
+    dense.check(Step((StepSequence(0, (3, 9), 2),)))  # an attention-only model rewinds
+
+
+def test_a_deltanet_layer_holds_a_fixed_state_instead_of_keys_and_values() -> None:
+    """The cache of tiny-qwen35 (3 DeltaNet layers, 1 attention) holds keys and values for the
+    attention layer only; each DeltaNet layer a conv window and a dk x dv matrix per v head."""
+    m = _model("tiny-qwen35")
+    c = m.config
+    s = c.deltanet
+    cache = KVCache.for_model(m, n_slots=2, max_seq_len=100)
+    assert sorted(cache.k) == [3] and sorted(cache.conv) == sorted(cache.ssm) == [0, 1, 2]
+    kv = 2 * c.num_key_value_heads * 100 * c.head_dim * 4
+    conv, matrix = s.state_elements()
+    assert conv == (2 * 2 * 8 + 4 * 12) * 3 and matrix == 4 * 8 * 12
+    assert cache.bytes_per_sequence() == {"kv": kv, "state": 3 * (conv + matrix) * 4}
+    assert cache.nbytes() == 2 * (kv + 3 * (conv + matrix) * 4)
+
+
+def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than_heads() -> None:
+    """tiny-qwen35 (2 q/k heads serving 4 v heads of 12, 8 wide): TP=2 gives each rank one q/k
+    head, its two v heads, and rows q [8h, 8h+8), k 16 + that, v 32 + [24h, 24h+24); TP=3 has
+    a rank with no q/k head and is refused by name; attention on fewer ranks too, and a GGUF's
+    tiled v heads (a q/k head's v heads not contiguous)."""
+    from tandem.parallel.plan import DegeneratePlanError, TPPlanError, plan_for_config
+
+    c = get_preset("tiny-qwen35").config
+    plan = plan_for_config(c, 2)
+    assert [(s.start, s.end) for s in plan.linear_k_heads] == [(0, 1), (1, 2)]
+    assert [(s.start, s.end) for s in plan.linear_qkv_rows(1)] == [(8, 16), (24, 32), (56, 80)]
+    assert (plan.linear_v_heads(1).start, plan.linear_v_heads(1).end) == (2, 4)
+    assert (plan.q_proj_rows(1).start, plan.q_proj_rows(1).end) == (64, 128)  # 2 hd a head
+    with pytest.raises(DegeneratePlanError, match="linear_num_key_heads"):
+        plan_for_config(c, 3)
+    with pytest.raises(TPPlanError, match="attention on every rank"):
+        plan_for_config(c, 2, attn_ranks=1)
+    tiled = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, v_tiled=True))
+    with pytest.raises(TPPlanError, match="tiled"):  # a qwen35 GGUF's v heads
+        plan_for_config(tiled, 2)
+
+
+@torch.inference_mode()
+def test_a_replay_from_position_0_discards_the_held_state() -> None:
+    """A replay (after a node loss) re-prefills a sequence from position 0 on an executor that may
+    still hold it: the DeltaNet state starts from zeros again, so the logits equal a fresh run's."""
+    from tandem.engine.local import LocalExecutor
+
+    held = LocalExecutor(_model("tiny-qwen35"), max_batch=2, max_seq_len=64, kernels="torch")
+    held.run(Step((StepSequence(0, (1, 2, 3, 4, 5), 0),)))
+    held.run(Step((StepSequence(0, (6,), 5),)))
+    history = (1, 2, 3, 4, 5, 6, 7, 8)
+    replayed = held.run(Step((StepSequence(0, history, 0),))).logits[0]
+    fresh = LocalExecutor(_model("tiny-qwen35"), max_batch=2, max_seq_len=64, kernels="torch")
+    torch.testing.assert_close(replayed, fresh.run(Step((StepSequence(0, history, 0),))).logits[0])
