@@ -22,6 +22,10 @@ bfloat16 rank beside a float32 one) meet. Frames carry the op, sequence number, 
 fingerprint (op, dtype, shape): ranks that call different ops or shapes fail with OpDesyncError
 at the first frame, before any payload is read.
 
+Each link also carries heartbeats on its own connection (`transport.heartbeat`, formed by
+`ring_form.form_heartbeats`): a neighbour silent for `heartbeat_timeout` (default 3 s, 0: none)
+breaks the ring at once, and the op waiting on it raises PeerLostError naming that rank.
+
 Programmatic construction (spawned workers, tests):
 
     comm = RingCommunicator.create(
