@@ -257,8 +257,8 @@ def _timed_all_reduce(comm: Any, x: torch.Tensor) -> dict:
 
 def hang_or_busy(comm: Any, mode: str, victim: int, seconds: float) -> dict:
     """Rank `victim` is stopped (SIGSTOP for `seconds`: the survivors wait in an all_reduce it
-    never reaches) or busy in torch compute for `seconds` before it joins; the others time the
-    all_reduce."""
+    never reaches) or busy for `seconds` (in torch compute, "busy", or in pure Python,
+    "busy_python") before it joins; the others time the all_reduce."""
     x = torch.ones(1000)
     comm.all_reduce_sum(x)  # the ring works first
     if comm.rank == victim:
@@ -267,8 +267,11 @@ def hang_or_busy(comm: Any, mode: str, victim: int, seconds: float) -> dict:
             time.sleep(seconds + 2.0)  # stopped for most of it
             return {"victim": True}
         a, t0, n = torch.randn(384, 384) / 20, time.monotonic(), 0
-        while time.monotonic() - t0 < seconds:  # torch kernels: the GIL is released in them
-            a = torch.tanh(a @ a)
+        while time.monotonic() - t0 < seconds:
+            if mode == "busy":  # torch kernels: the GIL is released in them
+                a = torch.tanh(a @ a)
+            else:  # "busy_python": pure Python, the GIL handed over every switch interval
+                sum(i * i for i in range(20_000))
             n += 1
         res = _timed_all_reduce(comm, x)
         res["busy_s"], res["matmuls"] = time.monotonic() - t0, n

@@ -1,8 +1,9 @@
 """Heartbeats across real processes on loopback (`transport.heartbeat`): a ring rank that hangs
 (SIGSTOP: every socket stays open and silent, as behind a blackholed link) is declared lost by
 its neighbours within the heartbeat timeout, far below the op timeout, and the all_reduce they
-wait in fails at once with PeerLostError naming it; a rank busy in torch compute for longer than
-the heartbeat timeout is not lost (its heartbeat thread does not wait for the compute).
+wait in fails at once with PeerLostError naming it; a rank busy computing for longer than
+the heartbeat timeout, in torch kernels or in pure Python, is not lost (its heartbeat thread does
+not wait for the compute).
 
 The op timeout is set to 60 s, so any failure inside the bound came from the heartbeat."""
 
@@ -70,11 +71,15 @@ def test_a_rank_stopped_inside_a_large_all_reduce_is_lost_within_the_heartbeat_t
     _check_lost(survivors, 2)
 
 
-@pytest.mark.parametrize("shm", [True, False], ids=["shm", "tcp"])
-def test_a_rank_busy_in_torch_compute_past_the_heartbeat_timeout_is_not_lost(shm: bool) -> None:
+@pytest.mark.parametrize(
+    "mode,shm",
+    [("busy", True), ("busy", False), ("busy_python", False)],
+    ids=["torch-shm", "torch-tcp", "python-tcp"],
+)
+def test_a_rank_busy_computing_past_the_heartbeat_timeout_is_not_lost(mode: str, shm: bool) -> None:
     busy_s = 2.5 * HEARTBEAT_S
     results = run_world(
-        "ring", 2, hang_or_busy, ("busy", 1, busy_s), options=_options(shm), timeout=120
+        "ring", 2, hang_or_busy, (mode, 1, busy_s), options=_options(shm), timeout=120
     )
     waiter, busy = results
     assert waiter["error"] is None and busy["error"] is None, results
