@@ -282,10 +282,13 @@ def greedy_steps(ex, prompt: list[int], n: int) -> list[tuple[int, torch.Tensor]
     return out
 
 
-def write_ring_configs(tmp, cluster_id: str, op_timeout: float, dial=None, ports=None) -> list:
+def write_ring_configs(
+    tmp, cluster_id: str, op_timeout: float, dial=None, ports=None, heartbeat_timeout=None
+) -> list:
     """RING_CONFIG files (`tmp/ring{r}.json`) for a two-rank loopback ring with a fresh secret:
     rank r listens on `ports[r]` and dials `dial[r]` (by default the other rank's port; a test
-    puts a proxy's port there), rank 1 finds the master at `ports[2]`."""
+    puts a proxy's port there), rank 1 finds the master at `ports[2]`; `heartbeat_timeout`: the
+    files' field (None: left out, the default)."""
     import json
     import secrets
     from pathlib import Path
@@ -303,6 +306,8 @@ def write_ring_configs(tmp, cluster_id: str, op_timeout: float, dial=None, ports
             "master_port": master, "secret": secret, "cluster_id": cluster_id,
             "op_timeout": op_timeout, "handshake_timeout": 60,
         }  # fmt: skip
+        if heartbeat_timeout is not None:
+            cfg["heartbeat_timeout"] = heartbeat_timeout
         f = Path(tmp) / f"ring{rank}.json"
         f.write_text(json.dumps(cfg))
         files.append(f)

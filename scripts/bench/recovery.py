@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench/recovery.py [--model DIR | --preset tiny-qwen3] [--tp 2] [--pp 1]
                                                [--streams 4] [--max-tokens 96] [--cycles 3]
                                                [--signal KILL] [--op-timeout S] [--prompt-words 0]
+                                               [--heartbeat-timeout S]
                                                [--reload-head]
 
 Starts `tandem launch --tp N --pp M` on loopback, runs `streams` concurrent streaming greedy completions
@@ -70,6 +71,12 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--op-timeout", type=float, default=None, help="bound on a hung rank (STOP)")
+    ap.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="launch's --heartbeat-timeout: how soon a hung rank (STOP) is seen (0: off)",
+    )
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--cycles", type=int, default=3)
@@ -101,6 +108,8 @@ def main() -> int:
     argv += ["--max-batch", str(max(args.streams, 1))]
     if args.op_timeout is not None:
         argv += ["--op-timeout", str(args.op_timeout)]
+    if args.heartbeat_timeout is not None:
+        argv += ["--heartbeat-timeout", str(args.heartbeat_timeout)]
     env = {"TANDEM_REFORM_RELOAD": "1"} if args.reload_head else {}
     group = ProcessGroup([RankProcess("launch", argv, env)], log_dir=tmp / "logs")
     prefix = " ".join(["word"] * args.prompt_words)

@@ -38,7 +38,12 @@ from tandem.cli.cluster_epochs import (
 from tandem.cli.cluster_probe import PROBE_COLUMNS, probe_cells, publish_probes, view_url
 from tandem.cli.serve import DEFAULT_REFORM_TIMEOUT_S, add_reasoning_argument
 from tandem.cluster.launcher import LaunchError, ProcessGroup, RankProcess
-from tandem.cluster.ring_config import RingConfigError, check_timeout
+from tandem.cluster.ring_config import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    RingConfigError,
+    check_heartbeat_timeout,
+    check_timeout,
+)
 from tandem.cluster.status import (
     RankOccupied,
     StatusAuthError,
@@ -124,6 +129,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds one collective may wait on a peer before it counts as hung (default 60)",
     )
     join.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        help="seconds a ring neighbour may send no heartbeat before it counts as lost (hung, "
+        "stopped, cut off) and the group re-forms without waiting for the op timeout (default "
+        f"{DEFAULT_HEARTBEAT_TIMEOUT_S:g}, as under serve and launch; 0: off)",
+    )
+    join.add_argument(
         "--shrink-after",
         type=float,
         default=0.0,
@@ -167,15 +180,23 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def _write_ring_config(
-    directory: Path, topo: ClusterTopology, rank: int, op_timeout: float | None = None
+    directory: Path,
+    topo: ClusterTopology,
+    rank: int,
+    op_timeout: float | None = None,
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
 ) -> Path:
     """This rank's RING_CONFIG (0600: it holds the secret); `op_timeout`: this rank's bound on a
-    collective (the file's default otherwise)."""
+    collective (the file's default otherwise); `heartbeat_timeout`: how long a silent neighbour
+    has before it counts as lost (0: no heartbeats)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ring{rank}.json"
     cfg = topo.ring_config(rank)
     if op_timeout is not None:
         cfg["op_timeout"] = check_timeout("--op-timeout", op_timeout, "cluster join")
+    cfg["heartbeat_timeout"] = check_heartbeat_timeout(
+        heartbeat_timeout, "cluster join: --heartbeat-timeout"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(cfg, f, indent=2)
@@ -246,7 +267,9 @@ def run_join(args: argparse.Namespace) -> int:
             )
         rank = assign_rank(topo, args.rank)
         config_dir = Path(args.config_dir or Path.home() / ".cache" / "tandem" / topo.cluster_id)
-        ring_file = _write_ring_config(config_dir, topo, rank, args.op_timeout)
+        ring_file = _write_ring_config(
+            config_dir, topo, rank, args.op_timeout, args.heartbeat_timeout
+        )
     except (JoinTokenError, ClusterCliError, ModelFileError, RingConfigError, OSError) as e:
         return _fail("join", e)
     facts = {

@@ -86,6 +86,7 @@ def serving_layout(
     device: str,
     ring_config: Path | None = None,
     op_timeout: float | None = None,
+    heartbeat_timeout: float | None = None,
 ) -> Layout:
     """`--tp`, `--pp`, `--dtype`, `--device` (one value, or one per rank) and `--op-timeout` as a
     `Layout`. Ranks that share this machine split its cores (`tandem.cli.threads`)."""
@@ -110,6 +111,7 @@ def serving_layout(
         # other and every collective waits for a descheduled peer.
         threads=local_threads(world) if ring_config is None and world > 1 else None,
         **({} if op_timeout is None else {"op_timeout": op_timeout}),
+        **({} if heartbeat_timeout is None else {"heartbeat_timeout": heartbeat_timeout}),
     )
 
 
@@ -140,6 +142,7 @@ def build_serving_engine(
     reform_timeout: float = 0.0,
     op_timeout: float | None = None,
     shrink_after: float = 0.0,
+    heartbeat_timeout: float | None = None,
     pp_weights: str | None = None,
     prefix_cache: bool = True,
 ) -> tuple[ServingEngine, Callable[[], None]]:
@@ -149,7 +152,8 @@ def build_serving_engine(
     many seconds (a local group starts new processes; a joined head waits for the lost worker to
     come back), keeping the head's loaded shard when the layout is unchanged, and the scheduler
     replays (`tandem.engine.recovery`); 0: the first loss ends it. `op_timeout`: a local TP
-    group's bound on one collective. `shrink_after` > 0: a group whose lost rank has not come
+    group's bound on one collective; `heartbeat_timeout`: how long one of its ranks may be silent
+    before it counts as lost (`transport.heartbeat`; None: the default, 0: off). `shrink_after` > 0: a group whose lost rank has not come
     back that long after the loss re-forms smaller: a local TP group over one rank fewer (TP=N-1,
     the same dtype and device), a pipeline of one-rank stages over one stage fewer (PP=1: the
     head alone), a joined pair on the head alone (alone: if the whole model fits).
@@ -175,7 +179,7 @@ def build_serving_engine(
             return _start(lean, config, tokenizer, name, prefix_cache)
     # torch from here on: the layout holds torch dtypes
     layout = replace(
-        serving_layout(tp, pp, dtype, device, ring_config, op_timeout),
+        serving_layout(tp, pp, dtype, device, ring_config, op_timeout, heartbeat_timeout),
         attn_ranks=attn_ranks,
         moe=moe,
         pp_weights=pp_weights if pp > 1 else None,
@@ -215,18 +219,22 @@ def build_serving_engine(
             files.check()
             last[0] = None  # the kept shard goes before the wider one loads
             if pp > 1:  # a pipeline of one-rank stages: one stage fewer (PP=1: the head alone)
-                small = serving_layout(1, pp - 1, dtype, device, None, op_timeout)
+                small = serving_layout(
+                    1, pp - 1, dtype, device, None, op_timeout, heartbeat_timeout
+                )
                 small = replace(small, pp_weights="auto" if pp_weights == "auto" else None)
                 if small.world_size == 1:
                     check_fits_alone(source, small, limits)
             else:
-                small = serving_layout(tp - 1, 1, dtype, device, None, op_timeout)
+                small = serving_layout(
+                    tp - 1, 1, dtype, device, None, op_timeout, heartbeat_timeout
+                )
             return build_executor(model_dir, small, limits, replace(hooks, epoch=epoch))
 
         def shrink_to_head(epoch: int):  # a joined pair's worker never came back: the head alone
             files.check()
             last[0] = None  # the kept shard goes before the whole model loads
-            alone = serving_layout(1, 1, dtype, device, None, op_timeout)
+            alone = serving_layout(1, 1, dtype, device, None, op_timeout, heartbeat_timeout)
             check_fits_alone(source, alone, limits)
             return build_executor(model_dir, alone, limits, replace(hooks, epoch=epoch))
 

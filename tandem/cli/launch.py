@@ -135,6 +135,7 @@ def serve_argv(args: argparse.Namespace, model: Path) -> list[str]:
         "served_model_name",
         "reform_timeout",
         "op_timeout",
+        "heartbeat_timeout",
         "shrink_after",
         "pp_weights",
         "allowed_hosts",

@@ -18,7 +18,11 @@ from pathlib import Path
 
 from tandem.cli.tp_args import ATTN_HELP, add_moe_argument
 from tandem.cluster.launcher import LaunchError, check_port_free
-from tandem.cluster.ring_config import load_ring_config
+from tandem.cluster.ring_config import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    check_heartbeat_timeout,
+    load_ring_config,
+)
 from tandem.loaders.gguf.quantized_dir import QTYPES
 
 DEFAULT_PORT = 8000
@@ -109,6 +113,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds a local TP group's collective may take before the rank it waits on counts "
         "as hung (default 60)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        help="seconds a rank of a local TP group may send no heartbeat before it counts as lost "
+        "(hung, stopped, cut off) and the group re-forms without waiting for the op timeout; "
+        f"heartbeats come from a thread that never waits for compute (default "
+        f"{DEFAULT_HEARTBEAT_TIMEOUT_S:g}; 0: off)",
     )
     p.add_argument(
         "--reform-timeout",
@@ -211,6 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
     model_dir = Path(args.model)
     if not ((model_dir / "config.json").is_file() or is_gguf(model_dir)):
         raise ServeError(f"{model_dir}: not a model directory (no config.json) or GGUF file")
+    heartbeat_timeout = check_heartbeat_timeout(args.heartbeat_timeout, "--heartbeat-timeout")
     ring_config = Path(args.ring_config) if args.ring_config else None
     tp = load_ring_config(ring_config).world_size if ring_config else args.tp
     check_port_free(args.host, args.port)  # before minutes of weight loading, not after
@@ -241,6 +255,7 @@ def _serve(args: argparse.Namespace) -> int:
                 moe=args.moe,
                 reform_timeout=args.reform_timeout,
                 op_timeout=args.op_timeout,
+                heartbeat_timeout=heartbeat_timeout,
                 shrink_after=args.shrink_after,
                 pp_weights=args.pp_weights,
                 prefix_cache=args.prefix_cache,

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S, check_heartbeat_timeout
 from tandem.comm.base import Communicator
 from tandem.devices import COMPUTE_DTYPES
 from tandem.engine.tp.layout import cluster_id_for
@@ -42,6 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", help="host:port of every rank, comma-separated, in rank order")
     p.add_argument("--op-timeout", type=float, default=DEFAULT_OP_TIMEOUT_S)
     p.add_argument("--handshake-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="seconds a ring neighbour may send no heartbeat before it counts as lost (default "
+        f"{DEFAULT_HEARTBEAT_TIMEOUT_S:g}, or RING_CONFIG's heartbeat_timeout; 0: off)",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads for this rank")
     p.add_argument(
         "--epoch", type=int, default=0, help="the group's epoch (a group re-formed after a loss)"
@@ -78,6 +86,7 @@ def ring_from_args(
     op_timeout: float,
     handshake_timeout: float,
     cluster_id: str = "tandem-tp",
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
 ) -> Communicator:
     """Rank `rank` of a ring over `peers`: listen on its own address, dial the next rank's."""
     from tandem.comm.ring import RingCommunicator
@@ -94,6 +103,7 @@ def ring_from_args(
         cluster_id=cluster_id,
         op_timeout=op_timeout,
         handshake_timeout=handshake_timeout,
+        heartbeat_timeout=heartbeat_timeout,
     )
 
 
@@ -113,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    heartbeat = (
+        None
+        if args.heartbeat_timeout is None
+        else check_heartbeat_timeout(args.heartbeat_timeout, "--heartbeat-timeout")
+    )
     if args.peers is not None:
         if args.rank is None or args.world_size is None:
             raise WorkerArgsError("--peers needs --rank and --world-size")
@@ -125,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             op_timeout=args.op_timeout,
             handshake_timeout=args.handshake_timeout,
             cluster_id=cluster_id_for(args.epoch),
+            heartbeat_timeout=DEFAULT_HEARTBEAT_TIMEOUT_S if heartbeat is None else heartbeat,
         )
     elif os.environ.get("RING_CONFIG"):
         from tandem.cluster.ring_config import epoch_cluster_id, load_ring_config
@@ -134,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         if args.epoch:  # the head re-formed the ring after a loss: claim its epoch
             base = env.get("TANDEM_CLUSTER_ID") or load_ring_config(env["RING_CONFIG"]).cluster_id
             env["TANDEM_CLUSTER_ID"] = epoch_cluster_id(base, args.epoch)
-        comm = from_env(env)
+        comm = from_env(env, heartbeat_timeout=heartbeat)
     else:
         raise WorkerArgsError("give --rank/--world-size/--peers, or set RING_CONFIG")
     if comm.rank == 0:

@@ -6,7 +6,8 @@
       "secret": "...",                         optional (else TANDEM_SECRET)
       "listen_ip": "192.168.77.2",             optional bind address (default: see bind_ip)
       "cluster_id": "lab", "wire_dtype": "float32",
-      "handshake_timeout": 120, "op_timeout": 60 }   optional
+      "handshake_timeout": 120, "op_timeout": 60,
+      "heartbeat_timeout": 3 }                 optional (0: no heartbeats)
 
 Rank r binds `port` and dials its right neighbour at right_ip:right_port (the paper's format).
 `master_ip`/`master_port` name rank 0's rendezvous (the star root, torch.distributed's master);
@@ -37,6 +38,8 @@ class TimeoutValueError(RingConfigError):
 DEFAULT_HANDSHAKE_TIMEOUT_S = 120.0
 DEFAULT_OP_TIMEOUT_S = 60.0
 KEEPALIVE_MAX_S = 5.0
+# a peer silent this long is lost (`transport.heartbeat`); serve, launch, cluster join, worker
+DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
 
 
 def check_timeout(name: str, value: object, where: str = "timeout") -> float:
@@ -46,6 +49,14 @@ def check_timeout(name: str, value: object, where: str = "timeout") -> float:
             f"{where}: {name} must be a finite number of seconds above 0, got {value!r}"
         )
     return float(value)
+
+
+def check_heartbeat_timeout(value: object, where: str = "timeout") -> float:
+    """A heartbeat timeout as float seconds: 0 (heartbeats off) or a finite number above 0;
+    otherwise TimeoutValueError."""
+    if not isinstance(value, bool) and isinstance(value, int | float) and value == 0:
+        return 0.0
+    return check_timeout("heartbeat_timeout", value, where)
 
 
 def keepalive_interval(op_timeout: float) -> float:
@@ -70,6 +81,7 @@ class RingConfig:
     wire_dtype: str = "float32"
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     op_timeout: float = DEFAULT_OP_TIMEOUT_S
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S
 
     def bind_ip(self, has_secret: bool) -> str | None:
         """Where to listen: `listen_ip` if given; loopback for a ring that stays on this host or
@@ -127,6 +139,13 @@ def _timeout(d: dict, key: str, default: float, where: str) -> float:
     return default if v is None else check_timeout(f"field {key!r}", v, where)
 
 
+def _heartbeat(d: dict, where: str) -> float:
+    v = _need(d, "heartbeat_timeout", float, where, optional=True)
+    if v is None:
+        return DEFAULT_HEARTBEAT_TIMEOUT_S
+    return check_heartbeat_timeout(v, f"{where}: field 'heartbeat_timeout'")
+
+
 def parse_ring_config(d: object, where: str = "RING_CONFIG") -> RingConfig:
     """A checked RingConfig from the decoded JSON object `d`."""
     if not isinstance(d, dict):
@@ -154,6 +173,7 @@ def parse_ring_config(d: object, where: str = "RING_CONFIG") -> RingConfig:
         wire_dtype=_need(d, "wire_dtype", str, where, optional=True) or "float32",
         handshake_timeout=_timeout(d, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT_S, where),
         op_timeout=_timeout(d, "op_timeout", DEFAULT_OP_TIMEOUT_S, where),
+        heartbeat_timeout=_heartbeat(d, where),
     )
     if cfg.wire_dtype not in ("float32", "bfloat16", "float16"):
         raise RingConfigError(

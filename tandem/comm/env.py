@@ -71,9 +71,12 @@ def from_env(
     *,
     model_fingerprint: str = "",
     handshake_timeout: float | None = None,
+    heartbeat_timeout: float | None = None,
 ) -> Communicator:
     """Build (and connect) the communicator described by `environ` (default: os.environ).
-    `handshake_timeout`: the bound on forming the group, in place of the file's."""
+    `handshake_timeout`: the bound on forming the group, in place of the file's;
+    `heartbeat_timeout`: a ring's heartbeat timeout (`transport.heartbeat`), in place of the
+    file's `heartbeat_timeout`."""
     env = os.environ if environ is None else environ
     backend = env.get("TANDEM_COMM", "ring").strip().lower()
     if backend not in BACKENDS:
@@ -118,6 +121,9 @@ def from_env(
             cfg.world_size,
             right=(cfg.right_ip, cfg.right_port),
             listen=(listen, cfg.port),
+            heartbeat_timeout=cfg.heartbeat_timeout
+            if heartbeat_timeout is None
+            else heartbeat_timeout,
             **common,
         )
     master = _master(cfg)

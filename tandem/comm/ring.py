@@ -22,6 +22,10 @@ bfloat16 rank beside a float32 one) meet. Frames carry the op, sequence number, 
 fingerprint (op, dtype, shape): ranks that call different ops or shapes fail with OpDesyncError
 at the first frame, before any payload is read.
 
+Each link also carries heartbeats on its own connection (`transport.heartbeat`, formed by
+`ring_form.form_heartbeats`): a neighbour silent for `heartbeat_timeout` (default 3 s, 0: none)
+breaks the ring at once, and the op waiting on it raises PeerLostError naming that rank.
+
 Programmatic construction (spawned workers, tests):
 
     comm = RingCommunicator.create(
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.cluster.ring_config import check_timeout
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S, check_timeout
 from tandem.comm import algorithms as alg
 from tandem.comm.ring_form import form_ring, same_host_cap
 from tandem.comm.ring_link import RingLink
@@ -54,6 +58,7 @@ from tandem.transport.endpoints import (
     DEFAULT_OP_TIMEOUT_S,
     Listener,
 )
+from tandem.transport.heartbeat import Heartbeat
 from tandem.wire import dtypes as wd
 
 __all__ = ["RingCommunicator", "same_host_cap"]
@@ -72,8 +77,14 @@ class RingCommunicator:
         wire_dtype: str = "float32",
         small_max_bytes: int = alg.DEFAULT_SMALL_MAX_BYTES,
         same_host_pair: same_host.SamePair | None = None,
+        heartbeats: list[Channel] | None = None,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> None:
         link = self._link = RingLink(rank, world_size, left, right, wire_dtype, small_max_bytes)
+        # a neighbour silent for heartbeat_timeout breaks the ring at once (`transport.heartbeat`)
+        self._heartbeat = (
+            Heartbeat(rank, heartbeats, heartbeat_timeout, link.lose) if heartbeats else None
+        )
         pair_f32 = world_size == 2 and link.wire.code == wd.FLOAT32.code
         # N = 2 on one host: small all-reduces and broadcasts swap through shared memory
         self._shm = (
@@ -103,18 +114,21 @@ class RingCommunicator:
         small_max_bytes: int = alg.DEFAULT_SMALL_MAX_BYTES,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         shared_memory: bool | None = None,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> RingCommunicator:
         """Form the ring (`ring_form.form_ring`): accept the left neighbour while dialing the
         right one (with retry until `handshake_timeout`), then close the listening socket. At
         N = 2 the ranks then agree on same-host shared memory for small all-reduces
         (`transport.shm`): on when both ranks allow it (`shared_memory`, None: env TANDEM_SHM,
-        default on) and share a host."""
-        left, right_channel, pair = form_ring(
+        default on) and share a host. With `heartbeat_timeout` > 0 (0: none) each link also gets
+        a heartbeat connection, and a neighbour silent that long fails the ring's waiting or next
+        op at once with PeerLostError (`transport.heartbeat`)."""
+        left, right_channel, pair, beats = form_ring(
             rank, world_size, right=right, listen=listen, listener=listener, secret=secret,
             cluster_id=cluster_id, wire_dtype=wire_dtype, model_fingerprint=model_fingerprint,
             handshake_timeout=handshake_timeout, op_timeout=op_timeout,
             small_max_bytes=small_max_bytes, max_frame_bytes=max_frame_bytes,
-            shared_memory=shared_memory,
+            shared_memory=shared_memory, heartbeat_timeout=heartbeat_timeout,
         )  # fmt: skip
         return cls(
             rank,
@@ -124,6 +138,8 @@ class RingCommunicator:
             wire_dtype=wire_dtype,
             small_max_bytes=small_max_bytes,
             same_host_pair=pair,
+            heartbeats=beats,
+            heartbeat_timeout=heartbeat_timeout,
         )
 
     def set_op_timeout(self, seconds: float) -> float:
@@ -134,6 +150,11 @@ class RingCommunicator:
         old = self._link.left.ts.timeout
         self._link.left.ts.timeout = self._link.right.ts.timeout = seconds
         return old
+
+    def lost(self) -> str | None:
+        """Why the heartbeat declared a neighbour lost (naming its rank), or None."""
+        lost = self._link.lost
+        return None if lost is None else str(lost)
 
     @property
     def same_host(self) -> bool:
@@ -174,6 +195,8 @@ class RingCommunicator:
         self._tcp.barrier()
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         self._link.close()
         if self._shm is not None:
             self._shm.close()

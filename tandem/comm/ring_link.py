@@ -6,10 +6,14 @@ it. Every op takes the next sequence number (`begin`, or `seq += 1` on the decod
 peers' frames of one op carry the same number whichever road each rank took. After a failure
 mid-op (or `close`) the link is broken: `begin` and `check_open` refuse with CommClosedError, and
 the `on_fail` hooks run (the same-host road drops its lanes, so its hot path needs no check).
+A peer the heartbeat declares lost (`lose`) breaks the link from the heartbeat thread and shuts
+both data sockets down, so an op waiting on them wakes at once; every road then raises the
+heartbeat's PeerLostError (`failed`) rather than the closed socket it woke on.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +21,7 @@ from tandem.comm import base
 from tandem.comm.framing import FrameReader
 from tandem.comm.staging import np_dtype
 from tandem.transport.channel import Channel
+from tandem.transport.heartbeat import PeerLostError
 from tandem.transport.socketio import Duplex
 from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
@@ -39,6 +44,7 @@ class RingLink:
         self.reader = FrameReader(self.io.recv_into, rank, left.peer_rank, left.max_frame_bytes)
         self.seq = 0
         self.broken: str | None = None
+        self.lost: PeerLostError | None = None  # set by the heartbeat thread (`lose`)
         self.on_fail: list[Callable[[], None]] = []
         self._tails: dict = {}
         self._fps: dict = {}
@@ -84,14 +90,37 @@ class RingLink:
         try:
             return fn(*args)
         except BaseException as e:
-            self.fail(f"{type(e).__name__}: {e}")
-            raise
+            err = self.failed(e)
+            if err is e:
+                raise
+            raise err from e
+
+    def failed(self, e: BaseException) -> BaseException:
+        """Breaks the link on `e` and returns what the op raises: `e`, or, when the heartbeat
+        declared a peer lost (which is what woke the op), that PeerLostError."""
+        self.fail(f"{type(e).__name__}: {e}")
+        lost = self.lost
+        if lost is None or e is lost:
+            return e
+        return PeerLostError(str(lost), lost.rank)
 
     def fail(self, why: str) -> None:
-        """Every later op refuses (`why` names the failure)."""
-        self.broken = why
+        """Every later op refuses (`why` names the first failure)."""
+        if self.broken is None:
+            self.broken = why
         for hook in self.on_fail:
             hook()
+
+    def lose(self, e: PeerLostError) -> None:
+        """The heartbeat declared a peer lost (`e`): break the link and shut both data sockets
+        down, so an op blocked on them returns now rather than at its op timeout."""
+        self.lost = e
+        self.fail(f"{type(e).__name__}: {e}")
+        for ch in (self.left, self.right):
+            try:
+                ch.ts.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self.broken is None:

@@ -69,8 +69,10 @@ class TcpPair:
         try:
             return self._sum(t)
         except BaseException as e:
-            link.fail(f"{type(e).__name__}: {e}")
-            raise
+            err = link.failed(e)
+            if err is e:
+                raise
+            raise err from e
 
     def _sum(self, t: torch.Tensor) -> torch.Tensor:
         link = self.link

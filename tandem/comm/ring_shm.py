@@ -85,8 +85,10 @@ class SameHostRoad:
             link.fail(f"{type(e).__name__}: {e}")
             raise self._diverged(lane.headers(p)[0], e) from None  # bytes: outlive the segment
         except BaseException as e:
-            link.fail(f"{type(e).__name__}: {e}")
-            raise
+            err = link.failed(e)
+            if err is e:
+                raise
+            raise err from e
         return out if x is t else to_caller(out, t)
 
     def swap(self, head: bytes, payload: Any, nbytes: int) -> memoryview:

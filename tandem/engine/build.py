@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S
 from tandem.devices import COMPUTE_DTYPES, dtype_name, dtype_names
 from tandem.engine.executor import Executor
 from tandem.loaders.source import ModelSource, open_model
@@ -63,7 +64,8 @@ class Layout:
     `wire_dtype`: the hidden state between stages. `ring_config`: this process is rank 0 of the TP
     group that file describes, its workers started elsewhere. `threads`: this process's CPU
     threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
-    take. `attn_ranks`: attention on the first A ranks of a one-stage TP group, the MLP on all
+    take; `heartbeat_timeout`: seconds a rank of a local TP group may be silent before it counts
+    as lost (0: no heartbeats; a RING_CONFIG group takes the file's). `attn_ranks`: attention on the first A ranks of a one-stage TP group, the MLP on all
     (`parallel.plan`; None: every rank). `moe`: where a mixture of experts' experts go in a
     one-stage TP group, "tp" (rows of every expert on every rank) or "experts" (whole experts,
     their count by the ranks' weights); pipeline stages hold whole layers."""
@@ -78,6 +80,7 @@ class Layout:
     ring_config: Path | None = None
     threads: int | None = None
     op_timeout: float = 60.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     attn_ranks: int | None = None
     moe: str = "tp"
 
@@ -199,6 +202,7 @@ def build_executor(
                 max_batch=limits.max_batch,
                 max_seq_len=limits.max_seq_len,
                 op_timeout=layout.op_timeout,
+                heartbeat_timeout=layout.heartbeat_timeout,
                 threads=layout.threads,  # an idle group pings every keepalive_interval(op_timeout)
                 epoch=hooks.epoch,
                 keep=_kept(hooks),

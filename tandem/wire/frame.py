@@ -3,7 +3,7 @@
     offset size field
     0      4    magic        b"TNDM"
     4      2    version      PROTOCOL_VERSION; a different version is refused, naming both
-    6      1    kind         HELLO | AUTH | VERDICT | DATA
+    6      1    kind         HELLO | AUTH | VERDICT | DATA | BEAT (a heartbeat: header only)
     7      1    op           the collective (or P2P / HANDSHAKE) this frame belongs to
     8      1    dtype        payload element type, a code of `dtypes.TABLE`
     9      1    ndim         number of shape dims that follow the header (<= MAX_NDIM)
@@ -39,8 +39,9 @@ SEQ_OFFSET = FIXED_SIZE - 24
 _DIM = struct.Struct("<Q")
 
 # kinds
-HELLO, AUTH, VERDICT, DATA = 1, 2, 3, 4
-KINDS = {HELLO: "HELLO", AUTH: "AUTH", VERDICT: "VERDICT", DATA: "DATA"}
+HELLO, AUTH, VERDICT, DATA, BEAT = 1, 2, 3, 4, 5
+# BEAT: a heartbeat, header only (no shape, no payload), on a link's own heartbeat connection
+KINDS = {HELLO: "HELLO", AUTH: "AUTH", VERDICT: "VERDICT", DATA: "DATA", BEAT: "BEAT"}
 
 # ops
 HANDSHAKE, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, BARRIER, P2P = range(8)

@@ -227,3 +227,70 @@ def broadcast_with_roots(comm: Any, roots: list[int], n: int) -> tuple[str, floa
     error type (the harness reports errors)."""
     got = comm.broadcast(torch.full((n,), float(comm.rank + 1)), roots[comm.rank])
     return "no error", float(got[0])
+
+
+def _stop_me_for(seconds: float, after: float = 0.0) -> None:
+    """SIGSTOP this process `after` seconds from now and SIGCONT it `seconds` later, from a
+    helper shell: hung, not dead, every socket left open."""
+    import subprocess
+
+    pid = os.getpid()
+    subprocess.Popen(
+        ["sh", "-c", f"sleep {after}; kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"]
+    )
+
+
+def _timed_all_reduce(comm: Any, x: torch.Tensor) -> dict:
+    t0 = time.monotonic()
+    try:
+        out = comm.all_reduce_sum(x)
+    except Exception as e:
+        return {
+            "error": type(e).__name__,
+            "mro": [c.__name__ for c in type(e).__mro__],
+            "elapsed": time.monotonic() - t0,
+            "msg": str(e),
+            "lost_rank": getattr(e, "rank", None),
+        }
+    return {"error": None, "elapsed": time.monotonic() - t0, "sum": float(out[0])}
+
+
+def hang_or_busy(comm: Any, mode: str, victim: int, seconds: float) -> dict:
+    """Rank `victim` is stopped (SIGSTOP for `seconds`: the survivors wait in an all_reduce it
+    never reaches) or busy for `seconds` (in torch compute, "busy", or in pure Python,
+    "busy_python") before it joins; the others time the all_reduce."""
+    x = torch.ones(1000)
+    comm.all_reduce_sum(x)  # the ring works first
+    if comm.rank == victim:
+        if mode == "stop":
+            _stop_me_for(seconds)
+            time.sleep(seconds + 2.0)  # stopped for most of it
+            return {"victim": True}
+        a, t0, n = torch.randn(384, 384) / 20, time.monotonic(), 0
+        while time.monotonic() - t0 < seconds:
+            if mode == "busy":  # torch kernels: the GIL is released in them
+                a = torch.tanh(a @ a)
+            else:  # "busy_python": pure Python, the GIL handed over every switch interval
+                sum(i * i for i in range(20_000))
+            n += 1
+        res = _timed_all_reduce(comm, x)
+        res["busy_s"], res["matmuls"] = time.monotonic() - t0, n
+        return res
+    return _timed_all_reduce(comm, x)
+
+
+def stopped_mid_stream(comm: Any, victim: int, seconds: float) -> dict:
+    """Every rank runs large all_reduces (the RING algorithm, many frames each) back to back;
+    rank `victim` is stopped half a second in, inside one of them. The survivors report the op
+    that failed and how long it waited."""
+    x = torch.ones(4_000_000)
+    if comm.rank == victim:
+        _stop_me_for(seconds, after=0.5)
+    ops, t_end = 0, time.monotonic() + seconds + 5.0
+    while time.monotonic() < t_end:
+        res = _timed_all_reduce(comm, x)
+        if res["error"] is not None:
+            res["ops"] = ops
+            return res
+        ops += 1
+    return {"error": None, "ops": ops, "victim": comm.rank == victim}

@@ -190,6 +190,7 @@ def _fake_ring_pair(small: int = 1 << 16) -> tuple[RingCommunicator, Channel, Ch
             op_timeout=5,
             max_frame_bytes=1 << 20,
             small_max_bytes=small,
+            heartbeat_timeout=0,  # the raw channels play rank 1's data link only
         )
 
     former = threading.Thread(target=form, daemon=True)

@@ -42,7 +42,8 @@ class TPExecutor:
     long, so workers blocked on the next frame stay inside their op timeout while a server waits
     for requests; a lock keeps pings and steps from interleaving on the wire. A ping or step that
     fails closes the communicator at once, so the workers see the group end without waiting out
-    their own op timeout. The same thread asks
+    their own op timeout. A rank the ring's heartbeat declares lost (`transport.heartbeat`) makes
+    `health()` failed at once, naming the rank and the heartbeat, and fails the waiting step. The same thread asks
     `diagnose` (when given) whether a worker process has exited, and records the group as failed
     at once, so the next step fails fast instead of waiting out the op timeout.
     """
@@ -153,6 +154,9 @@ class TPExecutor:
             pass
 
     def _explain(self, e: BaseException) -> str:
+        lost = self._lost()
+        if lost is not None:  # hung, not dead: no exit to wait for
+            return f"the tensor-parallel group failed during a step: {lost}"
         msg = (
             f"the tensor-parallel group failed during a step ({type(e).__name__}: {e}); "
             f"a worker died, hung past the op timeout, or refused the step"
@@ -171,11 +175,21 @@ class TPExecutor:
             return "failed", str(self._failure).splitlines()[0]
         if self._closed:
             return "failed", "the group was shut down"
+        lost = self._lost()
+        if lost is not None:
+            return "failed", lost
         gone = self.local_workers.exited() if self.local_workers is not None else None
         if gone is not None:
             return "failed", f"worker {gone[0]} exited with {exit_cause(gone[1])}"
         up = f"all {self.comm.world_size} ranks are up"
         return "whole", f"{up}; {self.placement}" if self.placement else up
+
+    def _lost(self) -> str | None:
+        """Why the ring's heartbeat declared a rank lost (`transport.heartbeat`), or None; the
+        group is failed from that moment, idle or mid-step."""
+        inner = getattr(self.comm, "inner", self.comm)  # a MeteredCommunicator's backend
+        lost = getattr(inner, "lost", None)
+        return lost() if callable(lost) else None
 
     def health(self) -> tuple[bool, str]:
         state, detail = self._state()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports
-from tandem.cluster.ring_config import keepalive_interval
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S, keepalive_interval
 from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.tp.head import TPExecutor
@@ -46,6 +46,7 @@ class LocalWorkers:
         handshake_timeout: float,
         threads: int | None,
         epoch: int = 0,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
         kernels: list[str] | None = None,
         ports: list[int] | None = None,
     ) -> None:
@@ -58,6 +59,7 @@ class LocalWorkers:
             raise LocalGroupError(f"{tp} ranks need {tp} ports, got {len(ports)}")
         self.tp = tp
         self.epoch = epoch
+        self.heartbeat_timeout = heartbeat_timeout
         self.ports = list(ports) if ports is not None else free_ports(tp)
         self.secret = secrets.token_hex(32).encode()
         self.log_dir = Path(tempfile.mkdtemp(prefix="tandem-tp-"))
@@ -68,6 +70,7 @@ class LocalWorkers:
             argv += ["--rank", str(r), "--world-size", str(tp), "--peers", peers]
             argv += ["--dtype", dtypes[r], "--device", devices[r]]
             argv += ["--op-timeout", str(op_timeout), "--handshake-timeout", str(handshake_timeout)]
+            argv += ["--heartbeat-timeout", str(heartbeat_timeout)]
             if threads:
                 argv += ["--threads", str(threads)]
             if epoch:
@@ -108,6 +111,7 @@ def launch_local_tp(
     handshake_timeout: float = 120.0,
     threads: int | None = None,
     keepalive_s: float | None = -1.0,
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     workers: LocalWorkers | None = None,
     attn_ranks: int | None = None,
     moe: str = "tp",
@@ -120,7 +124,9 @@ def launch_local_tp(
     rank, or a list of one per rank: a native rank and a reference rank in one group).
     `workers` may be started beforehand (to start several groups' processes at once). An idle
     group pings its workers every `keepalive_s` (default `keepalive_interval(op_timeout)`; None:
-    never) so they outlive pauses between steps longer than the op timeout. `attn_ranks`:
+    never) so they outlive pauses between steps longer than the op timeout; every rank's ring
+    links carry heartbeats, and a rank silent for `heartbeat_timeout` (0: off) fails the group at
+    once (`transport.heartbeat`). `attn_ranks`:
     attention on the first A ranks only, the MLP on all (`TPPlan.attn_ranks`). `moe`: a mixture
     of experts' placement, "tp" (rows of every expert) or "experts" (`TPPlan.moe`). `epoch` > 0: a
     group formed again after a loss (`tandem.engine.recovery`), under its own cluster id; `keep`:
@@ -142,6 +148,7 @@ def launch_local_tp(
             threads=threads,
             epoch=epoch,
             kernels=kernels,
+            heartbeat_timeout=heartbeat_timeout,
         )
     return form_local_group(
         model_dir,
@@ -194,6 +201,7 @@ def form_local_group(
                 cluster_id=cluster_id_for(workers.epoch),
                 op_timeout=op_timeout,
                 handshake_timeout=handshake_timeout,
+                heartbeat_timeout=workers.heartbeat_timeout,
             ),
             workers.diagnose,
             handshake_timeout,

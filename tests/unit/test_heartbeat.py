@@ -1,0 +1,112 @@
+"""Heartbeats in one process (`transport.heartbeat`): two `Heartbeat` threads over a real TCP
+pair keep each other alive past the timeout; one that falls silent with its socket open (hung) is
+declared lost by the other within timeout + a beat, naming its rank; a closed or malformed
+heartbeat connection is dropped from the watch, not a loss. And the flag and config: one shared
+default on serve, launch (forwarded to its serve), cluster join and worker; 0 turns heartbeats
+off; anything else not above 0 is refused typed."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from tandem.cli.launch import serve_argv
+from tandem.cli.main import build_parser
+from tandem.cluster.ring_config import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    TimeoutValueError,
+    check_heartbeat_timeout,
+    parse_ring_config,
+)
+from tandem.transport.channel import Channel
+from tandem.transport.handshake import Identity
+from tandem.transport.heartbeat import Heartbeat, PeerLostError, beat_frame
+from tandem.transport.socketio import TimedSocket
+
+TIMEOUT_S = 0.6
+
+
+def _pair() -> tuple[Channel, Channel]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:  # a real TCP pair on loopback
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    ids = [Identity("c", 0, 2, role="beat"), Identity("c", 1, 2, role="beat")]
+    ch0 = Channel(TimedSocket(a, "rank 1", 5.0), ids[0], ids[1], 64)
+    ch1 = Channel(TimedSocket(b, "rank 0", 5.0), ids[1], ids[0], 64)
+    return ch0, ch1
+
+
+class _Seen:
+    def __init__(self) -> None:
+        self.lost: list[tuple[float, PeerLostError]] = []
+        self.event = threading.Event()
+
+    def __call__(self, e: PeerLostError) -> None:
+        self.lost.append((time.monotonic(), e))
+        self.event.set()
+
+
+def test_two_live_peers_outlive_the_timeout_and_a_silent_one_is_lost_naming_its_rank() -> None:
+    ch0, ch1 = _pair()
+    seen0, seen1 = _Seen(), _Seen()
+    hb0 = Heartbeat(0, [ch0], TIMEOUT_S, seen0)
+    hb1 = Heartbeat(1, [ch1], TIMEOUT_S, seen1)
+    try:
+        time.sleep(4 * TIMEOUT_S)
+        assert not seen0.lost and not seen1.lost
+        hb1._stop.set()  # rank 1 falls silent; its socket stays open, as when it is stopped
+        t_silent = time.monotonic()
+        assert seen0.event.wait(10 * TIMEOUT_S)
+        t_lost, e = seen0.lost[0]
+        assert e.rank == 1 and "rank 1 is lost" in str(e) and "heartbeat" in str(e)
+        assert isinstance(e, TimeoutError) and hb0.lost is e
+        assert t_lost - t_silent <= 2 * TIMEOUT_S + 0.5, t_lost - t_silent
+    finally:
+        hb0.close()
+        hb1.close()
+
+
+@pytest.mark.parametrize("how", ["closed", "malformed"])
+def test_a_closed_or_malformed_heartbeat_connection_is_dropped_not_lost(how: str) -> None:
+    ch0, ch1 = _pair()
+    seen = _Seen()
+    hb0 = Heartbeat(0, [ch0], TIMEOUT_S, seen)
+    try:
+        if how == "closed":
+            ch1.close()
+        else:
+            ch1.ts.sock.sendall(b"X" * 40 + beat_frame(1))
+        assert not seen.event.wait(4 * TIMEOUT_S)
+        assert hb0.lost is None
+    finally:
+        hb0.close()
+        ch1.close()
+
+
+def test_one_default_on_every_command_and_launch_forwards_it_to_its_serve() -> None:
+    for argv in (
+        ["serve"],
+        ["launch"],
+        ["cluster", "join", "t"],
+    ):
+        args = build_parser().parse_args(argv)
+        assert args.heartbeat_timeout == DEFAULT_HEARTBEAT_TIMEOUT_S == 3.0, argv
+    assert build_parser().parse_args(["worker", "--model", "m"]).heartbeat_timeout is None
+    args = build_parser().parse_args(["launch", "--heartbeat-timeout", "1.5"])
+    out = serve_argv(args, args.model or "m")
+    assert out[out.index("--heartbeat-timeout") + 1] == "1.5"
+
+
+def test_zero_turns_heartbeats_off_and_anything_else_not_above_zero_is_refused() -> None:
+    assert check_heartbeat_timeout(0) == 0.0 and check_heartbeat_timeout(2) == 2.0
+    for bad in (-1, float("inf"), float("nan"), True, "3"):
+        with pytest.raises(TimeoutValueError, match="heartbeat_timeout"):
+            check_heartbeat_timeout(bad)
+    base = {"rank": 0, "world_size": 2, "port": 1, "right_ip": "127.0.0.1", "right_port": 2}
+    assert parse_ring_config(base).heartbeat_timeout == DEFAULT_HEARTBEAT_TIMEOUT_S
+    assert parse_ring_config({**base, "heartbeat_timeout": 0}).heartbeat_timeout == 0.0
+    with pytest.raises(TimeoutValueError, match="heartbeat_timeout"):
+        parse_ring_config({**base, "heartbeat_timeout": -2})
