@@ -3,9 +3,11 @@ revision's kernels (`--old`, default HEAD) and the working tree's, swapped under
 model between rounds, so a busy machine slows both alike.
 
     PYTHONSAFEPATH=1 .venv/bin/python scripts/bench/kernels_ab.py [GGUF] [--old REV] [--threads 2]
-                                                    [--rounds 7] [--prompt 64] [--tokens 32]
+                                                    [--rounds 7] [--prompt 64] [--tokens 32] [--lean]
 
-GGUF defaults to the qwen3-0.6b Q4_0 file of vs_llamacpp.py. Per round and build: one prefill
+GGUF defaults to the qwen3-0.6b Q4_0 file of vs_llamacpp.py; `--lean` runs the torch-free
+LeanExecutor (`tandem generate --device cpu`'s path for quantized and 16-bit files) instead of
+LocalExecutor. Per round and build: one prefill
 step of `--prompt` tokens, then `--tokens` greedy decode tokens; prints the median tok/s of each
 build and the median of the per-round new/old ratios, and whether the greedy ids agree.
 """
@@ -37,8 +39,9 @@ def build_all(src: Path, out: Path, extra: str = ""):
     )
     lib = ctypes.CDLL(str(out))
     for name, (restype, argtypes) in native._SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
+        fn = getattr(lib, name, None)  # an older revision may lack a newer function
+        if fn is not None:
+            fn.restype, fn.argtypes = restype, argtypes
     return lib
 
 
@@ -52,6 +55,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--old-flags", default="", help="extra compiler flags for the old build")
     p.add_argument("--new-flags", default="")
+    p.add_argument("--lean", action="store_true", help="the torch-free LeanExecutor's path")
     a = p.parse_args()
     import torch
 
@@ -66,7 +70,17 @@ def main() -> None:
         "new": build_all(ROOT / "tandem/kernels/csrc", tmp / "new.so", a.new_flags),
     }
     native.available()  # the module's own build, then swapped per round below
-    ex = LocalExecutor.from_dir(a.gguf, max_batch=1, max_seq_len=a.prompt + a.tokens + 8)
+    seq = a.prompt + a.tokens + 8
+    if a.lean:
+        from tandem.engine.lean import lean_executor_for
+
+        ex = lean_executor_for(
+            a.gguf, device="cpu", dtype="auto", max_batch=1, max_seq_len=seq, threads=a.threads
+        )
+        if ex is None:
+            raise SystemExit(f"{a.gguf}: not a file the torch-free path runs")
+    else:
+        ex = LocalExecutor.from_dir(a.gguf, max_batch=1, max_seq_len=seq)
     prompt = tuple(11 + (7 * i) % 1000 for i in range(a.prompt))
 
     def run(name: str) -> tuple[float, float, list[int]]:

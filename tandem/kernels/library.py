@@ -37,7 +37,7 @@ SOURCES = tuple(
     CSRC / c
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
-        "qgemm256.c", "moe.c", "sigbus.c",
+        "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
@@ -147,6 +147,8 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     "tandem_stream_read": (ctypes.c_uint64, (_P, _I64, _INT)),
     # x, parts, nparts, bias32, y, M, K, dtype, threads (csrc/quant.h; tandem/kernels/quant.py)
     "tandem_qgemv": (_INT, (_P, _P, _I64, _P, _P, _I64, _I64, _INT, _INT)),
+    # choice: 1 the AVX2 prefill kernel for all-K-quant calls, 0 the AVX-512 one, else read only
+    "tandem_kquant_prefill": (_INT, (_INT,)),
     # x, x_stride, w, y, rows, dim, eps, dtype, threads
     "tandem_rmsnorm": (_INT, (_P, _I64, _P, _P, _I64, _I64, _F32, _INT, _INT)),
     # x, rows, heads, hd, row_stride, w, eps, cos, sin, pairs, dtype, threads

@@ -27,7 +27,10 @@ GROUPS = [(0, 1), (7, 8), (3, 5), (11, 14), (20, 24), (1, 6), (9, 18), (4, 21), 
 
 def widths(name: str) -> tuple[int, ...]:
     """32-element blocks: 7, 16, 25 and 33 per row (partial and whole groups of 16); K-quants
-    1, 3 and 4 superblocks (half and whole groups of 16 sub-blocks)."""
+    1, 3 and 4 superblocks (half and whole groups of 16 sub-blocks); the dense types also 203
+    columns (a tail of 11 past the 16-column steps)."""
+    if BY_NAME[name].block_size == 1:
+        return (203, 224, 512, 800, 1056)
     return (256, 768, 1024) if BY_NAME[name].block_size == 256 else (224, 512, 800, 1056)
 
 
@@ -91,3 +94,21 @@ def test_the_avx2_build_is_batch_invariant_and_computes_this_builds_bits(tmp_pat
     theirs, ours = np.load(out), all_products()
     for key, y in ours.items():
         assert np.array_equal(theirs[key], y, equal_nan=True), key
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_both_kquant_prefill_kernels_this_cpu_runs_give_the_same_bits(name):
+    """A call of K-quant parts only goes to the AVX2 prefill kernel (qgemm256.c) or the AVX-512
+    one (qgemm.c), as tandem_kquant_prefill says: whichever it is, the products are the same
+    bits (on an AVX2-only CPU qgemm.c declines and both settings run qgemm256.c)."""
+    lib = native.library()
+    before = lib.tandem_kquant_prefill(-1)
+    try:
+        got = []
+        for choice in (0, 1):
+            assert lib.tandem_kquant_prefill(choice) == choice
+            got.append(np.concatenate(products(name, widths(name)[1], seed=3)))
+    finally:
+        lib.tandem_kquant_prefill(before)
+    assert np.array_equal(got[0], got[1], equal_nan=True)

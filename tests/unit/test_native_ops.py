@@ -167,6 +167,39 @@ def test_a_rows_step_attention_is_the_same_bits_alone_and_as_a_decode_step(dtype
     assert torch.equal(one.reshape(-1), full[b, 0].reshape(-1))
 
 
+@pytest.mark.parametrize("hd", [76, 8, 3])
+def test_a_prefill_rows_attention_is_its_decode_steps_bits_and_sdpa_at_odd_sizes(hd):
+    """The lean path's prefill attention (csrc/decode_ops.c attend_group: keys 4 at a time, exp
+    and the denominator 8 keys at a time, values 64 lanes at a time) at key counts that leave
+    every tail (1..21 keys) and head sizes with a tail of 8 (76) or under 8: each row equals the
+    decode call over its prefix bit for bit and SDPA's causal attention within float32; a NaN key
+    makes NaN exactly the rows that see it."""
+    import numpy as np
+
+    from tandem.kernels.lean import ops
+
+    G, R, T = 2, 3, 21
+    q = torch.randn(T, G * R * hd, generator=_gen())
+    k, v = (
+        torch.randn(G, T + 2, hd, generator=_gen(1)),
+        torch.randn(G, T + 2, hd, generator=_gen(2)),
+    )
+    got = torch.from_numpy(ops.prefill_attention(q.numpy(), k.numpy(), v.numpy(), 0, hd**-0.5, 2))
+    for t in range(T):
+        one = native.decode_attention(
+            q[t].view(1, G, R, hd), k[None, :, : t + 1], v[None, :, : t + 1]
+        )
+        assert torch.equal(one.reshape(-1), got[t]), t
+    qh = q.view(T, G * R, hd).transpose(0, 1)  # (H, T, hd)
+    kh, vh = (x[:, :T].repeat_interleave(R, 0) for x in (k, v))
+    ref = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(0, 1)
+    torch.testing.assert_close(got.view(T, G * R, hd), ref, atol=1e-6, rtol=1e-5)
+    k[1, 9, 0] = float("nan")
+    got = ops.prefill_attention(q.numpy(), k.numpy(), v.numpy(), 0, hd**-0.5, 2).reshape(T, G, -1)
+    assert np.isnan(got[9:, 1]).all() and not np.isnan(got[:9, 1]).any()
+    assert not np.isnan(got[:, 0]).any()
+
+
 def test_ops_refuse_what_they_cannot_run_with_a_typed_error():
     with pytest.raises(native.NativeError, match="rmsnorm"):
         native.rmsnorm(torch.randn(2, 8), torch.randn(7), 1e-6)

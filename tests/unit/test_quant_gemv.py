@@ -90,6 +90,28 @@ def test_prefill_product_of_many_rows_is_within_the_same_bound(name):
 
 
 @needs_native
+@pytest.mark.parametrize("name", DENSE_NAMES)
+def test_dense_prefill_tiles_at_any_width_and_row_counts_are_within_the_bound(name):
+    """csrc/gemm_dense512.c's tiles of 4 rows of W by 6 of X: widths with a K % 16 tail (and one
+    under 16), row counts of W and X that leave partial tiles."""
+    for cols in (7, 203):
+        for rows, m in ((1, 5), (3, 6), (4, 7), (9, 13), (37, 23)):
+            rng = np.random.default_rng(rows * m + cols)
+            blocks = random_blocks(name, rows, cols, rng)
+            w, mags = dequant(blocks, name), magnitudes(blocks, name)
+            x = _x(m, cols, rng)
+            parts = quant.Parts([(torch.from_numpy(blocks), BY_NAME[name].type_id)], cols)
+            y = quant.matmul(torch.from_numpy(x), parts).double().numpy()
+            x64 = x.astype(np.float64)
+            err = np.abs(y - x64 @ w.T) - bound(x64, w, mags, False, False)
+            assert err.max() <= 1e-30, (name, rows, cols, m, float(err.max()))
+            one = np.concatenate(
+                [quant.matmul(torch.from_numpy(x[i : i + 1]), parts) for i in range(m)]
+            )
+            assert np.array_equal(y, one), (name, rows, cols, m)  # each row's decode bits
+
+
+@needs_native
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K", "BF16"])
 def test_bf16_activations_are_widened_and_the_output_rounded_once(name):
     for m in (2, 17):  # decode, prefill

@@ -240,9 +240,26 @@ enum { STACK_KEYS = 8192 };
  * and sums, one rounding of the output. `sinks` (NULL, or one float32 logit per query head:
  * gpt-oss) joins each head's softmax without a value: its max and, last, its denominator.
  *
+ * The order of every sum (AVX2 and AVX-512 builds alike: 8-lane vectors throughout):
+ *   score z_s = hsum8 of 8 lanes, lane l the fmas of q[d] k_s[d] for d = 8i + l in increasing i,
+ *               then the hd % 8 last terms one product and one add at a time; times scale;
+ *   e_s = exp(z_s - max z): exp8 (a polynomial within 2 ulp of expf) over 8 keys at a time, the
+ *               S % 8 last ones through the same 8 lanes;
+ *   denominator = hsum8 of 8 lanes, lane l the sum of e_s for s = 8i + l in increasing i, then
+ *               (+ the sink's e);
+ *   acc[d] = fma(e_s, v_s[d], acc[d]) for s in increasing order, from +0; out = acc * (1/den).
+ *
  * Every attention of the native paths (decode, prefill, a whole step) computes a query row here,
  * and nothing here depends on the other rows of the call: a row's output is a function of its q
  * and its S keys and values only (batch invariance). */
+#if defined(__AVX2__)
+/* exp8 with a NaN kept NaN (the clamps return their second operand for a NaN first one) */
+static inline __m256 exp8n(__m256 x) {
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_or_ps(exp8(x), nan);
+}
+#endif
+
 static void attend_group(const char *q_row, const char *kb, int64_t k_step, const char *vb,
                          int64_t v_step, void *out_row, int64_t g, int64_t R, int64_t S,
                          int64_t hd, float scale, const float *sinks, int dt, float *p) {
@@ -253,7 +270,30 @@ static void attend_group(const char *q_row, const char *kb, int64_t k_step, cons
         const char *qh = q_row + h * hd * es;
         for (int64_t d = 0; d < hd; d++) qf[d] = load1(qh, d, dt);
         float m = sinks ? sinks[h] : -INFINITY;
-        for (int64_t s = 0; s < S; s++) {
+        int64_t s = 0;
+#if defined(__AVX2__)
+        const int64_t hv = hd / 8 * 8;
+        for (; s + 4 <= S; s += 4) { /* 4 keys at once: independent chains */
+            const char *k0 = kb + s * k_step * es, *k1 = k0 + k_step * es;
+            const char *k2 = k1 + k_step * es, *k3 = k2 + k_step * es;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < hv; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(qf + d);
+                a0 = _mm256_fmadd_ps(qv, load8(k0, d, dt), a0);
+                a1 = _mm256_fmadd_ps(qv, load8(k1, d, dt), a1);
+                a2 = _mm256_fmadd_ps(qv, load8(k2, d, dt), a2);
+                a3 = _mm256_fmadd_ps(qv, load8(k3, d, dt), a3);
+            }
+            float z[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+            const char *kr[4] = {k0, k1, k2, k3};
+            for (int u = 0; u < 4; u++) {
+                for (int64_t d = hv; d < hd; d++) z[u] += qf[d] * load1(kr[u], d, dt);
+                p[s + u] = z[u] * scale;
+                m = p[s + u] > m ? p[s + u] : m;
+            }
+        }
+#endif
+        for (; s < S; s++) {
             const char *kr = kb + s * k_step * es;
             float dot = 0.f;
             int64_t d = 0;
@@ -267,22 +307,68 @@ static void attend_group(const char *q_row, const char *kb, int64_t k_step, cons
             p[s] = dot * scale;
             m = p[s] > m ? p[s] : m;
         }
-        float sum = 0.f;
-        for (int64_t s = 0; s < S; s++) sum += (p[s] = expf(p[s] - m));
-        if (sinks) sum += expf(sinks[h] - m);
-        for (int64_t d = 0; d < hd; d++) acc[d] = 0.f;
-        for (int64_t s = 0; s < S; s++) {
-            const char *vr = vb + s * v_step * es;
-            int64_t d = 0;
+        float sum;
 #if defined(__AVX2__)
-            const __m256 ps = _mm256_set1_ps(p[s]);
-            for (; d + 8 <= hd; d += 8)
-                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ps, load8(vr, d, dt), _mm256_loadu_ps(acc + d)));
+        {
+            const __m256 vm = _mm256_set1_ps(m);
+            __m256 vs = _mm256_setzero_ps();
+            int64_t t = 0;
+            for (; t + 8 <= S; t += 8) {
+                const __m256 e = exp8n(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
+                _mm256_storeu_ps(p + t, e);
+                vs = _mm256_add_ps(vs, e);
+            }
+            if (t < S) { /* the last S % 8 keys in lanes 0..; the others add +0 */
+                float tail[8] = {0};
+                for (int64_t u = t; u < S; u++) tail[u - t] = p[u] - m;
+                __m256 e = exp8n(_mm256_loadu_ps(tail));
+                const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                const __m256 live = _mm256_castsi256_ps(
+                    _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(S - t)), lane));
+                e = _mm256_and_ps(e, live);
+                _mm256_storeu_ps(tail, e);
+                for (int64_t u = t; u < S; u++) p[u] = tail[u - t];
+                vs = _mm256_add_ps(vs, e);
+            }
+            sum = hsum8(vs);
+            if (sinks) {
+                float sk[8] = {sinks[h] - m};
+                _mm256_storeu_ps(sk, exp8n(_mm256_loadu_ps(sk)));
+                sum += sk[0];
+            }
+        }
+#else
+        sum = 0.f;
+        for (int64_t t = 0; t < S; t++) sum += (p[t] = expf(p[t] - m));
+        if (sinks) sum += expf(sinks[h] - m);
 #endif
-            for (; d < hd; d++) acc[d] += p[s] * load1(vr, d, dt);
+        int64_t d = 0;
+#if defined(__AVX2__)
+        for (; d + 64 <= hd; d += 64) { /* 64 accumulators in registers over every key */
+            __m256 c[8];
+            for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
+            for (int64_t t = 0; t < S; t++) {
+                const char *vr = vb + t * v_step * es;
+                const __m256 ps = _mm256_set1_ps(p[t]);
+                for (int u = 0; u < 8; u++)
+                    c[u] = _mm256_fmadd_ps(ps, load8(vr, d + 8 * u, dt), c[u]);
+            }
+            for (int u = 0; u < 8; u++) _mm256_storeu_ps(acc + d + 8 * u, c[u]);
+        }
+        for (; d + 8 <= hd; d += 8) {
+            __m256 c = _mm256_setzero_ps();
+            for (int64_t t = 0; t < S; t++)
+                c = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(vb + t * v_step * es, d, dt), c);
+            _mm256_storeu_ps(acc + d, c);
+        }
+#endif
+        for (; d < hd; d++) {
+            float a = 0.f;
+            for (int64_t t = 0; t < S; t++) a += p[t] * load1(vb + t * v_step * es, d, dt);
+            acc[d] = a;
         }
         const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < hd; d++) store1(out_row, h * hd + d, acc[d] * inv, dt);
+        for (d = 0; d < hd; d++) store1(out_row, h * hd + d, acc[d] * inv, dt);
     }
 }
 

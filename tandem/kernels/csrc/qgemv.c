@@ -224,6 +224,32 @@ int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const floa
                  int64_t M, int64_t K, int dt, int nthreads);
 int tandem_qgemm256(const void *x, const tq_part *parts, int64_t nparts, const float *bias,
                     void *y, int64_t M, int64_t K, int dt, int nthreads);
+int tandem_dense_gemm512(const float *x, const tq_part *parts, int64_t nparts, const float *bias,
+                         void *y, int64_t M, int64_t K, int dt, int nthreads);
+
+/* Which prefill kernel takes a call whose parts are all K-quants: 1 the AVX2 one (qgemm256.c),
+ * 0 the AVX-512 one (qgemm.c); -1 not chosen yet. Whole-model prefill on a Zen 4 (AMD, 512-bit
+ * operations on 256-bit units, slow gathers): qgemm256.c 1.09-1.14x on Q4_K_M; on a Sapphire
+ * Rapids (Intel): qgemm.c 1.2-1.3x on Q4_K, Q5_K and Q6_K. So by vendor unless a caller sets it
+ * (tandem_kquant_prefill). */
+static int kq_avx2 = -1;
+
+static int kq_default(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    return b == 0x68747541u; /* "Auth"enticAMD */
+}
+
+/* choice 0 or 1 sets kq_avx2; any other value only reads it. Returns the setting in force. */
+int tandem_kquant_prefill(int choice) {
+    if (choice == 0 || choice == 1) __atomic_store_n(&kq_avx2, choice, __ATOMIC_RELAXED);
+    int v = __atomic_load_n(&kq_avx2, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = kq_default();
+        __atomic_store_n(&kq_avx2, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
 
 int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
                  int64_t M, int64_t K, int dt, int nthreads) {
@@ -231,10 +257,10 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     if (M < 1 || K < 1 || nparts < 1 || nparts > 16 || dt < DT_F32 || dt > DT_F16) return -1;
     if (dt == DT_F16 && !HAVE_F16) return -1;
     if (M > QMAX_ROWS) { /* prefill: the transposed-weight kernels where they apply */
-        /* AVX-512 VNNI first (qgemm.c), except where every part is a K-quant: the AVX2 kernel
-         * (qgemm256.c) decodes their superblocks faster (whole-model prefill against qgemm.c on
-         * a Zen 4: Q4_K_M 1.09-1.14x; but Q4_0 0.96x and Q8_0 0.75x, so K-quants only) */
-        int kq = 1;
+        /* AVX-512 VNNI first (qgemm.c), except where every part is a K-quant and
+         * tandem_kquant_prefill says the AVX2 kernel (qgemm256.c) decodes their superblocks
+         * faster on this CPU (Q4_0 0.96x and Q8_0 0.75x there even on a Zen 4) */
+        int kq = tandem_kquant_prefill(-1);
         for (int64_t p = 0; p < nparts; p++)
             kq &= parts[p].type == GT_Q4_K || parts[p].type == GT_Q5_K || parts[p].type == GT_Q6_K;
         int rc = kq ? tandem_qgemm256(x, parts, nparts, bias, y, M, K, dt, nthreads)
@@ -265,6 +291,13 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     const int64_t chunks = first_chunk[nparts];
     int T = nthreads < 1 ? 1 : nthreads;
     if (N * K * M < (1 << 15) || chunks < 2) T = 1;
+    if (!quant && M > QMAX_ROWS) { /* prefill over dense parts: gemm_dense512.c's tiles */
+        const int rc = tandem_dense_gemm512(X.xf, parts, nparts, bias, y, M, K, dt, T);
+        if (rc != -2) {
+            free(buf);
+            return rc;
+        }
+    }
     /* decode (M <= 4): each thread streams its own contiguous run of chunks front to back, so
      * its software prefetch (qdot256.h) runs ahead into rows it reads next (handed out one chunk
      * at a time, every chunk would start with QPREFETCH bytes not yet prefetched); a thread done
