@@ -49,7 +49,7 @@ SOURCES = tuple(
     CSRC / c
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
-        "qgemm256.c", "moe.c", "sigbus.c",
+        "qgemm256.c", "moe.c", "sigbus.c", "build_info.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
@@ -254,6 +254,8 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
 
 
 _SIGNATURES["tandem_qgemv_route"] = (_INT, (_INT, _I64, _P))  # class, ggml type, build's qgemv
+_SIGNATURES["tandem_qgemv_routed"] = (_P, (_INT, _I64))  # class, ggml type -> that build or NULL
+_SIGNATURES["tandem_build_features"] = (_INT, ())  # csrc/cpu_probe.c's bits this build uses
 
 
 class VariantError(NativeError):
@@ -335,6 +337,9 @@ def _libraries() -> dict[str, ctypes.CDLL] | None:
     return libs
 
 
+SHAPE_CLASSES = ("decode", "prefill")  # csrc/qgemv.c's route classes: M <= MAX_ROWS, M > MAX_ROWS
+ROUTE_TYPES = 64  # csrc/qgemv.c's TQ_ROUTE_TYPES: ggml type ids a route may name
+
 _override: list[ctypes.CDLL | None] = [None]
 
 
@@ -365,6 +370,27 @@ def variant_library(name: str) -> ctypes.CDLL:
 
 
 @contextlib.contextmanager
+def unrouted() -> Iterator[None]:
+    """Within the block every build multiplies its own calls (the primary's routes are lifted
+    and put back after): what a variant's timing and its tests must run."""
+    libs = _libraries()
+    lib = None if libs is None else libs[primary()]
+    saved = []
+    if lib is not None:
+        for c in range(len(SHAPE_CLASSES)):
+            for t in range(ROUTE_TYPES):
+                ptr = lib.tandem_qgemv_routed(c, t)
+                if ptr:
+                    saved.append((c, t, ptr))
+                    lib.tandem_qgemv_route(c, t, None)
+    try:
+        yield
+    finally:
+        for c, t, ptr in saved:
+            lib.tandem_qgemv_route(c, t, ptr)
+
+
+@contextlib.contextmanager
 def using(name: str) -> Iterator[ctypes.CDLL]:
     """Within the block, `library()` is variant `name`'s build, unrouted (tests run each
     variant's kernels through the usual wrappers)."""
@@ -372,12 +398,10 @@ def using(name: str) -> Iterator[ctypes.CDLL]:
     before = _override[0]
     _override[0] = lib
     try:
-        yield lib
+        with unrouted():
+            yield lib
     finally:
         _override[0] = before
-
-
-SHAPE_CLASSES = ("decode", "prefill")  # csrc/qgemv.c's route classes: M <= MAX_ROWS, M > MAX_ROWS
 
 
 def route(type_id: int, shape_class: str, name: str | None) -> None:
@@ -393,6 +417,18 @@ def route(type_id: int, shape_class: str, name: str | None) -> None:
         target = ctypes.cast(fn, ctypes.c_void_p).value
     if lib.tandem_qgemv_route(SHAPE_CLASSES.index(shape_class), type_id, target) != 0:
         raise NativeError(f"csrc/qgemv.c cannot route type {type_id}")
+
+
+def routed(type_id: int, shape_class: str) -> str:
+    """The variant whose build the primary hands `type_id`'s `shape_class` calls to."""
+    libs = _libraries()
+    if libs is None:
+        raise NativeError(f"the native kernels are unavailable: {_why[0]}")
+    ptr = libs[primary()].tandem_qgemv_routed(SHAPE_CLASSES.index(shape_class), type_id)
+    for name, lib in libs.items():
+        if ptr and ctypes.cast(lib.tandem_qgemv, ctypes.c_void_p).value == ptr:
+            return name
+    return primary()
 
 
 def library() -> ctypes.CDLL:

@@ -241,6 +241,12 @@ int tandem_qgemv_route(int cls, int64_t type, tq_qgemv_fn fn) {
     return 0;
 }
 
+/* The route of type t in class cls (NULL: this build, or arguments out of range). */
+void *tandem_qgemv_routed(int cls, int64_t type) {
+    if (cls < 0 || cls > 1 || type < 0 || type >= TQ_ROUTE_TYPES) return NULL;
+    return (void *)tq_routes[cls][type];
+}
+
 /* The build every part's type routes to, or NULL (parts of types routed apart: this build). */
 static tq_qgemv_fn route_of(const tq_part *parts, int64_t nparts, int64_t M) {
     const int cls = M > 4; /* QMAX_ROWS */
