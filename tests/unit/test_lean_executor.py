@@ -145,6 +145,18 @@ def test_the_executor_describes_the_isa_build_each_weight_type_took(tmp_path_fac
             assert library.routed(BY_NAME[name].type_id, cls) == chosen
 
 
+def test_the_torch_path_times_and_describes_its_gguf_types_too(tmp_path_factory) -> None:
+    """LocalExecutor's quantized layers (`prepare`: quant_linear.choose_variants) take the same
+    timed choice, shown in its rank entry."""
+    from tandem.kernels import library
+
+    f = _gguf(tmp_path_factory, "tiny-llama", "Q4_0")
+    (rank,) = LocalExecutor.from_dir(f, max_batch=1, max_seq_len=32).describe()["ranks"]
+    classes = rank["kernels"]["kernels"]["Q4_0"]
+    for cls in library.SHAPE_CLASSES:
+        assert library.routed(BY_NAME["Q4_0"].type_id, cls) == classes[cls]["variant"]
+
+
 def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     f = _gguf(tmp_path_factory, "tiny-qwen3", "Q8_0")
     ex = LeanExecutor.from_file(f, max_batch=1, max_seq_len=16, threads=1)
