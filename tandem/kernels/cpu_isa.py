@@ -58,7 +58,7 @@ class Variant:
 
 
 AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd")
-VARIANTS = (  # widest last: the library whose non-GEMV kernels run (library.py)
+VARIANTS = (  # narrowest first: avx2 is the primary build (library.py)
     Variant("avx2", AVX2, ("-march=haswell",)),
     Variant("avx2-vnni", AVX2 | AVXVNNI, ("-march=haswell", "-mavxvnni")),
     Variant("avx512", AVX2 | AVX512, ("-march=haswell", *AVX512_FLAGS, "-mavx512vnni")),

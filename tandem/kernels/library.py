@@ -13,8 +13,9 @@ private temporary file and renamed into place, so ranks that start together on o
 load a half-written file. Loaded after torch, the OpenMP runtime it links (`libgomp.so.1`) is
 the one torch already loaded; loaded without torch, it brings its own.
 
-`library()` is the *primary* build: the widest variant the host runs (or the one
-`TANDEM_KERNEL_VARIANT` forces). Its non-GEMV kernels (norms, attention, the layer chains) run as
+`library()` is the *primary* build: AVX2 (or the variant `TANDEM_KERNEL_VARIANT` forces): on
+the Sapphire Rapids VM measured, the AVX-512 build's norms, attention and layer chains around
+routed AVX2 GEMVs decoded SmolLM2 slower than the AVX2 build alone (BENCHMARKS.md). Its non-GEMV kernels (norms, attention, the layer chains) run as
 they are; its quantized GEMV (`tandem_qgemv`) hands each call to the variant the timing chose for
 the call's type and shape class (`route`, csrc/qgemv.c; chosen by `variant_choice.py`). Unrouted,
 the primary multiplies itself. `variant_library(name)` loads one variant on its own (tests run
@@ -352,11 +353,11 @@ def _library() -> ctypes.CDLL | None:
 
 
 def primary() -> str:
-    """The primary build's variant: the forced one, else the widest this host runs."""
+    """The primary build's variant: the forced one, else AVX2 (module docstring)."""
     libs = _libraries()
     if libs is None:
         raise NativeError(f"the native kernels are unavailable: {_why[0]}")
-    return next(reversed(libs))
+    return next(iter(libs))  # narrowest first: avx2, or the one forced
 
 
 def variant_library(name: str) -> ctypes.CDLL:

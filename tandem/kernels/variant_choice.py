@@ -15,7 +15,9 @@ variant the host runs (`library.variants()`) multiplies the model's own weights 
   one pass, or loads the machine for a while, does not decide;
 - the choice: the lowest such median ratio, if it is below 1 - MARGIN; else AVX2 (the build
   every x86-64 host of this project runs and the one the kernels were tuned on: a wider build
-  must earn its place).
+  must earn its place). Where any variant's passes spread past NOISY (slowest / fastest), the
+  machine was too busy to tell: AVX2 is kept for this run and nothing is cached, so the next
+  run times again.
 
 The primary library then routes that type and class to the chosen build (`library.route`). The
 choice is cached in `$TANDEM_CACHE/native/choices.json`, keyed by the CPU model, the probed
@@ -45,6 +47,7 @@ from tandem.models.quant.blocks import layout
 
 MARGIN = 0.05  # another variant must beat AVX2's median pass by 5% to be chosen
 ROUNDS = 7
+NOISY = 1.5  # passes of one variant spread past this: a busy machine, AVX2 kept, not cached
 PREFILL_ROWS = 64
 DECODE_SAMPLE_BYTES = 16 << 20  # decode streams the weights: a sample well past the L2 caches
 PREFILL_SAMPLE_BYTES = 256 << 10  # prefill is compute-bound: one projection shows the rate
@@ -72,6 +75,12 @@ def decide(passes: dict[str, Sequence[float]], margin: float = MARGIN) -> str:
     ratios = relative(passes)
     best = min(ratios, key=ratios.__getitem__)
     return best if ratios[best] < 1 - margin else BASELINE
+
+
+def is_noisy(passes: dict[str, Sequence[float]]) -> bool:
+    """The machine was too busy to trust a win: some variant's second slowest pass took over
+    NOISY times its fastest (a neighbour took the cores for more than one pass)."""
+    return any(sorted(ts)[-2] > NOISY * min(ts) for ts in passes.values() if len(ts) > 1)
 
 
 def relative(passes: dict[str, Sequence[float]]) -> dict[str, float]:
@@ -193,7 +202,7 @@ def choose(
         {"cpu": model, "features": [...], "primary": variant, "forced": variant | None,
          "kernels": {type name: {class: {"variant": v, "ms": {variant: median ms} | None,
                                          "vs_avx2": {variant: median ratio} (timed only),
-                                         "cached": bool}}}}
+                                         "noisy": bool (timed only), "cached": bool}}}}
     """
     report: dict[str, Any] = {
         "cpu": cpu_isa.cpu_model(),
@@ -221,7 +230,11 @@ def choose(
                 passes = time_variants(picked, ROWS[cls], threads, names)
                 ms = {n: round(statistics.median(ts) * 1e3, 4) for n, ts in passes.items()}
                 vs = {n: round(r, 4) for n, r in relative(passes).items()}
-                hit = machine[key] = {"variant": decide(passes), "ms": ms, "vs_avx2": vs}
+                noisy = is_noisy(passes)
+                hit = {"variant": BASELINE if noisy else decide(passes), "ms": ms, "vs_avx2": vs,
+                       "noisy": noisy}  # fmt: skip
+                if not noisy:
+                    machine[key] = hit
             per_class[cls] = {**hit, "cached": cached}
             library.route(t, cls, hit["variant"])
         report["kernels"][layout(t).name] = per_class

@@ -80,6 +80,7 @@ def _projections(name: str, rng: np.random.Generator) -> list[Linear]:
 @needs_native
 def test_the_choice_routes_each_type_and_is_cached_per_cpu_and_source_hash(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    monkeypatch.setattr(variant_choice, "NOISY", float("inf"))  # a busy machine caches nothing
     rng = np.random.default_rng(0)
     projections = _projections("Q4_0", rng) + _projections("Q8_0", rng)
     try:
@@ -109,6 +110,33 @@ def test_the_choice_routes_each_type_and_is_cached_per_cpu_and_source_hash(tmp_p
         for t in (2, 8):
             for cls in library.SHAPE_CLASSES:
                 library.route(t, cls, None)
+
+
+@needs_native
+def test_a_busy_machines_timing_keeps_avx2_and_is_not_cached(tmp_path, monkeypatch):
+    """Passes that spread past NOISY (a neighbour took the cores) decide nothing: AVX2 is kept,
+    reported as noisy, and the next run times again."""
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    others = [n for n in library.variants() if n != "avx2"]
+    if not others:
+        pytest.skip("this host runs the AVX2 build only")
+    calls = []
+
+    def busy(_calls, _rows, _threads, names):
+        calls.append(1)  # AVX2 stalled in 3 of 7 rounds; the others 30% faster in every round
+        return {n: [3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0] if n == "avx2" else [0.7] * 7 for n in names}
+
+    monkeypatch.setattr(variant_choice, "time_variants", busy)
+    projections = _projections("Q4_0", np.random.default_rng(2))
+    try:
+        for _ in range(2):
+            entry = variant_choice.choose(projections, threads=2)["kernels"]["Q4_0"]["decode"]
+            assert entry["noisy"] and entry["variant"] == "avx2" and not entry["cached"]
+        assert len(calls) == 4  # decode and prefill, timed again on the second run
+        assert variant_choice.decide(busy(None, 1, 2, library.variants())) != "avx2"
+    finally:
+        for cls in library.SHAPE_CLASSES:
+            library.route(2, cls, None)
 
 
 @needs_native
