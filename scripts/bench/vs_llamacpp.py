@@ -4,6 +4,7 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
     .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
                                            [--tandem-only] [--extra NAME=FILE.gguf ...] [--large]
+                                           [--variants chosen,avx2,avx512]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
 (random weights, `tandem make-model`) converted to F32 by llama.cpp's `convert_hf_to_gguf.py` (the
@@ -24,6 +25,15 @@ one-token steps after a one-token prompt, greedy. Peak RSS of each process (wait
 multiple of the file size (the torch path's includes ~0.25 GB of torch's runtime). Roofline
 fraction: decode tok/s x the weight bytes one token reads (every matrix's blocks, the head once
 when tied) / a plain read of those very bytes in place (native.stream_read, same threads).
+
+The header names the CPU (lscpu's model name, the ISA features the probe found the OS enabled)
+and the machine's read bandwidth (a plain read of a 512 MiB buffer, native.stream_read, the
+same threads, median of 3; at the start and the end), so figures from different days compare as
+ratios. `--variants chosen,avx2,avx512` runs tandem once per variant in each round, interleaved
+with the one llama-bench run of that round: `chosen` the build each weight type took by timing
+(tandem/kernels/variant_choice.py), a variant name that build forced for everything
+(TANDEM_KERNEL_VARIANT); the "kernels" column says which build each type's decode / prefill GEMV
+ran (d: / p:).
 
 `--extra NAME=FILE` adds a file (e.g. one written by `tandem quantize`, which llama.cpp must load
 too). `--tandem-only` runs without llama.cpp: the files already under --work, the extras and
@@ -151,10 +161,14 @@ def llama_round(cpp: Path, f: Path, a: argparse.Namespace) -> dict:
     return dict(pre=pre, dec=dec, rss=rss)
 
 
-def tandem_round(f: Path, dtype: str, a: argparse.Namespace) -> dict:
+def tandem_round(f: Path, dtype: str, a: argparse.Namespace, variant: str = "chosen") -> dict:
     cmd = [sys.executable, __file__, "--worker", str(f), "--dtype", dtype, "--threads",
            str(a.threads), "--prompt", str(a.prompt), "--decode", str(a.decode)]  # fmt: skip
-    out, err, rc, rss = run_proc(cmd)
+    env = dict(os.environ)
+    env.pop("TANDEM_KERNEL_VARIANT", None)
+    if variant != "chosen":
+        env["TANDEM_KERNEL_VARIANT"] = variant  # that build for every kernel (library.py)
+    out, err, rc, rss = run_proc(cmd, env)
     if rc != 0:
         raise SystemExit(f"tandem failed ({rc}) on {f}: {err[-1500:]}")
     r = json.loads(out.strip().splitlines()[-1])
@@ -221,8 +235,41 @@ def worker(a: argparse.Namespace) -> None:
             read(t)
         reads.append(nbytes / (time.perf_counter() - t0))
     path = "lean" if "torch" not in sys.modules else "torch"
-    print(
-        json.dumps(dict(pre=pre, dec=dec, bytes=nbytes, read=statistics.median(reads), path=path))
+    from tandem.kernels import variant_choice
+
+    took = variant_choice.current().get("kernels", {})
+    kernels = ", ".join(
+        f"{t} d:{c['decode']['variant']} p:{c['prefill']['variant']}" for t, c in took.items()
+    )
+    print(json.dumps(dict(pre=pre, dec=dec, bytes=nbytes, read=statistics.median(reads),
+                          path=path, kernels=kernels or "-")))  # fmt: skip
+
+
+def machine_read(threads: int) -> float:
+    """GB/s of a plain read of a 512 MiB buffer (past any cache), median of 3."""
+    import numpy as np
+
+    from tandem.kernels.lean import ops
+
+    buf = np.ones(512 << 18, np.float32)  # 512 MiB, every page touched
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ops.stream_read(buf, threads)
+        times.append(time.perf_counter() - t0)
+    return buf.nbytes / statistics.median(times) / 1e9
+
+
+def cpu_line() -> str:
+    """lscpu's model name and the ISA features tandem's probe found usable."""
+    from tandem.kernels import cpu_isa, library
+
+    model = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(
+        ["lscpu"], capture_output=True, text=True).stdout.splitlines()
+        if ln.startswith("Model name")), cpu_isa.cpu_model())  # fmt: skip
+    feats = ", ".join(cpu_isa.feature_names(library.features())) or library.why()
+    return (
+        f"{model}, {os.cpu_count()} CPUs; usable: {feats}; builds: {', '.join(library.variants())}"
     )
 
 
@@ -259,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tandem-only", action="store_true", help="no llama.cpp: tandem's columns")
     p.add_argument("--large", action="store_true", help="also the qwen3-1.7b preset in Q4_K_M")
     p.add_argument("--moe", action="store_true", help="also the qwen3-moe-1.2b preset in Q4_K_M")
+    p.add_argument("--variants", default="chosen",
+                   help="comma-separated: chosen (timed per type) and/or forced builds")  # fmt: skip
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -279,32 +328,40 @@ def main(argv: list[str] | None = None) -> int:
     files = {n: Path(f) for n, f in files.items()}
     if a.only:
         files = {n: f for n, f in files.items() if any(s in n for s in a.only.split(","))}
-    rounds: dict[str, list[tuple[dict, dict]]] = {n: [] for n in files}
-    load0 = os.getloadavg()[0]
+    variants = a.variants.split(",")
+    rows = {(n, v): f for n, f in files.items() for v in variants}
+    rounds: dict[tuple[str, str], list[tuple[dict, dict]]] = {k: [] for k in rows}
+    load0, read0 = os.getloadavg()[0], machine_read(a.threads)
     for r in range(a.repeats):
         for name, f in files.items():
             dtype = "auto"  # what `tandem generate --device cpu` runs by default
             ll = llama_round(cpp, f, a) if cpp is not None else None
-            rounds[name].append((ll, tandem_round(f, dtype, a)))
+            k = r % len(variants)  # the order rotated each round: no variant always runs first
+            for v in variants[k:] + variants[:k]:
+                rounds[name, v].append((ll, tandem_round(f, dtype, a, v)))
             print(f"round {r + 1}/{a.repeats} {name} done", file=sys.stderr, flush=True)
     med = statistics.median
+    print(f"cpu: {cpu_line()}")
+    print(f"read bandwidth: {read0:.1f} GB/s at the start, {machine_read(a.threads):.1f} at the "
+          f"end (512 MiB, {a.threads} threads)")  # fmt: skip
     print(f"threads {a.threads}, prefill {a.prompt} tokens, decode {a.decode}, median of "
           f"{a.repeats} interleaved rounds (tok/s; RSS MB and x file size; roof: decode x bytes "
           f"per token / a read of those bytes); 1-min load average {load0:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end")  # fmt: skip
-    hdr = ("file", "MB", "tandem path", "dec tandem", "dec llama", "ratio", "pre tandem", "pre llama", "ratio",
-           "RSS tandem", "RSS llama", "roof tandem", "roof llama")  # fmt: skip
+    hdr = ("file", "MB", "tandem path", "kernels", "dec tandem", "dec llama", "ratio", "pre tandem",
+           "pre llama", "ratio", "RSS tandem", "RSS llama", "roof tandem", "roof llama")  # fmt: skip
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
-    for name, f in files.items():
-        td = [x[1] for x in rounds[name]]
-        ll = [x[0] for x in rounds[name]] if cpp is not None else [_NAN] * len(td)
+    for (name, v), f in rows.items():
+        td = [x[1] for x in rounds[name, v]]
+        ll = [x[0] for x in rounds[name, v]] if cpp is not None else [_NAN] * len(td)
         size = f.stat().st_size
+        label = name if variants == ["chosen"] else f"{name} [{v}]"
         dl, dt = med(x["dec"] for x in ll), med(x["dec"] for x in td)
         pl, pt = med(x["pre"] for x in ll), med(x["pre"] for x in td)
         rl, rt = med(x["rss"] for x in ll), med(x["rss"] for x in td)
         nbytes, read = td[0]["bytes"], med(x["read"] for x in td)
-        cells = (name, f"{size / 1e6:.0f}", td[0].get("path", "torch"), f"{dt:.1f}", f"{dl:.1f}", f"{dt / dl:.2f}",
+        cells = (label, f"{size / 1e6:.0f}", td[0].get("path", "torch"), td[-1]["kernels"], f"{dt:.1f}", f"{dl:.1f}", f"{dt / dl:.2f}",
                  f"{pt:.1f}", f"{pl:.1f}", f"{pt / pl:.2f}", f"{rt / 1e6:.0f} ({rt / size:.2f}x)",
                  f"{rl / 1e6:.0f} ({rl / size:.2f}x)", f"{dt * nbytes / read:.0%}",
                  f"{dl * nbytes / read:.0%}")  # fmt: skip

@@ -22,6 +22,7 @@ from tandem.engine.build import BuildHooks, Limits, build_executor
 from tandem.engine.generate import generate
 from tandem.engine.lean import lean_executor_for
 from tandem.engine.sampling_params import SamplingParams
+from tandem.kernels import variant_choice
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.quantized_dir import QTYPES, QuantizeChoiceError, QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelFileError
@@ -187,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             "dtype": dtype,
             "device": device,
             "executor": type(executor).__name__,
+            "kernels": variant_choice.current() or None,  # the ISA build each type took
         }
         if meter is not None:
             out["tensor_parallel"] = meter.report()

@@ -16,8 +16,11 @@ threads, the stored weight format), holding what (`shard`: layers, and for a TP 
 query heads, MLP rows, a hybrid's DeltaNet heads and vocabulary rows, all half-open `[start, end)`;
 the single node adds `cache_bytes_per_sequence`, {"kv": keys and values at max_seq_len, "state":
 the recurrent layers' fixed state}, as its cache allocated them), `work_share` (the rank's
-fraction of each token's weight work, from the plan) and `rss_bytes` (resident memory, read live
-for processes on this host, None where unknown). A figure nobody measured is None, never a guess.
+fraction of each token's weight work, from the plan), `rss_bytes` (resident memory, read live
+for processes on this host, None where unknown) and `kernels` (the CPU, and the ISA build each
+weight type's GEMV took, decode and prefill, with the timings that chose it:
+`tandem.kernels.variant_choice`; None where the rank runs no native kernels or did not say). A
+figure nobody measured is None, never a guess.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class RankFacts:
     local: bool = False
     threads: int | None = None
     probe: dict[str, float] | None = None  # what the rank measured of itself at join (tp/probe)
+    kernels: dict[str, Any] | None = None  # the ISA build each weight type took (variant_choice)
 
     def entry(self) -> dict[str, Any]:
         return {
@@ -67,6 +71,7 @@ class RankFacts:
             "work_share": self.work_share,
             "rss_bytes": rss_bytes(self.pid) if self.local else None,
             "probe": self.probe,
+            "kernels": self.kernels,
         }
 
 

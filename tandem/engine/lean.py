@@ -170,6 +170,7 @@ class LeanExecutor:
             pid=os.getpid(),
             local=True,
             threads=self.model.threads,
+            kernels=self.model.kernel_choice,
         )
         return ci.Description("single", 1, 1, [facts]).as_dict()
 

@@ -114,6 +114,7 @@ class LocalExecutor:
             pid=os.getpid(),
             local=True,
             threads=torch.get_num_threads(),
+            kernels=self.kernels.variants,
         )
         return ci.Description("single", 1, 1, [facts]).as_dict()
 

@@ -1,23 +1,34 @@
 """The native kernels' shared library (`csrc/`): compiled on first use with the host's C compiler,
-cached, loaded through ctypes with every function's signature declared. Torch-free, so that both
-the torch wrappers (`native.py`, `quant.py`, the decode modules) and the torch-free single-node path
+once per ISA variant this host runs (`cpu_isa.py`: AVX2, AVX-VNNI, AVX-512 VNNI), cached, loaded
+through ctypes with every function's signature declared. Torch-free, so that both the torch
+wrappers (`native.py`, `quant.py`, the decode modules) and the torch-free single-node path
 (`tandem.kernels.lean`) load one and the same library.
 
-The build: `$CC` (else `cc`, else `gcc`) with `-O3 -march=native -fopenmp -ffp-contract=off
--shared` (no fused multiply-add where the reference form rounds twice), into
-`$TANDEM_CACHE/native/<key>/` (default `~/.cache/tandem`), where the key hashes the source, the
-compiler's version and this CPU's flags, so a different CPU or compiler gets its own build. The
-library is written to a private temporary file and renamed into place, so ranks that start
-together on one host never load a half-written file. Loaded after torch, the OpenMP runtime it
-links (`libgomp.so.1`) is the one torch already loaded and the kernels run on torch's worker
-threads; loaded without torch, it brings its own.
+The build: `$CC` (else `cc`, else `gcc`) with `-O3 <the variant's -march flags> -fopenmp
+-ffp-contract=off` (no fused multiply-add where the reference form rounds twice), each source an
+object of its own, every (variant, source) pair compiled in parallel over this host's CPUs, then
+linked per variant into `$TANDEM_CACHE/native/<key>/` (default `~/.cache/tandem`), where the key
+hashes the sources, the compiler's version and the variant's flags. Each library is written to a
+private temporary file and renamed into place, so ranks that start together on one host never
+load a half-written file. Loaded after torch, the OpenMP runtime it links (`libgomp.so.1`) is
+the one torch already loaded; loaded without torch, it brings its own.
 
-`available()` is False, with `why()` saying why, on anything but Linux on x86-64 with AVX2 + FMA,
-without a compiler, when the build fails, or with `TANDEM_NATIVE=0`.
+`library()` is the *primary* build: AVX2 (or the variant `TANDEM_KERNEL_VARIANT` forces): on
+the Sapphire Rapids VM measured, the AVX-512 build's norms, attention and layer chains around
+routed AVX2 GEMVs decoded SmolLM2 slower than the AVX2 build alone (BENCHMARKS.md). Its non-GEMV kernels (norms, attention, the layer chains) run as
+they are; its quantized GEMV (`tandem_qgemv`) hands each call to the variant the timing chose for
+the call's type and shape class (`route`, csrc/qgemv.c; chosen by `variant_choice.py`). Unrouted,
+the primary multiplies itself. `variant_library(name)` loads one variant on its own (tests run
+every variant against the reference), and `using(name)` makes it the primary for a block.
+
+`available()` is False, with `why()` saying why, on anything but Linux on x86-64 with AVX2 + FMA
+enabled by the OS, without a compiler, when the build fails, with `TANDEM_NATIVE=0`, or with a
+`TANDEM_KERNEL_VARIANT` this host does not run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -26,10 +37,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
-from tandem.devices import cpu_flags
+from tandem.kernels import cpu_isa
 from tandem.models.quant.blocks import BY_NAME, UnsupportedTypeError, layout
 
 CSRC = Path(__file__).with_name("csrc")
@@ -37,16 +50,16 @@ SOURCES = tuple(
     CSRC / c
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
-        "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c",
+        "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c", "build_info.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
     CSRC / h
     for h in ("dtypes.h", "quant.h", "canon.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h")
 )
-# TANDEM_NATIVE_MARCH overrides -march=native (e.g. "haswell": the AVX2 paths on an AVX-512 CPU)
-MARCH = os.environ.get("TANDEM_NATIVE_MARCH", "native")
-FLAGS = ("-O3", f"-march={MARCH}", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
+BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fPIC")  # every variant's, before -march
+FLAGS = (*BASE_FLAGS, "-march=native", "-shared")  # one host-wide build (scripts/bench A/B tests)
+FORCE_ENV = "TANDEM_KERNEL_VARIANT"  # a variant name: that build alone, no routing (benchmarks)
 MAX_ROWS = 4  # X rows per call (the C kernel's MAX_ROWS): decode batches up to 4 sequences
 BUILD_TIMEOUT_S = 120
 # the GGUF types csrc/qgemv.c multiplies
@@ -111,31 +124,59 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def _build(cc: str) -> Path:
-    """The library for this source, compiler and CPU: from the cache, else compiled into it."""
-    version = subprocess.run(
+@cache
+def _compiler_version(cc: str) -> str:
+    return subprocess.run(
         [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
     ).stdout
-    flags = " ".join(sorted(cpu_flags()))
-    digest = hashlib.sha256(version.encode() + flags.encode() + " ".join(FLAGS).encode())
+
+
+def source_hash(cc: str) -> str:
+    """The sources' and the compiler's hash: what a build and a timed choice are keyed on."""
+    digest = hashlib.sha256(_compiler_version(cc).encode())
     for f in (*SOURCES, *HEADERS):
         digest.update(f.read_bytes())
-    key = digest.hexdigest()[:16]
-    out = cache_dir() / key / "libtandem_native.so"
-    if out.exists():
+    return digest.hexdigest()[:16]
+
+
+def _target(cc: str, flags: tuple[str, ...]) -> Path:
+    key = hashlib.sha256((source_hash(cc) + " ".join(flags)).encode()).hexdigest()[:16]
+    return cache_dir() / key / "libtandem_native.so"
+
+
+def _run(cmd: list[str]) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    if r.returncode != 0:
+        raise OSError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-400:]}")
+
+
+def _build(cc: str, builds: dict[str, tuple[str, ...]]) -> dict[str, Path]:
+    """{variant: library path} for `builds` {variant: flags}: from the cache, else every
+    missing (variant, source) object compiled in parallel, then each variant linked."""
+    out = {name: _target(cc, flags) for name, flags in builds.items()}
+    todo = {name: flags for name, flags in builds.items() if not out[name].exists()}
+    if not todo:
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".build-", suffix=".so")
-    os.close(fd)
-    try:
-        cmd = [cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if r.returncode != 0:
-            raise OSError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-400:]}")
-        os.replace(tmp, out)  # atomic: a concurrent builder's rename wins, both files identical
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with tempfile.TemporaryDirectory(prefix="tandem-build-") as tmp:
+        jobs = [
+            [cc, *BASE_FLAGS, *flags, "-c", "-o", f"{tmp}/{name}-{src.stem}.o", str(src)]
+            for name, flags in todo.items()
+            for src in SOURCES
+        ]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(_run, jobs))  # re-raises the first failure
+        for name, flags in todo.items():
+            dest = out[name]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, lib = tempfile.mkstemp(dir=dest.parent, prefix=".build-", suffix=".so")
+            os.close(fd)
+            try:
+                objs = [f"{tmp}/{name}-{src.stem}.o" for src in SOURCES]
+                _run([cc, *BASE_FLAGS, *flags, "-shared", "-o", lib, *objs, "-lm"])
+                os.replace(lib, dest)  # atomic: a concurrent builder's rename wins, both identical
+            finally:
+                if os.path.exists(lib):
+                    os.unlink(lib)
     return out
 
 
@@ -215,8 +256,18 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
 }
 
 
+_SIGNATURES["tandem_qgemv_route"] = (_INT, (_INT, _I64, _P))  # class, ggml type, build's qgemv
+_SIGNATURES["tandem_qgemv_routed"] = (_P, (_INT, _I64))  # class, ggml type -> that build or NULL
+_SIGNATURES["tandem_build_features"] = (_INT, ())  # csrc/cpu_probe.c's bits this build uses
+
+
+class VariantError(NativeError):
+    """A kernel variant this host cannot run, or one no build has."""
+
+
 @cache
-def _library() -> ctypes.CDLL | None:
+def _host() -> tuple[str, int] | None:
+    """(the compiler, csrc/cpu_probe.c's feature bits), or None with `_why` set."""
     if os.environ.get("TANDEM_NATIVE", "1") == "0":
         _why[0] = "disabled by TANDEM_NATIVE=0"
         return None
@@ -228,18 +279,159 @@ def _library() -> ctypes.CDLL | None:
         _why[0] = "no C compiler (set CC, or install cc/gcc)"
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
-    except (OSError, subprocess.SubprocessError) as e:
-        _why[0] = f"build failed: {e}"
+        features = cpu_isa.host_features(cc, cache_dir())
+    except cpu_isa.ProbeError as e:
+        _why[0] = str(e)
         return None
+    if not features & cpu_isa.AVX2:
+        _why[0] = "this CPU (or its OS) lacks AVX2 + FMA + F16C"
+        return None
+    return cc, features
+
+
+def features() -> int:
+    """csrc/cpu_probe.c's feature bits for this host (0 where the kernels are unavailable)."""
+    h = _host()
+    return 0 if h is None else h[1]
+
+
+def variants() -> tuple[str, ...]:
+    """The variants this host runs, narrowest first (empty where the kernels are unavailable)."""
+    return tuple(v.name for v in cpu_isa.runnable(features()))
+
+
+def forced() -> str | None:
+    """The variant `TANDEM_KERNEL_VARIANT` forces, or None."""
+    return os.environ.get(FORCE_ENV) or None
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
-    if lib.tandem_gemv_isa() == 0:
-        _why[0] = "this CPU lacks AVX2 + FMA"
+    return lib
+
+
+@cache
+def _libraries() -> dict[str, ctypes.CDLL] | None:
+    """Every variant this run may use, loaded ({forced} alone when one is forced)."""
+    h = _host()
+    if h is None:
+        return None
+    cc, feats = h
+    names = variants()
+    if forced() is not None:
+        if forced() not in names:
+            known = ", ".join(v.name for v in cpu_isa.VARIANTS)
+            _why[0] = (
+                f"{FORCE_ENV}={forced()}: this host runs {', '.join(names)} (variants: {known})"
+            )
+            return None
+        names = (forced(),)
+    builds = {n: cpu_isa.BY_NAME[n].flags(feats) for n in names}
+    try:
+        paths = _build(cc, builds)
+        libs = {n: _load(paths[n]) for n in names}
+    except (OSError, subprocess.SubprocessError) as e:
+        _why[0] = f"build failed: {e}"
         return None
     _why[0] = ""
-    return lib
+    return libs
+
+
+SHAPE_CLASSES = ("decode", "prefill")  # csrc/qgemv.c's route classes: M <= MAX_ROWS, M > MAX_ROWS
+ROUTE_TYPES = 64  # csrc/qgemv.c's TQ_ROUTE_TYPES: ggml type ids a route may name
+
+_override: list[ctypes.CDLL | None] = [None]
+
+
+def _library() -> ctypes.CDLL | None:
+    """The primary build (module docstring), or the one `using` put in its place."""
+    if _override[0] is not None:
+        return _override[0]
+    libs = _libraries()
+    return None if libs is None else libs[primary()]
+
+
+def primary() -> str:
+    """The primary build's variant: the forced one, else AVX2 (module docstring)."""
+    libs = _libraries()
+    if libs is None:
+        raise NativeError(f"the native kernels are unavailable: {_why[0]}")
+    return next(iter(libs))  # narrowest first: avx2, or the one forced
+
+
+def variant_library(name: str) -> ctypes.CDLL:
+    """The build of variant `name` (`VariantError` where this host or this run lacks it)."""
+    libs = _libraries()
+    if libs is None:
+        raise NativeError(f"the native kernels are unavailable: {_why[0]}")
+    if name not in libs:
+        raise VariantError(f"no {name} build here (this run has {', '.join(libs)})")
+    return libs[name]
+
+
+@contextlib.contextmanager
+def unrouted() -> Iterator[None]:
+    """Within the block every build multiplies its own calls (the primary's routes are lifted
+    and put back after): what a variant's timing and its tests must run."""
+    libs = _libraries()
+    lib = None if libs is None else libs[primary()]
+    saved = []
+    if lib is not None:
+        for c in range(len(SHAPE_CLASSES)):
+            for t in range(ROUTE_TYPES):
+                ptr = lib.tandem_qgemv_routed(c, t)
+                if ptr:
+                    saved.append((c, t, ptr))
+                    lib.tandem_qgemv_route(c, t, None)
+    try:
+        yield
+    finally:
+        for c, t, ptr in saved:
+            lib.tandem_qgemv_route(c, t, ptr)
+
+
+@contextlib.contextmanager
+def using(name: str) -> Iterator[ctypes.CDLL]:
+    """Within the block, `library()` is variant `name`'s build, unrouted (tests run each
+    variant's kernels through the usual wrappers)."""
+    lib = variant_library(name)
+    before = _override[0]
+    _override[0] = lib
+    try:
+        with unrouted():
+            yield lib
+    finally:
+        _override[0] = before
+
+
+def route(type_id: int, shape_class: str, name: str | None) -> None:
+    """The primary's quantized GEMV hands calls of `type_id` in `shape_class` to variant
+    `name`'s build (None, or the primary's own variant: itself)."""
+    libs = _libraries()
+    if libs is None:
+        raise NativeError(f"the native kernels are unavailable: {_why[0]}")
+    lib = libs[primary()]
+    target = None
+    if name is not None and name != primary():
+        fn = variant_library(name).tandem_qgemv
+        target = ctypes.cast(fn, ctypes.c_void_p).value
+    if lib.tandem_qgemv_route(SHAPE_CLASSES.index(shape_class), type_id, target) != 0:
+        raise NativeError(f"csrc/qgemv.c cannot route type {type_id}")
+
+
+def routed(type_id: int, shape_class: str) -> str:
+    """The variant whose build the primary hands `type_id`'s `shape_class` calls to."""
+    libs = _libraries()
+    if libs is None:
+        raise NativeError(f"the native kernels are unavailable: {_why[0]}")
+    ptr = libs[primary()].tandem_qgemv_routed(SHAPE_CLASSES.index(shape_class), type_id)
+    for name, lib in libs.items():
+        if ptr and ctypes.cast(lib.tandem_qgemv, ctypes.c_void_p).value == ptr:
+            return name
+    return primary()
 
 
 def library() -> ctypes.CDLL:

@@ -233,6 +233,7 @@ class KernelReport:
     fused: int = 0  # fused groups (q/k/v, gate/up)
     packed_bytes: int = 0
     copied_bytes: int = 0  # a packed copy of a tied head (tied_head "copy", or "auto" on a mapping)
+    variants: dict | None = None  # the ISA build each GGUF weight type took (variant_choice)
 
 
 def prepare_linear_kernels(

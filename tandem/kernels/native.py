@@ -46,7 +46,6 @@ from tandem.kernels.library import (  # noqa: F401  (re-exported: the kernels' o
     CSRC,
     FLAGS,
     HEADERS,
-    MARCH,
     MAX_ROWS,
     SOURCES,
     NativeError,

@@ -20,11 +20,13 @@ native bf16: the weight is not widened whole).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.kernels import native, quant, wide
+from tandem.kernels import native, quant, variant_choice, wide
 
 QUANT = "quant"  # the kernel name in KernelReport.layers
 
@@ -168,3 +170,22 @@ def install_quant_kernels(model: nn.Module, *, fuse: bool = True) -> dict[str, i
             setattr(model.get_submodule(owner), leaf, fast)
             counts[QUANT] += 1
     return counts
+
+
+@dataclass(frozen=True)
+class _Projection:  # variant_choice.Projection over a QuantKernelLinear's parts
+    parts: object
+    types: tuple[int, ...]
+    in_features: int
+    out_features: int
+
+
+def choose_variants(model: nn.Module) -> dict | None:
+    """The ISA build each GGUF weight type of `model`'s quantized layers takes, timed on those
+    layers (`variant_choice.choose`) and routed; None where it has none or no native kernels."""
+    lins = [m for m in model.modules() if isinstance(m, QuantKernelLinear)]
+    if not lins or not native.available():
+        return None
+    projections = [_Projection(m.parts.array, m.qtypes, m.in_features, m.out_features)
+                   for m in lins]  # fmt: skip
+    return variant_choice.choose(projections, torch.get_num_threads())

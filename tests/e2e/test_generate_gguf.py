@@ -77,6 +77,10 @@ def test_one_cpu_node_on_a_quantized_gguf_runs_without_torch(gguf):
     assert "TORCH False" in out.stderr
     lean = json.loads(out.stdout.strip().splitlines()[-1])
     assert lean["executor"] == "LeanExecutor" and lean["dtype"] == "float32"
+    # the ISA build each of the file's weight types took, decode and prefill (variant_choice)
+    assert lean["kernels"]["cpu"] and lean["kernels"]["kernels"]
+    for classes in lean["kernels"]["kernels"].values():
+        assert {c["variant"] for c in classes.values()} <= {"avx2", "avx2-vnni", "avx512"}
     torch_path = cli(gguf, "--device", "cpu", "--dtype", "float32", env={"TANDEM_LEAN": "0"})
     assert torch_path["executor"] == "LocalExecutor"
     assert lean["token_ids"] == torch_path["token_ids"]

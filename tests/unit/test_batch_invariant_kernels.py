@@ -1,20 +1,16 @@
 """Batch invariance of the native products over GGUF blocks (csrc/canon.h): a row's output is
 bit-for-bit the same whether it is computed alone or among 1-4 rows (the decode kernels) or among
 many (the prefill kernels, qgemm.c / qgemm256.c), for every type the kernels multiply, at widths
-that leave partial groups of 16 blocks; and the AVX2 build (TANDEM_NATIVE_MARCH=haswell) computes
-exactly what this CPU's build does."""
-
-import os
-import subprocess
-import sys
-from pathlib import Path
+that leave partial groups of 16 blocks; in every ISA variant this host runs (kernel_variants.py),
+and every variant computes exactly the AVX2 build's bits."""
 
 import numpy as np
 import pytest
 import torch
+from kernel_variants import NAMES, each_variant
 from quant_support import DENSE_NAMES, QUANT_NAMES, random_blocks
 
-from tandem.kernels import native, quant
+from tandem.kernels import library, native, quant
 from tandem.models.quant.blocks import BY_NAME
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
@@ -67,42 +63,36 @@ def all_products() -> dict[str, np.ndarray]:
 
 
 @needs_native
+@pytest.mark.usefixtures(each_variant.__name__)
 @pytest.mark.parametrize("name", ALL)
 def test_a_rows_product_is_the_same_bits_alone_among_four_or_among_forty(name):
     check_invariant(name)
 
 
 @needs_native
-def test_the_avx2_build_is_batch_invariant_and_computes_this_builds_bits(tmp_path):
-    """The -march=haswell build (AVX2: qdot256.h, qgemm256.c) runs the same check in a
-    subprocess and saves its products, which equal this build's bit for bit."""
-    here = Path(__file__).parent
-    out = tmp_path / "avx2.npz"
-    code = (
-        f"import sys; sys.path.insert(0, {str(here)!r})\n"
-        "import numpy as np, test_batch_invariant_kernels as t\n"
-        "from tandem.kernels import native\n"
-        "assert native.available(), native.why()\n"
-        "for n in t.ALL: t.check_invariant(n)\n"
-        f"np.savez({str(out)!r}, **t.all_products())\n"
-        "print('ok')\n"
-    )
-    env = dict(os.environ, TANDEM_NATIVE_MARCH="haswell", TANDEM_CACHE=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
-    theirs, ours = np.load(out), all_products()
+@pytest.mark.parametrize("variant", [n for n in NAMES if n != "avx2"] or ["none"])
+def test_every_variant_computes_the_avx2_builds_bits(variant):
+    """AVX-VNNI's VPDPBUSD and AVX-512's wider kernels (qdot512.h, qgemm.c) sum the same
+    integer dots in canon.h's one order as the AVX2 kernels (qdot256.h, qgemm256.c): every
+    product of every type, decode and prefill row groups, the same bits."""
+    if variant == "none":
+        pytest.skip("this host runs the AVX2 build only")
+    with library.using("avx2"):
+        theirs = all_products()
+    with library.using(variant):
+        ours = all_products()
     for key, y in ours.items():
-        assert np.array_equal(theirs[key], y, equal_nan=True), key
+        assert np.array_equal(theirs[key], y, equal_nan=True), (variant, key)
 
 
 @needs_native
+@pytest.mark.usefixtures(each_variant.__name__)
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_both_kquant_prefill_kernels_this_cpu_runs_give_the_same_bits(name):
     """A call of K-quant parts only goes to the AVX2 prefill kernel (qgemm256.c) or the AVX-512
     one (qgemm.c), as tandem_kquant_prefill says: whichever it is, the products are the same
-    bits (on an AVX2-only CPU qgemm.c declines and both settings run qgemm256.c)."""
-    lib = native.library()
+    bits (in a build without AVX-512 qgemm.c declines and both settings run qgemm256.c)."""
+    lib = library.library()
     before = lib.tandem_kquant_prefill(-1)
     try:
         got = []

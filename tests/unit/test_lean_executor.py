@@ -40,6 +40,7 @@ from tandem.kernels.lean.model import check_supported
 from tandem.kernels.lean.rope import cos_sin, inv_freq
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models.presets import PRESETS, get_preset
+from tandem.models.quant.blocks import BY_NAME
 from tandem.models.rope import rope_inv_freq
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
@@ -124,6 +125,36 @@ def test_a_greedy_step_returns_the_argmax_ids(tmp_path_factory) -> None:
     ids = a.run(Step(step.sequences, greedy=True)).token_ids
     logits = b.run(step).logits
     assert ids.dtype == np.int64 and ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_the_executor_describes_the_isa_build_each_weight_type_took(tmp_path_factory) -> None:
+    """`/v1/cluster`'s rank entry names the CPU and, per weight type of the file and shape
+    class, the build the timing chose (tandem/kernels/variant_choice.py), which the primary
+    library routes that type's calls to."""
+    from tandem.kernels import library
+
+    f = _gguf(tmp_path_factory, "tiny-qwen3", "Q4_1")
+    (rank,) = LeanExecutor.from_file(f, max_batch=1, max_seq_len=32, threads=1).describe()["ranks"]
+    k = rank["kernels"]
+    assert k["cpu"] and "avx2" in k["features"] and k["primary"] == library.primary()
+    assert "Q4_1" in k["kernels"]
+    for name, classes in k["kernels"].items():
+        for cls in library.SHAPE_CLASSES:
+            chosen = classes[cls]["variant"]
+            assert chosen in library.variants()
+            assert library.routed(BY_NAME[name].type_id, cls) == chosen
+
+
+def test_the_torch_path_times_and_describes_its_gguf_types_too(tmp_path_factory) -> None:
+    """LocalExecutor's quantized layers (`prepare`: quant_linear.choose_variants) take the same
+    timed choice, shown in its rank entry."""
+    from tandem.kernels import library
+
+    f = _gguf(tmp_path_factory, "tiny-llama", "Q4_0")
+    (rank,) = LocalExecutor.from_dir(f, max_batch=1, max_seq_len=32).describe()["ranks"]
+    classes = rank["kernels"]["kernels"]["Q4_0"]
+    for cls in library.SHAPE_CLASSES:
+        assert library.routed(BY_NAME["Q4_0"].type_id, cls) == classes[cls]["variant"]
 
 
 def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:

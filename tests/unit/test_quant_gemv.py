@@ -1,16 +1,13 @@
 """The native GEMV over GGUF blocks (tandem/kernels/quant.py, csrc/qgemv.c) against a float64
 product of gguf-py's dequantization, within the bound derived in quant_support.py, for every
 type, 1-4 rows (decode) and many (prefill), odd row counts and widths with partial block groups;
-the AVX2 build (TANDEM_NATIVE_MARCH=haswell) as well as this CPU's; and typed refusals."""
-
-import os
-import subprocess
-import sys
-from pathlib import Path
+every test once per ISA variant this host runs (kernel_variants.py: AVX2, AVX-VNNI, AVX-512 VNNI);
+and typed refusals."""
 
 import numpy as np
 import pytest
 import torch
+from kernel_variants import each_variant
 from quant_support import (
     DENSE_NAMES,
     QUANT_NAMES,
@@ -25,6 +22,7 @@ from tandem.kernels import native, quant
 from tandem.models.quant.blocks import BY_NAME
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
+pytestmark = pytest.mark.usefixtures(each_variant.__name__)
 ALL = QUANT_NAMES + DENSE_NAMES
 
 
@@ -63,7 +61,8 @@ def check_type(name: str, rows: int, cols: int, m: int, seed: int, dtype=torch.f
             assert (lim <= 1e-4 * (np.abs(x64) @ mags.T) + 1e-30).all()
 
 
-def check_all() -> None:
+@needs_native
+def test_every_type_at_decode_and_both_prefill_kernels_row_counts() -> None:
     """Every type at 1-4 rows and prefills of 9 rows (the decode kernels, a partial group of 4)
     and 17 (the prefill kernels, a partial tile of 8 rows of X), odd row counts."""
     for i, name in enumerate(ALL):
@@ -230,23 +229,3 @@ def test_wrong_width_type_shape_dtype_or_row_count_is_refused_typed():
         with pytest.raises(quant.QuantKernelError, match=match):
             call()
     assert issubclass(quant.QuantKernelError, native.NativeError)
-
-
-@needs_native
-def test_the_portable_avx2_build_is_correct_too(tmp_path):
-    """This CPU builds the AVX-512 VNNI kernels; -march=haswell builds the AVX2 ones (VPMADDUBSW,
-    the natural activation layout, csrc/qgemm256.c for prefill) that CPUs without them run: the
-    same checks and the thread-count one in a subprocess."""
-    here = Path(__file__).parent
-    code = (
-        f"import sys; sys.path.insert(0, {str(here)!r}); import quant_support, test_quant_gemv as t\n"
-        "from tandem.kernels import native\n"
-        "assert native.available(), native.why()\n"
-        "t.check_all(); t.test_fused_parts_split_over_threads_give_the_one_thread_result()\n"
-        "t.check_mxfp4_scales()\n"
-        "print('ok')\n"
-    )
-    env = dict(os.environ, TANDEM_NATIVE_MARCH="haswell", TANDEM_CACHE=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

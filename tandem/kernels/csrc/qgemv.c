@@ -251,8 +251,48 @@ int tandem_kquant_prefill(int choice) {
     return v;
 }
 
+/* Routes: the build of these kernels (another ISA variant's library, tandem/kernels/library.py)
+ * that multiplies a call whose every part is of ggml type t, per shape class (0: decode, M <= 4
+ * rows; 1: prefill), as the timing chose it (tandem/kernels/variant_choice.py); NULL: this
+ * build. A routed call runs whole in the other build (its own activation layout and threads),
+ * so its result is that build's bits. Set once from Python before any call reads them. */
+enum { TQ_ROUTE_TYPES = 64 };
+typedef int (*tq_qgemv_fn)(const void *, const tq_part *, int64_t, const float *, void *,
+                           int64_t, int64_t, int, int);
+static tq_qgemv_fn tq_routes[2][TQ_ROUTE_TYPES];
+
+int tandem_qgemv_route(int cls, int64_t type, tq_qgemv_fn fn) {
+    if (cls < 0 || cls > 1 || type < 0 || type >= TQ_ROUTE_TYPES) return -1;
+    tq_routes[cls][type] = fn;
+    return 0;
+}
+
+/* The route of type t in class cls (NULL: this build, or arguments out of range). */
+void *tandem_qgemv_routed(int cls, int64_t type) {
+    if (cls < 0 || cls > 1 || type < 0 || type >= TQ_ROUTE_TYPES) return NULL;
+    return (void *)tq_routes[cls][type];
+}
+
+/* The build every part's type routes to, or NULL (parts of types routed apart: this build). */
+static tq_qgemv_fn route_of(const tq_part *parts, int64_t nparts, int64_t M) {
+    const int cls = M > 4; /* QMAX_ROWS */
+    tq_qgemv_fn f = NULL;
+    for (int64_t p = 0; p < nparts; p++) {
+        const int64_t t = parts[p].type;
+        if (t < 0 || t >= TQ_ROUTE_TYPES) return NULL;
+        if (!tq_routes[cls][t] || (p && tq_routes[cls][t] != f)) return NULL;
+        f = tq_routes[cls][t];
+    }
+    return f;
+}
+
 int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
                  int64_t M, int64_t K, int dt, int nthreads) {
+    if (parts && nparts >= 1 && nparts <= 16) {
+        const tq_qgemv_fn routed = route_of(parts, nparts, M);
+        if (routed && routed != tandem_qgemv)
+            return routed(x, parts, nparts, bias, y, M, K, dt, nthreads);
+    }
 #if QISA
     if (M < 1 || K < 1 || nparts < 1 || nparts > 16 || dt < DT_F32 || dt > DT_F16) return -1;
     if (dt == DT_F16 && !HAVE_F16) return -1;

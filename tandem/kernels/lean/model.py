@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from tandem.config import ModelConfig
-from tandem.kernels import library
+from tandem.kernels import library, variant_choice
 from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
@@ -196,6 +196,8 @@ class LeanModel:
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
         self._decode = None if c.moe is not None else self._decode_plan()
+        # each weight type multiplied by the ISA build that timed fastest on these weights
+        self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
     # ---- the pieces -----------------------------------------------------------------------
 
@@ -242,6 +244,11 @@ class LeanModel:
                 ops.silu_mul(L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th), th), th
             )
         return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
+
+    def projections(self) -> list[Linear]:
+        """Every projection a token runs, in model order, the head last (the experts apart)."""
+        lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
+        return lins + [L.moe.router for L in self.layers if L.moe is not None] + [self.head]
 
     def weight_arrays(self) -> list[np.ndarray]:
         """The weights one decode token reads in full, each once: every projection's blocks and

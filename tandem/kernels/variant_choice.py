@@ -1,0 +1,245 @@
+"""Which ISA variant's build multiplies each weight type, chosen by timing on the model itself.
+
+The fastest build is not the widest one everywhere: on a Sapphire Rapids VM the AVX-512 build
+decoded SmolLM2's Q4_1 blocks slower than the AVX2 one. So, at first use on a machine, for each
+weight type of the model and each shape class (decode: 1 row of X; prefill: PREFILL_ROWS), every
+variant the host runs (`library.variants()`) multiplies the model's own weights of that type:
+
+- the sample: the model's projections whose parts are all of the type, in model order, up to
+  DECODE_SAMPLE_BYTES (prefill: PREFILL_SAMPLE_BYTES) of blocks, the last one cut to its first
+  rows; x random, float32;
+- a pass: one `tandem_qgemv` per projection in the sample, on the model's thread count;
+- ROUNDS rounds, each timing one pass of every variant back to back in an order rotated each
+  round (A B C, B C A, ...), after one warm pass each; a variant's figure is the median over the
+  rounds of its pass time over AVX2's pass in the same round, so a noisy neighbour that stalls
+  one pass, or loads the machine for a while, does not decide;
+- the choice: the lowest such median ratio, if it is below 1 - MARGIN; else AVX2 (the build
+  every x86-64 host of this project runs and the one the kernels were tuned on: a wider build
+  must earn its place). Where any variant's passes spread past NOISY (slowest / fastest), the
+  machine was too busy to tell: AVX2 is kept for this run and nothing is cached, so the next
+  run times again.
+
+The primary library then routes that type and class to the chosen build (`library.route`). The
+choice is cached in `$TANDEM_CACHE/native/choices.json`, keyed by the CPU model, the probed
+features, the kernels' source hash, the thread count and the sample's shapes, so the next run on
+this machine and model skips the timing. `TANDEM_KERNEL_VARIANT` forces one build for everything
+(no timing, no routing): the benchmarks compare variants with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from tandem.kernels import cpu_isa, library
+from tandem.kernels.cstructs import TqPart
+from tandem.models.quant.blocks import layout
+
+MARGIN = 0.05  # another variant must beat AVX2's median pass by 5% to be chosen
+ROUNDS = 7
+NOISY = 1.5  # passes of one variant spread past this: a busy machine, AVX2 kept, not cached
+PREFILL_ROWS = 64
+DECODE_SAMPLE_BYTES = 16 << 20  # decode streams the weights: a sample well past the L2 caches
+PREFILL_SAMPLE_BYTES = 256 << 10  # prefill is compute-bound: one projection shows the rate
+MIN_ROWS = 32  # csrc/qgemv.c's chunk of rows
+ROWS = {"decode": 1, "prefill": PREFILL_ROWS}
+BASELINE = "avx2"
+CHOICES_FILE = "choices.json"
+
+
+class Projection(Protocol):
+    """What the timing multiplies (`lean.linear.Linear` is one)."""
+
+    parts: ctypes.Array  # TqPart * n
+    types: tuple[int, ...]
+    in_features: int
+    out_features: int
+
+
+def decide(passes: dict[str, Sequence[float]], margin: float = MARGIN) -> str:
+    """The variant to take from interleaved pass times {variant: [seconds per round]}: the one
+    whose median ratio to AVX2's pass of the same round is lowest, if that median is below
+    1 - `margin`; else AVX2. Without AVX2 among them: the lowest median time."""
+    if BASELINE not in passes:
+        return min(passes, key=lambda n: statistics.median(passes[n]))
+    ratios = relative(passes)
+    best = min(ratios, key=ratios.__getitem__)
+    return best if ratios[best] < 1 - margin else BASELINE
+
+
+def is_noisy(passes: dict[str, Sequence[float]]) -> bool:
+    """The machine was too busy to trust a win: some variant's second slowest pass took over
+    NOISY times its fastest (a neighbour took the cores for more than one pass)."""
+    return any(sorted(ts)[-2] > NOISY * min(ts) for ts in passes.values() if len(ts) > 1)
+
+
+def relative(passes: dict[str, Sequence[float]]) -> dict[str, float]:
+    """{variant: median over rounds of its pass time / AVX2's in the same round}: pairing the
+    passes of one round cancels a neighbour's load that spans the round."""
+    base = passes[BASELINE]
+    return {
+        n: statistics.median(t / b for t, b in zip(ts, base, strict=True))
+        for n, ts in passes.items()
+    }
+
+
+@dataclass(frozen=True)
+class Call:
+    """One timed product: `parts` (TqPart * n, rows possibly cut short), K, the rows they add."""
+
+    parts: ctypes.Array
+    in_features: int
+    out_features: int
+
+
+def sample(projections: Sequence[Projection], type_id: int, budget: int) -> list[Call]:
+    """The projections all of `type_id`, in model order, until `budget` bytes of blocks: the
+    last one taken (a large head, say) cut to its first rows, at least MIN_ROWS of each part."""
+    out: list[Call] = []
+    left = budget
+    for p in projections:
+        if left <= 0:
+            break
+        if set(p.types) != {type_id}:
+            continue
+        rb = layout(type_id).row_bytes(p.in_features)
+        parts = []
+        for pt in p.parts:
+            rows = max(min(pt.rows, left // rb), min(pt.rows, MIN_ROWS))
+            if left > 0:
+                parts.append(TqPart(pt.w, rows, pt.type))
+                left -= rows * rb
+        out.append(Call((TqPart * len(parts))(*parts), p.in_features, sum(q.rows for q in parts)))
+    return out
+
+
+def time_variants(
+    projections: Sequence[Call], rows: int, threads: int, names: Sequence[str]
+) -> dict[str, list[float]]:
+    """{variant: [seconds of its pass in each round]} over the sampled calls at `rows` rows of X,
+    each variant's build called directly (unrouted), passes interleaved (module docstring)."""
+    rng = np.random.default_rng(0)
+    xs = {k: rng.standard_normal((rows, k)).astype(np.float32) for k in
+          {p.in_features for p in projections}}  # fmt: skip
+    ys = [np.empty((rows, p.out_features), np.float32) for p in projections]
+    calls = [
+        (p.parts, len(p.parts), xs[p.in_features].ctypes.data, y.ctypes.data, p.in_features)
+        for p, y in zip(projections, ys, strict=True)
+    ]
+    fns = {n: library.variant_library(n).tandem_qgemv for n in names}
+
+    def one_pass(name: str) -> float:
+        fn = fns[name]
+        t0 = time.perf_counter()
+        for parts, n, x, y, k in calls:
+            if fn(x, parts, n, None, y, rows, k, 0, threads) != 0:
+                raise library.NativeError(f"the {name} build refused a projection of {k} columns")
+        return time.perf_counter() - t0
+
+    passes: dict[str, list[float]] = {n: [] for n in names}
+    with library.unrouted():  # the primary's own kernels when it is timed, not a route's
+        for n in names:
+            one_pass(n)  # warm: pages touched, code and caches loaded
+        for r in range(ROUNDS):
+            for i in range(len(names)):
+                name = names[(r + i) % len(names)]
+                passes[name].append(one_pass(name))
+    return passes
+
+
+def _machine_key() -> str:
+    feats = library.features()
+    src = library.source_hash(library._compiler() or "cc")
+    return f"{cpu_isa.cpu_model()} | {','.join(cpu_isa.feature_names(feats))} | {src}"
+
+
+def _sample_key(type_id: int, cls: str, threads: int, projections: Sequence[Call]) -> str:
+    shapes = ",".join(f"{p.out_features}x{p.in_features}" for p in projections)
+    digest = hashlib.sha256(shapes.encode()).hexdigest()[:12]
+    return f"{layout(type_id).name} {cls} threads={threads} shapes={digest}"
+
+
+def _load_cache() -> dict[str, Any]:
+    try:
+        return json.loads((library.cache_dir() / CHOICES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store_cache(doc: dict[str, Any]) -> None:
+    path = library.cache_dir() / CHOICES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".choices-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)  # atomic: a concurrent writer's whole file wins
+
+
+_current: dict[str, Any] = {}
+
+
+def current() -> dict[str, Any]:
+    """What this process chose so far (`choose`'s report), {} before any choice."""
+    return dict(_current)
+
+
+def choose(
+    projections: Sequence[Projection], threads: int, *, use_cache: bool = True
+) -> dict[str, Any]:
+    """Times, chooses and routes each weight type of `projections` (module docstring); returns
+    the report `tandem generate --json` and `/v1/cluster` show:
+
+        {"cpu": model, "features": [...], "primary": variant, "forced": variant | None,
+         "kernels": {type name: {class: {"variant": v, "ms": {variant: median ms} | None,
+                                         "vs_avx2": {variant: median ratio} (timed only),
+                                         "noisy": bool (timed only), "cached": bool}}}}
+    """
+    report: dict[str, Any] = {
+        "cpu": cpu_isa.cpu_model(),
+        "features": cpu_isa.feature_names(library.features()),
+        "primary": library.primary(),
+        "forced": library.forced(),
+        "kernels": {},
+    }
+    names = library.variants() if library.forced() is None else (library.forced(),)
+    types = sorted({t for p in projections for t in p.types})
+    doc = _load_cache() if use_cache else {}
+    machine = doc.setdefault(_machine_key(), {})
+    for t in types:
+        per_class: dict[str, Any] = {}
+        for cls, budget in (("decode", DECODE_SAMPLE_BYTES), ("prefill", PREFILL_SAMPLE_BYTES)):
+            picked = sample(projections, t, budget)
+            if len(names) == 1 or not picked:
+                per_class[cls] = {"variant": names[0] if len(names) == 1 else library.primary(),
+                                  "ms": None, "cached": False}  # fmt: skip
+                continue
+            key = _sample_key(t, cls, threads, picked)
+            hit = machine.get(key)
+            cached = hit is not None
+            if hit is None:
+                passes = time_variants(picked, ROWS[cls], threads, names)
+                ms = {n: round(statistics.median(ts) * 1e3, 4) for n, ts in passes.items()}
+                vs = {n: round(r, 4) for n, r in relative(passes).items()}
+                noisy = is_noisy(passes)
+                hit = {"variant": BASELINE if noisy else decide(passes), "ms": ms, "vs_avx2": vs,
+                       "noisy": noisy}  # fmt: skip
+                if not noisy:
+                    machine[key] = hit
+            per_class[cls] = {**hit, "cached": cached}
+            library.route(t, cls, hit["variant"])
+        report["kernels"][layout(t).name] = per_class
+    if use_cache and len(names) > 1:
+        _store_cache(doc)
+    _current.clear()
+    _current.update(report)
+    return report
