@@ -16,6 +16,12 @@ threads, the stored weight format), holding what (`shard`: layers, and for a TP 
 query heads, MLP rows and vocabulary rows, all half-open `[start, end)`), `work_share` (the rank's
 fraction of each token's weight work, from the plan) and `rss_bytes` (resident memory, read live
 for processes on this host, None where unknown). A figure nobody measured is None, never a guess.
+
+A mixture-of-experts model's rank entry also carries `experts` (None for a dense model): the
+experts it holds and its rows of each, the bytes it reads per token at the file's block types
+(attention, router, its expected share of the top-k experts, shared expert, dense MLP) and the
+expert bytes it holds (`parallel.moe_reads.RankReads.entry`; the expert term under `--moe experts`
+is the uniform-routing expectation k n_r / E, stated there).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from tandem.parallel.moe_reads import ElementBytes, rank_reads
 from tandem.parallel.plan import TPPlan, plan_for_config
 
 STATES = ("forming", "whole", "re-forming", "failed")
@@ -50,6 +57,7 @@ class RankFacts:
     local: bool = False
     threads: int | None = None
     probe: dict[str, float] | None = None  # what the rank measured of itself at join (tp/probe)
+    experts: dict[str, Any] | None = None  # a mixture of experts' placement (module docstring)
 
     def entry(self) -> dict[str, Any]:
         return {
@@ -65,6 +73,7 @@ class RankFacts:
             "work_share": self.work_share,
             "rss_bytes": rss_bytes(self.pid) if self.local else None,
             "probe": self.probe,
+            "experts": None if self.experts is None else dict(self.experts),
         }
 
 
@@ -173,6 +182,21 @@ def tp_shard(
     return out
 
 
+def experts_entry(
+    config: Any,
+    plan: TPPlan | None,
+    rank: int,
+    layers: tuple[int, int],
+    nbytes: ElementBytes | None,
+) -> dict[str, Any] | None:
+    """Rank `rank`'s `experts` entry (module docstring) for layers `[start, end)` under `plan`
+    (None: one rank holding every expert whole); None for a dense model or unknown byte sizes."""
+    if getattr(config, "moe", None) is None or nbytes is None:
+        return None
+    reads = rank_reads(config, plan or plan_for_config(config, 1), rank, layers, nbytes)
+    return None if reads is None else reads.entry()
+
+
 def layer_shard(layers: tuple[int, int], stage: int = 0, n_stages: int = 1) -> dict[str, Any]:
     """A whole-width rank holding layers `[start, end)` (stage `stage` of `n_stages`)."""
     return {"layers": list(layers), "stage": stage, "n_stages": n_stages}
@@ -198,15 +222,24 @@ def pipeline_facts(
     grid: Sequence[Sequence[int]],
     pids: dict[int, int],
     hosts: dict[int, str],
+    source: Any = None,
 ) -> list[RankFacts]:
     """The facts of every rank of a pipeline whose processes run on this host. `stages[k]` has
     `.layers` (half-open), `.tp`, `.dtype_of(tp_rank)`, `.device`; `grid[k]` lists stage k's
-    global ranks; the head (global rank 0) also holds the embedding and the LM head."""
+    global ranks; the head (global rank 0) also holds the embedding and the LM head. `source`
+    (the model source, optional): its block sizes shape a TP stage's plan, as the stage's own
+    (`pp.tp_stage`), and its tensors' sizes give a mixture of experts' bytes."""
+    from tandem.parallel.moe_reads import source_bytes
+    from tandem.parallel.plan import plan_for_source
+
     n = len(stages)
-    rows: list[tuple[int, str, dict[str, Any], float, Any, str]] = []
+    nbytes = None if source is None else source_bytes(source)
+    rows: list[tuple[int, str, dict[str, Any], float, Any, str, Any]] = []
     for k, spec in enumerate(stages):
         layers = (spec.layers.start, spec.layers.end)
-        plan = plan_for_config(config, spec.tp) if spec.tp > 1 else None
+        plan = None
+        if spec.tp > 1:
+            plan = plan_for_source(source, spec.tp) if source else plan_for_config(config, spec.tp)
         for r, g in enumerate(grid[k]):
             if plan is None:
                 shard = layer_shard(layers, k, n)
@@ -216,7 +249,8 @@ def pipeline_facts(
             if g == 0:
                 work += config.hidden_size * config.vocab_size
             role = "head" if g == 0 else f"stage {k}"
-            rows.append((g, role, shard, work, spec, spec.dtype_of(r)))
+            moe = experts_entry(config, plan, r, layers, nbytes)
+            rows.append((g, role, shard, work, spec, spec.dtype_of(r), moe))
     rows.sort(key=lambda x: x[0])
     return [
         RankFacts(
@@ -230,8 +264,9 @@ def pipeline_facts(
             work_share=share,
             pid=pids.get(g),
             local=g in pids,
+            experts=moe,
         )
-        for (g, role, shard, _, spec, dtype), share in zip(rows, shares([x[3] for x in rows]))
+        for (g, role, shard, _, spec, dtype, moe), share in zip(rows, shares([x[3] for x in rows]))
     ]
 
 

@@ -59,6 +59,17 @@ def source_bytes(source: Any) -> ElementBytes:
     return per_element
 
 
+def whole_model_entry(source: Any) -> dict[str, Any] | None:
+    """`RankReads.entry()` of one rank holding every layer and expert of `source` (a single
+    node); None for a dense model."""
+    from tandem.parallel.plan import plan_for_config
+
+    config = source.config
+    layers = (0, config.num_hidden_layers)
+    reads = rank_reads(config, plan_for_config(config, 1), 0, layers, source_bytes(source))
+    return None if reads is None else reads.entry()
+
+
 @dataclass(frozen=True)
 class RankReads:
     """One rank's placement of the experts and its bytes per token (module docstring)."""

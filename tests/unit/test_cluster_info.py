@@ -165,3 +165,44 @@ def test_pipeline_head_turns_failed_as_soon_as_a_stage_process_has_exited(model_
         False,
         "1 stage process(es) exited, the first with code -9 (SIGKILL)",
     )
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from tandem.loaders.make import make_model_dir
+
+    d = tmp_path_factory.mktemp("moe") / "m"
+    make_model_dir(d, "tiny-qwen3-moe")
+    return d
+
+
+def _expert_bytes(md, layers) -> int:
+    return sum(
+        md.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes
+        for i in layers
+        for p in ("gate", "up", "down")
+    )
+
+
+def test_a_moe_ranks_entry_shows_its_experts_and_bytes_single_node_and_in_a_grid(moe_dir):
+    """tiny-qwen3-moe (8 experts of 64 rows, 2 active; layer 1 dense) in float32: one node holds
+    every expert of layers 0 and 2 and reads 2 / 8 of them per token; a (TP=2 on layers [0, 2),
+    one rank on [2, 3)) grid's TP ranks hold rows [0, 32) and [32, 64) of layer 0's experts
+    (layer 1 is dense) and the last stage all of layer 2's; dense models carry no entry."""
+    md = ModelDir(moe_dir)
+    one = LocalExecutor.from_dir(moe_dir).describe()["ranks"][0]["experts"]
+    assert one["experts"] == [0, 8] and one["expert_rows"] == [0, 64] and one["moe"] == "tp"
+    assert one["held_expert_bytes"] == _expert_bytes(md, (0, 2))
+    assert one["active_bytes"]["experts"] == _expert_bytes(md, (0, 2)) * 2 / 8
+    assert one["active_bytes"]["dense_mlp"] == sum(
+        md.info(f"model.layers.1.mlp.{p}_proj.weight").nbytes for p in ("gate", "up", "down")
+    )
+    stages = [StageSpec(LayerRange(0, 2), tp=2), StageSpec(LayerRange(2, 3), tp=1)]
+    facts = ci.pipeline_facts(md.config, "safetensors F32", stages, [[0, 1], [2]], {}, {}, md)
+    x = [f.entry()["experts"] for f in facts]
+    assert [e["expert_rows"] for e in x] == [[0, 32], [32, 64], [0, 64]]
+    assert x[0]["held_expert_bytes"] + x[1]["held_expert_bytes"] == _expert_bytes(md, (0,))
+    assert x[2]["held_expert_bytes"] == _expert_bytes(md, (2,))
+    assert x[2]["active_bytes"]["dense_mlp"] == 0  # the dense layer is stage 0's
+    dense = ci.pipeline_facts(tiny_config(), None, [StageSpec(LayerRange(0, 2))], [[0]], {}, {})
+    assert dense[0].entry()["experts"] is None
