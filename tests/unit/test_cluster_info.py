@@ -206,3 +206,18 @@ def test_a_moe_ranks_entry_shows_its_experts_and_bytes_single_node_and_in_a_grid
     assert x[2]["active_bytes"]["dense_mlp"] == 0  # the dense layer is stage 0's
     dense = ci.pipeline_facts(tiny_config(), None, [StageSpec(LayerRange(0, 2))], [[0]], {}, {})
     assert dense[0].entry()["experts"] is None
+
+
+def test_the_torch_free_single_node_shows_a_moe_files_experts_at_its_block_types(tmp_path):
+    """A Q8_0 tiny-qwen3-moe GGUF on the torch-free path: one rank holding the 8 experts of both
+    sparse layers, their bytes the file's blocks (34 per 32 weights), 2 / 8 of them read."""
+    from tandem.engine.lean import LeanExecutor
+    from tandem.loaders.gguf.writer import write_preset_gguf
+    from tandem.loaders.source import open_model
+
+    file = write_preset_gguf(tmp_path / "m.gguf", "tiny-qwen3-moe", "Q8_0")[1][0]
+    x = LeanExecutor.from_file(file, max_batch=1, max_seq_len=32).describe()["ranks"][0]["experts"]
+    held = _expert_bytes(open_model(file), (0, 2))
+    assert held == 2 * 3 * 8 * 64 * 64 * 34 // 32
+    assert x["experts"] == [0, 8] and x["held_expert_bytes"] == held
+    assert x["active_bytes"]["experts"] == held * 2 / 8
