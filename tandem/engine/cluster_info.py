@@ -202,9 +202,16 @@ def layer_shard(layers: tuple[int, int], stage: int = 0, n_stages: int = 1) -> d
     return {"layers": list(layers), "stage": stage, "n_stages": n_stages}
 
 
-def layer_work(config: Any, plan: TPPlan | None = None, rank: int = 0) -> int:
+def layer_work(config: Any, plan: TPPlan | None = None, rank: int = 0) -> float:
     """Weight elements one layer's projections read per token on this rank:
-    q and o: 2 D q_heads hd; k and v: 2 D kv_heads hd; gate, up, down: 3 D rows."""
+    q and o: 2 D q_heads hd; k and v: 2 D kv_heads hd; gate, up, down: 3 D rows. A mixture of
+    experts: the mean over its layers of what `parallel.moe_reads` counts (attention, router,
+    the expected experts at the rank's rows, shared expert, a dense layer's MLP rows)."""
+    if getattr(config, "moe", None) is not None:
+        L = config.num_hidden_layers
+        reads = rank_reads(config, plan or plan_for_config(config, 1), rank, (0, L), lambda _: 1)
+        assert reads is not None
+        return reads.active_bytes / L
     D, hd = config.hidden_size, config.head_dim
     if plan is None:
         q, kv = config.num_attention_heads, config.num_key_value_heads

@@ -221,3 +221,19 @@ def test_the_torch_free_single_node_shows_a_moe_files_experts_at_its_block_types
     assert held == 2 * 3 * 8 * 64 * 64 * 34 // 32
     assert x["experts"] == [0, 8] and x["held_expert_bytes"] == held
     assert x["active_bytes"]["experts"] == held * 2 / 8
+
+
+def test_a_moe_ranks_work_share_follows_the_experts_it_holds():
+    """tiny-qwen3-moe (D 64; 4 q / 2 kv heads of 16; 8 experts of 64, 2 active; layer 1 dense,
+    MLP 128) at 2:1 on whole experts: 5 and 3 experts, one kv head and 64 MLP rows each. Per
+    layer a rank reads attention 64 (32 + 2 16 + 32) = 6144; a sparse layer adds the router
+    8 64 = 512 and 2 n_r / 8 experts of 64 3 64 = 12 288 (rank 0: 15 360, rank 1: 9216); the
+    dense layer its 64 rows, 12 288. Over the 3 layers: rank 0 (3 6144 + 2 (512 + 15 360) +
+    12 288) / 3 = 20 821.3, rank 1 (18 432 + 2 (512 + 9216) + 12 288) / 3 = 16 725.3, where
+    the dense formula gave both 18 432."""
+    from tandem.models.presets import get_preset
+
+    cfg = get_preset("tiny-qwen3-moe").config
+    plan = plan_for_config(cfg, 2, (2.0, 1.0), moe="experts")
+    assert ci.layer_work(cfg, plan, 0) == pytest.approx(62_464 / 3, rel=1e-12)
+    assert ci.layer_work(cfg, plan, 1) == pytest.approx(50_176 / 3, rel=1e-12)
