@@ -101,8 +101,27 @@ def assert_each_rank_shows_the_experts_it_loaded(ex, model_dir, moe: str) -> Non
 
 
 def test_a_pipeline_and_a_grid_hold_whole_sparse_layers_and_match_single_node(family):
+    """Also what the pipeline's cluster view says: each stage's ranks together hold every expert
+    of the stage's sparse layers (the file's bytes), its TP=2 ranks half the rows each."""
     d, layers, expected = family
-    assert_pipeline_and_grid_match(d, expected, cut=1, layers=layers)
+    md = open_model(d)
+    spec = md.config.moe
+
+    def held(a: int, b: int) -> int:
+        return sum(
+            md.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes
+            for i in range(a, b) if spec.is_sparse(i) for p in ("gate", "up", "down")
+        )  # fmt: skip
+
+    def check(ex, stages):
+        ranks = ex.describe()["ranks"]
+        for k, st in enumerate(stages):
+            mine = [r["experts"] for r in ranks if r["shard"].get("stage", 0) == k]
+            assert len(mine) == st.tp
+            assert sum(e["held_expert_bytes"] for e in mine) == held(st.layers.start, st.layers.end)
+            assert [e["row_share"] for e in mine] == [1 / st.tp] * st.tp
+
+    assert_pipeline_and_grid_match(d, expected, cut=1, layers=layers, check=check)
 
 
 @pytest.fixture(scope="module")
