@@ -207,14 +207,18 @@ def _run_from_probes(args: argparse.Namespace, config) -> int:
     )
     if not preds:
         raise PlanModelError("no layout fits these ranks and this model")
+    placement = _placement(args, config, preds, nodes)
     if args.json:
         print(json.dumps({"nodes": [asdict(n) for n in nodes], "link": asdict(link),
-                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name},
+                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name,
+                          "experts": placement[0].entry() if placement else None},
                          indent=2))  # fmt: skip
         return 0
     print(render_probes(rows) + "\n")
     print(render_table(preds, nodes, link))
     print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
+    if placement:
+        print("\n" + render_placement(config, *placement))
     return 0
 
 
