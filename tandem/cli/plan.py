@@ -22,6 +22,7 @@ import json
 import sys
 from dataclasses import asdict, replace
 
+from tandem.plan.experts import render_placement
 from tandem.plan.model import (
     LinkSpec,
     NodeSpec,
@@ -89,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--moe", choices=("tp", "experts"), default="tp",
-        help="a mixture of experts' placement for the shards shown (as generate/serve --moe)",
+        help="a mixture of experts' placement, predicted and shown (as generate/serve --moe)",
     )  # fmt: skip
     p.add_argument("--max-tp", type=int, default=8)
     p.add_argument("--max-pp", type=int, default=8)
@@ -122,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             penalties["local"] = _probe_local(config, args.measure_local, nodes[0], link)
         nodes = [replace(n, lockstep_s=penalties.get(n.host, ())) if n.host else n for n in nodes]
         layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
-        preds = rank_layouts(config, nodes, link, layouts)
+        preds = rank_layouts(config, nodes, link, layouts, args.moe)
+        placement = _placement(args, config, preds, nodes)
     except PlanModelError as e:
         print(f"tandem plan: {e}", file=sys.stderr)
         return 2
@@ -131,18 +133,51 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps({"nodes": [asdict(n) for n in nodes], "link": asdict(link),
-                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name},
+                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name,
+                          "experts": placement[0].entry() if placement else None},
                          indent=2))  # fmt: skip
         return 0
     print(render_table(preds, nodes, link))
     print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
     tp = preds[0].layout.tp
     if args.model and tp > 1:
-        source, plan = _shard_plan(args.model, tp, args.moe)
-        print("\n" + render_shards(plan))
-        if plan.experts:
-            print(render_experts(plan, source))
+        weights = _pick_weights(preds[0], nodes)
+        print("\n" + render_shards(_shard_plan(args.model, tp, args.moe, weights)[1]))
+    if placement:
+        print("\n" + render_placement(config, *placement))
     return 0
+
+
+def _pick_weights(pred: Prediction, nodes: list[NodeSpec]) -> tuple[float, ...] | None:
+    """The first stage's TP weights of the picked layout: its nodes' speeds when weighted."""
+    if not pred.layout.weighted:
+        return None
+    fastest = sorted(nodes, key=lambda n: n.s_per_token)[: pred.layout.tp]
+    return tuple(1.0 / n.s_per_token for n in fastest)
+
+
+def _placement(args: argparse.Namespace, config, preds: list[Prediction], nodes: list[NodeSpec]):
+    """(the pick's expert placement, how its bytes are counted) for a mixture of experts; None
+    for a dense model or no pick. A file's bytes are its tensors' block types; a preset, which
+    has none, is counted in bfloat16."""
+    from tandem.parallel.moe_reads import source_bytes, uniform_bytes
+    from tandem.parallel.plan import contraction_blocks
+    from tandem.plan.experts import place_experts
+
+    if getattr(config, "moe", None) is None or not preds:
+        return None
+    pick = preds[0]
+    if args.model:
+        from tandem.loaders.source import open_model
+
+        source = open_model(args.model)
+        nbytes, blocks, note = source_bytes(source), contraction_blocks(source), "as stored"
+    else:
+        nbytes, blocks, note = uniform_bytes(2), None, "in bfloat16: a preset has no file"
+    placed = place_experts(
+        config, pick.layout, pick.stage_layers, nodes, args.moe, nbytes, blocks
+    )  # fmt: skip
+    return placed, note
 
 
 def _snapshot(args: argparse.Namespace) -> dict:
@@ -168,54 +203,32 @@ def _run_from_probes(args: argparse.Namespace, config) -> int:
     nodes = nodes_from_probes(config, rows)
     link = link_from_probes(rows, parse_duration(args.overhead))
     preds = rank_layouts(
-        config, nodes, link, candidate_layouts(len(nodes), args.max_tp, args.max_pp)
+        config, nodes, link, candidate_layouts(len(nodes), args.max_tp, args.max_pp), args.moe
     )
     if not preds:
         raise PlanModelError("no layout fits these ranks and this model")
+    placement = _placement(args, config, preds, nodes)
     if args.json:
         print(json.dumps({"nodes": [asdict(n) for n in nodes], "link": asdict(link),
-                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name},
+                          "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name,
+                          "experts": placement[0].entry() if placement else None},
                          indent=2))  # fmt: skip
         return 0
     print(render_probes(rows) + "\n")
     print(render_table(preds, nodes, link))
     print(f"\npick: {preds[0].layout.name} ({preds[0].tok_per_s:.1f} tok/s predicted)")
+    if placement:
+        print("\n" + render_placement(config, *placement))
     return 0
 
 
-def _shard_plan(model: str, tp: int, moe: str = "tp"):
+def _shard_plan(model: str, tp: int, moe: str = "tp", weights: tuple[float, ...] | None = None):
     """(the model source, its TP plan at `tp` ranks rounded to its weights' blocks)."""
     from tandem.loaders.source import open_model
     from tandem.parallel.plan import plan_for_source
 
     source = open_model(model)
-    return source, plan_for_source(source, tp, moe=moe)
-
-
-def render_experts(plan, source) -> str:
-    """A mixture of experts' placement: each rank's experts and rows of each, and the expert bytes
-    it reads per token (top_k experts per sparse layer; whole experts: its share of them, the
-    routing taken as uniform)."""
-    spec = source.config.moe
-    sparse = [i for i in range(source.config.num_hidden_layers) if spec.is_sparse(i)]
-    per_expert = sum(
-        source.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes / spec.num_experts
-        for i in sparse
-        for p in ("gate", "up", "down")
-    )  # bytes of one expert across every sparse layer
-    how = "whole experts" if plan.moe == "experts" else "rows of every expert"
-    lines = [f"experts: {spec.num_experts}, {spec.top_k} active per token; placed as {how}"]
-    if plan.moe_fallback:
-        lines.append(f"  fallback: {plan.moe_fallback}")
-    for r in range(plan.world_size):
-        e, rows = plan.experts[r], plan.expert_rows[r]
-        share = (e.size / spec.num_experts) * (rows.size / spec.intermediate_size)
-        active = spec.top_k * per_expert * share
-        lines.append(
-            f"  rank {r}: experts [{e.start}, {e.end}) ({e.size}), rows [{rows.start}, "
-            f"{rows.end}) of each; expert bytes read per token {active / 1e6:.1f} MB"
-        )
-    return "\n".join(lines)
+    return source, plan_for_source(source, tp, weights, moe=moe)
 
 
 def render_shards(plan) -> str:

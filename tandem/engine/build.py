@@ -251,6 +251,7 @@ def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks
     from tandem.kernels import mapped_guard
     from tandem.loaders.file_identity import ModelFiles
     from tandem.loaders.load import load_model
+    from tandem.parallel.moe_reads import whole_model_entry
 
     source = hooks.source or open_model(model)
     check_fits_alone(source, layout, limits)  # before minutes of loading, not after
@@ -262,6 +263,7 @@ def _single(model: str | Path, layout: Layout, limits: Limits, hooks: BuildHooks
         max_batch=limits.max_batch,
         max_seq_len=limits.max_seq_len,
         weight_format=source.weight_format(),
+        experts=whole_model_entry(source),
         files=files,
     )
 

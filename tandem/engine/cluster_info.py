@@ -21,6 +21,15 @@ for processes on this host, None where unknown) and `kernels` (the CPU, and the 
 weight type's GEMV took, decode and prefill, with the timings that chose it:
 `tandem.kernels.variant_choice`; None where the rank runs no native kernels or did not say). A
 figure nobody measured is None, never a guess.
+query heads, MLP rows and vocabulary rows, all half-open `[start, end)`), `work_share` (the rank's
+fraction of each token's weight work, from the plan) and `rss_bytes` (resident memory, read live
+for processes on this host, None where unknown). A figure nobody measured is None, never a guess.
+
+A mixture-of-experts model's rank entry also carries `experts` (None for a dense model): the
+experts it holds and its rows of each, the bytes it reads per token at the file's block types
+(attention, router, its expected share of the top-k experts, shared expert, dense MLP) and the
+expert bytes it holds (`parallel.moe_reads.RankReads.entry`; the expert term under `--moe experts`
+is the uniform-routing expectation k n_r / E, stated there).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from tandem.parallel.moe_reads import ElementBytes, rank_reads
 from tandem.parallel.plan import TPPlan, plan_for_config
 
 STATES = ("forming", "whole", "re-forming", "failed")
@@ -56,6 +66,7 @@ class RankFacts:
     threads: int | None = None
     probe: dict[str, float] | None = None  # what the rank measured of itself at join (tp/probe)
     kernels: dict[str, Any] | None = None  # the ISA build each weight type took (variant_choice)
+    experts: dict[str, Any] | None = None  # a mixture of experts' placement (module docstring)
 
     def entry(self) -> dict[str, Any]:
         return {
@@ -72,6 +83,7 @@ class RankFacts:
             "rss_bytes": rss_bytes(self.pid) if self.local else None,
             "probe": self.probe,
             "kernels": self.kernels,
+            "experts": None if self.experts is None else dict(self.experts),
         }
 
 
@@ -184,14 +196,36 @@ def tp_shard(
     return out
 
 
+def experts_entry(
+    config: Any,
+    plan: TPPlan | None,
+    rank: int,
+    layers: tuple[int, int],
+    nbytes: ElementBytes | None,
+) -> dict[str, Any] | None:
+    """Rank `rank`'s `experts` entry (module docstring) for layers `[start, end)` under `plan`
+    (None: one rank holding every expert whole); None for a dense model or unknown byte sizes."""
+    if getattr(config, "moe", None) is None or nbytes is None:
+        return None
+    reads = rank_reads(config, plan or plan_for_config(config, 1), rank, layers, nbytes)
+    return None if reads is None else reads.entry()
+
+
 def layer_shard(layers: tuple[int, int], stage: int = 0, n_stages: int = 1) -> dict[str, Any]:
     """A whole-width rank holding layers `[start, end)` (stage `stage` of `n_stages`)."""
     return {"layers": list(layers), "stage": stage, "n_stages": n_stages}
 
 
-def layer_work(config: Any, plan: TPPlan | None = None, rank: int = 0) -> int:
+def layer_work(config: Any, plan: TPPlan | None = None, rank: int = 0) -> float:
     """Weight elements one layer's projections read per token on this rank:
-    q and o: 2 D q_heads hd; k and v: 2 D kv_heads hd; gate, up, down: 3 D rows."""
+    q and o: 2 D q_heads hd; k and v: 2 D kv_heads hd; gate, up, down: 3 D rows. A mixture of
+    experts: the mean over its layers of what `parallel.moe_reads` counts (attention, router,
+    the expected experts at the rank's rows, shared expert, a dense layer's MLP rows)."""
+    if getattr(config, "moe", None) is not None:
+        L = config.num_hidden_layers
+        reads = rank_reads(config, plan or plan_for_config(config, 1), rank, (0, L), lambda _: 1)
+        assert reads is not None
+        return reads.active_bytes / L
     D, hd = config.hidden_size, config.head_dim
     if plan is None:
         q, kv = config.num_attention_heads, config.num_key_value_heads
@@ -209,15 +243,24 @@ def pipeline_facts(
     grid: Sequence[Sequence[int]],
     pids: dict[int, int],
     hosts: dict[int, str],
+    source: Any = None,
 ) -> list[RankFacts]:
     """The facts of every rank of a pipeline whose processes run on this host. `stages[k]` has
     `.layers` (half-open), `.tp`, `.dtype_of(tp_rank)`, `.device`; `grid[k]` lists stage k's
-    global ranks; the head (global rank 0) also holds the embedding and the LM head."""
+    global ranks; the head (global rank 0) also holds the embedding and the LM head. `source`
+    (the model source, optional): its block sizes shape a TP stage's plan, as the stage's own
+    (`pp.tp_stage`), and its tensors' sizes give a mixture of experts' bytes."""
+    from tandem.parallel.moe_reads import source_bytes
+    from tandem.parallel.plan import plan_for_source
+
     n = len(stages)
-    rows: list[tuple[int, str, dict[str, Any], float, Any, str]] = []
+    nbytes = None if source is None else source_bytes(source)
+    rows: list[tuple[int, str, dict[str, Any], float, Any, str, Any]] = []
     for k, spec in enumerate(stages):
         layers = (spec.layers.start, spec.layers.end)
-        plan = plan_for_config(config, spec.tp) if spec.tp > 1 else None
+        plan = None
+        if spec.tp > 1:
+            plan = plan_for_source(source, spec.tp) if source else plan_for_config(config, spec.tp)
         for r, g in enumerate(grid[k]):
             if plan is None:
                 shard = layer_shard(layers, k, n)
@@ -227,7 +270,8 @@ def pipeline_facts(
             if g == 0:
                 work += config.hidden_size * config.vocab_size
             role = "head" if g == 0 else f"stage {k}"
-            rows.append((g, role, shard, work, spec, spec.dtype_of(r)))
+            moe = experts_entry(config, plan, r, layers, nbytes)
+            rows.append((g, role, shard, work, spec, spec.dtype_of(r), moe))
     rows.sort(key=lambda x: x[0])
     return [
         RankFacts(
@@ -241,8 +285,9 @@ def pipeline_facts(
             work_share=share,
             pid=pids.get(g),
             local=g in pids,
+            experts=moe,
         )
-        for (g, role, shard, _, spec, dtype), share in zip(rows, shares([x[3] for x in rows]))
+        for (g, role, shard, _, spec, dtype, moe), share in zip(rows, shares([x[3] for x in rows]))
     ]
 
 

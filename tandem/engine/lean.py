@@ -93,10 +93,12 @@ class LeanExecutor:
         max_seq_len: int,
         *,
         weight_format: str | None = None,
+        experts: dict[str, Any] | None = None,
         files: ModelFiles | None = None,
     ) -> None:
         self.model = model
         self.weight_format = weight_format
+        self.experts = experts  # a mixture of experts' placement, for describe
         self.files = files
         self.vocab_size = model.config.vocab_size
         self.max_seq_len = max_seq_len
@@ -129,7 +131,10 @@ class LeanExecutor:
         files = ModelFiles.of_source(src)
         model = LeanModel(src, max_batch, max_seq_len, threads or default_threads())
         mapped_guard.watch(src)
-        return cls(model, max_batch, max_seq_len, weight_format=src.weight_format(), files=files)
+        from tandem.parallel.moe_reads import whole_model_entry
+
+        return cls(model, max_batch, max_seq_len, weight_format=src.weight_format(), files=files,
+                   experts=whole_model_entry(src))  # fmt: skip
 
     def run(self, step: Step) -> StepResult:
         if self.files is not None:
@@ -171,6 +176,7 @@ class LeanExecutor:
             local=True,
             threads=self.model.threads,
             kernels=self.model.kernel_choice,
+            experts=self.experts,
         )
         return ci.Description("single", 1, 1, [facts]).as_dict()
 

@@ -32,6 +32,7 @@ from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
 from tandem.models.llama import Transformer
+from tandem.parallel.moe_reads import whole_model_entry
 
 # the one sequence error under the name this executor has always raised
 StepError = SequenceError
@@ -47,10 +48,12 @@ class LocalExecutor:
         kernels: str = "auto",
         weight_format: str | None = None,
         files: ModelFiles | None = None,
+        experts: dict[str, Any] | None = None,
     ) -> None:
         cfg = model.config
         self.files = files
         self.weight_format = weight_format  # how the weights were stored (for describe)
+        self.experts = experts  # a mixture of experts' placement, for describe
         self.kernels = prepare(model, kernel=kernels)  # in place, once
         self.model = model
         self.vocab_size = cfg.vocab_size
@@ -73,7 +76,8 @@ class LocalExecutor:
     ) -> LocalExecutor:
         md = open_model(path)
         model = load_model(md, dtype=dtype, device=device)
-        return cls(model, max_batch, max_seq_len, kernels=kernels, weight_format=md.weight_format())
+        return cls(model, max_batch, max_seq_len, kernels=kernels, weight_format=md.weight_format(),
+                   experts=whole_model_entry(md))  # fmt: skip
 
     def run(self, step: Step) -> StepResult:
         if self.files is not None:
@@ -115,6 +119,7 @@ class LocalExecutor:
             local=True,
             threads=torch.get_num_threads(),
             kernels=self.kernels.variants,
+            experts=self.experts,
         )
         return ci.Description("single", 1, 1, [facts]).as_dict()
 

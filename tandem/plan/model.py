@@ -166,11 +166,14 @@ def allreduce_wire_bytes(n: int, nbytes: int) -> int:
     return round(2 * (n - 1) * nbytes)
 
 
-def layer_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tuple[float, ...]:
-    """Each TP rank's fraction of one decoder layer's parameters under `parallel.plan`'s tiling."""
+def layer_shares(
+    config: Any, tp: int, weights: tuple[float, ...] | None, moe: str = "tp"
+) -> tuple[float, ...]:
+    """Each TP rank's fraction of the parameters one decoder layer reads per token under
+    `parallel.plan`'s tiling, a mixture of experts placed by `moe` (`_ffn_read`)."""
     if tp == 1:
         return (1.0,)
-    plan = plan_for_config(config, tp, weights)
+    plan = plan_for_config(config, tp, weights, moe=moe)
     d, L = config.hidden_size, config.num_hidden_layers
     total_attn = d * plan.head_dim * (plan.n_heads * 2 + plan.n_kv_heads * 2)
     total = total_attn + sum(_ffn_read(config, plan, None, i) for i in range(L)) / L
@@ -183,9 +186,14 @@ def layer_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tup
 
 def _ffn_read(config: Any, plan: Any, rank: int | None, layer: int) -> float:
     """Feed-forward parameters of `layer` rank `rank` reads per token (None: the whole layer's).
-    A sparse layer: the router (every rank), the top-k experts at the rank's rows under `--moe tp`
-    or, under `--moe experts`, the k experts times the rank's fraction of them (the share routing
-    sends it on average), and its rows of the shared expert (`partition.layer_read_params`)."""
+    A sparse layer of E experts, k active, width w, hidden D: the router E D (every rank), then
+
+        --moe tp        k w_r D 3       the k chosen experts at the rank's rows w_r
+        --moe experts   k (n_r / E) w D 3   its n_r whole experts: the k chosen land on it
+                                        k n_r / E times on average (routing taken as uniform)
+
+    and its rows of the shared expert (`partition.layer_read_params` for the whole layer). Under
+    whole experts the ranks' shares follow their expert counts, not their rows."""
     d, spec = config.hidden_size, getattr(config, "moe", None)
     if spec is None or not spec.is_sparse(layer):
         rows = config.intermediate_size if rank is None else plan.intermediate[rank].size
@@ -232,8 +240,11 @@ def lockstep_per_sync(nodes: list[NodeSpec]) -> float:
     return max(nodes[ix[0]].lockstep_at(len(ix)) for ix in _by_host(nodes).values())
 
 
-def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) -> Prediction:
-    """The predicted time per decode token of `layout` on `nodes[:tp*pp]` (stage-major order)."""
+def predict(
+    config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec, moe: str = "tp"
+) -> Prediction:
+    """The predicted time per decode token of `layout` on `nodes[:tp*pp]` (stage-major order);
+    `moe`: a mixture of experts' placement in each TP stage ("tp" rows or "experts" whole)."""
     if layout.tp < 1 or layout.pp < 1:
         raise PlanModelError(f"invalid layout {layout}")
     if len(nodes) < layout.n_ranks:
@@ -253,7 +264,7 @@ def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) 
     compute = sync = lockstep = 0.0
     wire = 0
     for i, st in enumerate(stages):
-        shares = layer_shares(config, layout.tp, tp_weights[i])
+        shares = layer_shares(config, layout.tp, tp_weights[i], moe)
         per_layer = group_time([f * n.s_per_token * frac_layer for f, n in zip(shares, st)], st)
         compute += counts[i] * per_layer
         ar = allreduce_s(link, layout.tp, s_hidden)
@@ -272,7 +283,7 @@ def predict(config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec) 
     if layout.pp > 1:
         sync += layout.pp * link.message_s(s_hidden)
         wire += layout.pp * layout.tp * s_hidden
-    first_shares = layer_shares(config, layout.tp, tp_weights[0])
+    first_shares = layer_shares(config, layout.tp, tp_weights[0], moe)
     return Prediction(layout, compute + sync + lockstep, compute, sync, wire, tuple(counts),
                       tuple(first_shares), lockstep)  # fmt: skip
 
@@ -291,9 +302,14 @@ def candidate_layouts(n_nodes: int, max_tp: int = 8, max_pp: int = 8) -> list[La
 
 
 def rank_layouts(
-    config: Any, nodes: list[NodeSpec], link: LinkSpec, layouts: list[Layout] | None = None
+    config: Any,
+    nodes: list[NodeSpec],
+    link: LinkSpec,
+    layouts: list[Layout] | None = None,
+    moe: str = "tp",
 ) -> list[Prediction]:
-    """Predictions for every feasible layout, fastest first (ties: fewer ranks, then unweighted).
+    """Predictions for every feasible layout, fastest first (ties: fewer ranks, then unweighted),
+    a mixture of experts placed by `moe` in every TP stage.
 
     Nodes are taken fastest first, so a layout of k ranks uses the k fastest nodes and the head
     (rank 0, which also runs the LM head) is the fastest."""
@@ -306,7 +322,7 @@ def rank_layouts(
         if lay.weighted and len({n.s_per_token for n in nodes[: lay.n_ranks]}) == 1:
             continue  # equal nodes: the weighted layout is the unweighted one
         try:
-            preds.append(predict(config, lay, nodes, link))
+            preds.append(predict(config, lay, nodes, link, moe))
         except (TPPlanError, PartitionError):
             continue  # more TP ranks than kv heads, more stages than layers, an untileable split
     return sorted(

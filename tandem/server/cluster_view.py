@@ -46,6 +46,45 @@ class Shard(BaseModel):
         description='one sequence\'s cache slot: {"kv": keys and values at max_seq_len, '
         '"state": the recurrent (Gated DeltaNet) layers\' fixed state}',
     )
+    moe: Literal["tp", "experts"] | None = Field(
+        default=None, description="a TP rank's expert placement: rows of every expert or whole"
+    )
+    experts: list[int] | None = Field(default=None, description="experts held [start, end)")
+    expert_rows: list[int] | None = Field(default=None, description="rows of each held expert")
+
+
+class ActiveBytes(BaseModel):
+    """A rank's bytes read per token, by part, at the file's block types."""
+
+    attention: int
+    router: int
+    experts: int = Field(description="expected: k n_r / E experts' worth under whole experts")
+    shared_expert: int
+    dense_mlp: int = Field(description="a dense layer's MLP rows among sparse ones")
+
+
+class LoadedExperts(BaseModel):
+    """What the rank's process holds, read from its modules once the shards loaded (TP groups)."""
+
+    experts: list[int] = Field(description="experts held [start, end)")
+    rows: int = Field(description="rows of each held expert")
+    sparse_layers: int
+    bytes: int = Field(description="its expert tensors' bytes as loaded (biases included)")
+
+
+class RankExperts(BaseModel):
+    """A mixture of experts' placement on one rank (`parallel.moe_reads`)."""
+
+    moe: Literal["tp", "experts"]
+    experts: list[int] = Field(description="experts held [start, end)")
+    n_experts: int
+    expert_rows: list[int] = Field(description="rows of each held expert [start, end)")
+    row_share: float
+    active_experts: float = Field(description="experts' worth read per token per sparse layer")
+    active_bytes_per_token: int = Field(description="decoder weights read per token, bytes")
+    active_bytes: ActiveBytes
+    held_expert_bytes: int = Field(description="its experts' bytes as stored in the file")
+    loaded: LoadedExperts | None = None
 
 
 class Rank(BaseModel):
@@ -67,6 +106,9 @@ class Rank(BaseModel):
         default=None,
         description="measured on the rank as its TP group formed: gemv_gb_s (decode GEMV weight "
         "GB/s on its own kernel and dtype), free_gb, allreduce_ms and goodput_mbit_s (the group's)",
+    )
+    experts: RankExperts | None = Field(
+        default=None, description="a mixture of experts' placement on this rank; null if dense"
     )
 
 

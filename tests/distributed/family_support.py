@@ -27,8 +27,11 @@ def assert_single_node(ex, expected: dict) -> None:
         assert ids == want_ids, f"batch {batch}"
 
 
-def assert_pipeline_and_grid_match(model, expected: dict, cut: int, layers: int) -> None:
-    """Two stages cut at layer `cut`, then the same with the first stage a TP=2 group."""
+def assert_pipeline_and_grid_match(
+    model, expected: dict, cut: int, layers: int, check=None
+) -> None:
+    """Two stages cut at layer `cut`, then the same with the first stage a TP=2 group;
+    `check(ex, stages)`, when given, also looks at each running pipeline."""
     for stages in (
         [StageSpec(R(0, cut)), StageSpec(R(cut, layers))],
         [StageSpec(R(0, cut), tp=2), StageSpec(R(cut, layers), tp=1)],
@@ -36,5 +39,7 @@ def assert_pipeline_and_grid_match(model, expected: dict, cut: int, layers: int)
         ex = launch_pipeline(model, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
         try:
             assert_single_node(ex, expected)
+            if check is not None:
+                check(ex, stages)
         finally:
             ex.close()

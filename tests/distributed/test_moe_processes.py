@@ -69,11 +69,59 @@ def test_every_expert_placement_matches_single_node_across_processes(groups, fam
     if moe == "experts":  # whole experts, tiling [0, 8) in rank order
         assert [s["experts"][0] for s in shards] == sorted(s["experts"][0] for s in shards)
         assert shards[0]["experts"][0] == 0 and shards[-1]["experts"][1] == 8
+    assert_each_rank_shows_the_experts_it_loaded(ex, family[0], moe)
+
+
+def assert_each_rank_shows_the_experts_it_loaded(ex, model_dir, moe: str) -> None:
+    """Each rank's `experts` entry (what /v1/cluster shows) against what its process loaded
+    (`held_experts`, gathered from every rank's modules): the same experts and rows of each;
+    whole experts tile [0, 8), rows of every expert tile the width; the bytes it holds are its
+    loaded expert tensors' (float32 as stored; gpt-oss's biases, which the entry leaves out,
+    aside); over the ranks the held bytes are the checkpoint's experts and the expected reads
+    2 / 8 of them."""
+    md = open_model(model_dir)
+    cfg, spec = md.config, md.config.moe
+    x = [r["experts"] for r in ex.describe()["ranks"]]
+    for e in x:
+        loaded = e["loaded"]
+        assert loaded["experts"] == e["experts"] and e["moe"] == moe
+        assert loaded["rows"] == e["expert_rows"][1] - e["expert_rows"][0]
+        assert loaded["sparse_layers"] == sum(map(spec.is_sparse, range(cfg.num_hidden_layers)))
+        if not spec.expert_bias:
+            assert loaded["bytes"] == e["held_expert_bytes"]
+    tiles = [e["experts"] if moe == "experts" else e["expert_rows"] for e in x]
+    assert tiles[0][0] == 0 and all(a[1] == b[0] for a, b in zip(tiles, tiles[1:]))
+    assert tiles[-1][1] == (spec.num_experts if moe == "experts" else spec.intermediate_size)
+    file = sum(
+        md.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes
+        for i in range(cfg.num_hidden_layers) if spec.is_sparse(i) for p in ("gate", "up", "down")
+    )  # fmt: skip
+    assert sum(e["held_expert_bytes"] for e in x) == file
+    assert sum(e["active_bytes"]["experts"] for e in x) == pytest.approx(file * 2 / 8, abs=len(x))
 
 
 def test_a_pipeline_and_a_grid_hold_whole_sparse_layers_and_match_single_node(family):
+    """Also what the pipeline's cluster view says: each stage's ranks together hold every expert
+    of the stage's sparse layers (the file's bytes), its TP=2 ranks half the rows each."""
     d, layers, expected = family
-    assert_pipeline_and_grid_match(d, expected, cut=1, layers=layers)
+    md = open_model(d)
+    spec = md.config.moe
+
+    def held(a: int, b: int) -> int:
+        return sum(
+            md.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes
+            for i in range(a, b) if spec.is_sparse(i) for p in ("gate", "up", "down")
+        )  # fmt: skip
+
+    def check(ex, stages):
+        ranks = ex.describe()["ranks"]
+        for k, st in enumerate(stages):
+            mine = [r["experts"] for r in ranks if r["shard"].get("stage", 0) == k]
+            assert len(mine) == st.tp
+            assert sum(e["held_expert_bytes"] for e in mine) == held(st.layers.start, st.layers.end)
+            assert [e["row_share"] for e in mine] == [1 / st.tp] * st.tp
+
+    assert_pipeline_and_grid_match(d, expected, cut=1, layers=layers, check=check)
 
 
 @pytest.fixture(scope="module")

@@ -88,14 +88,30 @@ def test_plan_on_a_k_quant_gguf_shows_block_rounded_shards_and_names_the_o_proj_
 
 
 def test_plan_shows_each_ranks_experts_and_the_expert_bytes_it_reads_per_token(tmp_path, capsys):
+    """tiny-qwen3-moe in float32 (8 experts of 64 rows, 2 active, D 64, layers 0 and 2 sparse,
+    layer 1 dense with MLP 128): under rows each rank reads 2 experts x 32 rows x 3 x 64 x 4 bytes
+    x 2 sparse layers = 98 304 B of experts per token; under whole experts 2 x 4 / 8 = 1 expert x
+    64 rows, the same 0.10 MB expected, and it holds 4 x 64 x 3 x 64 x 4 x 2 = 0.39 MB of them.
+    The JSON carries the same placement."""
     from tandem.loaders.make import make_model_dir
 
     make_model_dir(tmp_path / "moe", "tiny-qwen3-moe")
     nodes = ["--node", "a:50ms", "--node", "b:50ms", "--model", str(tmp_path / "moe")]
     out = _run(nodes, capsys)[1].out
+    assert "pick: TP=2" in out
     assert "experts: 8, 2 active per token; placed as rows of every expert" in out
-    assert "rank 1: experts [0, 8) (8), rows [32, 64) of each" in out
+    assert "rank 1 (b): experts [0, 8) (8), rows [32, 64) of each (50 %)" in out
+    assert "reads 0.23 MB/token: experts 0.10 (1.00 experts' worth)" in out
     out = _run([*nodes, "--moe", "experts"], capsys)[1].out
-    assert "placed as whole experts" in out and "rank 1: experts [4, 8) (4), rows [0, 64)" in out
-    # 2 of 8 experts x 2 sparse layers x 3 projections of 64 x 64 float32, half of it per rank
-    assert "expert bytes read per token 0.1 MB" in out
+    assert "placed as whole experts" in out
+    assert "rank 1 (b): experts [4, 8) (4), rows [0, 64) of each (100 %); holds 0.4 MB" in out
+    rc, js = _run([*nodes, "--moe", "experts", "--json"], capsys)
+    ranks = json.loads(js.out)["experts"]["ranks"]
+    assert [r["experts"] for r in ranks] == [[0, 4], [4, 8]]
+    assert [r["active_bytes"]["experts"] for r in ranks] == [98_304, 98_304]
+    assert [r["held_expert_bytes"] for r in ranks] == [393_216, 393_216]
+    # a single node holds and reads them all; a preset is counted in bfloat16
+    rc, js = _run(["--node", "a:50ms", "--preset", "tiny-qwen3-moe", "--json"], capsys)
+    one = json.loads(js.out)["experts"]["ranks"]
+    assert len(one) == 1 and one[0]["experts"] == [0, 8] and one[0]["expert_rows"] == [0, 64]
+    assert one[0]["active_bytes"]["experts"] == 2 * 64 * 3 * 64 * 2 * 2

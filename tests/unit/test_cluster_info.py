@@ -165,3 +165,75 @@ def test_pipeline_head_turns_failed_as_soon_as_a_stage_process_has_exited(model_
         False,
         "1 stage process(es) exited, the first with code -9 (SIGKILL)",
     )
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from tandem.loaders.make import make_model_dir
+
+    d = tmp_path_factory.mktemp("moe") / "m"
+    make_model_dir(d, "tiny-qwen3-moe")
+    return d
+
+
+def _expert_bytes(md, layers) -> int:
+    return sum(
+        md.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes
+        for i in layers
+        for p in ("gate", "up", "down")
+    )
+
+
+def test_a_moe_ranks_entry_shows_its_experts_and_bytes_single_node_and_in_a_grid(moe_dir):
+    """tiny-qwen3-moe (8 experts of 64 rows, 2 active; layer 1 dense) in float32: one node holds
+    every expert of layers 0 and 2 and reads 2 / 8 of them per token; a (TP=2 on layers [0, 2),
+    one rank on [2, 3)) grid's TP ranks hold rows [0, 32) and [32, 64) of layer 0's experts
+    (layer 1 is dense) and the last stage all of layer 2's; dense models carry no entry."""
+    md = ModelDir(moe_dir)
+    one = LocalExecutor.from_dir(moe_dir).describe()["ranks"][0]["experts"]
+    assert one["experts"] == [0, 8] and one["expert_rows"] == [0, 64] and one["moe"] == "tp"
+    assert one["held_expert_bytes"] == _expert_bytes(md, (0, 2))
+    assert one["active_bytes"]["experts"] == _expert_bytes(md, (0, 2)) * 2 / 8
+    assert one["active_bytes"]["dense_mlp"] == sum(
+        md.info(f"model.layers.1.mlp.{p}_proj.weight").nbytes for p in ("gate", "up", "down")
+    )
+    stages = [StageSpec(LayerRange(0, 2), tp=2), StageSpec(LayerRange(2, 3), tp=1)]
+    facts = ci.pipeline_facts(md.config, "safetensors F32", stages, [[0, 1], [2]], {}, {}, md)
+    x = [f.entry()["experts"] for f in facts]
+    assert [e["expert_rows"] for e in x] == [[0, 32], [32, 64], [0, 64]]
+    assert x[0]["held_expert_bytes"] + x[1]["held_expert_bytes"] == _expert_bytes(md, (0,))
+    assert x[2]["held_expert_bytes"] == _expert_bytes(md, (2,))
+    assert x[2]["active_bytes"]["dense_mlp"] == 0  # the dense layer is stage 0's
+    dense = ci.pipeline_facts(tiny_config(), None, [StageSpec(LayerRange(0, 2))], [[0]], {}, {})
+    assert dense[0].entry()["experts"] is None
+
+
+def test_the_torch_free_single_node_shows_a_moe_files_experts_at_its_block_types(tmp_path):
+    """A Q8_0 tiny-qwen3-moe GGUF on the torch-free path: one rank holding the 8 experts of both
+    sparse layers, their bytes the file's blocks (34 per 32 weights), 2 / 8 of them read."""
+    from tandem.engine.lean import LeanExecutor
+    from tandem.loaders.gguf.writer import write_preset_gguf
+    from tandem.loaders.source import open_model
+
+    file = write_preset_gguf(tmp_path / "m.gguf", "tiny-qwen3-moe", "Q8_0")[1][0]
+    x = LeanExecutor.from_file(file, max_batch=1, max_seq_len=32).describe()["ranks"][0]["experts"]
+    held = _expert_bytes(open_model(file), (0, 2))
+    assert held == 2 * 3 * 8 * 64 * 64 * 34 // 32
+    assert x["experts"] == [0, 8] and x["held_expert_bytes"] == held
+    assert x["active_bytes"]["experts"] == held * 2 / 8
+
+
+def test_a_moe_ranks_work_share_follows_the_experts_it_holds():
+    """tiny-qwen3-moe (D 64; 4 q / 2 kv heads of 16; 8 experts of 64, 2 active; layer 1 dense,
+    MLP 128) at 2:1 on whole experts: 5 and 3 experts, one kv head and 64 MLP rows each. Per
+    layer a rank reads attention 64 (32 + 2 16 + 32) = 6144; a sparse layer adds the router
+    8 64 = 512 and 2 n_r / 8 experts of 64 3 64 = 12 288 (rank 0: 15 360, rank 1: 9216); the
+    dense layer its 64 rows, 12 288. Over the 3 layers: rank 0 (3 6144 + 2 (512 + 15 360) +
+    12 288) / 3 = 20 821.3, rank 1 (18 432 + 2 (512 + 9216) + 12 288) / 3 = 16 725.3, where
+    the dense formula gave both 18 432."""
+    from tandem.models.presets import get_preset
+
+    cfg = get_preset("tiny-qwen3-moe").config
+    plan = plan_for_config(cfg, 2, (2.0, 1.0), moe="experts")
+    assert ci.layer_work(cfg, plan, 0) == pytest.approx(62_464 / 3, rel=1e-12)
+    assert ci.layer_work(cfg, plan, 1) == pytest.approx(50_176 / 3, rel=1e-12)

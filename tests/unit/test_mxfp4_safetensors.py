@@ -196,13 +196,24 @@ def test_quantizing_an_mxfp4_checkpoint_again_is_refused(mxfp4_dir, tmp_path):
 
 
 def test_tandem_plan_shows_an_mxfp4_checkpoints_expert_placement(mxfp4_dir):
-    """`tandem plan --model DIR` (its expert bytes from `info().nbytes`, the blocks' own)."""
-    from tandem.cli.plan import render_experts
-    from tandem.parallel.plan import plan_for_source
+    """`tandem plan --model`'s placement: its expert bytes at MXFP4's 17 bytes per 32 weights,
+    over the ranks the file's expert bytes (`info().nbytes`, the blocks' own)."""
+    from tandem.parallel.moe_reads import source_bytes
+    from tandem.plan.experts import place_experts, render_placement
+    from tandem.plan.model import Layout, NodeSpec
 
     src = open_model(mxfp4_dir)
+    cfg = src.config
+    nodes = [NodeSpec("a", 0.01), NodeSpec("b", 0.01)]
+    every = [f"model.layers.{i}.mlp.experts.{p}_proj.weight"
+             for i in range(cfg.num_hidden_layers) for p in ("gate", "up", "down")]  # fmt: skip
     for moe, line in (
-        ("tp", "rank 1: experts [0, 8) (8), rows [32, 64)"),
-        ("experts", "rank 1: experts [4, 8) (4), rows [0, 64)"),
+        ("tp", "rank 1 (b): experts [0, 8) (8), rows [32, 64)"),
+        ("experts", "rank 1 (b): experts [4, 8) (4), rows [0, 64)"),
     ):
-        assert line in render_experts(plan_for_source(src, 2, moe=moe), src)
+        placed = place_experts(
+            cfg, Layout(2), (cfg.num_hidden_layers,), nodes, moe, source_bytes(src)
+        )
+        assert line in render_placement(cfg, placed, "as stored")
+        held = sum(r.reads.held_expert_bytes for r in placed.ranks)
+        assert held == pytest.approx(sum(src.info(n).nbytes for n in every), rel=1e-12)

@@ -72,3 +72,20 @@ def test_status_cells_show_the_probe_or_dashes_before_the_group_forms():
     view = {"ranks": [{"rank": 0, "probe": {"gemv_gb_s": 1.0}}, {"rank": 1}]}
     assert probes_from_view(view) == {0: {"gemv_gb_s": 1.0}}
     assert view_url("0.0.0.0", 8000) == "http://127.0.0.1:8000/v1/cluster"
+
+
+def test_plan_from_status_of_a_moe_model_places_its_experts_on_the_probed_ranks(tmp_path, capsys):
+    """tiny-qwen3-moe on two probed ranks at 10 and 5 GB/s: under whole experts the pick's
+    placement lists every rank of the pick, fastest first, their experts tiling the 8."""
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps(SNAP))
+    argv = ["plan", "--preset", "tiny-qwen3-moe", "--from-status", str(path), "--moe", "experts"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ranks = doc["experts"]["ranks"]
+    pick = next(p for p in doc["predictions"] if p["layout"] == doc["pick"])
+    assert len(ranks) == len(pick["tp_shares"]) * len(pick["stage_layers"])
+    assert ranks[0]["experts"][0] == 0 and ranks[-1]["experts"][1] == 8
+    assert all(a["experts"][1] == b["experts"][0] for a, b in zip(ranks, ranks[1:]))
+    assert main(argv) == 0
+    assert "experts: 8, 2 active per token" in capsys.readouterr().out

@@ -193,7 +193,7 @@ def launch_pipeline(
         head_right = f"{addr(ranks[0][1])}:{got[ranks[0][1]][1]}" if head_ring else ""
         pids = {0: os.getpid(), **{g: p.pid for g, p in procs.items()}}
         hosts = {g: addr(g) for g in pids} if addresses is not None else {}
-        facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts)
+        facts = pipeline_facts(cfg, md.weight_format(), stages, ranks, pids, hosts, md)
         executor = _build_head(
             md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,

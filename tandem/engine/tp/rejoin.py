@@ -14,7 +14,7 @@ setup collectives of `tp.setup.start_head` with the layout it already holds, min
     agree_layout(kept layout, not probed)   agree_layout(None) -> the kept layout (no refinement)
     check_group_fit                         check_group_fit
     (keeps its shard)                       build_shard: loads its own slices
-    barrier                                 barrier
+    gather_held (what each shard holds)     gather_held
     admit (conformance, judges)             admit
 
 A worker cannot tell a kept head from a fresh one: the frames are the same. The conformance check
@@ -33,6 +33,7 @@ from tandem.comm.base import Communicator
 from tandem.comm.metered import MeteredCommunicator
 from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.held_experts import gather_held
 from tandem.engine.tp.probe import measure
 from tandem.engine.tp.setup import (
     admit,
@@ -113,12 +114,12 @@ def rejoin_head(
             # the kept shard fixes the weights: no decode at join refines them again
             layout = agree_layout(metered, replace(layout, probed=0), md.fingerprint())
             check_group_fit(md, layout, ranks, probes)
-            metered.barrier()  # every returning rank has loaded its shard
+            loaded = gather_held(metered, runner.model)  # every returning rank has loaded
             plan = layout.plan(md)
             admit(metered, runner, ranks, md, plan)
         facts = [
             replace(f, probe=p.as_dict())
-            for f, p in zip(rank_facts(md, plan, ranks, device), probes)
+            for f, p in zip(rank_facts(md, plan, ranks, device, loaded), probes)
         ]
     except BaseException:
         comm.close()  # the next attempt relinks over its own links

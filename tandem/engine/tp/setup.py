@@ -42,6 +42,7 @@ from tandem.engine.runner import ShardRunner
 from tandem.engine.tp.balance import ComputeClock
 from tandem.engine.tp.conformance import check_conformance
 from tandem.engine.tp.head import TPExecutor
+from tandem.engine.tp.held_experts import gather_held
 from tandem.engine.tp.layout import GroupLayout, RankInfo, WorkerProcesses
 from tandem.engine.tp.placement import check_group_fit, plannable, refinement
 from tandem.engine.tp.probe import RankProbe, choose_weights, measure
@@ -169,11 +170,20 @@ def exchange_rank_info(comm: Communicator, dtype: str, device: str) -> list[Rank
 
 
 def rank_facts(
-    md: ModelSource, plan: TPPlan, ranks: list[RankInfo], head_device: str
+    md: ModelSource,
+    plan: TPPlan,
+    ranks: list[RankInfo],
+    head_device: str,
+    loaded: list[dict[str, Any] | None] | None = None,
 ) -> list[ci.RankFacts]:
     """The cluster view's static facts of each rank of a TP group holding every layer. Only the
-    head (this process) is marked local; a launcher that started its workers marks them."""
+    head (this process) is marked local; a launcher that started its workers marks them.
+    `loaded`: what each rank's shard holds of the experts (`held_experts.gather_held`), shown
+    beside the plan's placement."""
+    from tandem.parallel.moe_reads import source_bytes
+
     cfg = md.config
+    nbytes = source_bytes(md)
     layers = (0, cfg.num_hidden_layers)
     work = [
         cfg.num_hidden_layers * ci.layer_work(cfg, plan, r.rank)
@@ -193,9 +203,18 @@ def rank_facts(
             pid=r.pid,
             local=r.rank == 0,
             threads=r.threads,
+            experts=_with_loaded(
+                ci.experts_entry(cfg, plan, r.rank, layers, nbytes), loaded, r.rank
+            ),
         )
         for r, share in zip(ranks, ci.shares(work))
     ]
+
+
+def _with_loaded(entry, loaded, rank: int):
+    if entry is None or loaded is None:
+        return entry
+    return {**entry, "loaded": loaded[rank]}
 
 
 def _reload(
@@ -208,16 +227,17 @@ def _reload(
     dtype: str,
     device: str,
     kernels: str,
-) -> tuple[GroupLayout, ShardRunner]:
+) -> tuple[GroupLayout, ShardRunner, list[dict[str, Any] | None]]:
     """Every rank: its shard again under the refined `weights` (the old runner let go first by
-    the caller), fit-checked as the first; the kernels are those the conformance check admitted."""
+    the caller), fit-checked as the first; the kernels are those the conformance check admitted.
+    Also what every rank's new shard holds of the experts (`held_experts`)."""
     gc.collect()
     layout = replace(layout, weights=weights)
     md = open_model(model_dir)
     check_group_fit(md, layout, ranks, probes)
     runner = build_shard(md, comm, layout, dtype, device, kernels)
-    comm.barrier()  # every shard loaded again
-    return layout, runner
+    loaded = gather_held(comm, runner.model)  # every shard loaded again
+    return layout, runner, loaded
 
 
 def build_shard(
@@ -340,7 +360,7 @@ def start_head(
         layout = agree_layout(comm, layout, md.fingerprint())
         check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
-        comm.barrier()  # every shard loaded
+        loaded = gather_held(comm, runner.model)  # every shard loaded
         plan = layout.plan(md)
         ref = open_model(model_dir)  # build_shard let go of its mapping; the probe reads one layer
         try:
@@ -356,7 +376,7 @@ def start_head(
                 why = f"kept after a {clocks[0][1]}-step decode at join (compute ms/step {ms})"
             else:
                 del runner
-                layout, runner = _reload(
+                layout, runner, loaded = _reload(
                     model_dir, comm, layout, new, ranks, probes, dtype, device, kernels
                 )
                 plan = layout.plan(md)
@@ -367,7 +387,8 @@ def start_head(
             choice = replace(choice, weights=layout.weights, why=f"{choice.why}; {why}")
             log.info("%s", choice.line())
     facts = [
-        replace(f, probe=p.as_dict()) for f, p in zip(rank_facts(md, plan, ranks, device), probes)
+        replace(f, probe=p.as_dict())
+        for f, p in zip(rank_facts(md, plan, ranks, device, loaded), probes)
     ]
     return head_executor(
         runner,
@@ -442,14 +463,14 @@ def run_worker(
         layout = agree_layout(comm, None, md.fingerprint())
         check_group_fit(md, layout, ranks, probes)
         runner = build_shard(md, comm, layout, dtype, device, kernels)
-        comm.barrier()
+        gather_held(comm, runner.model)  # every shard loaded: the head shows what each holds
         admit(comm, runner, ranks, None, None)
         if layout.probed:  # as the head: a short decode, then the head's verdict
             warmup_clocks(comm, runner)
             new = agree_refinement(comm, None)
             if new is not None:
                 del runner
-                layout, runner = _reload(
+                layout, runner, _ = _reload(
                     model_dir, comm, layout, new, ranks, probes, dtype, device, kernels
                 )
     return serve(runner, BroadcastSource(comm), ComputeClock(comm))

@@ -51,6 +51,19 @@ export function shardLines(s) {
   return out;
 }
 
+// A mixture of experts' placement on one rank (`experts` in /v1/cluster; null for a dense model):
+// the experts it holds and its rows of each, the bytes it reads per token (the expert part an
+// expectation under whole experts) and the expert bytes it holds.
+export function expertLines(x) {
+  if (x === null || x === undefined) return [];
+  const how = x.moe === "experts" ? "whole experts" : "rows of every expert";
+  const rows = x.expert_rows[1] - x.expert_rows[0];
+  return [
+    `experts ${range(x.experts)} (${x.n_experts}) · ${rows} rows of each · ${how}`,
+    `reads ${bytes(x.active_bytes_per_token)}/token · holds ${bytes(x.held_expert_bytes)} of experts`,
+  ];
+}
+
 function rankRow(r) {
   const tr = document.createElement("tr");
   tr.dataset.rank = String(r.rank);
@@ -59,13 +72,24 @@ function rankRow(r) {
     lines([r.host, r.pid === null ? "" : `pid ${r.pid}`]),
     lines([r.device, r.dtype + (r.threads ? ` · ${r.threads} thr` : "")]),
     cell(r.weight_format || DASH),
-    lines(shardLines(r.shard)),
+    shardCell(r),
     cell(pct(r.work_share), "num"),
     cell(bytes(r.rss_bytes), "num"),
     cell(pct(r.wait_fraction), "num"),
   );
   tr.children[4].className = "shard";
   return tr;
+}
+
+function shardCell(r) {
+  const td = lines(shardLines(r.shard));
+  for (const text of expertLines(r.experts)) {
+    const div = document.createElement("div");
+    div.className = "experts";
+    div.textContent = text;
+    td.append(div);
+  }
+  return td;
 }
 
 function linkRow(l) {
