@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from model_shapes import qwen3_30b_a3b
 
 from tandem.config import ModelConfig
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.source import open_model
-from tandem.moe_config import MoESpec
 from tandem.parallel.moe_reads import rank_reads, source_bytes, uniform_bytes
 from tandem.parallel.plan import plan_for_config, plan_for_source
 from tandem.plan.experts import place_experts, render_placement
@@ -64,16 +64,6 @@ def test_the_ranks_bytes_add_up_to_the_files_tensors(q8_file, moe, weights):
     assert sum(r.attention_bytes for r in reads) == pytest.approx(_file_bytes(src, attn))
 
 
-def _qwen3_30b_a3b() -> ModelConfig:
-    return ModelConfig(
-        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
-        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, qk_norm=True,
-        tie_word_embeddings=False,
-        moe=MoESpec(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
-    )  # fmt: skip
-
-
 # Qwen3-30B-A3B per layer, in elements: attention 2048 128 (2 32 + 2 4) = 18 874 368; router
 # 128 2048 = 262 144; one expert 3 2048 768 = 4 718 592
 ATTN, ROUTER, EXPERT, LAYERS = 18_874_368, 262_144, 4_718_592, 48
@@ -86,7 +76,7 @@ def test_qwen3_30b_a3b_at_tp2_in_bfloat16(moe):
     under rows, 384 of 768 rows of each of the 8 chosen experts; under whole experts, 64 of the
     128 experts, so 8 64 / 128 = 4 of the chosen ones on average. Either holds half the experts:
     48 64 EXPERT 2 = 28.99 GB."""
-    cfg = _qwen3_30b_a3b()
+    cfg = qwen3_30b_a3b()
     plan = plan_for_config(cfg, 2, moe=moe)
     for r in range(2):
         got = rank_reads(cfg, plan, r, (0, LAYERS), uniform_bytes(2))
@@ -104,7 +94,7 @@ def test_qwen3_30b_a3b_whole_experts_at_3_to_1_in_q4_k():
     on average; in Q4_K (144 bytes per 256 elements) rank 0 reads 48 6 EXPERT 144 / 256 =
     764.4 MB of experts per token and rank 1 254.8 MB; together 48 8 EXPERT 144 / 256, the whole
     model's expected expert read."""
-    cfg = _qwen3_30b_a3b()
+    cfg = qwen3_30b_a3b()
     plan = plan_for_config(cfg, 2, (3.0, 1.0), moe="experts")
     q4k = uniform_bytes(144 / 256)
     a, b = (rank_reads(cfg, plan, r, (0, LAYERS), q4k) for r in range(2))
@@ -120,7 +110,7 @@ def test_the_predictor_weighs_whole_experts_by_the_experts_a_rank_holds():
     heads at 3:1: 3 and 1 of the 4), over the whole layer ATTN + ROUTER + 8 EXPERT. An equal
     split is the rows' 0.5023 each (the router read on both). tiny-mixtral at 2:1: 5 / 3 whole experts against rows 32 / 32 (64 wide
     in blocks of 32), so the predicted shares differ by placement."""
-    cfg = _qwen3_30b_a3b()
+    cfg = qwen3_30b_a3b()
     total = ATTN + ROUTER + 8 * EXPERT
     want = ((ATTN * 3 / 4 + ROUTER + 6 * EXPERT) / total, (ATTN / 4 + ROUTER + 2 * EXPERT) / total)
     assert layer_shares(cfg, 2, (3.0, 1.0), "experts") == pytest.approx(want, rel=1e-12)

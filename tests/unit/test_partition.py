@@ -3,6 +3,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+from model_shapes import qwen3_30b_a3b
 
 from tandem.parallel.partition import (
     CapacityError,
@@ -200,21 +201,6 @@ def test_partition_covers_every_layer_once_and_is_optimal_on_random_fleets():
 # ---- mixture of experts: a token reads its top-k experts, memory holds all of them ----------------
 
 
-def _qwen3_30b_a3b():
-    """Qwen3-30B-A3B's shape: 48 layers, D 2048, 32 q / 4 kv heads of 128 (q/k norms), 128 experts
-    of width 768 with 8 active, every layer sparse, 151 936 tokens, untied."""
-    from tandem.config import ModelConfig
-    from tandem.moe_config import MoESpec
-
-    return ModelConfig(
-        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
-        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, qk_norm=True,
-        tie_word_embeddings=False,
-        moe=MoESpec(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
-    )  # fmt: skip
-
-
 def test_qwen3_30b_a3b_reads_3_3_b_parameters_per_token_of_30_5_b_held():
     """Per layer: attention 2048 128 (32 + 2 4) + 32 128 2048 = 18 874 368, norms 2 2048 + 2 128;
     the router 128 2048 = 262 144; 8 experts read, 8 3 2048 768 = 37 748 736, all 128 held,
@@ -223,7 +209,7 @@ def test_qwen3_30b_a3b_reads_3_3_b_parameters_per_token_of_30_5_b_held():
     + both vocabulary matrices and the final norm 622 331 904 = 30.53 B."""
     from tandem.parallel.partition import layer_held_params, layer_read_params
 
-    config = _qwen3_30b_a3b()
+    config = qwen3_30b_a3b()
     assert layer_read_params(config, 0) == 18_878_720 + 262_144 + 37_748_736 == 56_889_600
     assert layer_held_params(config, 0) == 18_878_720 + 262_144 + 603_979_776 == 623_120_640
     c = model_cost(config)
@@ -241,7 +227,7 @@ def test_qwen3_30b_a3b_stages_are_capped_by_what_they_hold_and_split_by_what_the
     than it holds, so stage 1 gets its 25 and the head 23. Weighed by the dense formula (an MLP of
     6144 per layer, 56.6 M held) each stage held over 270 layers and the 21 / 27 split went
     through."""
-    c = model_cost(_qwen3_30b_a3b())
+    c = model_cost(qwen3_30b_a3b())
     unbounded = [StageCapacity(bytes_per_param=2)] * 2
     assert partition_layers(unbounded, c) == (R(0, 21), R(21, 48))
     stages = [StageCapacity(memory_bytes=32 * 10**9, bytes_per_param=2)] * 2

@@ -2,6 +2,7 @@
 naming the rank and the bytes (`tandem.parallel.fit`, checked in `engine.tp.setup`)."""
 
 import pytest
+from model_shapes import qwen3_30b_a3b
 from tp_support import tiny_config, write_random_model
 
 import tandem.engine.tp.placement as tp_placement
@@ -175,21 +176,6 @@ def test_tiny_qwen3_moe_at_tp2_counts_experts_router_and_its_dense_layer():
         assert n0.weight_bytes == n1.weight_bytes == 146_432
 
 
-def _qwen3_30b_a3b():
-    """Qwen3-30B-A3B's shape: 48 layers, D 2048, 32 q / 4 kv heads of 128, 128 experts of width
-    768 (8 active), dense MLP width 6144 (unused: every layer sparse), 151 936 tokens, untied."""
-    from tandem.config import ModelConfig
-    from tandem.moe_config import MoESpec
-
-    return ModelConfig(
-        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
-        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, qk_norm=True,
-        tie_word_embeddings=False,
-        moe=MoESpec(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
-    )  # fmt: skip
-
-
 def test_qwen3_30b_a3b_at_tp2_is_refused_on_16_gb_and_admitted_on_32_gb():
     """Qwen3-30B-A3B in bfloat16 at TP=2, either placement: a rank holds per layer attention
     2048 128 (2 16 + 2 2) = 9 437 184, the router 128 2048 = 262 144 and 128 experts x 384 rows
@@ -198,7 +184,7 @@ def test_qwen3_30b_a3b_at_tp2_is_refused_on_16_gb_and_admitted_on_32_gb():
     15 272 247 296 elements, 30.54 GB. The dense formula (an MLP of 3072 rows per rank) said
     3.34 GB and admitted the plan on two 16 GB ranks; it is refused there now and fits two 32 GB
     ones. In Q4_K (144 bytes per 256 elements) the same rank needs 8.59 GB: two 10 GB ranks."""
-    config = _qwen3_30b_a3b()
+    config = qwen3_30b_a3b()
     kw = dict(elem_bytes=[2, 2], max_batch=1, max_seq_len=4096)
     kv = 2 * 48 * 4096 * 2 * 128 * 2  # K and V, layers, positions, 2 kv heads, hd, bfloat16
     for moe in ("tp", "experts"):
@@ -227,7 +213,7 @@ def test_qwen3_30b_a3b_whole_experts_follow_the_weights():
     """`--moe experts` with weights 3:1: 96 and 32 of the 128 experts, so rank 0's sparse layer
     holds 262 144 + 96 3 2048 768 = 453 246 976 elements and rank 1's 262 144 + 32 3 2048 768 =
     151 257 088 (the router on both)."""
-    config = _qwen3_30b_a3b()
+    config = qwen3_30b_a3b()
     plan = plan_for_config(config, 2, (3.0, 1.0), moe="experts")
     assert [s.size for s in plan.experts] == [96, 32]
     assert moe_ffn_elements(config, plan, 0) == 453_246_976
