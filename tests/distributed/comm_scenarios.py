@@ -107,17 +107,7 @@ def stall_or_die(comm: Any, mode: str, victim: int, seconds: float) -> dict:
             os._exit(3)
         time.sleep(seconds)
         return {"victim": True}
-    t0 = time.monotonic()
-    try:
-        comm.all_reduce_sum(x)
-    except Exception as e:
-        return {
-            "error": type(e).__name__,
-            "mro": [c.__name__ for c in type(e).__mro__],
-            "elapsed": time.monotonic() - t0,
-            "msg": str(e),
-        }
-    return {"error": None, "elapsed": time.monotonic() - t0}
+    return _timed_all_reduce(comm, x)
 
 
 def desync(comm: Any) -> str:
