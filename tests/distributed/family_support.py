@@ -1,10 +1,17 @@
 """What the per-family process tests share (test_moe_processes, test_gemma3_processes,
-test_phi3_processes): the prompts, the single node's greedy ids and first logits at batch 1 and 3,
-and the comparison every layout must pass: ids equal for 32 tokens, first logits within 1e-4."""
+test_phi3_processes, test_qwen35_processes): the prompts, the single node's greedy ids and first
+logits at batch 1 and 3 (checked against transformers' own where the model is one of its),
+TP groups started side by side, and the comparison every layout must pass: ids equal for 32
+tokens, first logits within 1e-4."""
 
 from __future__ import annotations
 
-from tp_support import greedy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tp_support import SingleNode, greedy, launch_concurrently
 
 from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.parallel.partition import LayerRange as R
@@ -17,6 +24,37 @@ BATCHES = (1, 3)
 def expected_greedy(ex) -> dict:
     """batch -> (greedy ids, first logits) of `ex` (the single node)."""
     return {b: greedy(ex, PROMPTS[:b], N_NEW) for b in BATCHES}
+
+
+def transformers_reference(hf, d: Path) -> dict:
+    """Save the transformers model `hf` to `d`, and the single node's `expected_greedy` on it,
+    whose batch-1 ids must be transformers' own greedy ids."""
+    hf.save_pretrained(d, safe_serialization=True)
+    expected = expected_greedy(SingleNode(d))
+    with torch.inference_mode():
+        out = hf.generate(
+            torch.tensor([PROMPTS[0]]), max_new_tokens=N_NEW, do_sample=False,
+            pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+    assert expected[1][0][0] == out[0, len(PROMPTS[0]) :].tolist()
+    return expected
+
+
+@contextmanager
+def tp_groups(model, layouts: dict[str, tuple[int, dict]]) -> Iterator[dict]:
+    """name -> a TP group over `model` of `layouts[name]` = (ranks, launch options), started
+    side by side (4 sequences of 128 tokens, one thread a rank); closed on exit."""
+    started = launch_concurrently(
+        {k: (model, tp, kw) for k, (tp, kw) in layouts.items()},
+        max_batch=4,
+        max_seq_len=128,
+        threads=1,
+    )
+    try:
+        yield started
+    finally:
+        for ex in started.values():
+            ex.close()
 
 
 def assert_single_node(ex, expected: dict) -> None:

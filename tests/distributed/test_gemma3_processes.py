@@ -10,15 +10,13 @@ import pytest
 import torch
 import transformers
 from family_support import (
-    N_NEW,
-    PROMPTS,
     assert_pipeline_and_grid_match,
     assert_single_node,
-    expected_greedy,
+    tp_groups,
+    transformers_reference,
 )
-from tp_support import SingleNode, launch_concurrently
 
-LAYOUTS = {"tp2": 2, "tp3": 3}
+LAYOUTS = {"tp2": (2, {}), "tp3": (3, {})}
 
 
 def hf_model() -> transformers.Gemma3ForCausalLM:
@@ -44,32 +42,16 @@ def hf_model() -> transformers.Gemma3ForCausalLM:
 def gemma(tmp_path_factory):
     """(model dir, single-node greedy at batch 1 and 3)."""
     d = tmp_path_factory.mktemp("gemma3")
-    hf = hf_model()
-    hf.save_pretrained(d, safe_serialization=True)
-    ref = SingleNode(d)
-    expected = expected_greedy(ref)
-    with torch.inference_mode():
-        out = hf.generate(
-            torch.tensor([PROMPTS[0]]), max_new_tokens=N_NEW, do_sample=False,
-            pad_token_id=0, eos_token_id=None,
-        )  # fmt: skip
-    assert expected[1][0][0] == out[0, len(PROMPTS[0]) :].tolist()
-    return d, expected
+    return d, transformers_reference(hf_model(), d)
 
 
 def test_tp2_and_tp3_with_the_one_kv_head_replicated_match_single_node(gemma):
     d, expected = gemma
-    groups = launch_concurrently(
-        {k: (d, tp, {}) for k, tp in LAYOUTS.items()}, max_batch=4, max_seq_len=128, threads=1
-    )
-    try:
+    with tp_groups(d, LAYOUTS) as groups:
         for name, ex in groups.items():
             shards = [r["shard"] for r in ex.describe()["ranks"]]
             assert all(s["kv_heads"] == [0, 1] for s in shards), name  # replicated
             assert_single_node(ex, expected)
-    finally:
-        for ex in groups.values():
-            ex.close()
 
 
 def test_a_pipeline_and_a_grid_match_single_node(gemma):

@@ -15,6 +15,7 @@ from family_support import (
     assert_pipeline_and_grid_match,
     assert_single_node,
     expected_greedy,
+    tp_groups,
 )
 from tp_support import SingleNode, greedy_steps, launch_concurrently
 
@@ -45,17 +46,8 @@ def family(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def groups(family):
     d = family[0]
-    started = launch_concurrently(
-        {k: (d, tp, kw) for k, (tp, kw) in LAYOUTS.items()},
-        max_batch=4,
-        max_seq_len=128,
-        threads=1,
-    )
-    try:
+    with tp_groups(d, LAYOUTS) as started:
         yield started
-    finally:
-        for ex in started.values():
-            ex.close()
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -16,6 +16,7 @@ from family_support import (
     assert_pipeline_and_grid_match,
     assert_single_node,
     expected_greedy,
+    tp_groups,
 )
 from test_tp_gguf import assert_matches
 from tp_support import greedy_steps, launch_concurrently
@@ -48,17 +49,8 @@ def phi3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def groups(phi3):
-    started = launch_concurrently(
-        {k: (phi3[0], tp, kw) for k, (tp, kw) in LAYOUTS.items()},
-        max_batch=4,
-        max_seq_len=128,
-        threads=1,
-    )
-    try:
+    with tp_groups(phi3[0], LAYOUTS) as started:
         yield started
-    finally:
-        for ex in started.values():
-            ex.close()
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -11,15 +11,14 @@ import pytest
 import torch
 import transformers
 from family_support import (
-    N_NEW,
-    PROMPTS,
     assert_pipeline_and_grid_match,
     assert_single_node,
-    expected_greedy,
+    tp_groups,
+    transformers_reference,
 )
-from tp_support import SingleNode, launch_concurrently
+from hf_init import spread_
 
-LAYOUTS = {"tp2": 2, "tp3": 3}
+LAYOUTS = {"tp2": (2, {}), "tp3": (3, {})}
 SHAPE = dict(
     vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
     num_attention_heads=6, num_key_value_heads=3, head_dim=16, max_position_embeddings=256,
@@ -38,48 +37,24 @@ def hf_model(moe: bool):
     else:
         cfg, model_cls = transformers.Qwen3_5TextConfig(**SHAPE), transformers.Qwen3_5ForCausalLM
     torch.manual_seed(35)
-    hf = model_cls(cfg).eval()
-    with torch.no_grad():  # spread transformers' std-0.02 init so logits are not ties: every
-        # matrix (and the conv's K taps) at unit gain, std fan_in^-1/2, the head at 2x that
-        for name, p in hf.named_parameters():
-            if p.dim() >= 2:  # matrices, the conv (C, 1, K), experts stacked (E, out, in)
-                p.normal_(0, p.shape[-1] ** -0.5 * (2.0 if name == "lm_head.weight" else 1.0))
-            else:
-                p.add_(torch.randn_like(p) * 0.1)
-    return hf
+    return spread_(model_cls(cfg).eval(), head_gain=2.0)
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
 def qwen35(request, tmp_path_factory):
     """(model dir, single-node greedy at batch 1 and 3)."""
     d = tmp_path_factory.mktemp(f"qwen35-{request.param}")
-    hf = hf_model(request.param == "moe")
-    hf.save_pretrained(d, safe_serialization=True)
-    ref = SingleNode(d)
-    expected = expected_greedy(ref)
-    with torch.inference_mode():
-        out = hf.generate(
-            torch.tensor([PROMPTS[0]]), max_new_tokens=N_NEW, do_sample=False,
-            pad_token_id=0, eos_token_id=None,
-        )  # fmt: skip
-    assert expected[1][0][0] == out[0, len(PROMPTS[0]) :].tolist()
-    return d, expected
+    return d, transformers_reference(hf_model(request.param == "moe"), d)
 
 
 def test_tp2_and_tp3_match_single_node(qwen35):
     d, expected = qwen35
-    groups = launch_concurrently(
-        {k: (d, tp, {}) for k, tp in LAYOUTS.items()}, max_batch=4, max_seq_len=128, threads=1
-    )
-    try:
+    with tp_groups(d, LAYOUTS) as groups:
         for name, ex in groups.items():
             shards = [r["shard"] for r in ex.describe()["ranks"]]
             want = [[0, 2], [2, 3]] if name == "tp2" else [[0, 1], [1, 2], [2, 3]]
             assert [s["linear_k_heads"] for s in shards] == want, name
             assert_single_node(ex, expected)
-    finally:
-        for ex in groups.values():
-            ex.close()
 
 
 def test_a_pipeline_and_a_grid_match_single_node(qwen35):

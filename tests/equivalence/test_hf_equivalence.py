@@ -15,6 +15,7 @@ partial rotary; the shared expert), and its prefill across several chunks."""
 import pytest
 import torch
 import transformers
+from hf_init import spread_
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.generate import generate
@@ -192,15 +193,7 @@ def pair(request, tmp_path_factory):
     cfg_cls, model_cls, extra = ARCHS[request.param]
     torch.manual_seed(1234)
     cfg = cfg_cls(**{**SMALL, **extra}, bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    hf = model_cls(cfg).eval()
-    with torch.no_grad():  # HF's own init is std 0.02: spread the weights so logits are not ties
-        for name, p in hf.named_parameters():
-            if name.endswith("conv1d.weight"):  # K taps a channel: unit-scale in, unit out
-                p.normal_(0, p.shape[-1] ** -0.5)
-            elif p.dim() >= 2:  # matrices, and experts stacked (E, out, in)
-                p.normal_(0, 0.25)
-            else:
-                p.add_(torch.randn_like(p) * 0.1)
+    hf = spread_(model_cls(cfg).eval(), matrix_std=0.25)
     d = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(d, safe_serialization=True)
     ours = load_model(ModelDir(d), dtype=torch.float32)

@@ -21,6 +21,7 @@ import pytest
 import torch
 import transformers
 from gguf.quants import dequantize
+from hf_init import spread_
 
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
@@ -52,12 +53,7 @@ def saved(request, tmp_path_factory):
     else:
         hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SHAPE))
     torch.manual_seed(7)
-    with torch.no_grad():  # every matrix (and the conv's taps) at unit gain
-        for p in hf.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, p.shape[-1] ** -0.5)
-            else:
-                p.add_(torch.randn_like(p) * 0.1)
+    spread_(hf)
     d = tmp_path_factory.mktemp(f"qwen35-{request.param}")
     hf.eval().save_pretrained(d / "hf", safe_serialization=True)
     files = {q: write_model_dir_gguf(d / "hf", d / f"m-{q}.gguf", q)[0] for q in ("F32", "Q8_0")}

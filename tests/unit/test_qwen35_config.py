@@ -7,6 +7,7 @@ full_attention_interval; bad layer types and head counts are refused by name; a
 
 import pytest
 import torch
+from hf_init import spread_
 
 from tandem.config import ConfigError, ConfigFieldError, ModelConfig
 
@@ -94,14 +95,7 @@ def test_a_multimodal_checkpoint_loads_its_text_model_equal_to_transformers(tmp_
     vision = dict(depth=1, hidden_size=32, intermediate_size=40, num_heads=2, out_hidden_size=64)
     cfg = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
     torch.manual_seed(0)
-    hf = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
-    for name, p in hf.named_parameters():
-        if name.endswith("conv1d.weight"):
-            p.normal_(0, p.shape[-1] ** -0.5)
-        elif p.dim() >= 2:
-            p.normal_(0, 0.25)
-        else:
-            p.add_(torch.randn_like(p) * 0.1)
+    hf = spread_(transformers.Qwen3_5ForConditionalGeneration(cfg).eval(), matrix_std=0.25)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     md = ModelDir(tmp_path)
     assert md.config.architecture == "Qwen3_5ForCausalLM"
