@@ -6,8 +6,12 @@ A rank holding decoder layers `[a, b)` of a model of hidden size D under a `TPPl
 every expert, for a single node or a pipeline stage without TP) reads per token, per layer, with
 `b(t)` the bytes per element of tensor t:
 
-    attention     D (q_r b(q) + kv_r (b(k) + b(v)) + o_r b(o))    q_r, kv_r: its q / kv rows;
-                                                                  o_r: its o_proj columns
+    attention     D (q_r b(q) + kv_r (b(k) + b(v)) + o_r b(o))    q_r, kv_r: its q / kv rows
+                                                                  (gated attention: 2 hd a
+                                                                  head); o_r: o_proj columns
+    DeltaNet      D (c_r b(qkv) + z_r b(z) + v_r (b(a) + b(b))    c_r: its in_proj_qkv rows,
+                     + z_r b(out))                                z_r = v_r dv: its v heads'
+                                                                  z rows and out_proj columns
     sparse layer  router  E D b(gate)                             every rank routes the full token
                   experts k (n_r / E) w_r D (b(gate_e) + b(up_e) + b(down_e))
                   shared  s_r D (b(sg) + b(su) + b(sd)) + D b(shared_expert_gate)
@@ -126,14 +130,16 @@ def rank_reads(
         return None
     D, E, w = config.hidden_size, spec.num_experts, spec.intermediate_size
     ex, rows = plan.experts[rank], plan.expert_rows[rank]
-    q, kv, o = plan.q_rows(rank).size, plan.kv_rows(rank).size, plan.o_columns(rank).size
+    q, kv, o = plan.q_proj_rows(rank).size, plan.kv_rows(rank).size, plan.o_columns(rank).size
     held_share = ex.size * rows.size  # n_r w_r: expert rows held per sparse layer
     active = spec.top_k * ex.size / E * rows.size  # k (n_r / E) w_r
     shared = plan.shared_rows[rank].size if plan.shared_rows else 0
     attn = router = experts = held = shared_b = dense = 0.0
     for i in range(*layers):
         p = f"model.layers.{i}."
-        if plan.holds_attention(rank):
+        if config.is_linear(i):
+            attn += D * _deltanet_rows(plan, rank, p + "linear_attn.", nbytes)
+        elif plan.holds_attention(rank):
             attn += D * (
                 q * nbytes(p + "self_attn.q_proj.weight")
                 + kv * (nbytes(p + "self_attn.k_proj.weight") + nbytes(p + "self_attn.v_proj.weight"))
@@ -163,4 +169,16 @@ def rank_reads(
         shared_bytes=shared_b,
         dense_mlp_bytes=dense,
         held_expert_bytes=held,
+    )
+
+
+def _deltanet_rows(plan: TPPlan, rank: int, p: str, nbytes: ElementBytes) -> float:
+    """A Gated DeltaNet layer's bytes per element of D that `rank` reads (module docstring):
+    its in_proj_qkv rows, in_proj_z / out_proj rows / columns and in_proj_a / in_proj_b rows."""
+    v = plan.linear_v_heads(rank).size
+    z = v * plan.linear_dims[3]
+    return (
+        sum(r.size for r in plan.linear_qkv_rows(rank)) * nbytes(p + "in_proj_qkv.weight")
+        + z * (nbytes(p + "in_proj_z.weight") + nbytes(p + "out_proj.weight"))
+        + v * (nbytes(p + "in_proj_a.weight") + nbytes(p + "in_proj_b.weight"))
     )

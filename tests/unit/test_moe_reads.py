@@ -10,6 +10,7 @@ from model_shapes import qwen3_30b_a3b
 
 from tandem.config import ModelConfig
 from tandem.loaders.gguf.writer import write_preset_gguf
+from tandem.loaders.make import make_model_dir
 from tandem.loaders.source import open_model
 from tandem.parallel.moe_reads import rank_reads, source_bytes, uniform_bytes
 from tandem.parallel.plan import plan_for_config, plan_for_source
@@ -146,3 +147,26 @@ def test_place_experts_follows_the_stages_and_the_weights():
     )
     assert dense is None
     assert math.isclose(p.ranks[0].reads.active_experts, 2 * 5 / 8)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_hybrids_mixer_bytes_add_up_to_its_attention_and_deltanet_tensors(tmp_path, tp):
+    """tiny-qwen35-moe (Gated DeltaNet layers among gated-attention ones, bfloat16): over the
+    ranks, the mixer bytes read add up to the file's q/k/v/o tensors (q_proj's rows with their
+    gates) of the attention layers and in_proj_qkv/z/a/b and out_proj of the DeltaNet layers."""
+    make_model_dir(tmp_path, "tiny-qwen35-moe")
+    src = open_model(tmp_path)
+    cfg = src.config
+    plan = plan_for_source(src, tp, None)
+    reads = [rank_reads(cfg, plan, r, (0, cfg.num_hidden_layers), source_bytes(src))
+             for r in range(tp)]  # fmt: skip
+    names = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        if cfg.is_linear(i):
+            names += [f"{p}linear_attn.{t}.weight"
+                      for t in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")]  # fmt: skip
+        else:
+            names += [f"{p}self_attn.{t}_proj.weight" for t in ("q", "k", "v", "o")]
+    assert any(cfg.is_linear(i) for i in range(cfg.num_hidden_layers))
+    assert sum(r.attention_bytes for r in reads) == pytest.approx(_file_bytes(src, names))
