@@ -27,7 +27,9 @@ which would overwrite its tail) is copied from, never destroyed. A copy from a l
 prefill has not yet reached p waits for it (`ready`): so 8 concurrent requests with the same
 1,000-token system prompt prefill it once, and the other 7 copy it as soon as it is written.
 
-Slots: a kept entry holds one of the executor's `max_batch` slots, a copy needs a free one. When a
+Slots: a kept entry holds one of the executor's `max_batch` slots, a copy needs a free one;
+`max_entries` (`serve --cache-mem`) bounds the kept entries below that, the least recently used
+going first (`trim`). When a
 request needs a slot and none is free, the least recently used kept entry goes (`evict`; the
 caller releases its sequence), never one a planned copy still reads (`pinned`); where the only
 kept entry is the one a copy would read, the request takes it over instead (rewinding it to p,
@@ -94,11 +96,20 @@ class PrefixCache:
     prompt, tokens written). Not thread-safe: one owner (the scheduler's thread) mutates it;
     `stats` reads only counters, safe from any thread."""
 
-    def __init__(self, min_tokens: int = DEFAULT_MIN_TOKENS, whole_entries: bool = False) -> None:
+    def __init__(
+        self,
+        min_tokens: int = DEFAULT_MIN_TOKENS,
+        whole_entries: bool = False,
+        max_entries: int | None = None,
+    ) -> None:
         """`whole_entries`: reuse an entry only at exactly its length (a hybrid model, module
-        docstring)."""
+        docstring). `max_entries`: keep at most this many finished sequences (`trim`; None: as
+        many as there are idle slots; `serve --cache-mem`)."""
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be at least 1, got {min_tokens}")
+        if max_entries is not None and max_entries < 0:
+            raise ValueError(f"max_entries must be at least 0, got {max_entries}")
+        self.max_entries = max_entries
         self.min_tokens = min_tokens
         self.whole_entries = whole_entries
         self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
@@ -126,7 +137,7 @@ class PrefixCache:
         (a live one is kept from now on). False (nothing kept: the caller releases it) where it
         is too short ever to be a hit."""
         self.forget(seq_id)
-        if len(tokens) < self.min_tokens:
+        if len(tokens) < self.min_tokens or self.max_entries == 0:
             return False
         self._entries[seq_id] = tuple(tokens)
         self.held_tokens += len(tokens)
@@ -244,6 +255,17 @@ class PrefixCache:
                 self.evictions += 1
                 return seq_id
         return None
+
+    def trim(self) -> list[int]:
+        """Evicts the least recently used unpinned entries past `max_entries`; their seq_ids
+        (the caller releases them)."""
+        out: list[int] = []
+        while self.max_entries is not None and len(self._entries) > self.max_entries:
+            seq_id = self.evict()
+            if seq_id is None:
+                break  # the rest are pinned: trimmed once their copies are made
+            out.append(seq_id)
+        return out
 
     def drop_all(self) -> list[int]:
         """Forgets every entry, kept and live (their KV caches are gone, or going); returns the

@@ -352,7 +352,8 @@ class Scheduler:
         if finished:
             done = {id(r) for r, _, _ in finished}
             self._running = [r for r in self._running if id(r) not in done]
-            self._release([r.seq_id for r, reason, _ in finished if not self._keep(r, reason)])
+            gone = [r.seq_id for r, reason, _ in finished if not self._keep(r, reason)]
+            self._release(gone + self._trimmed())
             for r, reason, error in finished:
                 self._finish(r, reason, error)
 
@@ -412,6 +413,7 @@ class Scheduler:
         refuses (`PrefixCopyError`, e.g. a hybrid's state that moved past the prefix) becomes a
         whole prefill. False when the executor re-formed (replayed) or failed meanwhile."""
         cache = self.prefix_cache
+        made = False
         for r in self._running:
             hit = r.copy
             if hit is None or cache is None:
@@ -436,9 +438,12 @@ class Scheduler:
                 self._fail_all(e)
                 return False
             cache.done(hit)
+            made = True
             r.cached = hit.reused
             r.req.cached_tokens = hit.reused
             cache.advance(r.seq_id, r.cached)
+        if made:  # an entry a copy pinned past `max_entries` may go now
+            self._release(self._trimmed())
         return True
 
     def _keep(self, r: _Running, reason: str) -> bool:
@@ -453,6 +458,11 @@ class Scheduler:
                 cache.forget(r.seq_id)
             return False
         return cache.put(r.seq_id, r.tokens[: r.cached])
+
+    def _trimmed(self) -> list[int]:
+        """Kept sequences past the cache's `max_entries`, least recently used first, out of the
+        index (for the caller to release)."""
+        return self.prefix_cache.trim() if self.prefix_cache is not None else []
 
     def _release(self, seq_ids: list[int]) -> None:
         if not seq_ids:
@@ -469,7 +479,8 @@ class Scheduler:
             self._running = [r for r in self._running if id(r) not in ids]
             kept = [self._keep(r, "cancelled") for r in gone]  # every one leaves the index
             # cached == 0: the executor never saw the sequence
-            self._release([r.seq_id for r, k in zip(gone, kept) if r.cached > 0 and not k])
+            ids = [r.seq_id for r, k in zip(gone, kept) if r.cached > 0 and not k]
+            self._release(ids + self._trimmed())
             for r in gone:
                 self._finish(r, "cancelled", None)
 

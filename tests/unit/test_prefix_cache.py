@@ -213,3 +213,17 @@ def test_held_tokens_follow_every_change():
 def test_the_bounds_are_checked():
     with pytest.raises(ValueError, match="min_tokens"):
         PrefixCache(min_tokens=0)
+
+
+def test_max_entries_bounds_the_kept_entries_least_recently_used_first():
+    c = PrefixCache(min_tokens=2, max_entries=2)
+    for sid in (1, 2, 3):
+        assert c.put(sid, [sid] * 5)
+    assert c.trim() == [1] and len(c) == 2 and c.evictions == 1
+    hit = c.claim([2] * 4 + [7])  # a copy from 2 pins it and makes it the most recent
+    c.put(4, [4] * 5)
+    assert c.trim() == [3]  # 2 is pinned: the next least recently used goes
+    c.done(hit)
+    assert PrefixCache(min_tokens=2, max_entries=0).put(1, [1] * 5) is False
+    with pytest.raises(ValueError, match="max_entries"):
+        PrefixCache(max_entries=-1)

@@ -91,3 +91,20 @@ def test_a_waiting_copy_holds_its_slot_and_the_kept_source_is_never_evicted_unde
     assert b["tokens"] == _alone(SYSTEM + [2], max_tokens=3, **GREEDY)
     assert c["tokens"] == _alone([9] * 20, max_tokens=3, **GREEDY)
     assert len(ex.history) <= 2
+
+
+def test_max_entries_keeps_only_that_many_finished_sequences_and_answers_stay_right():
+    ex = HistoryExecutor(max_batch=4, max_seq_len=256, rewind=True)
+    sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=16, max_entries=1))
+    convs = [[c] * 20 for c in (1, 2, 3)]
+    outs = []
+    for conv in convs:
+        outs.append(_submit(sched, conv, max_tokens=3, **GREEDY))
+        _drain(sched)
+    assert len(sched.prefix_cache) == 1 and len(ex.released) == 2
+    for conv, out in reversed(list(zip(convs, outs))):  # only the last kept is continued
+        turn = conv + out["tokens"] + [5]
+        again = _submit(sched, turn, max_tokens=3, **GREEDY)
+        _drain(sched)
+        assert again["tokens"] == _alone(turn, max_tokens=3, **GREEDY)
+        assert (again["request"].cached_tokens > 0) == (conv is convs[2])
