@@ -235,11 +235,19 @@ class PrefixCache:
     def withdraw(self, hit: PrefixHit) -> None:
         """A planned copy that was not made (`ready` None, or the executor refused it): counted
         as the miss it turned out to be."""
+        self.undo(hit)
+        self.misses += 1
+
+    def undo(self, hit: PrefixHit | None) -> None:
+        """Takes back a `claim` whose request was not admitted after all (no slot could be
+        freed: it is claimed again later): neither a hit nor a miss yet. A copy's only."""
+        if hit is None:
+            self.misses -= 1
+            return
         self.done(hit)
         self.hits -= 1
         self.copies -= 1
         self.reused_tokens -= hit.reused
-        self.misses += 1
 
     def pinned(self, seq_id: int) -> bool:
         return seq_id in self._pins

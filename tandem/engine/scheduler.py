@@ -398,8 +398,7 @@ class Scheduler:
         elif free < 1:
             seq_id = cache.evict(spare=hit.seq_id if hit is not None else None)
             if seq_id is None:
-                if hit is not None:
-                    cache.withdraw(hit)
+                cache.undo(hit)  # claimed again once a slot frees
                 return False
             evicted.append(seq_id)
         r.copy = hit if hit is not None and hit.copy else None

@@ -91,6 +91,8 @@ def test_a_waiting_copy_holds_its_slot_and_the_kept_source_is_never_evicted_unde
     assert b["tokens"] == _alone(SYSTEM + [2], max_tokens=3, **GREEDY)
     assert c["tokens"] == _alone([9] * 20, max_tokens=3, **GREEDY)
     assert len(ex.history) <= 2
+    stats = sched.prefix_cache.stats()  # c's refused admission is counted once, when admitted
+    assert (stats["hits"], stats["misses"], stats["copies"]) == (1, 2, 1)
 
 
 def test_max_entries_keeps_only_that_many_finished_sequences_and_answers_stay_right():
