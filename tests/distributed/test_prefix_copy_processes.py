@@ -1,6 +1,7 @@
 """`copy_prefix` across real processes on loopback: a TP=2 group (the head and a `tandem worker`,
 one COPY control frame, each rank copying its own kv-head shard), a PP=2 pipeline (the head and a
-stage process, one COPY stage frame, each stage its layers) and a grid (stage 1 a TP=2 group).
+stage process, one COPY stage frame, each stage its layers) and grids (stage 1, or stage 0 beside the head, a
+TP=2 group).
 A request continued from a copied prefix gives, bit for bit, the logits of the same request run
 cold through the same group (equality per layout, as batch invariance holds per layout:
 tests/distributed/test_batch_invariance_processes.py), and the source runs on untouched. A copy
@@ -27,11 +28,12 @@ def launch(layout: str, f):
     common = dict(max_batch=MAX_BATCH, max_seq_len=MAX_LEN, threads=1)
     if layout == "tp2":
         return launch_local_tp(f, 2, **common)
+    first = StageSpec(R(0, 1), tp=2 if layout == "tp2-pp2" else 1)
     second = StageSpec(R(1, 2), tp=2 if layout == "pp2-tp2" else 1)
-    return launch_pipeline(f, [StageSpec(R(0, 1)), second], timeout=60, **common)
+    return launch_pipeline(f, [first, second], timeout=60, **common)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "pp2-tp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "pp2-tp2", "tp2-pp2"])
 def test_a_copied_prefix_continues_as_a_cold_run_on_every_rank(tmp_path, layout):
     f = write_tiny_gguf(tmp_path / "tiny-qwen3-BF16.gguf", "BF16")
     ex = launch(layout, f)
