@@ -110,3 +110,17 @@ def test_max_entries_keeps_only_that_many_finished_sequences_and_answers_stay_ri
         _drain(sched)
         assert again["tokens"] == _alone(turn, max_tokens=3, **GREEDY)
         assert (again["request"].cached_tokens > 0) == (conv is convs[2])
+
+
+def test_n_choices_of_one_prompt_prefill_it_once_and_copy_it():
+    """`n` choices (`server.generation.generate_choices`) are n requests of one prompt submitted
+    at once, each on its own seed stream: the first prefills the prompt, the others copy all but
+    its last token, and each samples as it does alone."""
+    ex = HistoryExecutor(max_batch=4, max_seq_len=256, rewind=True)
+    sched = Scheduler(ex, prefill_budget=16, prefix_cache=PrefixCache(min_tokens=16))
+    params = [dict(max_tokens=4, temperature=0.9, seed=5, choice=i) for i in range(3)]
+    outs = [_submit(sched, SYSTEM, **p) for p in params]
+    _drain(sched)
+    assert [n for _, _, n in ex.copies] == [len(SYSTEM) - 1] * 2
+    for p, o in zip(params, outs):
+        assert o["tokens"] == _alone(SYSTEM, **p)
