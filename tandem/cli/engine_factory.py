@@ -43,6 +43,7 @@ from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
+from tandem.parallel.fit import sequence_cache_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -145,6 +146,7 @@ def build_serving_engine(
     heartbeat_timeout: float | None = None,
     pp_weights: str | None = None,
     prefix_cache: bool = True,
+    cache_mem: int | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
@@ -159,7 +161,8 @@ def build_serving_engine(
     head alone), a joined pair on the head alone (alone: if the whole model fits).
     `pp_weights`: `--pp-weights` of a pipeline ("2,1", or "auto": from the stages' probes).
     `prefix_cache`: keep finished sequences in the executor's idle slots for prompts that
-    continue them (`tandem.engine.prefix_cache`)."""
+    continue them (`tandem.engine.prefix_cache`); `cache_mem`: at most that many bytes of them
+    (`kept_entries_within`; None: as many as idle slots)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     files = ModelFiles.of_source(source)  # what every re-form checks before it starts a rank
@@ -176,7 +179,7 @@ def build_serving_engine(
             source, device=device, dtype=dtype, max_batch=max_batch, max_seq_len=seq_len
         )
         if lean is not None:
-            return _start(lean, config, tokenizer, name, prefix_cache)
+            return _start(lean, config, tokenizer, name, prefix_cache, cache_mem)
     # torch from here on: the layout holds torch dtypes
     layout = replace(
         serving_layout(tp, pp, dtype, device, ring_config, op_timeout, heartbeat_timeout),
@@ -253,7 +256,7 @@ def build_serving_engine(
             shrink=shrink if can_shrink else None,
             shrink_after_s=shrink_after,
         )
-    return _start(executor, config, tokenizer, name, prefix_cache)
+    return _start(executor, config, tokenizer, name, prefix_cache, cache_mem)
 
 
 def check_template(tokenizer: Tokenizer, console: Console) -> None:
@@ -268,14 +271,36 @@ def check_template(tokenizer: Tokenizer, console: Console) -> None:
         console.print(f"[yellow]warning:[/] {e}; chat requests will be refused")
 
 
+def kept_entries_within(cache_mem: int | None, executor: Executor, config) -> int | None:
+    """How many finished sequences `cache_mem` bytes keep: cache_mem // the bytes one sequence's
+    slot holds over the whole model (`parallel.fit.sequence_cache_bytes`: keys and values of
+    every attention layer at the executor's max_seq_len, every recurrent layer's state) in the
+    head's compute dtype, summed over the ranks that hold its shards. None: unbounded."""
+    if cache_mem is None:
+        return None
+    try:
+        dtype = executor.describe()["ranks"][0]["dtype"]
+    except (KeyError, IndexError, TypeError):
+        dtype = "float32"
+    elem = _ELEM_BYTES.get(dtype, 4)
+    per_sequence = sum(sequence_cache_bytes(config, executor.max_seq_len, elem).values())
+    return cache_mem // max(1, per_sequence)
+
+
+_ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 def _start(
-    executor: Executor, config, tokenizer, name: str, prefix_cache: bool
+    executor: Executor, config, tokenizer, name: str, prefix_cache: bool, cache_mem: int | None
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """The scheduler over `executor` started, the engine over it, and the function that stops
     both (scheduler first, then the executor)."""
     eos = tuple(config.eos_token_ids) + tuple(tokenizer.eos_token_ids)
     # a hybrid's recurrent state continues only from its end (`prefix_cache` module docstring)
-    cache = PrefixCache(whole_entries=config.hybrid) if prefix_cache else None
+    cache = None
+    if prefix_cache:
+        kept = kept_entries_within(cache_mem, executor, config)
+        cache = PrefixCache(whole_entries=config.hybrid, max_entries=kept)
     scheduler = Scheduler(executor, eos_token_ids=eos, prefix_cache=cache)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
     engine = ServingEngine(scheduler, tokenizer, name, chat_template=chat)

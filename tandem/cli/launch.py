@@ -138,6 +138,7 @@ def serve_argv(args: argparse.Namespace, model: Path) -> list[str]:
         "heartbeat_timeout",
         "shrink_after",
         "pp_weights",
+        "cache_mem",
         "allowed_hosts",
         "reasoning_parser",
         "tool_call_parser",

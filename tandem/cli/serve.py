@@ -53,6 +53,19 @@ def add_reasoning_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: digits, optionally K, M or G (powers of 1024, a trailing B or iB allowed)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1:] if t[-1:] in ("K", "M", "G") else ""
+    digits = t[: len(t) - len(unit)]
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count (e.g. 512M, 2G, 1048576)")
+    return int(digits) * _UNITS[unit]
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Options shared by `serve` and `launch`."""
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes)")
@@ -96,6 +109,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="keep a finished request's KV cache in its slot and let a later prompt that starts "
         "with the same tokens (the next turn of a chat) prefill only the rest; kept sequences "
         "fill idle slots of --max-batch only and go least recently used first (default: on)",
+    )
+    p.add_argument(
+        "--cache-mem",
+        type=parse_bytes,
+        default=None,
+        metavar="BYTES",
+        help="bound the prefix cache: keep finished sequences holding at most BYTES of KV cache "
+        "(K, M, G: powers of 1024), each counted as its whole slot (every layer at "
+        "--max-seq-len in the head's compute dtype), least recently used going first "
+        "(default: as many as there are idle slots)",
     )
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
     add_reasoning_argument(p)
@@ -259,6 +282,7 @@ def _serve(args: argparse.Namespace) -> int:
                 shrink_after=args.shrink_after,
                 pp_weights=args.pp_weights,
                 prefix_cache=args.prefix_cache,
+                cache_mem=args.cache_mem,
             )
             switch.app = create_app(
                 engine,

@@ -134,6 +134,15 @@ class Executor(Protocol):
         """The step's result at each sequence's last new token (see `StepResult`)."""
         ...
 
+    def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """Makes `dst_seq`, a new sequence, hold `src_seq`'s first `n` cached positions (keys and
+        values of every layer, on every rank and stage, each its own shard), as if those tokens
+        had been prefilled into it; its next step starts at position n. `src_seq` is untouched.
+        A hybrid model's recurrent state holds no earlier position: only a whole copy
+        (n = what `src_seq` holds) is taken. A copy the rule refuses raises
+        `engine.sequences.PrefixCopyError` before anything changes (`SequenceCache`)."""
+        ...
+
     def release(self, seq_ids: list[int]) -> None:
         """Frees the KV cache of finished sequences (on every rank and stage)."""
         ...

@@ -147,6 +147,12 @@ class LeanExecutor:
             return StepResult(token_ids=ops.argmax(logits))
         return StepResult(logits=logits)
 
+    def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """New sequence `dst_seq` holds `src_seq`'s first `n` cached positions (`Executor`):
+        k[:, dst, :, :n] = k[:, src, :, :n] over every layer (`LeanModel.copy_prefix`)."""
+        src, dst = self.seqs.copy(src_seq, dst_seq, n)
+        self.model.copy_prefix(src, dst, n)
+
     def release(self, seq_ids: list[int]) -> None:
         self.seqs.release(seq_ids)
 

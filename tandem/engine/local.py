@@ -87,6 +87,11 @@ class LocalExecutor:
         assert out is not None  # the whole model: the head is here
         return StepResult.of(step, out)
 
+    def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """New sequence `dst_seq` holds `src_seq`'s first `n` cached positions (`Executor`)."""
+        self.runner.copy_prefix(src_seq, dst_seq, n)
+        self.rewind.copy(src_seq, dst_seq, n)
+
     def release(self, seq_ids: list[int]) -> None:
         self.runner.release(seq_ids)
         self.rewind.release(seq_ids)

@@ -99,7 +99,7 @@ class _Lost:
     def run(self, *args: Any) -> Any:
         raise ReformFailed(f"the group is being re-formed: {self._why}")
 
-    submit = collect = run
+    submit = collect = copy_prefix = run
 
     def release(self, seq_ids: list[int]) -> None:
         pass  # its caches went with it
@@ -210,6 +210,10 @@ class RecoveringExecutor:
 
     def collect(self) -> tuple[int, StepResult]:
         return self._guarded("collect")
+
+    def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """As `run`: a group that broke is re-formed first (`ExecutorReformed`)."""
+        self._guarded("copy_prefix", src_seq, dst_seq, n)
 
     def release(self, seq_ids: list[int]) -> None:
         ex = self._current

@@ -49,6 +49,14 @@ class LongRopeRewind:
             rows.append(s)
         return Step(tuple(rows), step.greedy) if changed else step
 
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """`dst` starts as `src`'s first `n` tokens, computed under the set `src`'s cache was
+        (a prefix copy: a later row that needs the other set recomputes it, as any row does)."""
+        if self.switch is None:
+            return
+        self._tokens[dst] = self._tokens.get(src, [])[:n]
+        self._long[dst] = self._long.get(src, False)
+
     def release(self, seq_ids: Iterable[int]) -> None:
         for i in seq_ids:
             self._tokens.pop(i, None)

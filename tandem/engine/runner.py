@@ -109,5 +109,12 @@ class ShardRunner:
         self.seqs.advance_rows(seq_ids, start_pos, lengths)
         return self.model.last_hidden(h, ctx) if last_only else h
 
+    @torch.inference_mode()
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """New sequence `dst` holds `src`'s first `n` positions of the layers held (this
+        process's KV heads, its shard under TP); `PrefixCopyError` for a copy the rule refuses
+        (`SequenceCache.check_copy`), before anything changes."""
+        self.seqs.copy(src, dst, n)
+
     def release(self, seq_ids: Sequence[int]) -> None:
         self.seqs.release(seq_ids)

@@ -18,11 +18,14 @@ sequence is replayed (its cache length set to 0, prompt + tokens so far prefille
 its stream goes on.
 
 With a prefix cache (`tandem.engine.prefix_cache`), a finished request's sequence is kept in the
-executor instead of released, indexed by the tokens its KV cache holds; a new request whose prompt
-shares a long enough head with one takes that sequence over and prefills only the rest (its first
-step rewinds the sequence to where the prompts part). A kept sequence holds a slot: admitting a
-request that needs a fresh one when none is free releases the least recently kept. A re-formed
-executor holds none of them, so a replay forgets them all.
+executor instead of released, indexed by the tokens its KV cache holds, and every running
+sequence is indexed by its prompt as it prefills. A new request whose prompt shares a long enough
+head with one prefills only the rest: it continues a kept sequence it extends exactly (the next
+chat turn), else it gets a fresh sequence into which the executor copies the shared positions
+(`Executor.copy_prefix`), at the start of the first step after they are written (until then the
+request sits the steps out). A kept sequence holds a slot: admitting a request that needs a fresh
+one when none is free releases the least recently used. A re-formed executor holds none of them,
+so a replay forgets them all.
 
 Positions: for a sequence with `cached` tokens in the executor's KV cache, the next chunk starts at
 `start_pos = cached`; a decode step feeds the last sampled token at position len(tokens) - 1.
@@ -41,9 +44,10 @@ from dataclasses import dataclass, field
 from tandem.engine.executor import Executor, Pipelined, Step, StepResult, StepSequence
 from tandem.engine.histogram import STEP_BUCKETS, TTFT_BUCKETS, Histogram
 from tandem.engine.logits_process import SequenceSampler, TokenLogprobs, TokenMask
-from tandem.engine.prefix_cache import PrefixCache
+from tandem.engine.prefix_cache import PrefixCache, PrefixHit
 from tandem.engine.recovery import ExecutorReformed
 from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.sequences import PrefixCopyError
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +109,7 @@ class _Running:
     generated: int = 0
     sampler: SequenceSampler | None = None
     busy: bool = False  # in a pipeline step that has not come back yet
+    copy: PrefixHit | None = None  # a prefix copy planned into this sequence, not yet made
 
 
 @dataclass
@@ -240,11 +245,15 @@ class Scheduler:
         was nothing to do."""
         self._admit()
         self._drop_cancelled()
+        if not self._copy_prefixes():
+            return True  # the executor re-formed (a replay) or failed
         if self._pipelined:
             return self._pipeline_step()
         if not self._running:
             return False
         seqs, rows, prefill_tokens = self._build(self._running)
+        if not seqs:
+            return True  # every sequence awaits a copy whose source is in a pipeline step
         t0 = time.perf_counter()
         try:
             # argmax ids (B,) come back only when no row needs its logits (sampling, logprobs,
@@ -267,7 +276,7 @@ class Scheduler:
         in at most one step in flight (its next token depends on this one)."""
         ex = self.executor
         assert isinstance(ex, Pipelined)
-        idle = [r for r in self._running if not r.busy]
+        idle = [r for r in self._running if not r.busy and r.copy is None]
         try:
             if idle and len(self._inflight) < self._depth:
                 size = -(-len(self._running) // self._depth)  # ceil: one group per stage
@@ -304,6 +313,8 @@ class Scheduler:
         budget = self.prefill_budget
         prefill_tokens = 0
         for r in group:
+            if r.copy is not None:
+                continue  # its prefix is not copied in yet
             pending = len(r.tokens) - r.cached
             if pending > 1:  # still prefilling
                 if budget == 0:
@@ -325,6 +336,8 @@ class Scheduler:
         finished: list[tuple[_Running, str, BaseException | None]] = []
         for row, (r, seq) in enumerate(zip(rows, seqs)):
             r.cached += len(seq.token_ids)
+            if self.prefix_cache is not None:
+                self.prefix_cache.advance(r.seq_id, r.cached)
             if r.cached < len(r.tokens):
                 continue  # prompt chunk: nothing to sample yet
             try:
@@ -339,7 +352,8 @@ class Scheduler:
         if finished:
             done = {id(r) for r, _, _ in finished}
             self._running = [r for r in self._running if id(r) not in done]
-            self._release([r.seq_id for r, reason, _ in finished if not self._keep(r, reason)])
+            gone = [r.seq_id for r, reason, _ in finished if not self._keep(r, reason)]
+            self._release(gone + self._trimmed())
             for r, reason, error in finished:
                 self._finish(r, reason, error)
 
@@ -359,34 +373,95 @@ class Scheduler:
                 except Exception as e:  # e.g. a seed that is not an int
                     self._finish(r, "error", RequestFailed(f"seed {req.params.seed!r}: {e}"))
                     continue
-                self._place(r, evicted)
+                if not self._place(r, evicted):
+                    self._waiting.appendleft(req)  # every slot is running or about to be read
+                    break
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self._running.append(r)
         self._release(evicted)
 
-    def _place(self, r: _Running, evicted: list[int]) -> None:
-        """Gives `r` its sequence: a kept one its prompt continues (then only the rest is
-        prefilled), else a new one, the least recently kept sequence evicted (into `evicted`, for
-        the caller to release) when every slot is taken."""
+    def _place(self, r: _Running, evicted: list[int]) -> bool:
+        """Gives `r` its sequence: a kept one its prompt continues exactly (then only the rest is
+        prefilled), else a new one, into which a shared prefix is to be copied (`r.copy`, made by
+        `_copy_prefixes`); the least recently used kept sequence is evicted (into `evicted`, for
+        the caller to release) when every slot is taken. False, placing nothing, when no slot can
+        be freed (every kept sequence is the source of a copy not yet made)."""
         cache = self.prefix_cache
-        if cache is not None:
-            hit = cache.claim(r.tokens)
-            if hit is not None:
-                r.seq_id, r.cached = hit.seq_id, hit.reused
-                r.req.cached_tokens = hit.reused
-                return
-            if len(self._running) + len(cache) >= self.executor.max_batch:
-                seq_id = cache.evict()
-                if seq_id is not None:
-                    evicted.append(seq_id)
         r.seq_id = next(self._ids)
+        if cache is None:
+            return True
+        free = self.executor.max_batch - len(self._running) - len(cache)
+        hit = cache.claim(r.tokens, free_slots=free)
+        if hit is not None and not hit.copy:
+            r.seq_id, r.cached = hit.seq_id, hit.reused
+            r.req.cached_tokens = hit.reused
+        elif free < 1:
+            seq_id = cache.evict(spare=hit.seq_id if hit is not None else None)
+            if seq_id is None:
+                cache.undo(hit)  # claimed again once a slot frees
+                return False
+            evicted.append(seq_id)
+        r.copy = hit if hit is not None and hit.copy else None
+        cache.track(r.seq_id, r.tokens, r.cached)
+        return True
+
+    def _copy_prefixes(self) -> bool:
+        """Makes each planned copy whose source holds the shared prefix by now: the executor
+        copies it into the request's fresh sequence, which then prefills only the rest. A copy
+        that can never be made (its source released or rewound first) or that the executor
+        refuses (`PrefixCopyError`, e.g. a hybrid's state that moved past the prefix) becomes a
+        whole prefill. False when the executor re-formed (replayed) or failed meanwhile."""
+        cache = self.prefix_cache
+        made = False
+        for r in self._running:
+            hit = r.copy
+            if hit is None or cache is None:
+                continue
+            state = cache.ready(hit, r.tokens)
+            if state is False:
+                continue  # its source's prefill has not reached the prefix yet
+            r.copy = None
+            if state is None:
+                cache.withdraw(hit)
+                continue
+            try:
+                self.executor.copy_prefix(hit.seq_id, r.seq_id, hit.reused)
+            except PrefixCopyError as e:
+                log.info("prefix copy refused, prefilling whole: %s", e)
+                cache.withdraw(hit)
+                continue
+            except ExecutorReformed:
+                self._replay()
+                return False
+            except Exception as e:  # a broken executor: fail closed, as a failed step does
+                self._fail_all(e)
+                return False
+            cache.done(hit)
+            made = True
+            r.cached = hit.reused
+            r.req.cached_tokens = hit.reused
+            cache.advance(r.seq_id, r.cached)
+        if made:  # an entry a copy pinned past `max_entries` may go now
+            self._release(self._trimmed())
+        return True
 
     def _keep(self, r: _Running, reason: str) -> bool:
         """Whether `r`'s finished sequence stays in the executor as a prefix cache entry (else it
         is released): the tokens whose KV it holds, `tokens[:cached]`, are indexed."""
-        if self.prefix_cache is None or reason == "error" or r.cached == 0:
+        cache = self.prefix_cache
+        if cache is not None and r.copy is not None:  # a copy never made: nothing to keep
+            cache.withdraw(r.copy)
+            r.copy = None
+        if cache is None or reason == "error" or r.cached == 0:
+            if cache is not None:
+                cache.forget(r.seq_id)
             return False
-        return self.prefix_cache.put(r.seq_id, r.tokens[: r.cached])
+        return cache.put(r.seq_id, r.tokens[: r.cached])
+
+    def _trimmed(self) -> list[int]:
+        """Kept sequences past the cache's `max_entries`, least recently used first, out of the
+        index (for the caller to release)."""
+        return self.prefix_cache.trim() if self.prefix_cache is not None else []
 
     def _release(self, seq_ids: list[int]) -> None:
         if not seq_ids:
@@ -401,10 +476,10 @@ class Scheduler:
         if gone:
             ids = {id(r) for r in gone}
             self._running = [r for r in self._running if id(r) not in ids]
+            kept = [self._keep(r, "cancelled") for r in gone]  # every one leaves the index
             # cached == 0: the executor never saw the sequence
-            self._release(
-                [r.seq_id for r in gone if r.cached > 0 and not self._keep(r, "cancelled")]
-            )
+            ids = [r.seq_id for r, k in zip(gone, kept) if r.cached > 0 and not k]
+            self._release(ids + self._trimmed())
             for r in gone:
                 self._finish(r, "cancelled", None)
 
@@ -447,12 +522,15 @@ class Scheduler:
         """The executor's caches are empty (a re-formed group): every running sequence starts
         over at position 0 with the tokens it holds, so the next steps prefill them again."""
         self._inflight.clear()
+        if self.prefix_cache is not None:  # their KV caches went with the old group
+            self.prefix_cache.drop_all()
         for r in self._running:
             r.cached = 0
             r.busy = False
+            r.copy = None
             r.req.cached_tokens = 0  # every prompt token is prefilled again
-        if self.prefix_cache is not None:  # their KV caches went with the old group
-            self.prefix_cache.drop_all()
+            if self.prefix_cache is not None:
+                self.prefix_cache.track(r.seq_id, r.tokens)
         self.stats.replayed_sequences += len(self._running)
         log.warning("replaying %d sequence(s) on the re-formed executor", len(self._running))
 

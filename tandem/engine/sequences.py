@@ -15,6 +15,15 @@ and the pipeline's head all hold one of these, and all check a step by the same 
     0 <= token id < vocab_size               where this process embeds the tokens
     new sequences <= free slots
 
+A prefix copy (`copy`: the first n positions of sequence `src` into a new sequence `dst`, every
+layer's keys and values) obeys its own rule, checked the same way before anything changes:
+
+    1 <= n <= cached(src)                    only positions the source holds
+    dst is new, a slot is free               it takes the lowest free slot, as a step's new one
+    n == cached(src)                         a hybrid model: a recurrent state holds no earlier
+                                             position, so only a whole copy (state and conv
+                                             window included) is taken; else `PrefixCopyError`
+
 A violation raises `SequenceError` (its subclass `SequenceTooLongError` for the length bound)
 before any state changes, so a step the head refuses never reaches another rank. Slots go to new
 sequences lowest first, in step order: every rank that sees the same steps in the same order
@@ -43,6 +52,11 @@ class SequenceError(ValueError):
 class RecurrentRewindError(SequenceError):
     """A step that rewinds a hybrid model's sequence to a position other than 0 or its end: a
     recurrent (DeltaNet) state holds no earlier positions to go back to."""
+
+
+class PrefixCopyError(SequenceError):
+    """A prefix copy that breaks its rule (module docstring): an unknown or too short source, a
+    destination already live, no free slot, or a partial copy of a hybrid model's sequence."""
 
 
 class SequenceTooLongError(SequenceError, kv_slots.SequenceTooLongError):
@@ -165,6 +179,37 @@ class SequenceCache:
         for sid, pos, length in zip(seq_ids, start_pos, lengths):
             self.slots.slot(sid)
             self._length[sid] = pos + length
+
+    def check_copy(self, src: int, dst: int, n: int) -> tuple[int, int]:
+        """Raises `PrefixCopyError` for a copy that breaks the rule (module docstring); else
+        (source slot, destination slot), the destination's planned but not yet taken."""
+        have = self._length.get(src)
+        if have is None:
+            raise PrefixCopyError(f"copy from sequence {src}, which {self.owner} does not hold")
+        if not 1 <= n <= have:
+            raise PrefixCopyError(
+                f"copy of {n} positions from sequence {src}, which holds {have} in {self.owner}"
+            )
+        if dst in self._length or dst in self.slots:
+            raise PrefixCopyError(f"copy into sequence {dst}, which is already live")
+        if self.recurrent and n != have:
+            raise PrefixCopyError(
+                f"copy of {n} of the {have} positions of sequence {src} of a hybrid model: a "
+                f"recurrent state holds no earlier position, only a whole copy is taken"
+            )
+        if len(self._length) >= self.max_batch:
+            raise PrefixCopyError(f"copy into sequence {dst}: all {self.max_batch} slots are live")
+        return self.slots.plan([src])[0], self.slots.plan([dst])[0]
+
+    def copy(self, src: int, dst: int, n: int) -> tuple[int, int]:
+        """Records a prefix copy (`check_copy` first): `dst` takes its slot and holds `n`
+        tokens. Returns (source slot, destination slot) for the caller to copy the tensors."""
+        slots = self.check_copy(src, dst, n)
+        self.slots.slot(dst)
+        self._length[dst] = n
+        if self.kv is not None:
+            self.kv.copy_prefix(*slots, n)
+        return slots
 
     def release(self, seq_ids: Iterable[int]) -> None:
         """Frees the sequences' slots (unknown ids are ignored)."""

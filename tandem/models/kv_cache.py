@@ -162,6 +162,19 @@ class KVCache:
         )
         return {"kv": kv, "state": rec}
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slot `dst` takes slot `src`'s first `n` positions of every layer's keys and values,
+        k[i][dst, :, :n] = k[i][src, :, :n] (n_kv_heads, n, head_dim), and every recurrent
+        layer's whole state (conv window and ssm state: the caller has checked that `n` is all
+        the source holds, `SequenceCache.check_copy`). Positions >= n of `dst` are left as they
+        were: a step writes them before any row reads them."""
+        for i in self.k:
+            self.k[i][dst, :, :n].copy_(self.k[i][src, :, :n])
+            self.v[i][dst, :, :n].copy_(self.v[i][src, :, :n])
+        for i in self.conv:
+            self.conv[i][dst].copy_(self.conv[i][src])
+            self.ssm[i][dst].copy_(self.ssm[i][src])
+
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, w: CacheWrites
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -135,9 +135,14 @@ class Layout(BaseModel):
 class PrefixCacheView(BaseModel):
     """The prefix cache (`tandem.engine.prefix_cache`) as the scheduler counts it."""
 
-    hits: int = Field(description="requests that continued a kept sequence")
+    hits: int = Field(description="requests that continued or copied a cached sequence")
     misses: int = Field(description="requests that found none sharing enough of their prompt")
-    reused_tokens: int = Field(description="prompt tokens taken from the cache, not prefilled")
+    reused_tokens: int = Field(
+        description="prompt tokens taken from the cache (continued or copied), not prefilled"
+    )
+    copies: int = Field(
+        0, description="hits served by copying a shared prefix into a fresh KV cache slot"
+    )
     evictions: int = Field(description="kept sequences released for a request needing a slot")
     entries: int = Field(description="finished sequences kept now (each holds a KV cache slot)")
     held_tokens: int = Field(description="tokens the kept sequences hold")

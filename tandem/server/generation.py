@@ -37,7 +37,7 @@ def generate_choices(
     """Submits `n` choices now (so admission errors become 4xx/5xx before any response starts),
     choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
     stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
-    sequence (its own prefill; a kept prefix serves one of them). `masks`: choice i's `TokenMask`
+    sequence (with the prefix cache, the first prefills the prompt and the others copy it). `masks`: choice i's `TokenMask`
     (structured output), one per choice; `markers`: the reasoning format's marker tokens, kept out
     of the text and reported as `Mark`s."""
     loop = asyncio.get_running_loop()

@@ -49,7 +49,8 @@ PREFIX_CACHE_METRICS = {
     "hits": (
         "tandem_prefix_cache_hits_total",
         "counter",
-        "Requests that continued a kept sequence (prefilled only the rest of their prompt).",
+        "Requests that continued or copied a cached sequence (prefilled only the rest of "
+        "their prompt).",
     ),
     "misses": (
         "tandem_prefix_cache_misses_total",
@@ -59,7 +60,12 @@ PREFIX_CACHE_METRICS = {
     "reused_tokens": (
         "tandem_prefix_cache_cached_tokens_total",
         "counter",
-        "Prompt tokens taken from the prefix cache instead of prefilled.",
+        "Prompt tokens taken from the prefix cache (continued or copied) instead of prefilled.",
+    ),
+    "copies": (
+        "tandem_prefix_cache_copies_total",
+        "counter",
+        "Hits served by copying a shared prefix (another request's KV cache) into a fresh slot.",
     ),
     "evictions": (
         "tandem_prefix_cache_evictions_total",

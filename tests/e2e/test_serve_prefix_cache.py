@@ -122,7 +122,7 @@ def test_text_completions_report_cached_tokens_too(servers):
 
 
 def test_eviction_over_two_slots_keeps_every_answer_right(tiny, servers):
-    """Three chats over a server of two slots: the third evicts the least recently kept; each
+    """Three chats over a server of two slots: the third evicts the least recently used; each
     turn writes what the server without a cache writes."""
     _, fresh_base = servers
     fresh = client(fresh_base)
@@ -135,7 +135,10 @@ def test_eviction_over_two_slots_keeps_every_answer_right(tiny, servers):
             got = chat(small, chats[c], max_tokens=8)
             want = chat(fresh, chats[c], max_tokens=8)
             assert got.choices[0].message.content == want.choices[0].message.content, (k, c)
-            reused.append(got.usage.prompt_tokens_details.cached_tokens > 0)
+            # a chat's own next turn reuses most of its prompt; another chat's at most the
+            # shared template header and first sentence, copied
+            cached = got.usage.prompt_tokens_details.cached_tokens
+            reused.append(cached >= 0.5 * got.usage.prompt_tokens)
             chats[c].append({"role": "assistant", "content": got.choices[0].message.content})
         assert reused == [False, False, True, False, True, False]
         assert metric(base, "tandem_prefix_cache_evictions_total") == 2

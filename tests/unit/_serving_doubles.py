@@ -8,6 +8,7 @@ import torch
 
 from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult
+from tandem.engine.sequences import PrefixCopyError
 
 VOCAB = 50
 
@@ -32,7 +33,10 @@ class HistoryExecutor:
         offset=0,
         numpy=False,
         rewind=False,
+        whole_only=False,
     ):
+        self.whole_only = whole_only
+        self.copies: list[tuple[int, int, int]] = []
         self.numpy = numpy
         self.rewind = rewind
         self.vocab_size = vocab
@@ -65,6 +69,19 @@ class HistoryExecutor:
         if not self.numpy:
             logits = torch.from_numpy(logits)
         return StepResult(token_ids=logits.argmax(-1)) if step.greedy else StepResult(logits=logits)
+
+    def copy_prefix(self, src, dst, n):
+        """`dst` starts with `src`'s first n tokens, by the executors' rule (`whole_only`: a
+        hybrid's, a copy of all `src` holds only)."""
+        h = self.history.get(src)
+        if h is None or not 1 <= n <= len(h) or dst in self.history:
+            raise PrefixCopyError(f"copy of {n} from {src} ({h and len(h)}) into {dst}")
+        if self.whole_only and n != len(h):
+            raise PrefixCopyError(f"a hybrid's copy of {n} of the {len(h)} positions of {src}")
+        if len(self.history) >= self.max_batch:
+            raise PrefixCopyError("no free slot")
+        self.copies.append((src, dst, n))
+        self.history[dst] = list(h[:n])
 
     def release(self, seq_ids):
         self.released.extend(seq_ids)

@@ -55,3 +55,46 @@ def test_a_joined_head_serves_with_the_reasoning_parser_and_reform_timeout_it_wa
     with pytest.raises(SystemExit) as e:  # an unknown parser is refused, as serve refuses it
         parser.parse_args(["cluster", "join", "TOKEN", "--reasoning-parser", "guess"])
     assert e.value.code == 2
+
+
+def test_cache_mem_takes_byte_counts_and_launch_passes_it_to_serve():
+    from pathlib import Path
+
+    from tandem.cli.launch import serve_argv
+    from tandem.cli.main import build_parser
+    from tandem.cli.serve import parse_bytes
+
+    assert [parse_bytes(t) for t in ("1048576", "512M", "2G", "3KiB", "1gb")] == [
+        1 << 20, 512 << 20, 2 << 30, 3 << 10, 1 << 30,
+    ]  # fmt: skip
+    for bad in ("", "M", "1.5G", "-3", "2T"):
+        with pytest.raises(Exception, match="byte count"):
+            parse_bytes(bad)
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).cache_mem is None
+    args = parser.parse_args(["launch", "--cache-mem", "64M"])
+    served = parser.parse_args(serve_argv(args, Path("m.gguf"))[3:])
+    assert served.cache_mem == 64 << 20
+
+
+def test_cache_mem_keeps_as_many_sequences_as_their_slots_bytes_fit():
+    from tandem.cli.engine_factory import kept_entries_within
+    from tandem.models.presets import get_preset
+    from tandem.parallel.fit import sequence_cache_bytes
+
+    cfg = get_preset("tiny-qwen3").config
+
+    class Ex:  # what kept_entries_within reads of an executor
+        max_seq_len = 256
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+        def describe(self):
+            return {"ranks": [{"dtype": self.dtype}]}
+
+    f32 = sum(sequence_cache_bytes(cfg, 256, 4).values())
+    assert kept_entries_within(None, Ex("float32"), cfg) is None
+    assert kept_entries_within(3 * f32 + 1, Ex("float32"), cfg) == 3
+    assert kept_entries_within(3 * f32, Ex("bfloat16"), cfg) == 6  # half the bytes a slot
+    assert kept_entries_within(f32 - 1, Ex("float32"), cfg) == 0

@@ -70,3 +70,28 @@ def test_greedy_flag_roundtrips_and_unknown_flags_are_refused():
     frame[6] = 6  # a flag this version does not know
     with pytest.raises(control.ControlError, match="flags"):
         control.decode(frame, extra)
+
+
+def test_a_copy_frame_carries_the_releases_then_src_dst_n_and_roundtrips():
+    msg = Control(control.KIND_COPY, None, (4, 6), (3, 9, 1000))
+    frame, extra = control.encode(msg)
+    assert extra is None and frame[8:13].tolist() == [4, 6, 3, 9, 1000]
+    assert control.decode(frame) == msg
+    many = Control(control.KIND_COPY, None, tuple(range(70)), (0, 2**40, 5))
+    assert _roundtrip(many) == many  # releases past the inline room: a second tensor
+
+
+def test_a_copy_frame_that_is_malformed_is_refused():
+    with pytest.raises(ControlError, match="only a COPY"):
+        control.encode(Control(control.KIND_RELEASE, None, (), (1, 2, 3)))
+    with pytest.raises(ControlError, match="only a COPY"):
+        control.encode(Control(control.KIND_COPY))
+    for bad in [(1, 1, 5), (1, 2, 0), (-1, 2, 5)]:
+        frame, _ = control.encode(Control(control.KIND_COPY, None, (), (1, 2, 5)))
+        frame[8:11] = torch.tensor(bad)
+        with pytest.raises(ControlError, match="copy"):
+            control.decode(frame)
+    frame, _ = control.encode(Control(control.KIND_COPY, None, (), (1, 2, 5)))
+    frame[5] = 2  # a payload too short for (src, dst, n)
+    with pytest.raises(ControlError, match="counts"):
+        control.decode(frame)

@@ -62,3 +62,29 @@ def test_a_hybrid_conversation_continues_its_state_and_a_parting_prompt_starts_f
     fresh = Scheduler(_executor())
     assert b == _run(fresh, turn2, 5)[0]
     assert c == _run(fresh, parted, 5)[0]
+
+
+def test_two_next_turns_at_once_one_continues_the_state_the_other_copies_it_whole():
+    """Two requests continue one kept conversation at once (a regenerated answer beside the
+    original): the first takes the sequence over, the second gets its recurrent state and KV
+    copied whole before either moves on; both answer as fresh runs do."""
+    ex = _executor()
+    cache = PrefixCache(min_tokens=8, whole_entries=True)
+    sched = Scheduler(ex, prefix_cache=cache)
+    turn1 = SYSTEM + [1, 2, 3]
+    a, _ = _run(sched, turn1, 6)
+    held = len(turn1) + len(a) - 1
+    turns = [turn1 + a + [4, 5], turn1 + a + [6]]
+    outs: list[list[int]] = [[], []]
+    reqs = [
+        sched.submit(Request(list(t), SamplingParams(max_tokens=5, temperature=0), o.append,
+                             lambda reason, err: None))
+        for t, o in zip(turns, outs)
+    ]  # fmt: skip
+    while sched.step():
+        pass
+    assert [r.cached_tokens for r in reqs] == [held, held]
+    assert cache.stats()["copies"] == 1
+    fresh = Scheduler(_executor())
+    for t, o in zip(turns, outs):
+        assert o == _run(fresh, t, 5)[0]

@@ -69,7 +69,7 @@ def test_the_next_turn_prefills_only_what_follows_the_tokens_held():
     assert (stats["hits"], stats["misses"], stats["reused_tokens"]) == (1, 1, len(held))
 
 
-def test_a_prompt_that_parts_early_rewinds_the_sequence_and_is_still_right():
+def test_a_prompt_that_parts_early_copies_the_shared_part_and_is_still_right():
     ex = HistoryExecutor(max_seq_len=256, rewind=True)
     sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=16))
     _submit(sched, SYSTEM + [1, 2, 3, 4, 5, 6], max_tokens=8, **GREEDY)
@@ -80,7 +80,9 @@ def test_a_prompt_that_parts_early_rewinds_the_sequence_and_is_still_right():
     _drain(sched)
     (first,) = ex.steps[n_steps].sequences
     assert first.start_pos == len(SYSTEM) and first.token_ids == (9, 9)
+    assert ex.copies == [(ex.steps[0].sequences[0].seq_id, first.seq_id, len(SYSTEM))]
     assert b["tokens"] == _alone(other, max_tokens=4, **GREEDY)
+    assert len(sched.prefix_cache) == 2  # the first conversation is kept whole beside it
 
 
 def test_the_same_prompt_again_prefills_its_last_token():
@@ -156,7 +158,7 @@ def test_random_chats_with_and_without_the_cache_give_the_same_tokens():
     for trial in range(12):
         max_batch = rng.randrange(1, 5)
         ex = HistoryExecutor(max_batch=max_batch, max_seq_len=512, rewind=True)
-        cache = PrefixCache(min_tokens=rng.choice([1, 4, 16]), min_similarity=rng.choice([0, 0.5]))
+        cache = PrefixCache(min_tokens=rng.choice([1, 4, 16]))
         sched = Scheduler(ex, prefix_cache=cache)
         chats = [list(rng.choice(systems)) for _ in range(rng.randrange(2, 6))]
         reused = 0

@@ -42,6 +42,11 @@ class BreakingExecutor(HistoryExecutor):
             self.dead = True
             raise
 
+    def copy_prefix(self, src, dst, n):
+        if self.dead:
+            raise ConnectionError("rank 1 closed the connection")
+        super().copy_prefix(src, dst, n)
+
     def kill(self):
         self.dead = True
 

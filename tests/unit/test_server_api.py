@@ -195,6 +195,14 @@ def test_cached_tokens_are_in_the_usage_the_metrics_and_the_cluster_view():
                 assert line in metrics.splitlines(), line
             view = c.get("/v1/cluster").json()["prefix_cache"]
             assert view["hits"] == 1 and view["reused_tokens"] == held and view["entries"] == 1
+            assert view["copies"] == 0
+            # a prompt that parts from the kept one early: its shared part copied, counted cached
+            other = c.post("/v1/completions", json={**body, "prompt": prompt + "!"}).json()
+            assert other["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt)}
+            metrics = c.get("/metrics").text.splitlines()
+            assert "tandem_prefix_cache_copies_total 1" in metrics
+            assert f"tandem_prefix_cache_cached_tokens_total {held + len(prompt)}" in metrics
+            assert c.get("/v1/cluster").json()["prefix_cache"]["copies"] == 1
     finally:
         sched.stop()
 

@@ -108,3 +108,12 @@ def test_local_transport_delivers_the_same_bytes_in_order_and_times_out():
     a.close()
     with pytest.raises(StageLinkError, match="closed by its peer"):
         b.recv(1.0)
+
+
+def test_a_copy_frame_round_trips_and_a_malformed_one_is_refused():
+    msg = StageMessage(pp.KIND_COPY, seq_ids=(3, 9), start_pos=(0, 0), lengths=(40, 40))
+    assert pp.decode(pp.encode(msg)) == msg
+    for ids, lengths in [((3, 3), (40, 40)), ((3, 9), (40, 41)), ((3, 9), (0, 0)), ((3,), (4,))]:
+        bad = StageMessage(pp.KIND_COPY, seq_ids=ids, start_pos=(0,) * len(ids), lengths=lengths)
+        with pytest.raises(StageMessageError, match="copy"):
+            pp.decode(pp.encode(bad))

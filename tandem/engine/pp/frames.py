@@ -12,6 +12,10 @@ A message is one frame (little-endian):
     shape    u32 * ndim
     payload  prod(shape) * itemsize bytes (FORWARD), utf-8 text (ERROR), or nothing
 
+A COPY (a prefix cache's copy, `PipelineExecutor.copy_prefix`) carries no payload: seq_ids
+(src, dst), start_pos (0, 0), lengths (n, n); every rank of every stage copies the first n
+positions of `src`'s KV cache of the layers it holds into the new sequence `dst`.
+
 A FORWARD hidden state is (B, T, D) with B = n_seqs and T = max(length) (rows left-aligned, padded;
 see `tandem.models.context`), or (B, 1, D) on the way back to the head (each row's last token only).
 The decoder checks every count against the frame length before it builds a tensor
@@ -44,7 +48,8 @@ KIND_FORWARD = 1  # run your layers over `hidden`, pass the result on
 KIND_RELEASE = 2  # free the KV caches of `seq_ids`, pass it on
 KIND_STOP = 3  # pass it on, then leave the stage loop
 KIND_ERROR = 4  # a stage failed: pass it on to the head, which raises `text`
-KINDS = (KIND_FORWARD, KIND_RELEASE, KIND_STOP, KIND_ERROR)
+KIND_COPY = 5  # seq_ids (src, dst), lengths (n, n): copy src's first n positions, pass it on
+KINDS = (KIND_FORWARD, KIND_RELEASE, KIND_STOP, KIND_ERROR, KIND_COPY)
 
 _HEADER = struct.Struct("<4sBBHIQI")
 MAX_SEQS = 1 << 16
@@ -140,6 +145,10 @@ def decode(
         return StageMessage(
             kind, tag, seq_ids, start_pos, lengths, text=bytes(body).decode("utf-8", "replace")
         )
+    if kind == KIND_COPY and (
+        n != 2 or seq_ids[0] == seq_ids[1] or lengths[0] != lengths[1] or lengths[0] < 1
+    ):
+        raise StageMessageError(f"stage copy frame of {seq_ids} and {lengths} is malformed")
     if code == 0:
         if ndim or len(body):
             raise StageMessageError(f"stage message kind {kind} carries an untyped payload")

@@ -97,7 +97,10 @@ class PipelineExecutor:
         self._tag = 0
         self._local: dict[int, torch.Tensor] = {}
         # the head's record of every sequence (the stages keep their own by the same rule)
-        self.seqs = SequenceCache(max_batch, max_seq_len, vocab_size=self.vocab_size)
+        self.seqs = SequenceCache(
+            max_batch, max_seq_len, vocab_size=self.vocab_size,
+            recurrent=embed_head.config.hybrid,
+        )  # fmt: skip
         self.rewind = LongRopeRewind.for_config(embed_head.config)  # longrope: crossing recomputes
         self._failed: str | None = None
         self.steps = 0
@@ -159,6 +162,27 @@ class PipelineExecutor:
         try:
             return tag, StepResult(logits=self._head(self._receive(tag, seqs)))
         except (StageLinkError, pp.StageMessageError) as e:
+            raise self._fail(str(e)) from e
+
+    def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """New sequence `dst_seq` holds `src_seq`'s first `n` cached positions on every stage:
+        stage 0 here copies its layers' KV, and one COPY frame (`frames`) travels, in order
+        behind any step in flight, to stage 0's other TP ranks and down the pipeline, each rank
+        copying its own layers (its kv-head shard in a TP stage). Checked here first against the
+        head's record and stage 0's rule (`PrefixCopyError`), so a refused copy reaches no stage."""
+        self._check_usable()
+        self.seqs.check_copy(src_seq, dst_seq, n)
+        self.stage0.seqs.check_copy(src_seq, dst_seq, n)
+        self.stage0.copy_prefix(src_seq, dst_seq, n)
+        self.seqs.copy(src_seq, dst_seq, n)
+        self.rewind.copy(src_seq, dst_seq, n)
+        frame = pp.encode(
+            StageMessage(pp.KIND_COPY, seq_ids=(src_seq, dst_seq), start_pos=(0, 0), lengths=(n, n))
+        )
+        try:
+            pp.send_to_all(self.to_stage0_peers, frame)
+            pp.send_to_all(self.to_next, frame)
+        except StageLinkError as e:
             raise self._fail(str(e)) from e
 
     def release(self, seq_ids: list[int]) -> None:

@@ -57,6 +57,10 @@ class StageRunner:
         """h (B, T, D) -> (B, T, D), or (B, 1, D) at each row's last real token when `last_only`."""
         return self.runner.forward_rows(seq_ids, start_pos, lengths, h, last_only)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """New sequence `dst` holds `src`'s first `n` positions of this stage's layers."""
+        self.runner.copy_prefix(src, dst, n)
+
     def release(self, seq_ids: Sequence[int]) -> None:
         self.runner.release(seq_ids)
 
@@ -103,10 +107,13 @@ def serve_stage(
                     ),
                     wire_dtype,
                 )
-            elif msg.kind == pp.KIND_RELEASE:
-                runner.release(msg.seq_ids)
+            elif msg.kind in (pp.KIND_RELEASE, pp.KIND_COPY):
+                if msg.kind == pp.KIND_RELEASE:
+                    runner.release(msg.seq_ids)
+                else:
+                    runner.copy_prefix(*msg.seq_ids, msg.lengths[0])
                 if links.to_head:
-                    continue  # the head freed its own; nothing to return
+                    continue  # the head did its own; nothing to return
             pp.send_to_all(links.downstream, frame)
             if msg.kind == pp.KIND_STOP:
                 return

@@ -8,11 +8,18 @@ followed, only when the payload does not fit inline (`payload_len > FRAME - HEAD
 tensor of exactly `payload_len` values. The payload is
 
     [seq_id, start_pos, n_tok] * n_seqs  ++  token ids (n_tokens, in sequence order)  ++  release ids
+        ++  [src_seq, dst_seq, n]            a COPY only
 
 so a decode step for a handful of sequences is one small fixed-size broadcast (`send_control` on
 the head, `recv_control` on every worker). `flags` bit 0 is
 the step's `greedy` (the ranks return argmax ids, not logits). Receivers check the magic, kind,
 flags and every count against the frame before using them (`ControlError` otherwise).
+
+A COPY (`KIND_COPY`, a prefix cache's copy: `TPExecutor.copy_prefix`) is one such frame of 3 +
+n_release values: every rank frees `release` first (as before a step), then copies the first n
+positions of its own shard of `src_seq`'s KV cache (its kv heads of every layer it holds) into
+the new sequence `dst_seq`, which takes the lowest free slot on every rank alike. No tensor
+crosses the wire.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ KIND_RELEASE = 2  # only free the KV caches of `release`
 KIND_STOP = 3  # leave the worker loop
 KIND_PING = 4  # nothing to do: keeps an idle group's sockets inside their op timeout
 KIND_STATS = 5  # every rank all-gathers its compute clock (`tp.balance`)
+KIND_COPY = 6  # copy a sequence's first n cached positions into a new one (after `release`)
+KINDS = (KIND_STEP, KIND_RELEASE, KIND_STOP, KIND_PING, KIND_STATS, KIND_COPY)
+COPY_LEN = 3  # src_seq, dst_seq, n
 
 FLAG_GREEDY = 1
 
@@ -46,6 +56,7 @@ class Control:
     kind: int
     step: Step | None = None
     release: tuple[int, ...] = ()
+    copy: tuple[int, int, int] | None = None  # (src_seq, dst_seq, n) of a KIND_COPY
 
 
 def encode(msg: Control) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -59,6 +70,10 @@ def encode(msg: Control) -> tuple[torch.Tensor, torch.Tensor | None]:
         payload += s.token_ids
         n_tokens += len(s.token_ids)
     payload += msg.release
+    if (msg.kind == KIND_COPY) != (msg.copy is not None):
+        raise ControlError("a COPY frame, and only a COPY frame, carries (src, dst, n)")
+    if msg.copy is not None:
+        payload += msg.copy
     flags = FLAG_GREEDY if msg.step is not None and msg.step.greedy else 0
     header = [MAGIC, msg.kind, len(seqs), n_tokens, len(msg.release), len(payload), flags, 0]
     if len(payload) <= FRAME - HEADER:
@@ -85,13 +100,21 @@ def decode(frame: torch.Tensor, extra: torch.Tensor | None = None) -> Control:
         if extra is None or extra.numel() != n_payload:
             raise ControlError(f"control payload of {n_payload} values is missing or truncated")
         payload = extra.tolist()
-    if n_payload != 3 * n_seqs + n_tokens + n_release:
+    n_copy = COPY_LEN if kind == KIND_COPY else 0
+    if n_payload != 3 * n_seqs + n_tokens + n_release + n_copy:
         raise ControlError("control frame counts disagree with its payload length")
-    release = tuple(payload[len(payload) - n_release :]) if n_release else ()
+    end = len(payload) - n_copy
+    release = tuple(payload[end - n_release : end]) if n_release else ()
     if kind != KIND_STEP:
         if n_seqs:
             raise ControlError(f"control kind {kind} carries sequences")
-        return Control(kind, None, release)
+        copy = None
+        if n_copy:
+            src, dst, n = payload[end:]
+            if min(src, dst) < 0 or n < 1 or src == dst:
+                raise ControlError(f"control copy of {n} positions from {src} to {dst}")
+            copy = (src, dst, n)
+        return Control(kind, None, release, copy)
     seqs = []
     pos = 3 * n_seqs
     for i in range(n_seqs):
@@ -113,7 +136,7 @@ def _check_header(frame: torch.Tensor) -> None:
     if int(frame[0]) != MAGIC:
         raise ControlError("control frame has the wrong magic: peers are out of step")
     kind = int(frame[1])
-    if kind not in (KIND_STEP, KIND_RELEASE, KIND_STOP, KIND_PING, KIND_STATS):
+    if kind not in KINDS:
         raise ControlError(f"unknown control kind {kind}")
     if any(int(v) < 0 for v in frame[2:6]):
         raise ControlError("negative count in control frame")

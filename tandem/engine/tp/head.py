@@ -245,6 +245,31 @@ class TPExecutor:
         shares = [f.work_share or 0.0 for f in self.facts]
         return balance_entry(shares, self.layout.weights, clocks)
 
+    def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """New sequence `dst_seq` holds `src_seq`'s first `n` cached positions on every rank:
+        one COPY frame (`control`: the pending releases, then (src, dst, n)), after which each
+        rank copies its own shard of the KV cache (k[i][dst, :, :n] = k[i][src, :, :n] over its
+        kv heads of every layer), and the head its own. The head checks the copy first
+        (`PrefixCopyError`), so a copy it refuses reaches no rank."""
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            self.runner.seqs.check_copy(src_seq, dst_seq, n)
+            release = tuple(self._pending_release)
+            self._pending_release.clear()
+            try:
+                send_control(
+                    self.comm, Control(control.KIND_COPY, None, release, (src_seq, dst_seq, n))
+                )
+                self.runner.copy_prefix(src_seq, dst_seq, n)
+            except Exception as e:
+                self._failure = GroupFailedError(self._explain(e))
+                self._abandon()
+                raise self._failure from e
+            finally:
+                self._last = time.monotonic()
+            self.rewind.copy(src_seq, dst_seq, n)
+
     def release(self, seq_ids: list[int]) -> None:
         with self._lock:
             self.runner.release(seq_ids)

