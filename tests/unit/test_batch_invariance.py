@@ -14,8 +14,8 @@ attend_group for every query row over exactly its visible keys: decode, prefill,
 windows and sinks included). The padding of a batch's rows is computed and never read.
 
 On a BF16 GGUF: `LeanExecutor` (torch-free) and `LocalExecutor` on the native kernels in float32
-and in bfloat16; a BF16 gpt-oss GGUF (a window of 8 on alternate layers, attention sinks,
-MoE experts: each expert's tokens one product of dense rows) on `LeanExecutor`; and in memory a
+and in bfloat16; BF16 gpt-oss and Gemma 3 GGUFs (gpt-oss: a window of 8 on alternate layers,
+attention sinks, MoE experts, each expert's tokens one product of dense rows) on `LeanExecutor`; and in memory a
 gpt-oss-shaped model and a model windowed on every layer (Mistral's), on `LocalExecutor`. The quantized types wait for the quantized products' one summation order
 (csrc/canon.h, qgemv.c against qgemm*.c): xfail until then.
 """
@@ -152,6 +152,14 @@ def test_gpt_oss_on_the_torch_free_path_is_batch_invariant_too(tmp_path):
     moe = dataclasses.replace(base.moe, intermediate_size=SHAPE["intermediate_size"])
     cfg = dataclasses.replace(base, **SHAPE, vocab_size=VOCAB, moe=moe)
     _, (f,) = write_preset_gguf(tmp_path / "gpt-oss-BF16.gguf", "tiny-gpt-oss", "BF16", config=cfg)
+    property_run(executor("lean", f), executor("lean", f), 12)
+
+
+def test_gemma3_on_the_torch_free_path_is_batch_invariant_too(tmp_path):
+    """Gemma 3's blocks (sandwich norms, GELU-tanh, local and global rope tables, windows)."""
+    base = get_preset("tiny-gemma3").config
+    cfg = dataclasses.replace(base, **SHAPE, vocab_size=VOCAB, query_pre_attn_scalar=None)
+    _, (f,) = write_preset_gguf(tmp_path / "gemma3-BF16.gguf", "tiny-gemma3", "BF16", config=cfg)
     property_run(executor("lean", f), executor("lean", f), 12)
 
 

@@ -2,7 +2,7 @@
 against `LocalExecutor` on the same GGUF file: every architecture (llama q/k rows in the file's
 pair order, Qwen2's biases, Qwen3's q/k norms, the mixtures of experts and
 gpt-oss: sinks, alternating windows, YaRN, its router and clamped experts; files of llama.cpp's
-converter too), 32-element, K-quant and MXFP4 types, a batch mixing prefills of different
+converter too; Gemma 3's blocks), 32-element, K-quant and MXFP4 types, a batch mixing prefills of different
 lengths, decode tokens, a single-sequence decode (the one-call C path) and a rewind.
 
 The bound. Both run the same native products on the same blocks with the same int8 activation
@@ -138,6 +138,28 @@ def test_gpt_oss_runs_torch_free_like_the_local_executor(tmp_path_factory, sourc
     _assert_like_local(f, lean, WINDOWED_STEPS, spread=3.0)
 
 
+# Gemma 3 as a gemma3 GGUF states it: query_pre_attn_scalar = head_dim (what llama.cpp derives)
+GEMMA3 = dict(
+    SHAPE, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=None, embed_scale=256**0.5
+)
+
+
+@pytest.mark.parametrize("qtype", ["BF16", "Q8_0", "K_MIX"])
+def test_gemma3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype) -> None:
+    """Gemma 3's blocks: (1 + w) norms as the file stores them, four a layer, q/k norms,
+    GELU-tanh, the embedding scale, a window of 8 on layers 0-4 and 6 (crossed by the steps)
+    with their own rope base, linear scaling on the global layer 5, MQA; every step (decode
+    too) on the per-step path."""
+    cfg = dataclasses.replace(get_preset("tiny-gemma3").config, **GEMMA3)
+    out = tmp_path_factory.mktemp("lean-gemma") / f"gemma3-{qtype}.gguf"
+    _, (f,) = write_preset_gguf(out, "tiny-gemma3", qtype, config=cfg)
+    lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+    m = lean.model
+    assert m.gemma and m._decode is None and m.local_inv_freq is not None
+    assert [L.rope_local for L in m.layers] == [True] * 5 + [False, True]
+    _assert_like_local(f, lean, WINDOWED_STEPS)
+
+
 def _assert_like_local(f, lean: LeanExecutor, steps, spread: float = 2.0) -> None:
     """Each step's logits from `lean` against LocalExecutor's on the native kernels, within
     BOUND (module docstring; `spread` delta + LOGIT_ATOL), and the argmax wherever the
@@ -212,17 +234,12 @@ def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     assert ex.seqs.cached(0) == 3
 
 
-def test_gemma_longrope_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
+def test_longrope_gemma_experts_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
     with pytest.raises(LeanUnsupportedError, match="longrope"):
         check_supported(get_preset("tiny-phi3").config)
-    gemma = dataclasses.replace(
-        get_preset("tiny-gemma3").config,
-        sliding_window=None,
-        window_layers=None,
-        rope_local_theta=None,
-    )  # a gemma3 GGUF without windows still holds Gemma's blocks
-    with pytest.raises(LeanUnsupportedError, match="Gemma"):
-        check_supported(gemma)
+    moe = get_preset("tiny-qwen3-moe").config.moe
+    with pytest.raises(LeanUnsupportedError, match="Gemma's blocks with experts"):
+        check_supported(dataclasses.replace(get_preset("tiny-gemma3").config, moe=moe))
     with pytest.raises(LeanUnsupportedError, match="F32 layer weights"):
         LeanExecutor.from_file(_gguf(tmp_path_factory, "tiny-qwen3", "F32"))
 

@@ -1,4 +1,4 @@
-"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Mistral / Qwen3-MoE / Mixtral / gpt-oss model's forward
+"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 model's forward
 pass without torch, over GGUF blocks as stored. The same math as the reference model
 (`tandem.models.llama`) in float32:
 
@@ -15,6 +15,13 @@ Mistral's every layer, gpt-oss's alternate ones) keys max(0, p - w + 1)..p; with
 (gpt-oss) head h's learned logit s_h joins its softmax without a value:
 softmax([z_0..z_p, s_h])[:-1] . V. RoPE's tables are YaRN's where the model states it (cos and sin
 times its attention factor, `rope.attention_factor`).
+
+Gemma 3's blocks (`models.gemma`): x = embed(ids) * embed_scale; every norm (offset + w) * x / rms
+(the offset added to w once, in float32); four norms a layer (sandwich):
+x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm(x))); the MLP
+gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
+own unscaled table (`rope_local_theta`). Every Gemma step, decode included, takes the per-step
+path below (no native decode call has these blocks).
 
 The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE, SwiGLU
 and the causal attention the csrc/decode_ops.c calls, so no BLAS runs (numpy's OpenBLAS threads
@@ -38,6 +45,7 @@ SmolLM2-135M, ~380 MB on a Llama-3-8B Q4_K_M); v, and so every attention output,
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -94,12 +102,21 @@ class Layer:
 
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         gu = ("mlp.gate_proj", "mlp.up_proj")
-        self.in_norm = _vec(src, p + "input_layernorm.weight")
-        self.post_norm = _vec(src, p + "post_attention_layernorm.weight")
-        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
+        self.in_norm = _norm(src, p + "input_layernorm.weight", c)
+        # sandwich (Gemma): post_attention_layernorm normalizes the attention's output and
+        # pre_feedforward_layernorm the MLP's input; else the former is the MLP's input norm
+        self.attn_out_norm = self.mlp_out_norm = None
+        if c.norm_placement == "sandwich":
+            self.attn_out_norm = _norm(src, p + "post_attention_layernorm.weight", c)
+            self.post_norm = _norm(src, p + "pre_feedforward_layernorm.weight", c)
+            self.mlp_out_norm = _norm(src, p + "post_feedforward_layernorm.weight", c)
+        else:
+            self.post_norm = _norm(src, p + "post_attention_layernorm.weight", c)
+        self.q_norm = _norm(src, p + "self_attn.q_norm.weight", c) if c.qk_norm else None
+        self.k_norm = _norm(src, p + "self_attn.k_norm.weight", c) if c.qk_norm else None
         self.window = c.window(i) or 0  # 0: every earlier key
         self.sinks = _vec(src, p + "self_attn.sinks") if c.attn_sinks else None  # (H,)
-        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
+        self.rope_local = c.rope_local(i)  # this layer rotates by the local (windowed) table
         self.qkv = Linear(
             parts(*(n + ".weight" for n in qkv)),
             D,
@@ -130,6 +147,14 @@ def _vec(src: WeightSource, name: str) -> np.ndarray:
     return np.ascontiguousarray(src.values_array(name), dtype=np.float32)
 
 
+def _norm(src: WeightSource, name: str, c: ModelConfig) -> np.ndarray:
+    """A norm's weight as the C RMSNorm multiplies it: w, or Gemma's offset + w in float32."""
+    w = _vec(src, name)
+    if c.norm_weight_offset is None:
+        return w
+    return np.ascontiguousarray(np.float32(c.norm_weight_offset) + w, dtype=np.float32)
+
+
 def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
     if config.deltanet is not None:
@@ -140,20 +165,21 @@ def check_supported(config: ModelConfig) -> None:
         raise LeanUnsupportedError("longrope rope scaling (the torch path runs it)")
     if config.rotary_dim != config.head_dim:
         raise LeanUnsupportedError("partial rotary (the torch path runs it)")
-    gemma = (config.norm_placement, config.norm_weight_offset, config.mlp_activation) != (
-        "pre",
-        None,
-        "silu",
-    )
-    if (
-        gemma
+    if is_gemma(config) and config.moe is not None:
+        raise LeanUnsupportedError("Gemma's blocks with experts (the torch path runs them)")
+    if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
+        raise LeanUnsupportedError(f"an odd head_dim {config.head_dim}")
+
+
+def is_gemma(config: ModelConfig) -> bool:
+    """Whether `config` has any of Gemma's block differences (module docstring)."""
+    return (
+        (config.norm_placement, config.norm_weight_offset, config.mlp_activation)
+        != ("pre", None, "silu")
         or config.embed_scale is not None
         or config.query_pre_attn_scalar is not None
         or config.rope_local_theta is not None
-    ):
-        raise LeanUnsupportedError("Gemma's decoder blocks (the torch path runs them)")
-    if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
-        raise LeanUnsupportedError(f"an odd head_dim {config.head_dim}")
+    )
 
 
 class LeanModel:
@@ -198,12 +224,20 @@ class LeanModel:
         self.norm = _vec(src, "model.norm.weight")
         self.inv_freq = inv_freq(c)
         self.rope_scale = attention_factor(c)
+        self.local_inv_freq = None  # the windowed layers' own table (Gemma 3), unscaled
+        if c.rope_local_theta is not None:
+            local = dataclasses.replace(
+                c, rope_theta=c.rope_local_theta, rope_scaling=None, rope_freq_factors=None
+            )
+            self.local_inv_freq = inv_freq(local)
+        self.scale = c.attention_scale
+        self.gemma = is_gemma(c)
         self.max_seq_len = max_seq_len
         shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
         per_layer = c.moe is not None or c.sliding_window is not None or c.attn_sinks
-        self._decode = None if per_layer else self._decode_plan()
+        self._decode = None if per_layer or self.gemma else self._decode_plan()
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
@@ -220,7 +254,7 @@ class LeanModel:
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1:
+        if len(rows) == 1 and len(rows[0][2]) == 1 and not self.gemma:
             slot, pos, ids = rows[0]
             if self._decode is None:
                 return self._decode_layers(slot, pos, ids[0])
@@ -229,14 +263,18 @@ class LeanModel:
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
         pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
         cos, sin = cos_sin(self.inv_freq, pos, self.pairs, self.rope_scale)  # (N, hd) each
+        local = None if self.local_inv_freq is None else cos_sin(self.local_inv_freq, pos)
         x = self.embed(ids)  # (N, D)
+        if self.config.embed_scale is not None:
+            x = x * np.float32(self.config.embed_scale)
         bounds = np.cumsum([0] + [len(tok) for _, _, tok in rows])
         for li, L in enumerate(self.layers):
             h = ops.rmsnorm(x, L.in_norm, self.eps, th)
             qkv = L.qkv(h, th)  # (N, (H + 2G) hd)
             q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + G) * hd], qkv[:, (H + G) * hd :]
-            ops.norm_rope_(q, H, L.q_norm, self.eps, cos, sin, th, self.pairs)
-            ops.norm_rope_(k, G, L.k_norm, self.eps, cos, sin, th, self.pairs)
+            c_, s_ = local if L.rope_local else (cos, sin)
+            ops.norm_rope_(q, H, L.q_norm, self.eps, c_, s_, th, self.pairs)
+            ops.norm_rope_(k, G, L.k_norm, self.eps, c_, s_, th, self.pairs)
             attn = np.empty((len(ids), H * hd), np.float32)
             for (slot, p, tok), r0, r1 in zip(rows, bounds[:-1], bounds[1:]):
                 n = len(tok)
@@ -244,15 +282,21 @@ class LeanModel:
                 kc[:, p : p + n] = k[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
                 vc[:, p : p + n] = v[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
                 attn[r0:r1] = ops.prefill_attention(
-                    q[r0:r1], kc, vc, p, self.hd**-0.5, th, L.window, L.sinks
+                    q[r0:r1], kc, vc, p, self.scale, th, L.window, L.sinks
                 )
-            x = x + L.o(attn, th)
+            a = L.o(attn, th)
+            if L.attn_out_norm is not None:
+                a = ops.rmsnorm(a, L.attn_out_norm, self.eps, th)
+            x = x + a
             if L.moe is not None:
                 x = x + L.moe(x, th)
                 continue
-            x = x + L.down(
-                ops.silu_mul(L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th), th), th
-            )
+            gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
+            act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu)
+            m = L.down(act, th)
+            if L.mlp_out_norm is not None:
+                m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
+            x = x + m
         return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
 
     def projections(self) -> list[Linear]:
