@@ -263,7 +263,9 @@ class LeanModel:
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
         pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
         cos, sin = cos_sin(self.inv_freq, pos, self.pairs, self.rope_scale)  # (N, hd) each
-        local = None if self.local_inv_freq is None else cos_sin(self.local_inv_freq, pos)
+        local = (
+            None if self.local_inv_freq is None else cos_sin(self.local_inv_freq, pos, self.pairs)
+        )
         x = self.embed(ids)  # (N, D)
         if self.config.embed_scale is not None:
             x = x * np.float32(self.config.embed_scale)
