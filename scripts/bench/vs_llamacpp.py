@@ -3,7 +3,7 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
 
     .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
-                                           [--tandem-only] [--extra NAME=FILE.gguf ...] [--large]
+                                           [--tandem-only] [--extra NAME=FILE.gguf ...] [--large] [--moe] [--gpt-oss]
                                            [--variants chosen,avx2,avx512]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
@@ -13,7 +13,9 @@ BF16, Q8_0, Q4_0 and Q4_K_M; and the real SmolLM2-135M-Instruct Q4_1 of the `llm
 package; with `--large`, the `qwen3-1.7b` preset in Q4_K_M too (a ~1.1 GB file, where the fixed
 runtime weighs less in the RSS ratio); with `--moe`, the `qwen3-moe-1.2b` preset (Qwen3-30B-A3B's
 experts: 64 of width 768, 8 active) in Q4_K_M, whose roofline counts the bytes a token reads
-(attention, router, 8 experts per sparse layer, the head). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
+(attention, router, 8 experts per sparse layer, the head); with `--gpt-oss`, gpt-oss-20b's shape
+scaled to ~1.0 B parameters (`gpt_oss_bench_config`) in llama-quantize's MXFP4_MOE (MXFP4 experts,
+Q8_0 elsewhere: what llama.cpp's gpt-oss files hold). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
 $LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
@@ -108,15 +110,46 @@ def existing_files(work: Path) -> dict[str, Path]:
     return files
 
 
-def make_files(work: Path, cpp: Path, preset: str = "qwen3-0.6b", types=QWEN_TYPES) -> dict:
-    """name -> GGUF file of `preset` in each of `types`, each made once."""
+def gpt_oss_bench_config():
+    """gpt-oss-20b's shape scaled to ~1.0 B parameters: its 32 experts with 4 active, each as wide
+    as the model (2880 there), its head_dim 64, q/k/v/o biases, sinks, a window of 128 on the even
+    layers, YaRN (factor 32 over 4096); 9 layers of width 1024 (24 of 2880 there), 16 q / 4 kv
+    heads (64 / 8 there), a vocabulary of 32768 (its 201088 would make the head a third of the
+    model at this width). ~0.91 B in experts, 21 M in attention, 67 M in embedding and head;
+    per token ~0.17 B active."""
+    from dataclasses import replace
+
+    from tandem.models.families.gpt_oss import moe_spec
+    from tandem.models.presets import get_preset
+
+    base = get_preset("tiny-gpt-oss").config
+    return replace(
+        base, vocab_size=32768, hidden_size=1024, intermediate_size=1024, num_hidden_layers=9,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=131072,
+        sliding_window=128, window_layers=tuple(range(0, 9, 2)),
+        rope_scaling=replace(
+            base.rope_scaling, original_max_position_embeddings=4096, truncate=True
+        ),
+        moe=moe_spec(32, 4, 1024), torch_dtype="bfloat16",
+    )  # fmt: skip
+
+
+def make_files(
+    work: Path, cpp: Path, preset: str = "qwen3-0.6b", types=QWEN_TYPES, config=None, name=None
+) -> dict:
+    """name -> GGUF file of `preset` (its shape, or `config`'s, files named `name`) in each of
+    `types`, each made once."""
     work.mkdir(parents=True, exist_ok=True)
-    hf, files = work / f"{preset}-hf", {}
+    name = name or preset
+    hf, files = work / f"{name}-hf", {}
     if not (hf / "config.json").exists():
+        import torch
+
         from tandem.loaders.make import make_model_dir
 
-        make_model_dir(hf, preset, seed=0)
-    f32 = work / f"{preset}-F32.gguf"
+        dtype = None if config is None else torch.bfloat16
+        make_model_dir(hf, preset, seed=0, dtype=dtype, config=config)
+    f32 = work / f"{name}-F32.gguf"
     if not f32.exists():
         subprocess.run(
             [sys.executable, "-c", CONVERT, str(cpp / "src"), str(hf), "--outfile", str(f32),
@@ -124,11 +157,11 @@ def make_files(work: Path, cpp: Path, preset: str = "qwen3-0.6b", types=QWEN_TYP
         )  # fmt: skip
     env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
     for t in types:
-        out = work / f"{preset}-{t}.gguf"
+        out = work / f"{name}-{t}.gguf"
         if not out.exists():
             subprocess.run([str(cpp / "bin" / "llama-quantize"), str(f32), str(out), t, "2"],
                            check=True, env=env, capture_output=True)  # fmt: skip
-        files[f"{preset} {t}"] = out
+        files[f"{name} {t}"] = out
     return files
 
 
@@ -306,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tandem-only", action="store_true", help="no llama.cpp: tandem's columns")
     p.add_argument("--large", action="store_true", help="also the qwen3-1.7b preset in Q4_K_M")
     p.add_argument("--moe", action="store_true", help="also the qwen3-moe-1.2b preset in Q4_K_M")
+    p.add_argument("--gpt-oss", action="store_true",
+                   help="also a ~1.0 B gpt-oss-20b-like model in MXFP4_MOE")  # fmt: skip
     p.add_argument("--variants", default="chosen",
                    help="comma-separated: chosen (timed per type) and/or forced builds")  # fmt: skip
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -324,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
             files.update(make_files(a.work, cpp, "qwen3-1.7b", ("Q4_K_M",)))
         if a.moe:
             files.update(make_files(a.work, cpp, "qwen3-moe-1.2b", ("Q4_K_M",)))
+        if a.gpt_oss:
+            files.update(make_files(a.work, cpp, "tiny-gpt-oss", ("MXFP4_MOE",),
+                                    gpt_oss_bench_config(), "gpt-oss-1b"))  # fmt: skip
     files.update(dict(e.split("=", 1) for e in a.extra))
     files = {n: Path(f) for n, f in files.items()}
     if a.only:

@@ -220,6 +220,12 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         (_P, _P, _F32, _P, _P, _P, _F32, _P, _P, _INT, _P, _P, _P, _I64)
         + (_P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
     ),
+    # the same with window and sinks (float32 per head or NULL) after pos
+    "tandem_attention_block_ws": (
+        _INT,
+        (_P, _P, _F32, _P, _P, _P, _F32, _P, _P, _INT, _P, _P, _P, _I64, _I64, _P)
+        + (_P, _P, _I64, _I64, _I64, _I64, _F32, _INT, _INT),
+    ),
     # x, M, D, W, ids, w32, k, first, count, gate, up, down, gate/up/down types, y, dtype, threads
     "tandem_moe_experts": (
         _INT,
@@ -241,6 +247,15 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         (_P, _I64, _P, _F32, _P, _I64, _I64, _INT, _I64, _I64, _I64, _I64, _P, _P, _P)
         + (_I64, _I64, _I64, _P, _INT, _INT),
     ),
+    # the same with router_kind (0 softmax_topk, 1 topk_softmax) before norm, act (tq_moe_act*)
+    # before out
+    "tandem_moe_block_act": (
+        _INT,
+        (_P, _I64, _P, _F32, _P, _I64, _I64, _INT, _INT, _I64, _I64, _I64, _I64, _P, _P, _P)
+        + (_I64, _I64, _I64, _P, _P, _INT, _INT),
+    ),
+    # logits, M, E, k, kind, norm, ids, w32, dtype
+    "tandem_moe_route_kind": (_INT, (_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _INT)),
     # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads
     "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _I64, _I64, _INT, _INT)),
     # layers (tq_layer*), n, h, cos, sin, slot, slot_stride, kv_strides, pos, D, H, G, hd, I,

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from gguf_twin_support import gguf_py_tensors, gpt_oss_twin
 
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
@@ -153,17 +154,6 @@ def test_a_qwen3moe_gguf_matches_transformers_reading_the_same_file(tmp_path, qt
     assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 
-def gguf_py_tensors(file: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of `file` under its GGUF name, as gguf-py dequantizes it (float32)."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    return {
-        t.name: torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        for t in GGUFReader(file).tensors
-    }
-
-
 def assert_matches_hf_twin(src, hf, state: dict[str, torch.Tensor]) -> None:
     """transformers' `hf` given `state` (strictly every tensor) equals tandem reading `src`:
     logits within LOGIT_ATOL and greedy ids up to the first near-tie."""
@@ -205,81 +195,22 @@ def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 
 
-def _gguf_hf_config(reader) -> "transformers.GptOssConfig":
-    """transformers' GptOssConfig from a gpt-oss file's metadata, read here with gguf-py: its
-    own GGUF reader (5.24) fails on the file's `rope.scaling.*` values."""
-
-    def get(key, default=None):
-        f = reader.fields.get("gpt-oss." + key)
-        return default if f is None else f.contents()
-
-    return transformers.GptOssConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
-        hidden_size=get("embedding_length"),
-        intermediate_size=get("expert_feed_forward_length"),
-        num_hidden_layers=get("block_count"),
-        num_attention_heads=get("attention.head_count"),
-        num_key_value_heads=get("attention.head_count_kv"),
-        head_dim=get("attention.key_length"),
-        num_local_experts=get("expert_count"),
-        num_experts_per_tok=get("expert_used_count"),
-        sliding_window=get("attention.sliding_window"),
-        max_position_embeddings=get("context_length"),
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
-        rope_parameters=dict(
-            rope_type="yarn", rope_theta=get("rope.freq_base"), factor=get("rope.scaling.factor"),
-            original_max_position_embeddings=get("rope.scaling.original_context_length"),
-            beta_fast=get("rope.scaling.yarn_beta_fast"), beta_slow=get("rope.scaling.yarn_beta_slow"),
-            truncate=True,
-        ),  # fmt: skip
-        tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=0,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("qtype", ["q8_0", "mxfp4_moe"])
 def test_a_gpt_oss_gguf_made_by_llamacpp_matches_transformers_on_gguf_pys_dequantization(qtype):
     """Files made by llama.cpp's convert_hf_to_gguf.py and llama-quantize (Q8_0, and MXFP4_MOE:
     MXFP4 experts), `scripts/llamacpp_fixtures.py`: transformers' GptOssForCausalLM over the
-    tensors gguf-py dequantizes (gate/up re-interleaved as transformers holds them) is the
-    reference; tandem reads the file itself."""
-    from gguf import GGUFReader
-
+    tensors gguf-py dequantizes (`gpt_oss_twin`) is the reference; tandem reads the file itself."""
     file = FIXTURES / f"gpt-oss-{qtype}.gguf"
-    reader = GGUFReader(file)
-    hf = transformers.GptOssForCausalLM(_gguf_hf_config(reader)).eval()
     src = GGUFModel(file)
     assert src.config.architecture == "GptOssForCausalLM"
     want = "MXFP4" if qtype == "mxfp4_moe" else "Q8_0"
     assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].dtype == want
-    state = gguf_py_tensors(file)
-    hf_state = {"model.embed_tokens.weight": state.pop("token_embd.weight"),
-                "model.norm.weight": state.pop("output_norm.weight"),
-                "lm_head.weight": state.pop("output.weight")}  # fmt: skip
-    names = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate_inp": "mlp.router"}  # fmt: skip
-    for i in range(hf.config.num_hidden_layers):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        for g, h in names.items():
-            for leaf in ("weight", "bias"):
-                if f"{b}{g}.{leaf}" in state:
-                    hf_state[f"{p}{h}.{leaf}"] = state.pop(f"{b}{g}.{leaf}")
-        hf_state[p + "self_attn.sinks"] = state.pop(b + "attn_sinks.weight")
-        gate, up = state.pop(b + "ffn_gate_exps.weight"), state.pop(b + "ffn_up_exps.weight")
-        E, W, D = gate.shape
-        fused = torch.stack((gate, up), dim=2).reshape(E, 2 * W, D)  # gate/up rows interleaved
-        hf_state[p + "mlp.experts.gate_up_proj"] = fused.transpose(1, 2)  # (E, D, 2W)
-        gb, ub = state.pop(b + "ffn_gate_exps.bias"), state.pop(b + "ffn_up_exps.bias")
-        hf_state[p + "mlp.experts.gate_up_proj_bias"] = torch.stack((gb, ub), dim=2).reshape(
-            E, 2 * W
-        )
-        hf_state[p + "mlp.experts.down_proj"] = state.pop(b + "ffn_down_exps.weight").transpose(
-            1, 2
-        )
-        hf_state[p + "mlp.experts.down_proj_bias"] = state.pop(b + "ffn_down_exps.bias")
-    assert not state, sorted(state)
-    assert_matches_hf_twin(src, hf, hf_state)
+    hf = gpt_oss_twin(file)
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ attend_group for every query row over exactly its visible keys: decode, prefill,
 windows and sinks included). The padding of a batch's rows is computed and never read.
 
 On a BF16 GGUF: `LeanExecutor` (torch-free) and `LocalExecutor` on the native kernels in float32
-and in bfloat16; and in memory a gpt-oss-shaped model (a window of 8 on alternate layers,
-attention sinks, MoE experts) and a model windowed on every layer (Mistral's), on
-`LocalExecutor`. The quantized types wait for the quantized products' one summation order
+and in bfloat16; BF16 gpt-oss and Gemma 3 GGUFs (gpt-oss: a window of 8 on alternate layers,
+attention sinks, MoE experts, each expert's tokens one product of dense rows) on `LeanExecutor`; and in memory a
+gpt-oss-shaped model and a model windowed on every layer (Mistral's), on `LocalExecutor`. The quantized types wait for the quantized products' one summation order
 (csrc/canon.h, qgemv.c against qgemm*.c): xfail until then.
 """
 
@@ -29,13 +29,22 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from invariance_support import QTYPES, VOCAB, Seq, as_numpy, check_invariant, write_tiny_gguf
+from invariance_support import (
+    QTYPES,
+    SHAPE,
+    VOCAB,
+    Seq,
+    as_numpy,
+    check_invariant,
+    write_tiny_gguf,
+)
 from tp_support import random_reference, tiny_config
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.lean import LeanExecutor
 from tandem.engine.local import LocalExecutor
 from tandem.kernels import native
+from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models.presets import get_preset
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
@@ -136,6 +145,22 @@ def gpt_oss_config():
 def windowed_config():
     """A window of 6 on every layer (Mistral's form: the window folded into the step's mask)."""
     return tiny_config("LlamaForCausalLM", vocab_size=VOCAB, sliding_window=6)
+
+
+def test_gpt_oss_on_the_torch_free_path_is_batch_invariant_too(tmp_path):
+    base = get_preset("tiny-gpt-oss").config
+    moe = dataclasses.replace(base.moe, intermediate_size=SHAPE["intermediate_size"])
+    cfg = dataclasses.replace(base, **SHAPE, vocab_size=VOCAB, moe=moe)
+    _, (f,) = write_preset_gguf(tmp_path / "gpt-oss-BF16.gguf", "tiny-gpt-oss", "BF16", config=cfg)
+    property_run(executor("lean", f), executor("lean", f), 12)
+
+
+def test_gemma3_on_the_torch_free_path_is_batch_invariant_too(tmp_path):
+    """Gemma 3's blocks (sandwich norms, GELU-tanh, local and global rope tables, windows)."""
+    base = get_preset("tiny-gemma3").config
+    cfg = dataclasses.replace(base, **SHAPE, vocab_size=VOCAB, query_pre_attn_scalar=None)
+    _, (f,) = write_preset_gguf(tmp_path / "gemma3-BF16.gguf", "tiny-gemma3", "BF16", config=cfg)
+    property_run(executor("lean", f), executor("lean", f), 12)
 
 
 @pytest.mark.parametrize("make_config", [gpt_oss_config, windowed_config],

@@ -1,8 +1,9 @@
 """The torch-free single-node path (`tandem.engine.lean.LeanExecutor`, `tandem.kernels.lean`)
 against `LocalExecutor` on the same GGUF file: every architecture (llama q/k rows in the file's
-pair order, Qwen2's biases, Qwen3's q/k norms), 32-element and K-quant types, a batch mixing
-prefills of different lengths, decode tokens, a single-sequence decode (the one-call C path) and
-a rewind.
+pair order, Qwen2's biases, Qwen3's q/k norms, the mixtures of experts and
+gpt-oss: sinks, alternating windows, YaRN, its router and clamped experts; files of llama.cpp's
+converter too; Gemma 3's blocks), 32-element, K-quant and MXFP4 types, a batch mixing prefills of different
+lengths, decode tokens, a single-sequence decode (the one-call C path) and a rewind.
 
 The bound. Both run the same native products on the same blocks with the same int8 activation
 rounding; they differ in attention (numpy BLAS against torch's SDPA), the rotary tables (numpy's
@@ -24,6 +25,7 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,7 +86,7 @@ def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) 
 def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     tmp_path_factory, preset, qtype
 ) -> None:
-    """Sparse layers (one `tandem_moe_block` call each) beside a dense one (Qwen3-MoE's layer 1),
+    """Sparse layers (one `tandem_moe_block_act` call each) beside a dense one (Qwen3-MoE's layer 1),
     the router kept F32, experts in the file's blocks."""
     base = get_preset(preset).config
     moe = dataclasses.replace(base.moe, intermediate_size=256)  # Mixtral: its intermediate_size
@@ -96,6 +98,66 @@ def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     # each of a token's k experts requantizes its own SwiGLU output to int8: more rounding edges
     # a last-bit change can cross than a dense MLP's one, so the bound's delta counts 3 times
     _assert_like_local(f, lean, STEPS, spread=3.0)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
+# past a window of 8: decode tokens at 8-10 (STEPS), a prefill chunk at positions 6-17
+WINDOWED_STEPS = STEPS + [
+    Step((StepSequence(1, tuple(range(20, 32)), 6),)),
+    Step((StepSequence(1, (3,), 18), StepSequence(0, (5,), 9))),
+    Step((StepSequence(1, (4,), 19),)),
+]
+
+
+def _gpt_oss_gguf(tmp_path_factory, source: str):
+    """llama.cpp's files (convert_hf_to_gguf.py, llama-quantize: tests/fixtures/gguf) or
+    tiny-gpt-oss at SHAPE (experts of width 256) by tandem's writer in `source`'s type."""
+    if source.startswith("llamacpp-"):
+        return FIXTURES / f"gpt-oss-{source.removeprefix('llamacpp-')}.gguf"
+    base = get_preset("tiny-gpt-oss").config
+    moe = dataclasses.replace(base.moe, intermediate_size=256)
+    cfg = dataclasses.replace(base, **{**SHAPE, "intermediate_size": 256}, head_dim=64, moe=moe)
+    out = tmp_path_factory.mktemp("lean-oss") / f"gpt-oss-{source}.gguf"
+    _, (f,) = write_preset_gguf(out, "tiny-gpt-oss", source, config=cfg)
+    return f
+
+
+@pytest.mark.parametrize(
+    "source", ["llamacpp-q8_0", "llamacpp-mxfp4_moe", "BF16", "Q8_0", "K_MIX", "MXFP4"]
+)
+def test_gpt_oss_runs_torch_free_like_the_local_executor(tmp_path_factory, source) -> None:
+    """gpt-oss: q/k/v/o biases, a sink logit per head, a window of 8 on layers 0 and 2 that the
+    steps cross in decode and in a prefill chunk, YaRN, the biased router's top-k then softmax,
+    biased experts with the clamped SwiGLU (`tandem_moe_block_act`), the attention half of a
+    decode token windowed and with sinks (`tandem_attention_block_ws`)."""
+    f = _gpt_oss_gguf(tmp_path_factory, source)
+    lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+    m = lean.model
+    assert m._decode is None and [L.window for L in m.layers] == [8, 0, 8]
+    assert all(L.sinks is not None and L.moe.act is not None for L in m.layers)
+    _assert_like_local(f, lean, WINDOWED_STEPS, spread=3.0)
+
+
+# Gemma 3 as a gemma3 GGUF states it: query_pre_attn_scalar = head_dim (what llama.cpp derives)
+GEMMA3 = dict(
+    SHAPE, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=None, embed_scale=256**0.5
+)
+
+
+@pytest.mark.parametrize("qtype", ["BF16", "Q8_0", "K_MIX"])
+def test_gemma3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype) -> None:
+    """Gemma 3's blocks: (1 + w) norms as the file stores them, four a layer, q/k norms,
+    GELU-tanh, the embedding scale, a window of 8 on layers 0-4 and 6 (crossed by the steps)
+    with their own rope base, linear scaling on the global layer 5, MQA; every step (decode
+    too) on the per-step path."""
+    cfg = dataclasses.replace(get_preset("tiny-gemma3").config, **GEMMA3)
+    out = tmp_path_factory.mktemp("lean-gemma") / f"gemma3-{qtype}.gguf"
+    _, (f,) = write_preset_gguf(out, "tiny-gemma3", qtype, config=cfg)
+    lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+    m = lean.model
+    assert m.gemma and m._decode is None and m.local_inv_freq is not None
+    assert [L.rope_local for L in m.layers] == [True] * 5 + [False, True]
+    _assert_like_local(f, lean, WINDOWED_STEPS)
 
 
 def _assert_like_local(f, lean: LeanExecutor, steps, spread: float = 2.0) -> None:
@@ -172,17 +234,12 @@ def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     assert ex.seqs.cached(0) == 3
 
 
-def test_sliding_window_gemma_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
-    with pytest.raises(LeanUnsupportedError, match="sliding-window"):
-        check_supported(get_preset("tiny-mistral").config)
-    gemma = dataclasses.replace(
-        get_preset("tiny-gemma3").config,
-        sliding_window=None,
-        window_layers=None,
-        rope_local_theta=None,
-    )  # a gemma3 GGUF without windows still holds Gemma's blocks
-    with pytest.raises(LeanUnsupportedError, match="Gemma"):
-        check_supported(gemma)
+def test_longrope_gemma_experts_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
+    with pytest.raises(LeanUnsupportedError, match="longrope"):
+        check_supported(get_preset("tiny-phi3").config)
+    moe = get_preset("tiny-qwen3-moe").config.moe
+    with pytest.raises(LeanUnsupportedError, match="Gemma's blocks with experts"):
+        check_supported(dataclasses.replace(get_preset("tiny-gemma3").config, moe=moe))
     with pytest.raises(LeanUnsupportedError, match="F32 layer weights"):
         LeanExecutor.from_file(_gguf(tmp_path_factory, "tiny-qwen3", "F32"))
 
@@ -190,8 +247,8 @@ def test_sliding_window_gemma_and_f32_models_take_the_torch_path(tmp_path_factor
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_rotary_frequencies_match_the_reference(name) -> None:
     c = PRESETS[name].config
-    if c.rope_scaling is not None and c.rope_scaling.rope_type in ("yarn", "longrope"):
-        with pytest.raises(LeanUnsupportedError):  # gpt-oss, Phi-3: the torch path
+    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
+        with pytest.raises(LeanUnsupportedError):  # Phi-3: the torch path
             check_supported(c)
         return
     if c.deltanet is not None:

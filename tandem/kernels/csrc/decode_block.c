@@ -28,6 +28,11 @@ int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt
 int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, const int64_t *ks,
                             const void *v, const int64_t *vs, void *out, int64_t B, int64_t G,
                             int64_t R, int64_t S, int64_t hd, float scale, int dt, int nthreads);
+int tandem_step_attention(const void *q, const int64_t *qs, const void *k, const int64_t *ks,
+                          const void *v, const int64_t *vs, void *out, int64_t B, int64_t T,
+                          int64_t G, int64_t R, const int64_t *starts, const int64_t *lens,
+                          int64_t window, const float *sinks, int64_t hd, float scale, int dt,
+                          int nthreads);
 
 /* y (N) = L x (K) for one row, dense or quantized; -1 if L's parts do not make N rows. */
 static int linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_t K, int dt,
@@ -44,14 +49,17 @@ static int linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_
  * k_norm (hd) or NULL; cos, sin (hd) for this position; `pairs` the q/k rows' RoPE layout
  * (decode_ops.c tandem_norm_rope's); the layer's cache for this sequence's slot: element
  * (g, s, d) of k at k_cache + g*kv_strides[0] + s*kv_strides[1] + d (v likewise); keys 0..pos
- * are attended, pos being written here, with scores scaled by `scale`. */
-int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
-                           const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
-                           const void *sin, int pairs, void *k_cache, void *v_cache,
-                           const int64_t *kv_strides, int64_t pos, const tq_linear *o_l,
-                           void *out, int64_t D, int64_t H, int64_t G, int64_t hd, float scale,
-                           int dt, int nthreads) {
-    if (D < 1 || H < 1 || G < 1 || H % G || hd < 2 || pos < 0) return -1;
+ * are attended, pos being written here, with scores scaled by `scale`; tandem_attention_block_ws
+ * attends only keys max(0, pos - window + 1)..pos (window 0: all) and joins each head's sink
+ * logit (`sinks`, float32 (H), or NULL) to its softmax (decode_ops.c's step attention; gpt-oss). */
+int tandem_attention_block_ws(const void *h, const void *norm_w, float eps,
+                              const tq_linear *qkv_l, const void *q_norm, const void *k_norm,
+                              float qk_eps, const void *cos, const void *sin, int pairs,
+                              void *k_cache, void *v_cache, const int64_t *kv_strides, int64_t pos,
+                              int64_t window, const float *sinks, const tq_linear *o_l, void *out,
+                              int64_t D, int64_t H, int64_t G, int64_t hd, float scale, int dt,
+                              int nthreads) {
+    if (D < 1 || H < 1 || G < 1 || H % G || hd < 2 || pos < 0 || window < 0) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
     const int64_t width = (H + 2 * G) * hd;
     char *buf = (char *)malloc((size_t)(D + width + H * hd) * es);
@@ -69,12 +77,29 @@ int tandem_attention_block(const void *h, const void *norm_w, float eps, const t
             memcpy((char *)v_cache + off, v + g * hd * es, (size_t)(hd * es));
         }
         const int64_t ks[3] = {0, kv_strides[0], kv_strides[1]};
-        rc = tandem_decode_attention(q, width, k_cache, ks, v_cache, ks, att, 1, G, H / G, pos + 1,
-                                     hd, scale, dt, nthreads);
+        if (window == 0 && !sinks) {
+            rc = tandem_decode_attention(q, width, k_cache, ks, v_cache, ks, att, 1, G, H / G,
+                                         pos + 1, hd, scale, dt, nthreads);
+        } else {
+            const int64_t qs[2] = {0, width}, lens[1] = {1};
+            rc = tandem_step_attention(q, qs, k_cache, ks, v_cache, ks, att, 1, 1, G, H / G, &pos,
+                                       lens, window, sinks, hd, scale, dt, nthreads);
+        }
     }
     if (!rc) rc = linear1(o_l, att, out, D, H * hd, dt, nthreads);
     free(buf);
     return rc;
+}
+
+int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
+                           const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
+                           const void *sin, int pairs, void *k_cache, void *v_cache,
+                           const int64_t *kv_strides, int64_t pos, const tq_linear *o_l,
+                           void *out, int64_t D, int64_t H, int64_t G, int64_t hd, float scale,
+                           int dt, int nthreads) {
+    return tandem_attention_block_ws(h, norm_w, eps, qkv_l, q_norm, k_norm, qk_eps, cos, sin, pairs,
+                                     k_cache, v_cache, kv_strides, pos, 0, NULL, o_l, out, D, H, G,
+                                     hd, scale, dt, nthreads);
 }
 
 /* h (D) -> out (D), all of dtype dt: gu (2*I, D) = [W_gate; W_up], down (D, I) (tq_linear). */

@@ -131,47 +131,78 @@ int tandem_moe_experts(const void *x, int64_t M, int64_t D, int64_t W, const int
 int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
                    int64_t dim, float eps, int dt, int nthreads);
 
-/* The router's choice for each row of logits (M, E) (dtype dt): p = softmax(logits) in float32,
- * the k largest (ties to the lower expert id, in descending order), renormalised to sum 1 when
- * `norm`; ids (M, k) int64, w (M, k) float32 holding the weights rounded to dt. */
-int tandem_moe_route(const void *logits, int64_t M, int64_t E, int64_t k, int norm, int64_t *ids,
-                     float *w, int dt) {
-    if (M < 1 || E < 1 || k < 1 || k > E || dt < DT_F32 || dt > DT_F16) return -1;
+/* The router's choice for each row of logits (M, E) (dtype dt), by `kind` (models.moe.MoE.route):
+ *   0 (softmax_topk): p = softmax(logits) in float32, the k largest (ties to the lower expert id,
+ *     in descending order), renormalised to sum 1 when `norm`;
+ *   1 (topk_softmax, gpt-oss): the k largest logits (same order), then w = softmax over those k
+ *     in float32: e_j = exp(l_j - l_max), w_j = e_j / sum_j e_j;
+ * ids (M, k) int64, w (M, k) float32 holding the weights rounded to dt. */
+int tandem_moe_route_kind(const void *logits, int64_t M, int64_t E, int64_t k, int kind, int norm,
+                          int64_t *ids, float *w, int dt) {
+    if (M < 1 || E < 1 || k < 1 || k > E || kind < 0 || kind > 1 || dt < DT_F32 || dt > DT_F16)
+        return -1;
     float *p = (float *)malloc((size_t)E * sizeof(float));
-    if (!p) return -1;
+    char *taken = (char *)malloc((size_t)E);
+    if (!p || !taken) {
+        free(p);
+        free(taken);
+        return -1;
+    }
     for (int64_t m = 0; m < M; m++) {
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t e = 0; e < E; e++) {
             p[e] = load1(logits, m * E + e, dt);
             mx = p[e] > mx ? p[e] : mx;
         }
-        for (int64_t e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
-        for (int64_t e = 0; e < E; e++) p[e] /= sum;
+        if (kind == 0) {
+            for (int64_t e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+            for (int64_t e = 0; e < E; e++) p[e] /= sum;
+        }
+        memset(taken, 0, (size_t)E);
         float total = 0.0f;
         for (int64_t j = 0; j < k; j++) { /* selection: k is small (2-8 of 8-128 experts) */
             int64_t best = -1;
             for (int64_t e = 0; e < E; e++)
-                if (p[e] >= 0.0f && (best < 0 || p[e] > p[best])) best = e;
+                if (!taken[e] && (kind || p[e] >= 0.0f) && (best < 0 || p[e] > p[best])) best = e;
+            if (best < 0) { /* softmax_topk: NaN probabilities are never chosen */
+                ids[m * k + j] = -1, w[m * k + j] = 0.0f;
+                continue;
+            }
             ids[m * k + j] = best;
             w[m * k + j] = p[best];
             total += p[best];
-            p[best] = -1.0f; /* taken */
+            taken[best] = 1;
+        }
+        if (kind == 1) { /* softmax over the k chosen logits; w[m*k] is their maximum */
+            const float top = w[m * k];
+            total = 0.0f;
+            for (int64_t j = 0; j < k; j++) total += (w[m * k + j] = expf(w[m * k + j] - top));
+            for (int64_t j = 0; j < k; j++) w[m * k + j] = round_dt(w[m * k + j] / total, dt);
+            continue;
         }
         for (int64_t j = 0; j < k; j++)
             w[m * k + j] = round_dt(norm ? w[m * k + j] / total : w[m * k + j], dt);
     }
     free(p);
+    free(taken);
     return 0;
 }
 
+int tandem_moe_route(const void *logits, int64_t M, int64_t E, int64_t k, int norm, int64_t *ids,
+                     float *w, int dt) {
+    return tandem_moe_route_kind(logits, M, E, k, 0, norm, ids, w, dt);
+}
+
 /* A sparse layer's feed-forward for M rows in one call: xn = rmsnorm(h), logits = router(xn)
- * (E outputs, quant.h's tq_linear), the route (tandem_moe_route), then the held experts
- * (tandem_moe_experts) -> out (M, D); all of dtype dt. The caller adds the residual. */
-int tandem_moe_block(const void *h, int64_t M, const void *norm_w, float eps,
-                     const tq_linear *router, int64_t E, int64_t k, int norm, int64_t D,
-                     int64_t W, int64_t first, int64_t count, const void *gate, const void *up,
-                     const void *down, int64_t gate_type, int64_t up_type, int64_t down_type,
-                     void *out, int dt, int nthreads) {
+ * (E outputs, quant.h's tq_linear, its bias included), the route (tandem_moe_route_kind of
+ * `router_kind`), then the held experts (tandem_moe_experts_act with `act`: NULL, or gpt-oss's
+ * biases and clamped SwiGLU) -> out (M, D); all of dtype dt. The caller adds the residual. */
+int tandem_moe_block_act(const void *h, int64_t M, const void *norm_w, float eps,
+                         const tq_linear *router, int64_t E, int64_t k, int router_kind, int norm,
+                         int64_t D, int64_t W, int64_t first, int64_t count, const void *gate,
+                         const void *up, const void *down, int64_t gate_type, int64_t up_type,
+                         int64_t down_type, const tq_moe_act *act, void *out, int dt,
+                         int nthreads) {
     if (M < 1 || E < 1 || k < 1 || k > E || !router->parts) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
     char *xn = (char *)malloc((size_t)(M * (D + E)) * es);
@@ -186,12 +217,21 @@ int tandem_moe_block(const void *h, int64_t M, const void *norm_w, float eps,
     char *logits = xn + M * D * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, M, D, eps, dt, nthreads);
     if (!rc) rc = tandem_qgemv(xn, router->parts, router->nparts, router->bias, logits, M, D, dt, nthreads);
-    if (!rc) rc = tandem_moe_route(logits, M, E, k, norm, ids, w, dt);
+    if (!rc) rc = tandem_moe_route_kind(logits, M, E, k, router_kind, norm, ids, w, dt);
     if (!rc)
-        rc = tandem_moe_experts(xn, M, D, W, ids, w, k, first, count, gate, up, down, gate_type,
-                                up_type, down_type, out, dt, nthreads);
+        rc = tandem_moe_experts_act(xn, M, D, W, ids, w, k, first, count, gate, up, down,
+                                    gate_type, up_type, down_type, act, out, dt, nthreads);
     free(xn);
     free(ids);
     free(w);
     return rc;
+}
+
+int tandem_moe_block(const void *h, int64_t M, const void *norm_w, float eps,
+                     const tq_linear *router, int64_t E, int64_t k, int norm, int64_t D,
+                     int64_t W, int64_t first, int64_t count, const void *gate, const void *up,
+                     const void *down, int64_t gate_type, int64_t up_type, int64_t down_type,
+                     void *out, int dt, int nthreads) {
+    return tandem_moe_block_act(h, M, norm_w, eps, router, E, k, 0, norm, D, W, first, count, gate,
+                                up, down, gate_type, up_type, down_type, NULL, out, dt, nthreads);
 }

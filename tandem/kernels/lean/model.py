@@ -1,20 +1,35 @@
-"""`LeanModel`: a Llama / Qwen2 / Qwen3 model's forward pass without torch, over GGUF blocks as
-stored. The same math as the reference model (`tandem.models.llama`) in float32:
+"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 model's forward
+pass without torch, over GGUF blocks as stored. The same math as the reference model
+(`tandem.models.llama`) in float32:
 
     x = embed(ids)                                           (N, D), N new tokens of the step
     per layer:  h = rmsnorm(x);  q, k, v = split(h Wqkv^T + b)
                 q, k = rope(qk_norm(q), qk_norm(k))          k, v written at their positions
-                x = x + attend(q, K, V) Wo^T                 causal; grouped-query (H / G)
+                x = x + attend(q, K, V) Wo^T + b_o           causal; grouped-query (H / G)
                 x = x + (silu(g) * u)(rmsnorm(x) Wgu^T) Wdown^T      (a dense layer)
                 x = x + moe(rmsnorm(x))                      (a sparse layer: `lean.moe`)
     logits = rmsnorm(x_last) Whead^T                         (B, V), one row per sequence
+
+`attend` at position p sees keys 0..p, or on a layer with a sliding window w (`config.window`:
+Mistral's every layer, gpt-oss's alternate ones) keys max(0, p - w + 1)..p; with attention sinks
+(gpt-oss) head h's learned logit s_h joins its softmax without a value:
+softmax([z_0..z_p, s_h])[:-1] . V. RoPE's tables are YaRN's where the model states it (cos and sin
+times its attention factor, `rope.attention_factor`).
+
+Gemma 3's blocks (`models.gemma`): x = embed(ids) * embed_scale; every norm (offset + w) * x / rms
+(the offset added to w once, in float32); four norms a layer (sandwich):
+x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm(x))); the MLP
+gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
+own unscaled table (`rope_local_theta`). Every Gemma step, decode included, takes the per-step
+path below (no native decode call has these blocks).
 
 The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE, SwiGLU
 and the causal attention the csrc/decode_ops.c calls, so no BLAS runs (numpy's OpenBLAS threads
 would spin against the kernels' OpenMP threads). One sequence with one new token takes the
 one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer);
-a mixture of experts decodes layer by layer, two calls each (the attention half, then the MoE
-block or the dense MLP half).
+a mixture of experts, or a model with windows or sinks, decodes layer by layer, two calls each
+(the attention half, windowed and with sinks where the layer has them, then the MoE block or the
+dense MLP half).
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
 OS: a page is resident once a token is written into it.
@@ -30,6 +45,7 @@ SmolLM2-135M, ~380 MB on a Llama-3-8B Q4_K_M); v, and so every attention output,
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -41,7 +57,7 @@ from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
-from tandem.kernels.lean.rope import cos_sin, inv_freq
+from tandem.kernels.lean.rope import attention_factor, cos_sin, inv_freq
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
 
@@ -86,10 +102,21 @@ class Layer:
 
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         gu = ("mlp.gate_proj", "mlp.up_proj")
-        self.in_norm = _vec(src, p + "input_layernorm.weight")
-        self.post_norm = _vec(src, p + "post_attention_layernorm.weight")
-        self.q_norm = _vec(src, p + "self_attn.q_norm.weight") if c.qk_norm else None
-        self.k_norm = _vec(src, p + "self_attn.k_norm.weight") if c.qk_norm else None
+        self.in_norm = _norm(src, p + "input_layernorm.weight", c)
+        # sandwich (Gemma): post_attention_layernorm normalizes the attention's output and
+        # pre_feedforward_layernorm the MLP's input; else the former is the MLP's input norm
+        self.attn_out_norm = self.mlp_out_norm = None
+        if c.norm_placement == "sandwich":
+            self.attn_out_norm = _norm(src, p + "post_attention_layernorm.weight", c)
+            self.post_norm = _norm(src, p + "pre_feedforward_layernorm.weight", c)
+            self.mlp_out_norm = _norm(src, p + "post_feedforward_layernorm.weight", c)
+        else:
+            self.post_norm = _norm(src, p + "post_attention_layernorm.weight", c)
+        self.q_norm = _norm(src, p + "self_attn.q_norm.weight", c) if c.qk_norm else None
+        self.k_norm = _norm(src, p + "self_attn.k_norm.weight", c) if c.qk_norm else None
+        self.window = c.window(i) or 0  # 0: every earlier key
+        self.sinks = _vec(src, p + "self_attn.sinks") if c.attn_sinks else None  # (H,)
+        self.rope_local = c.rope_local(i)  # this layer rotates by the local (windowed) table
         self.qkv = Linear(
             parts(*(n + ".weight" for n in qkv)),
             D,
@@ -120,34 +147,39 @@ def _vec(src: WeightSource, name: str) -> np.ndarray:
     return np.ascontiguousarray(src.values_array(name), dtype=np.float32)
 
 
+def _norm(src: WeightSource, name: str, c: ModelConfig) -> np.ndarray:
+    """A norm's weight as the C RMSNorm multiplies it: w, or Gemma's offset + w in float32."""
+    w = _vec(src, name)
+    if c.norm_weight_offset is None:
+        return w
+    return np.ascontiguousarray(np.float32(c.norm_weight_offset) + w, dtype=np.float32)
+
+
 def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
     if config.deltanet is not None:
         raise LeanUnsupportedError(
             "the Qwen3.5 hybrid's Gated DeltaNet and gated attention (the torch path runs them)"
         )
-    if config.sliding_window is not None:
-        raise LeanUnsupportedError("sliding-window attention (the torch path runs it)")
-    if config.rope_scaling is not None and config.rope_scaling.rope_type in ("yarn", "longrope"):
-        raise LeanUnsupportedError(
-            f"{config.rope_scaling.rope_type} rope scaling (the torch path runs it)"
-        )
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "longrope":
+        raise LeanUnsupportedError("longrope rope scaling (the torch path runs it)")
     if config.rotary_dim != config.head_dim:
         raise LeanUnsupportedError("partial rotary (the torch path runs it)")
-    if config.attn_sinks:
-        raise LeanUnsupportedError("attention sinks (the torch path runs them)")
-    gemma = (config.norm_placement, config.norm_weight_offset, config.mlp_activation) != (
-        "pre",
-        None,
-        "silu",
-    )
-    if gemma or config.embed_scale is not None or config.query_pre_attn_scalar is not None:
-        raise LeanUnsupportedError("Gemma's decoder blocks (the torch path runs them)")
-    m = config.moe
-    if m is not None and (m.router != "softmax_topk" or m.expert_bias or m.activation != "swiglu"):
-        raise LeanUnsupportedError("gpt-oss's router and experts (the torch path runs them)")
+    if is_gemma(config) and config.moe is not None:
+        raise LeanUnsupportedError("Gemma's blocks with experts (the torch path runs them)")
     if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
         raise LeanUnsupportedError(f"an odd head_dim {config.head_dim}")
+
+
+def is_gemma(config: ModelConfig) -> bool:
+    """Whether `config` has any of Gemma's block differences (module docstring)."""
+    return (
+        (config.norm_placement, config.norm_weight_offset, config.mlp_activation)
+        != ("pre", None, "silu")
+        or config.embed_scale is not None
+        or config.query_pre_attn_scalar is not None
+        or config.rope_local_theta is not None
+    )
 
 
 class LeanModel:
@@ -191,11 +223,21 @@ class LeanModel:
             raise LeanUnsupportedError(str(e)) from None
         self.norm = _vec(src, "model.norm.weight")
         self.inv_freq = inv_freq(c)
+        self.rope_scale = attention_factor(c)
+        self.local_inv_freq = None  # the windowed layers' own table (Gemma 3), unscaled
+        if c.rope_local_theta is not None:
+            local = dataclasses.replace(
+                c, rope_theta=c.rope_local_theta, rope_scaling=None, rope_freq_factors=None
+            )
+            self.local_inv_freq = inv_freq(local)
+        self.scale = c.attention_scale
+        self.gemma = is_gemma(c)
         self.max_seq_len = max_seq_len
         shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
-        self._decode = None if c.moe is not None else self._decode_plan()
+        per_layer = c.moe is not None or c.sliding_window is not None or c.attn_sinks
+        self._decode = None if per_layer or self.gemma else self._decode_plan()
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
@@ -219,7 +261,7 @@ class LeanModel:
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1:
+        if len(rows) == 1 and len(rows[0][2]) == 1 and not self.gemma:
             slot, pos, ids = rows[0]
             if self._decode is None:
                 return self._decode_layers(slot, pos, ids[0])
@@ -227,29 +269,43 @@ class LeanModel:
         H, G, hd, th = self.H, self.G, self.hd, self.threads
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
         pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
-        cos, sin = cos_sin(self.inv_freq, pos, self.pairs)  # (N, hd) each
+        cos, sin = cos_sin(self.inv_freq, pos, self.pairs, self.rope_scale)  # (N, hd) each
+        local = (
+            None if self.local_inv_freq is None else cos_sin(self.local_inv_freq, pos, self.pairs)
+        )
         x = self.embed(ids)  # (N, D)
+        if self.config.embed_scale is not None:
+            x = x * np.float32(self.config.embed_scale)
         bounds = np.cumsum([0] + [len(tok) for _, _, tok in rows])
         for li, L in enumerate(self.layers):
             h = ops.rmsnorm(x, L.in_norm, self.eps, th)
             qkv = L.qkv(h, th)  # (N, (H + 2G) hd)
             q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + G) * hd], qkv[:, (H + G) * hd :]
-            ops.norm_rope_(q, H, L.q_norm, self.eps, cos, sin, th, self.pairs)
-            ops.norm_rope_(k, G, L.k_norm, self.eps, cos, sin, th, self.pairs)
+            c_, s_ = local if L.rope_local else (cos, sin)
+            ops.norm_rope_(q, H, L.q_norm, self.eps, c_, s_, th, self.pairs)
+            ops.norm_rope_(k, G, L.k_norm, self.eps, c_, s_, th, self.pairs)
             attn = np.empty((len(ids), H * hd), np.float32)
             for (slot, p, tok), r0, r1 in zip(rows, bounds[:-1], bounds[1:]):
                 n = len(tok)
                 kc, vc = self.k[li, slot], self.v[li, slot]  # (G, S, hd)
                 kc[:, p : p + n] = k[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
                 vc[:, p : p + n] = v[r0:r1].reshape(n, G, hd).transpose(1, 0, 2)
-                attn[r0:r1] = ops.prefill_attention(q[r0:r1], kc, vc, p, self.hd**-0.5, th)
-            x = x + L.o(attn, th)
+                attn[r0:r1] = ops.prefill_attention(
+                    q[r0:r1], kc, vc, p, self.scale, th, L.window, L.sinks
+                )
+            a = L.o(attn, th)
+            if L.attn_out_norm is not None:
+                a = ops.rmsnorm(a, L.attn_out_norm, self.eps, th)
+            x = x + a
             if L.moe is not None:
                 x = x + L.moe(x, th)
                 continue
-            x = x + L.down(
-                ops.silu_mul(L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th), th), th
-            )
+            gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
+            act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu)
+            m = L.down(act, th)
+            if L.mlp_out_norm is not None:
+                m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
+            x = x + m
         return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
 
     def projections(self) -> list[Linear]:
@@ -296,22 +352,24 @@ class LeanModel:
         return layers, k0.strides[0] // es, strides
 
     def _decode_layers(self, slot: int, pos: int, token: int) -> np.ndarray:
-        """One decode token of a mixture of experts, layer by layer: the attention half in one
-        call (csrc/decode_block.c, as decode_model.c chains it), then the MoE block in one call
-        (`lean.moe`) or a dense layer's MLP half in one."""
+        """One decode token of a mixture of experts or a model with windows or sinks, layer by
+        layer: the attention half in one call (csrc/decode_block.c, as decode_model.c chains it;
+        the layer's window and sinks), then the MoE block in one call (`lean.moe`) or a dense
+        layer's MLP half in one."""
         lib, th, es = library.library(), self.threads, 4
         h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs)
+        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs, self.rope_scale)
         kc0 = self.k[0, slot]  # (G, S, hd)
         strides = (ctypes.c_int64 * 2)(kc0.strides[0] // es, kc0.strides[1] // es)
         out = np.empty_like(h)
         for i, L in enumerate(self.layers):
-            rc = lib.tandem_attention_block(
+            rc = lib.tandem_attention_block_ws(
                 h.ctypes.data, L.in_norm.ctypes.data, self.eps, ctypes.addressof(L.qkv.desc),
                 None if L.q_norm is None else L.q_norm.ctypes.data,
                 None if L.k_norm is None else L.k_norm.ctypes.data, self.eps, cos.ctypes.data,
                 sin.ctypes.data, int(self.pairs), self.k[i, slot].ctypes.data,
-                self.v[i, slot].ctypes.data, strides, pos, ctypes.addressof(L.o.desc),
+                self.v[i, slot].ctypes.data, strides, pos, L.window,
+                None if L.sinks is None else L.sinks.ctypes.data, ctypes.addressof(L.o.desc),
                 out.ctypes.data, self.D, self.H, self.G, self.hd, self.hd**-0.5, ops.F32, th,
             )  # fmt: skip
             if rc != 0:
@@ -333,7 +391,7 @@ class LeanModel:
     def _decode_one(self, slot: int, pos: int, token: int) -> np.ndarray:
         layers, slot_stride, kv_strides = self._decode
         h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs)
+        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs, self.rope_scale)
         rc = library.library().tandem_decode_layers(
             ctypes.addressof(layers), len(layers), h.ctypes.data, cos.ctypes.data,
             sin.ctypes.data, slot, slot_stride, kv_strides, pos, self.D, self.H, self.G, self.hd,

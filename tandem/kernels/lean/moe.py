@@ -1,7 +1,12 @@
 """`MoEBlock`: a sparse layer's feed-forward on the torch-free path, one native call
-(csrc/moe.c `tandem_moe_block`: norm, router, softmax and top-k, then every chosen expert's tokens
+(csrc/moe.c `tandem_moe_block_act`: norm, router, the route, then every chosen expert's tokens
 through its stacked GGUF blocks as stored) per layer and step. The math is `models.moe.MoE`'s in
-float32; experts not chosen by any token of the step are never read."""
+float32; experts not chosen by any token of the step are never read.
+
+Both routes of `MoESpec.router`: softmax over all E logits then the top k (Qwen3-MoE, Mixtral;
+renormalised with `norm_topk_prob`), or gpt-oss's top k of the (biased) logits then softmax over
+those k. gpt-oss's experts add their biases after each projection and take the clamped SwiGLU
+(`models.moe.clamped_swiglu`), csrc's `tq_moe_act`."""
 
 from __future__ import annotations
 
@@ -10,8 +15,16 @@ import ctypes
 import numpy as np
 
 from tandem.kernels import library
+from tandem.kernels.cstructs import TqMoeAct
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
+
+ROUTES = {"softmax_topk": 0, "topk_softmax": 1}  # csrc tandem_moe_route_kind's `kind`
+ACTIVATIONS = {"swiglu": 0, "swiglu_clamped": 1}  # csrc tq_moe_act's `kind`
+
+
+def _f32(src, name: str) -> np.ndarray:
+    return np.ascontiguousarray(src.values_array(name), dtype=np.float32)
 
 
 class MoEBlock:
@@ -31,10 +44,12 @@ class MoEBlock:
             spec.intermediate_size,
         )
         self.normalize = int(spec.norm_topk_prob)
+        self.route = ROUTES[spec.router]
         self.norm, self.eps = norm, c.rms_norm_eps
         router = p + "gate.weight"
+        bias = _f32(src, p + "gate.bias") if spec.router_bias else None
         self.router = Linear(
-            [(src.block_array(router), src.info(router).type_id)], self.D, None, router
+            [(src.block_array(router), src.info(router).type_id)], self.D, bias, router
         )
         self.arrays, self.types = [], []
         for name, cols in (("gate_proj", self.D), ("up_proj", self.D), ("down_proj", self.W)):
@@ -48,22 +63,41 @@ class MoEBlock:
                 raise LeanWeightError(f"{full}: expected contiguous (E, rows, {rb}) blocks")
             self.arrays.append(blocks)
             self.types.append(t)
+        # gpt-oss: biases (E, W), (E, W), (E, D) and the clamped SwiGLU; None: SwiGLU, no biases
+        self.biases: list[np.ndarray | None] = [None, None, None]
+        self.act = None
+        if spec.expert_bias:
+            self.biases = [
+                _f32(src, p + f"experts.{n}.bias") for n in ("gate_proj", "up_proj", "down_proj")
+            ]
+            for b, rows in zip(self.biases, (self.W, self.W, self.D)):
+                if b.shape != (self.E, rows):
+                    raise LeanWeightError(f"{p}experts: a bias {b.shape}, not ({self.E}, {rows})")
+        if spec.expert_bias or spec.activation != "swiglu":
+            self.act = TqMoeAct(
+                *(None if b is None else b.ctypes.data for b in self.biases),
+                ACTIVATIONS[spec.activation], spec.swiglu_alpha, spec.swiglu_limit,
+            )  # fmt: skip
 
     def __call__(self, x: np.ndarray, threads: int) -> np.ndarray:
         """x (N, D) the residual stream -> the block's output (N, D) (the caller adds it)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         g, u, d = self.arrays
-        rc = library.library().tandem_moe_block(
+        act = None if self.act is None else ctypes.addressof(self.act)
+        rc = library.library().tandem_moe_block_act(
             x.ctypes.data, x.shape[0], self.norm.ctypes.data, self.eps,
-            ctypes.addressof(self.router.desc), self.E, self.k, self.normalize, self.D, self.W,
-            0, self.E, g.ctypes.data, u.ctypes.data, d.ctypes.data, *self.types, out.ctypes.data,
-            ops.F32, threads,
+            ctypes.addressof(self.router.desc), self.E, self.k, self.route, self.normalize,
+            self.D, self.W, 0, self.E, g.ctypes.data, u.ctypes.data, d.ctypes.data, *self.types,
+            act, out.ctypes.data, ops.F32, threads,
         )  # fmt: skip
         if rc != 0:
             raise ops.LeanKernelError("the native MoE block refused its arguments")
         return out
 
     def expert_bytes(self) -> int:
-        """Bytes of one expert's three projections (what each chosen expert reads)."""
-        return sum(a[0].nbytes for a in self.arrays)
+        """Bytes of one expert's three projections (what each chosen expert reads), biases
+        included."""
+        return sum(a[0].nbytes for a in self.arrays) + sum(
+            b[0].nbytes for b in self.biases if b is not None
+        )

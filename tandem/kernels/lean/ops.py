@@ -5,6 +5,7 @@ array is float32 on the host; each function checks what the C call would otherwi
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -87,6 +88,21 @@ def silu_mul(gu: np.ndarray, threads: int) -> np.ndarray:
     return y
 
 
+def gelu_tanh_mul(gu: np.ndarray) -> np.ndarray:
+    """gu (N, 2 * inter) = [gate, up] per row -> gelu_tanh(gate) * up (N, inter), float32
+    elementwise in numpy (Gemma's GeGLU, `layers.GeluTanhMLP`):
+    gelu_tanh(z) = z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))."""
+    _f32(gu, "gelu_tanh_mul")
+    if gu.shape[1] % 2:
+        raise LeanKernelError(f"gelu_tanh_mul takes (N, 2 * inter), got {gu.shape}")
+    inter = gu.shape[1] // 2
+    g, u = gu[:, :inter], gu[:, inter:]
+    f32 = np.float32
+    inner = f32(math.sqrt(2.0 / math.pi)) * (g + f32(0.044715) * (g * g * g))
+    act = f32(0.5) * g * (f32(1.0) + np.tanh(inner))
+    return np.ascontiguousarray(act * u, dtype=np.float32)
+
+
 def argmax(x: np.ndarray) -> np.ndarray:
     """x (B, V) contiguous -> the first maximum of each row (B,) int64 (a NaN counts as the
     maximum, as torch.argmax)."""
@@ -126,13 +142,22 @@ def stream_read(a: np.ndarray, threads: int) -> int:
 
 
 def prefill_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float, threads: int
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    start: int,
+    scale: float,
+    threads: int,
+    window: int = 0,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal grouped-query attention (csrc/decode_ops.c) for the T new rows of one sequence at
     positions start..start+T-1: q (T, H * hd), rows possibly strided (a slice of the fused q/k/v
     output); k, v (G, >= start + T, hd) with the last dimension contiguous (the cache's slot, keys
     and values of these rows already written) -> (T, H * hd); query head h reads kv head
-    h // (H / G)."""
+    h // (H / G). With a `window` (> 0) the row at position p sees keys max(0, p - window + 1)..p
+    only; `sinks` (H,) float32: head h's sink logit joins its softmax without a value (gpt-oss);
+    both through csrc's step attention, whose rows are the same function of their keys."""
     _f32(q, "attention q")
     G, S, hd = k.shape
     T, width = q.shape
@@ -147,6 +172,23 @@ def prefill_attention(
     ):
         raise LeanKernelError(f"prefill attention on q {q.shape}, k {k.shape}, start {start}")
     out = np.empty((T, width), np.float32)
+    if window or sinks is not None:
+        H = width // hd
+        if window < 0 or (
+            sinks is not None
+            and (sinks.shape != (H,) or sinks.dtype != np.float32 or not sinks.flags.c_contiguous)
+        ):
+            raise LeanKernelError(f"attention window {window}, sinks for {H} heads")
+        qs = (ctypes.c_int64 * 2)(0, q.strides[0] // 4)
+        ks3 = (ctypes.c_int64 * 3)(0, k.strides[0] // 4, k.strides[1] // 4)
+        vs3 = (ctypes.c_int64 * 3)(0, v.strides[0] // 4, v.strides[1] // 4)
+        starts, lens = (ctypes.c_int64 * 1)(start), (ctypes.c_int64 * 1)(T)
+        rc = library.library().tandem_step_attention(
+            _ptr(q), qs, _ptr(k), ks3, _ptr(v), vs3, _ptr(out), 1, T, G, width // (G * hd),
+            starts, lens, window, _ptr(sinks), hd, scale, F32, threads,
+        )  # fmt: skip
+        _check(rc, "step attention")
+        return out
     ks = (ctypes.c_int64 * 2)(k.strides[0] // 4, k.strides[1] // 4)
     vs = (ctypes.c_int64 * 2)(v.strides[0] // 4, v.strides[1] // 4)
     rc = library.library().tandem_prefill_attention(

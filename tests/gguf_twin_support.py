@@ -1,0 +1,93 @@
+"""Hugging Face twins of GGUF files, for the equivalence tests: every tensor as gguf-py
+dequantizes it, and transformers' GptOssForCausalLM over a gpt-oss file's tensors (transformers'
+own GGUF reader does not take gpt-oss: `gpt_oss_twin`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+
+def gguf_py_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of `file` under its GGUF name, as gguf-py dequantizes it (float32)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    return {
+        t.name: torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
+        for t in GGUFReader(file).tensors
+    }
+
+
+def gpt_oss_hf_config(reader) -> transformers.GptOssConfig:
+    """transformers' GptOssConfig from a gpt-oss file's metadata, read here with gguf-py: its
+    own GGUF reader (5.24) fails on the file's `rope.scaling.*` values."""
+
+    def get(key, default=None):
+        f = reader.fields.get("gpt-oss." + key)
+        return default if f is None else f.contents()
+
+    return transformers.GptOssConfig(
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=get("embedding_length"),
+        intermediate_size=get("expert_feed_forward_length"),
+        num_hidden_layers=get("block_count"),
+        num_attention_heads=get("attention.head_count"),
+        num_key_value_heads=get("attention.head_count_kv"),
+        # a writer states key_length only where it is not width / heads (tandem's writer)
+        head_dim=get("attention.key_length")
+        or get("embedding_length") // get("attention.head_count"),
+        num_local_experts=get("expert_count"),
+        num_experts_per_tok=get("expert_used_count"),
+        sliding_window=get("attention.sliding_window"),
+        max_position_embeddings=get("context_length"),
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=get("rope.freq_base"), factor=get("rope.scaling.factor"),
+            original_max_position_embeddings=get("rope.scaling.original_context_length"),
+            beta_fast=get("rope.scaling.yarn_beta_fast"), beta_slow=get("rope.scaling.yarn_beta_slow"),
+            truncate=True,
+        ),  # fmt: skip
+        tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+
+
+def gpt_oss_twin(file: Path):
+    """transformers' GptOssForCausalLM over the tensors gguf-py dequantizes from a gpt-oss file
+    (gate/up re-interleaved as transformers holds them), every tensor loaded strictly."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(file)
+    hf = transformers.GptOssForCausalLM(gpt_oss_hf_config(reader)).eval()
+    state = gguf_py_tensors(file)
+    hf_state = {"model.embed_tokens.weight": state.pop("token_embd.weight"),
+                "model.norm.weight": state.pop("output_norm.weight"),
+                "lm_head.weight": state.pop("output.weight")}  # fmt: skip
+    names = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate_inp": "mlp.router"}  # fmt: skip
+    for i in range(hf.config.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for g, h in names.items():
+            for leaf in ("weight", "bias"):
+                if f"{b}{g}.{leaf}" in state:
+                    hf_state[f"{p}{h}.{leaf}"] = state.pop(f"{b}{g}.{leaf}")
+        hf_state[p + "self_attn.sinks"] = state.pop(b + "attn_sinks.weight")
+        gate, up = state.pop(b + "ffn_gate_exps.weight"), state.pop(b + "ffn_up_exps.weight")
+        E, W, D = gate.shape
+        fused = torch.stack((gate, up), dim=2).reshape(E, 2 * W, D)  # gate/up rows interleaved
+        hf_state[p + "mlp.experts.gate_up_proj"] = fused.transpose(1, 2)  # (E, D, 2W)
+        gb, ub = state.pop(b + "ffn_gate_exps.bias"), state.pop(b + "ffn_up_exps.bias")
+        hf_state[p + "mlp.experts.gate_up_proj_bias"] = torch.stack((gb, ub), dim=2).reshape(
+            E, 2 * W
+        )
+        hf_state[p + "mlp.experts.down_proj"] = state.pop(b + "ffn_down_exps.weight").transpose(
+            1, 2
+        )
+        hf_state[p + "mlp.experts.down_proj_bias"] = state.pop(b + "ffn_down_exps.bias")
+    assert not state, sorted(state)
+    hf.load_state_dict(hf_state, strict=True)
+    return hf
