@@ -42,6 +42,7 @@ from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import cos_sin, inv_freq
+from tandem.kernels.lean.token import DecodeToken
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
 
@@ -196,6 +197,8 @@ class LeanModel:
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
         self._decode = None if c.moe is not None else self._decode_plan()
+        # one decode token in one native call, embedding to argmax (None: a mixture of experts)
+        self.decode_token = None if self._decode is None else DecodeToken(self)
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
