@@ -1,7 +1,8 @@
 """The per-token floor of decoding on the torch-free path: for each decode token of one sequence
 through `engine.generate` (the generation loop, `LeanExecutor`, the sampler), the wall time, the
 time inside the native calls, and the rest: the fixed cost per token (Python, ctypes marshalling,
-allocations, the loop, the sampler), greedy and sampled (temperature 0.8, top_p 0.95).
+allocations, the loop, the sampler), greedy and sampled (temperature 0.8, top_p 0.95), and
+greedy through the server's `Scheduler` (its step loop run in this thread).
 
     PYTHONSAFEPATH=1 .venv/bin/python scripts/bench/token_floor.py [GGUF] [--threads 2]
                                      [--tokens 64] [--rounds 7] [--against REV]
@@ -37,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = (1, 504, 3458, 282, 4649, 314)  # a short prompt; any ids decode alike
-MODES = ("greedy", "sampled")
+MODES = ("greedy", "sampled", "served")  # served: greedy through the server's Scheduler
 
 
 def _timed_library(acc: dict[str, float]):
@@ -62,23 +63,31 @@ def _timed_library(acc: dict[str, float]):
 
 
 def _round(ex, tokens: int, acc: dict[str, float]) -> dict[str, dict]:
-    """One greedy and one sampled generation of `tokens` tokens: per token wall and native
-    seconds, and each native function's share."""
+    """One greedy, one sampled and one served generation of `tokens` tokens: per token wall and
+    native seconds, and each native function's share."""
     from tandem.engine.generate import generate
     from tandem.engine.sampling_params import SamplingParams
+    from tandem.engine.scheduler import Request, Scheduler
 
     out = {}
     for mode in MODES:
-        temp = 0.0 if mode == "greedy" else 0.8
+        temp = 0.8 if mode == "sampled" else 0.0
         params = SamplingParams(
             max_tokens=tokens + 1, temperature=temp, top_p=0.95, seed=7, ignore_eos=True
         )
         marks: list[tuple[float, dict[str, float]]] = []
 
-        def seen(_row: int, _tok: int, marks=marks) -> None:
+        def seen(*_args, marks=marks) -> bool:
             marks.append((time.perf_counter(), dict(acc)))
+            return False
 
-        generate(ex, [list(PROMPT)], params, on_token=seen)
+        if mode == "served":  # the scheduler's step loop, run here instead of on its thread
+            sched = Scheduler(ex)
+            sched.submit(Request(list(PROMPT), params, seen, lambda *_: None))
+            while sched.step():
+                pass
+        else:
+            generate(ex, [list(PROMPT)], params, on_token=seen)
         walls, natives, per_fn = [], [], {}
         for (t0, a0), (t1, a1) in zip(marks, marks[1:]):  # the first gap follows the prefill
             walls.append(t1 - t0)
@@ -228,6 +237,10 @@ def main() -> None:
         order = list(procs) if i % 2 == 0 else list(procs)[::-1]
         for k in order:
             rounds[k].append(_ask(procs[k]))
+            m = summary(rounds[k][-1:])
+            print(f"round {i} {k}: " + ", ".join(
+                f"{mode} wall {m[mode]['wall_ms']:.2f} fixed {m[mode]['fixed_ms']:.3f} ms"
+                for mode in MODES), file=sys.stderr, flush=True)  # fmt: skip
     for pr in procs.values():
         pr.stdin.close()
         pr.wait()
