@@ -43,14 +43,18 @@ class DecodeToken:
         self.vocab = model.head.out_features
         self.greedy_logits = np.empty(self.vocab, np.float32)  # a greedy step's, never returned
         self._greedy_ptr = self.greedy_logits.ctypes.data
-        blocks = model.embed_blocks
-        self.native_embed = bool(library.library().tandem_embed_type_native(model.embed_type))
+        blocks = model.embed_blocks  # (vocab, row_bytes) as stored
+        whole = blocks.ndim == 2 and blocks.flags.c_contiguous  # else embedded in numpy
+        self.native_embed = whole and bool(
+            library.library().tandem_embed_type_native(model.embed_type)
+        )
         self._keep = (layers, kv_strides)  # the memory the plan's pointers name
         self.plan = TqDecodePlan(
             ctypes.addressof(layers), len(layers), slot_stride, ctypes.addressof(kv_strides),
             D, model.H, model.G, model.hd, model.config.intermediate_size, model.hd**-0.5,
             model.norm.ctypes.data, model.eps, ctypes.addressof(model.head.desc), self.vocab,
-            blocks.ctypes.data, model.embed_type, blocks.shape[0], blocks.strides[0],
+            blocks.ctypes.data, model.embed_type, blocks.shape[0] if whole else 0,
+            blocks.strides[0] if whole else 0,
             self.buf[0].ctypes.data, self.buf[1].ctypes.data, self.buf[2].ctypes.data,
             model.threads,
         )  # fmt: skip
@@ -59,8 +63,6 @@ class DecodeToken:
         self._cos = self._sin = np.empty((0, model.hd), np.float32)  # (WINDOW, hd) each
         self._cos_ptr = self._sin_ptr = 0
         self._row_bytes = model.hd * 4
-        if not blocks.flags.c_contiguous or blocks.ndim != 2:
-            raise ops.LeanKernelError("the embedding table must be contiguous (rows, row_bytes)")
 
     def _rope(self, pos: int) -> tuple[int, int]:
         """Pointers to the cos and sin rows (hd,) of `pos`."""
