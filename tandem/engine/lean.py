@@ -27,6 +27,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tandem.devices import host_available_bytes
 from tandem.engine.executor import Step, StepResult
 from tandem.engine.sequences import SequenceCache
@@ -140,6 +142,17 @@ class LeanExecutor:
         if self.files is not None:
             self.files.check()  # before any mapped byte is read
         slots = self.seqs.check(step)
+        one = self.model.decode_token
+        if one is not None and len(slots) == 1 and len(step.sequences[0].token_ids) == 1:
+            s = step.sequences[0]  # one decode token: one native call (`lean.token`)
+            if step.greedy:
+                token = one(slots[0], s.start_pos, s.token_ids[0])
+                self.seqs.advance(step)
+                return StepResult(token_ids=np.array([token], np.int64))
+            logits = np.empty((1, one.vocab), np.float32)  # the result keeps it
+            one(slots[0], s.start_pos, s.token_ids[0], logits)
+            self.seqs.advance(step)
+            return StepResult(logits=logits)
         rows = [(slot, s.start_pos, s.token_ids) for slot, s in zip(slots, step.sequences)]
         logits = self.model.logits(self.model.forward(rows))  # (B, vocab)
         self.seqs.advance(step)

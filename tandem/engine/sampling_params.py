@@ -163,7 +163,8 @@ def sample_row(row: np.ndarray, params: SamplingParams, generator: np.random.Gen
     else one uniform number from `generator` draws from `draw_probs`."""
     if params.greedy:
         return int(np.argmax(row))
-    return _draw(draw_probs(row, params), generator)
+    ids, probs = _kept(row, params)
+    return _draw(ids, probs, generator)
 
 
 def draw_probs(row: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -175,7 +176,19 @@ def draw_probs(row: np.ndarray, params: SamplingParams) -> np.ndarray:
     keeps the smallest prefix of what is left by descending probability (ties by id) whose mass
     reaches `top_p`, at least the top token (vLLM's order). The softmax runs in float64.
     `SamplingError` for logits no token can be drawn from."""
-    scaled = np.divide(row, params.temperature, dtype=np.float64)
+    ids, probs = _kept(row, params)
+    if ids is None:
+        return probs
+    out = np.zeros(row.shape[-1], np.float64)
+    out[ids] = probs
+    return out
+
+
+def _kept(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """`draw_probs` as (ids, their weights): the ids ascending where `top_p` keeps a few, else
+    (None, the weights of every id). Every operation on the (vocab,) row runs in place on one
+    float64 copy."""
+    scaled = np.divide(row, params.temperature, dtype=np.float64)  # (vocab,), the one copy
     n = scaled.shape[-1]
     if 0 < params.top_k < n:
         kth = np.partition(scaled, n - params.top_k)[n - params.top_k]
@@ -183,26 +196,26 @@ def draw_probs(row: np.ndarray, params: SamplingParams) -> np.ndarray:
     top = scaled.max()  # NaN where any logit is NaN
     if not np.isfinite(top):
         raise SamplingError(f"cannot sample from logits whose maximum is {top}")
-    probs = np.exp(scaled - top)  # the top token's is 1
+    probs = np.exp(np.subtract(scaled, top, out=scaled), out=scaled)  # the top token's is 1
     if params.min_p > 0.0:
         probs[probs < params.min_p] = 0.0
     probs /= probs.sum()
     if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
-    return probs
+        return _top_p_kept(probs, params.top_p)
+    return None, probs
 
 
 TOP_P_CANDIDATES = (1024, 16384, 65536)  # sorted first: a full sort of 150k ids costs ~25 ms
 
 
-def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """`probs` with all but the smallest prefix of tokens by descending probability (ties by id)
-    whose mass reaches `top_p` set to 0 (always at least the top token).
+def _top_p_kept(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest prefix of tokens by descending probability (ties by id) whose mass reaches
+    `top_p` (always at least the top token), as (ids ascending, their `probs`).
 
     Sorts only the nonzero tokens at or above the m-th largest probability (m in
     `TOP_P_CANDIDATES`, every tie of it included) once their mass reaches `top_p`: the prefix then
     lies among them, in the order a full sort gives; else all tokens."""
-    ids = np.arange(len(probs))
+    ids = None
     for m in TOP_P_CANDIDATES:
         if len(probs) <= m:
             break
@@ -211,21 +224,32 @@ def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
         if probs[above].sum() >= top_p:
             ids = above
             break
+    if ids is None:
+        ids = np.arange(len(probs))
     order = ids[np.argsort(-probs[ids], kind="stable")]  # ids ascending: ties by id
     sorted_p = probs[order]
-    keep = np.cumsum(sorted_p) - sorted_p < top_p
+    kept = np.sort(order[np.cumsum(sorted_p) - sorted_p < top_p])
+    return kept, probs[kept]
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """`probs` with all but `_top_p_kept`'s tokens set to 0."""
+    ids, kept = _top_p_kept(probs, top_p)
     out = np.zeros_like(probs)
-    out[order[keep]] = sorted_p[keep]
+    out[ids] = kept
     return out
 
 
-def _draw(probs: np.ndarray, generator: np.random.Generator) -> int:
-    """The index whose cumulative-mass interval holds one uniform draw; zero-mass ids never."""
+def _draw(ids: np.ndarray | None, probs: np.ndarray, generator: np.random.Generator) -> int:
+    """The id whose cumulative-mass interval holds one uniform draw; zero-mass ids never. `ids`
+    ascending with their `probs` (None: every id): the cumulative sums over them are those over
+    the whole vocabulary with 0 elsewhere, the same floats (adding 0 is exact), so the id drawn
+    is the one the whole vocabulary's sums give."""
     cdf = np.cumsum(probs)
     i = int(np.searchsorted(cdf, generator.random() * cdf[-1], side="right"))
     if i >= len(probs):  # the draw rounded up to the total: the last id with mass
         i = int(np.flatnonzero(probs)[-1])
-    return i
+    return i if ids is None else int(ids[i])
 
 
 def is_floating(x: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The C structs the kernels take (csrc/quant.h, csrc/decode_model.c), declared once for ctypes
+"""The C structs the kernels take (csrc/quant.h, csrc/decode_layers.h, csrc/decode_token.c), declared once for ctypes
 and torch-free: the torch modules (quant.py, decode_layer.py, decode_model.py) and the torch-free
 single-node path (`tandem.kernels.lean`) fill the same types."""
 
@@ -31,7 +31,7 @@ class TqMoeAct(ctypes.Structure):  # csrc/quant.h tq_moe_act: gpt-oss's expert a
     )
 
 
-class TqLayer(ctypes.Structure):  # csrc/decode_model.c tq_layer: one decoder layer's arguments
+class TqLayer(ctypes.Structure):  # csrc/decode_layers.h tq_layer: one decoder layer's arguments
     _fields_ = (
         ("in_norm", ctypes.c_void_p),
         ("post_norm", ctypes.c_void_p),
@@ -47,4 +47,31 @@ class TqLayer(ctypes.Structure):  # csrc/decode_model.c tq_layer: one decoder la
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
         ("rope_pairs", ctypes.c_int),  # 0 HF halves, 1 llama.cpp's pairs (csrc tandem_norm_rope)
+    )
+
+
+class TqDecodePlan(ctypes.Structure):  # csrc/decode_token.c tq_decode_plan: a token's fixed part
+    _fields_ = (
+        ("layers", ctypes.c_void_p),  # TqLayer[n_layers]
+        ("n_layers", ctypes.c_int64),
+        ("slot_stride", ctypes.c_int64),  # elements between two slots of a layer's cache
+        ("kv_strides", ctypes.c_void_p),  # int64[2]: between kv heads, between positions
+        ("D", ctypes.c_int64),
+        ("H", ctypes.c_int64),
+        ("G", ctypes.c_int64),
+        ("hd", ctypes.c_int64),
+        ("I", ctypes.c_int64),
+        ("scale", ctypes.c_float),
+        ("norm_w", ctypes.c_void_p),
+        ("eps", ctypes.c_float),
+        ("head", ctypes.c_void_p),  # TqLinear
+        ("vocab", ctypes.c_int64),
+        ("embed", ctypes.c_void_p),
+        ("embed_type", ctypes.c_int64),
+        ("embed_rows", ctypes.c_int64),
+        ("embed_row_bytes", ctypes.c_int64),
+        ("h", ctypes.c_void_p),  # float32 (D): the residual stream
+        ("hn", ctypes.c_void_p),  # float32 (D): its normed copy, the head's input
+        ("scratch", ctypes.c_void_p),  # float32 (D)
+        ("nthreads", ctypes.c_int),
     )

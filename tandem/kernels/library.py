@@ -49,14 +49,17 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
     CSRC / c
     for c in (
-        "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "qgemv.c", "qgemm.c",
-        "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c", "build_info.c",
+        "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "decode_token.c", "qgemv.c",
+        "qgemm.c", "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c", "build_info.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
     CSRC / h
-    for h in ("dtypes.h", "quant.h", "canon.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h")
-)
+    for h in (
+        "dtypes.h", "quant.h", "canon.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h",
+        "decode_layers.h",
+    )
+)  # fmt: skip
 BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fPIC")  # every variant's, before -march
 FLAGS = (*BASE_FLAGS, "-march=native", "-shared")  # one host-wide build (scripts/bench A/B tests)
 FORCE_ENV = "TANDEM_KERNEL_VARIANT"  # a variant name: that build alone, no routing (benchmarks)
@@ -265,6 +268,9 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         (_P, _I64, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT)
         + (_INT,),
     ),
+    # plan (tq_decode_plan*), token, slot, pos, cos, sin, logits, greedy -> argmax id, 0, or -1
+    "tandem_decode_token": (_I64, (_P, _I64, _I64, _I64, _P, _P, _P, _INT)),
+    "tandem_embed_type_native": (_INT, (_I64,)),  # ggml type -> 1 where decode_token embeds it
     # base, length, file name, exit code (csrc/sigbus.c; tandem/kernels/mapped_guard.py)
     "tandem_watch_mapping": (_INT, (_P, _I64, ctypes.c_char_p, _INT)),
     "tandem_unwatch_mappings": (None, ()),

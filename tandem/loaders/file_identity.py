@@ -33,15 +33,15 @@ class FileIdentity:
     def change(self) -> str | None:
         """How the file differs from this record now, or None while it is the same."""
         try:
-            now = FileIdentity.of(self.path)
+            now = os.stat(self.path)  # asked before every step: no record built
         except OSError as e:
             return f"it is gone ({e.strerror or e})"
-        if (now.inode, now.device) != (self.inode, self.device):
+        if (now.st_ino, now.st_dev) != (self.inode, self.device):
             return "it was replaced by another file"
-        if now.size != self.size:
-            cut = "truncated" if now.size < self.size else "extended"
-            return f"it was {cut} to {now.size} bytes (it had {self.size})"
-        if now.mtime_ns != self.mtime_ns:
+        if now.st_size != self.size:
+            cut = "truncated" if now.st_size < self.size else "extended"
+            return f"it was {cut} to {now.st_size} bytes (it had {self.size})"
+        if now.st_mtime_ns != self.mtime_ns:
             return "it was rewritten in place"
         return None
 

@@ -14,6 +14,7 @@
 
 #include "dtypes.h"
 #include "quant.h"
+#include "decode_layers.h"
 
 int tandem_attention_block(const void *h, const void *norm_w, float eps, const tq_linear *qkv_l,
                            const void *q_norm, const void *k_norm, float qk_eps, const void *cos,
@@ -24,20 +25,6 @@ int tandem_attention_block(const void *h, const void *norm_w, float eps, const t
 int tandem_mlp_block(const void *h, const void *norm_w, float eps, const tq_linear *gu_l,
                      const tq_linear *down_l, void *out, int64_t D, int64_t I, int dt,
                      int nthreads);
-
-/* One decoder layer as the model call takes it (tandem/kernels/decode_model.py builds these):
- * the two RMSNorm weights and eps, the four projections (quant.h tq_linear), the q/k norm weights
- * (or NULL) and eps, and the layer's k and v caches at slot 0: element (slot, g, s, d) at
- * k + slot*slot_stride + g*kv_strides[0] + s*kv_strides[1] + d, every layer alike; the q/k
- * rows' RoPE layout (decode_ops.c tandem_norm_rope's `pairs`). */
-typedef struct {
-    const void *in_norm, *post_norm;
-    float in_eps, post_eps, qk_eps;
-    const tq_linear *qkv, *o, *gate_up, *down;
-    const void *q_norm, *k_norm;
-    void *k_cache, *v_cache;
-    int rope_pairs; /* the q/k rows' RoPE layout: tandem_norm_rope's `pairs` */
-} tq_layer;
 
 /* h += x elementwise over n elements of dtype dt, each sum rounded once to dt. */
 static void residual_add(void *h, const void *x, int64_t n, int dt) {
@@ -50,15 +37,14 @@ static void residual_add(void *h, const void *x, int64_t n, int dt) {
 
 /* h (D), in place: the `n` layers in order, this token at position `pos` written into each
  * layer's cache row of `slot` (cos, sin: (hd) for pos; D, H q heads, G kv heads of hd, I the MLP
- * width, scale the attention's score scale). Returns 0, or -1 where a block refuses. */
-int tandem_decode_layers(const tq_layer *layers, int64_t n, void *h, const void *cos,
-                         const void *sin, int64_t slot, int64_t slot_stride,
-                         const int64_t *kv_strides, int64_t pos, int64_t D, int64_t H, int64_t G,
-                         int64_t hd, int64_t I, float scale, int dt, int nthreads) {
+ * width, scale the attention's score scale), x (D) the caller's scratch. Returns 0, or -1 where
+ * a block refuses. */
+int tq_decode_layers_with(const tq_layer *layers, int64_t n, void *h, const void *cos,
+                          const void *sin, int64_t slot, int64_t slot_stride,
+                          const int64_t *kv_strides, int64_t pos, int64_t D, int64_t H, int64_t G,
+                          int64_t hd, int64_t I, float scale, int dt, int nthreads, void *x) {
     if (n < 0 || slot < 0 || D < 1 || dt < DT_F32 || dt > DT_F16) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
-    void *x = malloc((size_t)D * es);
-    if (!x) return -1;
     int rc = 0;
     for (int64_t l = 0; l < n && !rc; l++) {
         const tq_layer *L = &layers[l];
@@ -74,6 +60,19 @@ int tandem_decode_layers(const tq_layer *layers, int64_t n, void *h, const void 
                               nthreads);
         if (!rc) residual_add(h, x, D, dt);
     }
+    return rc;
+}
+
+/* tq_decode_layers_with on a scratch of its own. */
+int tandem_decode_layers(const tq_layer *layers, int64_t n, void *h, const void *cos,
+                         const void *sin, int64_t slot, int64_t slot_stride,
+                         const int64_t *kv_strides, int64_t pos, int64_t D, int64_t H, int64_t G,
+                         int64_t hd, int64_t I, float scale, int dt, int nthreads) {
+    if (D < 1 || dt < DT_F32 || dt > DT_F16) return -1;
+    void *x = malloc((size_t)D * (dt == DT_F32 ? 4 : 2));
+    if (!x) return -1;
+    int rc = tq_decode_layers_with(layers, n, h, cos, sin, slot, slot_stride, kv_strides, pos, D,
+                                   H, G, hd, I, scale, dt, nthreads, x);
     free(x);
     return rc;
 }

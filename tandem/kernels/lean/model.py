@@ -58,6 +58,7 @@ from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import attention_factor, cos_sin, inv_freq
+from tandem.kernels.lean.token import DecodeToken
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
 
@@ -238,6 +239,9 @@ class LeanModel:
         self.v = np.zeros(shape, np.float32)
         per_layer = c.moe is not None or c.sliding_window is not None or c.attn_sinks
         self._decode = None if per_layer or self.gemma else self._decode_plan()
+        # one decode token in one native call, embedding to argmax (None where decode runs
+        # layer by layer: experts, windows, sinks, Gemma)
+        self.decode_token = None if self._decode is None else DecodeToken(self)
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
