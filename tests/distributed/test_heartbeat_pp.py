@@ -35,10 +35,17 @@ LAYOUTS = {
     "pp2-stage1": ((1, 1), 0, "rank 1 is lost", "(stage 1)"),
     "grid-stage1-tp-rank1": ((1, 2), 1, "rank 2 is lost", "(stage 1, TP rank 1)"),
 }
-# the same through the serving engine (`--tp T --pp P`): (tp, pp, the stopped global rank, names)
+# the same through the serving engine (`--tp T --pp P`): (tp, pp, the stopped global rank, and
+# how it may be named: by the head's heartbeat, or, in a grid, by the stage's own ring heartbeat
+# in the stage's TP ranks, whose ERROR frame can reach the head first)
 SERVED = {
-    "pp2-stage1": (1, 2, 1, "rank 1 is lost", "(stage 1)"),
-    "grid2x2-stage1-tp-rank1": (2, 2, 3, "rank 3 is lost", "(stage 1, TP rank 1)"),
+    "pp2-stage1": (1, 2, 1, [("rank 1 is lost", "(stage 1)")]),
+    "grid2x2-stage1-tp-rank1": (
+        2,
+        2,
+        3,
+        [("rank 3 is lost", "(stage 1, TP rank 1)"), ("rank 1 is lost", "stage 1 (TP rank 0)")],
+    ),
 }
 
 
@@ -102,7 +109,7 @@ def _stage_processes() -> list[psutil.Process]:
 def test_a_stage_hung_mid_generation_fails_the_request_by_its_heartbeat(tiny, layout) -> None:
     from tandem.cli.engine_factory import build_serving_engine
 
-    tp, pp, victim, named, where = SERVED[layout]
+    tp, pp, victim, names = SERVED[layout]
     before = {p.pid for p in _stage_processes()}
     engine, close = build_serving_engine(
         tiny, tp=tp, pp=pp, max_seq_len=256, op_timeout=OP_TIMEOUT_S, heartbeat_timeout=HEARTBEAT_S
@@ -134,7 +141,8 @@ def test_a_stage_hung_mid_generation_fails_the_request_by_its_heartbeat(tiny, la
         assert error is not None, completion
         assert t_end - t0 <= BOUND_S < OP_TIMEOUT_S / 10, (t_end - t0, error)
         ok, why = engine.health()
-        assert not ok and named in why and "heartbeat" in why and where in why, why
+        assert not ok and "heartbeat" in why, why
+        assert any(named in why and where in why for named, where in names), why
     finally:
         proc.send_signal(signal.SIGCONT)
         close()

@@ -208,10 +208,10 @@ class PipelineExecutor:
                 shutdown()
 
     def _state(self) -> tuple[str, str]:
+        if self._lost is not None:  # the cause, even when a stage's ERROR frame came first
+            return "failed", self._lost
         if self._failed is not None:
             return "failed", self._failed.splitlines()[0]
-        if self._lost is not None:
-            return "failed", self._lost
         dead = [c for c in (p.poll() for p in self.worker_procs) if c is not None]
         if dead:
             return (
