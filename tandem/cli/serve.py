@@ -134,14 +134,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--op-timeout",
         type=float,
         default=None,
-        help="seconds a local TP group's collective may take before the rank it waits on counts "
-        "as hung (default 60)",
+        help="seconds a local TP group's collective (a pipeline's step) may take before the rank "
+        "it waits on counts as hung (default 60)",
     )
     p.add_argument(
         "--heartbeat-timeout",
         type=float,
         default=DEFAULT_HEARTBEAT_TIMEOUT_S,
-        help="seconds a rank of a local TP group may send no heartbeat before it counts as lost "
+        help="seconds a rank of a local TP group or pipeline may send no heartbeat before it counts as lost "
         "(hung, stopped, cut off) and the group re-forms without waiting for the op timeout; "
         f"heartbeats come from a thread that never waits for compute (default "
         f"{DEFAULT_HEARTBEAT_TIMEOUT_S:g}; 0: off)",

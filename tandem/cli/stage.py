@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S, check_heartbeat_timeout
 from tandem.devices import COMPUTE_DTYPES
 from tandem.engine.pp.worker import StageOptions, run_stage
 
@@ -48,9 +49,20 @@ def register(sub) -> None:
     p.add_argument(
         "--kernels", default="auto", help="auto (the fast path) or torch (the reference modules)"
     )
+    p.add_argument(
+        "--beat", default="", help="host:port of the head's heartbeat listener (empty: none)"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        help="seconds the head (or a stage's ring neighbour) may be silent before it is lost "
+        "(0: no heartbeats)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_heartbeat_timeout(args.heartbeat_timeout, "--heartbeat-timeout")
     fields = {f.name for f in dataclasses.fields(StageOptions)}
     return run_stage(StageOptions(**{k: v for k, v in vars(args).items() if k in fields}))

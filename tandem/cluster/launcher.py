@@ -118,6 +118,13 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
 class ProcessGroup:
     """Starts every rank, watches them, and tears the whole group down when one goes."""
 
@@ -231,10 +238,14 @@ class ProcessGroup:
         _bring_down([proc], self.grace_s)
 
     def shutdown(self, wait_s: float = 0.0) -> None:
-        """Gives ranks already told to stop `wait_s` to exit on their own, then SIGINT every
-        tree, then SIGTERM, then SIGKILL; returns when no process is left."""
+        """Gives ranks already told to stop `wait_s` to exit on their own (a stopped one, as a
+        hung rank SIGSTOPped, never will: it is not waited for), then SIGINT every tree (and
+        SIGCONT, so a stopped process takes it), then SIGTERM, then SIGKILL; returns when no
+        process is left."""
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+        while time.monotonic() < deadline and any(
+            p.poll() is None and not _stopped(p.pid) for p in self.procs
+        ):
             time.sleep(0.05)
         _bring_down(self.procs, self.grace_s)
         for log in self._logs:
@@ -274,6 +285,8 @@ def _bring_down(procs: list[subprocess.Popen], grace_s: float) -> None:
         for p in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(sig)
+                if sig == signal.SIGINT:  # a stopped process holds its signals until continued
+                    p.send_signal(signal.SIGCONT)
         _, tree = psutil.wait_procs(alive, timeout=wait_s)
     for p in procs:  # reap the direct children so no zombie is left either
         with contextlib.suppress(subprocess.TimeoutExpired):

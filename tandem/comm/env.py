@@ -132,7 +132,15 @@ def from_env(
 
         if cfg.rank == 0:
             master = (cfg.listen_ip or master[0], master[1])
-        return StarCommunicator.create(cfg.rank, cfg.world_size, root=master, **common)
+        return StarCommunicator.create(
+            cfg.rank,
+            cfg.world_size,
+            root=master,
+            heartbeat_timeout=cfg.heartbeat_timeout
+            if heartbeat_timeout is None
+            else heartbeat_timeout,
+            **common,
+        )
     if cfg.rank == 0:  # its store listens here, reachable by the others
         master = (cfg.listen_ip or master[0], master[1])
     _accept_unauthenticated(env, backend, master)

@@ -10,16 +10,27 @@ the tensor each way: the star suits small N and small tensors (decode steps), th
                                    cluster_id="c1", wire_dtype="float32", model_fingerprint="")
 
 Rank 0 binds `root` (or takes a bound `listener=`). Errors as for the ring.
+
+With `heartbeat_timeout` > 0 (default 3 s, 0: none) each worker also has a heartbeat connection
+to the root (`star_beats.form_star_heartbeats`, `transport.heartbeat`): a peer silent that long
+(a worker, on the root; the root, on a worker) breaks the star and shuts its data sockets down,
+so an op waiting on them fails at once with PeerLostError naming it, rather than at the op
+timeout; `lost()` says why from that moment, idle or mid-op.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import numpy as np
 import torch
 
-from tandem.cluster.ring_config import check_timeout
+from tandem.cluster.ring_config import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    check_heartbeat_timeout,
+    check_timeout,
+)
 from tandem.comm import base
 from tandem.comm.framing import (
     ABORT_STEP,
@@ -36,6 +47,7 @@ from tandem.comm.staging import (
     stage_to_host,
     unstage,
 )
+from tandem.comm.star_beats import form_star_heartbeats
 from tandem.transport.channel import Channel
 from tandem.transport.endpoints import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -45,6 +57,7 @@ from tandem.transport.endpoints import (
     connect,
 )
 from tandem.transport.handshake import Identity
+from tandem.transport.heartbeat import Heartbeat, PeerLostError
 from tandem.wire import dtypes as wd
 from tandem.wire import frame as fr
 
@@ -55,7 +68,13 @@ class StarCommunicator(StagedMoves):
     `moves.StagedMoves`'."""
 
     def __init__(
-        self, rank: int, world_size: int, channels: dict[int, Channel], wire_dtype: str
+        self,
+        rank: int,
+        world_size: int,
+        channels: dict[int, Channel],
+        wire_dtype: str,
+        heartbeats: list[Channel] | None = None,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self._rank, self._size = rank, world_size
         self._ch = channels  # peer rank -> channel
@@ -65,6 +84,10 @@ class StarCommunicator(StagedMoves):
         }
         self._seq = 0
         self._broken: str | None = None
+        self._lost: PeerLostError | None = None  # set by the heartbeat thread (`_lose`)
+        self._heartbeat = (
+            Heartbeat(rank, heartbeats, heartbeat_timeout, self._lose) if heartbeats else None
+        )
 
     @classmethod
     def create(
@@ -81,6 +104,7 @@ class StarCommunicator(StagedMoves):
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
         op_timeout: float = DEFAULT_OP_TIMEOUT_S,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     ) -> StarCommunicator:
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(
@@ -88,6 +112,7 @@ class StarCommunicator(StagedMoves):
             )
         check_timeout("op_timeout", op_timeout, "star")
         check_timeout("handshake_timeout", handshake_timeout, "star")
+        check_heartbeat_timeout(heartbeat_timeout, "star")
         me = Identity(cluster_id, rank, world_size, wire_dtype, model_fingerprint, "star")
         kw = dict(op_timeout=op_timeout, max_frame_bytes=max_frame_bytes)
         channels: dict[int, Channel] = {}
@@ -117,7 +142,16 @@ class StarCommunicator(StagedMoves):
                 handshake_timeout=handshake_timeout,
                 **kw,
             )
-        return cls(rank, world_size, channels, wire_dtype)
+        beats = None
+        if heartbeat_timeout > 0:
+            host = listener.host if rank == 0 else root[0]
+            try:
+                beats = form_star_heartbeats(me, channels, host, secret, handshake_timeout)
+            except BaseException:
+                for c in channels.values():
+                    c.close()
+                raise
+        return cls(rank, world_size, channels, wire_dtype, beats, heartbeat_timeout)
 
     @property
     def rank(self) -> int:
@@ -137,8 +171,27 @@ class StarCommunicator(StagedMoves):
         try:
             return fn(*args)
         except BaseException as e:
-            self._broken = f"{type(e).__name__}: {e}"
+            if self._broken is None:
+                self._broken = f"{type(e).__name__}: {e}"
+            lost = self._lost
+            if lost is not None and e is not lost:  # what woke the op: a peer the heartbeat lost
+                raise PeerLostError(str(lost), lost.rank) from e
             raise
+
+    def _lose(self, e: PeerLostError) -> None:
+        """The heartbeat declared peer `e.rank` lost (on its thread): break the star and shut
+        every data socket down, so an op blocked on one returns now."""
+        self._lost = e
+        self._broken = f"{type(e).__name__}: {e}"
+        for c in self._ch.values():
+            try:
+                c.ts.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def lost(self) -> str | None:
+        """Why the heartbeat declared a peer lost (naming its rank), or None."""
+        return None if self._lost is None else str(self._lost)
 
     def _fingerprint(self, op: int, code: int, shape: tuple[int, ...]) -> int:
         return fr.fingerprint(op, code, shape)
@@ -293,6 +346,8 @@ class StarCommunicator(StagedMoves):
         return [table[i][0] for i in range(size)]
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         if self._broken is None:
             self._broken = "closed"
         for c in self._ch.values():

@@ -64,7 +64,7 @@ class Layout:
     `wire_dtype`: the hidden state between stages. `ring_config`: this process is rank 0 of the TP
     group that file describes, its workers started elsewhere. `threads`: this process's CPU
     threads (None: torch's default). `op_timeout`: seconds any collective of a local group may
-    take; `heartbeat_timeout`: seconds a rank of a local TP group may be silent before it counts
+    take; `heartbeat_timeout`: seconds a rank of a local TP group or pipeline may be silent before it counts
     as lost (0: no heartbeats; a RING_CONFIG group takes the file's). `attn_ranks`: attention on the first A ranks of a one-stage TP group, the MLP on all
     (`parallel.plan`; None: every rank). `moe`: where a mixture of experts' experts go in a
     one-stage TP group, "tp" (rows of every expert on every rank) or "experts" (whole experts,
@@ -238,6 +238,8 @@ def build_executor(
             microbatches=layout.microbatches,
             threads=layout.threads,
             auto_layers=auto,
+            timeout=layout.op_timeout,
+            heartbeat_timeout=layout.heartbeat_timeout,
             addresses=hooks.addresses,
             argv_prefix=hooks.argv_prefix,
         )

@@ -1,4 +1,4 @@
-"""Heartbeats across real processes on loopback (`transport.heartbeat`): a ring rank that hangs
+"""Heartbeats across real processes on loopback (`transport.heartbeat`): a ring or star rank that hangs
 (SIGSTOP: every socket stays open and silent, as behind a blackholed link) is declared lost by
 its neighbours within the heartbeat timeout, far below the op timeout, and the all_reduce they
 wait in fails at once with PeerLostError naming it; a rank busy computing for longer than
@@ -86,3 +86,37 @@ def test_a_rank_busy_computing_past_the_heartbeat_timeout_is_not_lost(mode: str,
     assert waiter["sum"] == busy["sum"] == 2.0
     assert busy["busy_s"] >= busy_s and busy["matmuls"] > 0, busy
     assert waiter["elapsed"] >= HEARTBEAT_S, waiter  # it waited past the heartbeat timeout
+
+
+STAR = dict(op_timeout=OP_TIMEOUT_S, heartbeat_timeout=HEARTBEAT_S)
+
+
+@pytest.mark.parametrize(
+    "world,victim", [(2, 1), (3, 1), (2, 0)], ids=["n2-worker", "n3-worker", "n2-root"]
+)
+def test_a_stopped_star_rank_is_lost_within_the_heartbeat_timeout_not_the_op_timeout(
+    world: int, victim: int
+) -> None:
+    """A star (`comm.star`, a RING_CONFIG's backend "star"): a hung worker is lost on the root,
+    which breaks the star so the other workers fail at once too; a hung root on its workers."""
+    results = run_world(
+        "star",
+        world,
+        hang_or_busy,
+        ("stop", victim, 4 * HEARTBEAT_S),
+        options=STAR,
+        allow_errors=True,
+        timeout=120,
+    )
+    survivors = [r for i, r in enumerate(results) if i != victim]
+    _check_lost(survivors, victim)
+    assert results[0 if victim else 1]["error"] == "PeerLostError", results  # the watcher
+
+
+def test_a_star_worker_busy_computing_past_the_heartbeat_timeout_is_not_lost() -> None:
+    busy_s = 2.5 * HEARTBEAT_S
+    results = run_world("star", 2, hang_or_busy, ("busy", 1, busy_s), options=STAR, timeout=120)
+    root, busy = results
+    assert root["error"] is None and busy["error"] is None, results
+    assert root["sum"] == busy["sum"] == 2.0
+    assert busy["busy_s"] >= busy_s and root["elapsed"] >= HEARTBEAT_S, results

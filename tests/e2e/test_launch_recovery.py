@@ -1,7 +1,9 @@
 """`tandem launch --tp 2` survives a SIGKILLed (then a SIGSTOPped) worker in the middle of 4
 streaming greedy requests: the head starts a new worker, re-forms the group under a new epoch,
-replays the sequences in flight, and every stream completes with the text of an uninterrupted run.
-The op timeout is 60 s, so the hung (SIGSTOPped) worker is seen by its heartbeat
+replays the sequences in flight, and every stream completes with the text of an uninterrupted run;
+so does `tandem launch --pp 2` with its stage process SIGKILLed, then SIGSTOPped, and
+`tandem launch --tp 2 --pp 2` with one of its stage processes SIGSTOPped.
+The op timeout is 60 s, so the hung (SIGSTOPped) worker or stage is seen by its heartbeat
 (`--heartbeat-timeout 2`): /health turns 503 naming it within 5 s, far below the op timeout.
 Real processes on loopback; timings are printed by scripts/bench/recovery.py; only that bound is
 asserted here."""
@@ -67,6 +69,16 @@ def quiet(launched):
     return _quiet(launched)
 
 
+@pytest.fixture(scope="module")
+def launched_grid(model):
+    yield from _launch(model, ["--tp", "2", "--pp", "2"])
+
+
+@pytest.fixture(scope="module")
+def quiet_pp(launched_pp):
+    return _quiet(launched_pp)
+
+
 COUNTERS = (
     "tandem_group_failures_total",
     "tandem_group_reforms_total",
@@ -74,7 +86,7 @@ COUNTERS = (
 )
 
 
-def _drill_replays_every_stream(launched, quiet, sig):
+def _drill_replays_every_stream(launched, quiet, sig, workers: int = 1):
     proc, base = launched
     server = _server_pid(proc)
     before = worker_pids(server)
@@ -93,7 +105,7 @@ def _drill_replays_every_stream(launched, quiet, sig):
     assert health(base)[0] == 200 and proc.poll() is None
     # the supervisor replaced the killed worker; the old one is gone
     after = worker_pids(server)
-    assert len(after) == 1 and drill.victim_pid not in after
+    assert len(after) == workers and drill.victim_pid not in after
     grown = [metric(base, name) - n for name, n in zip(COUNTERS, counts)]
     assert grown == [1, 1, 4]  # one failure, one re-form, 4 sequences replayed
     return drill, reasons
@@ -119,9 +131,30 @@ def test_sigstopped_tp_worker_mid_stream_is_seen_by_its_heartbeat_and_replaced(l
 # ~70 s on 2 shared cores: its own `tandem launch` (a head and a stage process), then a new stage
 @pytest.mark.slow
 def test_a_sigkilled_pipeline_stage_mid_stream_is_replaced_and_every_stream_equals_a_quiet_run(
-    launched_pp,
+    launched_pp, quiet_pp
 ):
-    _drill_replays_every_stream(launched_pp, _quiet(launched_pp), signal.SIGKILL)
+    _drill_replays_every_stream(launched_pp, quiet_pp, signal.SIGKILL)
+
+
+# ~30 s more: the hung stage is seen by its heartbeat to the head, then replaced as above
+@pytest.mark.slow
+def test_a_sigstopped_pipeline_stage_mid_stream_is_seen_by_its_heartbeat_and_replaced(
+    launched_pp, quiet_pp
+):
+    drill, reasons = _drill_replays_every_stream(launched_pp, quiet_pp, signal.SIGSTOP)
+    assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
+    assert any("rank 1 is lost" in r and "(stage 1)" in r for r in reasons), reasons
+
+
+# ~60 s on 2 shared cores: a head and three stage processes, then three new ones
+@pytest.mark.slow
+def test_a_sigstopped_grid_rank_mid_stream_is_seen_by_its_heartbeat_and_replaced(launched_grid):
+    """`--tp 2 --pp 2`: one of the three stage processes (stage 0's TP rank 1, or a rank of
+    stage 1) is SIGSTOPped; the head sees it by its heartbeat and the whole grid re-forms."""
+    quiet = _quiet(launched_grid)
+    drill, reasons = _drill_replays_every_stream(launched_grid, quiet, signal.SIGSTOP, workers=3)
+    assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
+    assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
 
 
 # ~15 s past the shared launch: the attack is held through one HTTP request-read deadline (10 s)

@@ -1,7 +1,9 @@
 """`tandem serve --tp 2` re-forms as `tandem launch` does, by default: a worker SIGKILLed in the
 middle of 4 streaming greedy requests is started again, the group re-forms under a new epoch,
 /health says 503 "re-forming" meanwhile and 200 after, and every stream finishes with the text of
-an uninterrupted run. Real processes on loopback."""
+an uninterrupted run. So does `tandem serve --pp 2` whose stage process is SIGSTOPped: seen by
+its heartbeat to the head (`--heartbeat-timeout 2`, op timeout 60 s), /health 503 naming it within
+5 s, replaced, every stream equal. Real processes on loopback."""
 
 import signal
 
@@ -12,6 +14,8 @@ from tandem.bench.fault_drill import health, run_drill, worker_pids
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
 MAX_TOKENS = 48
+OP_TIMEOUT_S = 60  # a hung stage must be seen by its heartbeat, not at this bound
+SEEN_WITHIN_S = 5  # /health 503 after a SIGSTOP: heartbeat timeout + a beat + the 0.05 s polls
 
 
 @pytest.fixture(scope="module")
@@ -40,4 +44,34 @@ def test_serve_tp2_replaces_a_killed_worker_by_default_and_every_stream_equals_a
     assert reasons and all(r.startswith("re-forming") for r in reasons), reasons
     assert health(base)[0] == 200 and proc.poll() is None
     assert metric(base, "tandem_group_reforms_total") == reforms + 1
+    assert drill.victim_pid not in worker_pids(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def served_pp(tmp_path_factory):
+    model = make_model(tmp_path_factory.mktemp("serve-recovery-pp") / "model")
+    args = ["serve", "--model", str(model), "--pp", "2", "--max-batch", "4"]
+    timeouts = ["--op-timeout", str(OP_TIMEOUT_S), "--heartbeat-timeout", "2"]
+    with running([*args, *timeouts]) as up:
+        yield up
+
+
+# ~35 s on 2 shared cores: serve --pp 2, a quiet run, the stopped stage seen and replaced
+@pytest.mark.slow
+def test_serve_pp2_sees_a_sigstopped_stage_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
+    served_pp,
+):
+    proc, base = served_pp
+    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in quiet.streams] == [None] * 4
+
+    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGSTOP)
+
+    assert drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
+    assert health(base)[0] == 200 and proc.poll() is None
     assert drill.victim_pid not in worker_pids(proc.pid)

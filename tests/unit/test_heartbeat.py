@@ -91,6 +91,23 @@ def test_one_default_on_every_command_and_launch_forwards_it_to_its_serve() -> N
         ["serve"],
         ["launch"],
         ["cluster", "join", "t"],
+        [
+            "stage",
+            "--model",
+            "m",
+            "--stage",
+            "1",
+            "--layers",
+            "0:1",
+            "--rank",
+            "1",
+            "--world-size",
+            "2",
+            "--upstream-rank",
+            "0",
+            "--cluster-id",
+            "c",
+        ],
     ):
         args = build_parser().parse_args(argv)
         assert args.heartbeat_timeout == DEFAULT_HEARTBEAT_TIMEOUT_S == 3.0, argv
@@ -110,3 +127,22 @@ def test_zero_turns_heartbeats_off_and_anything_else_not_above_zero_is_refused()
     assert parse_ring_config({**base, "heartbeat_timeout": 0}).heartbeat_timeout == 0.0
     with pytest.raises(TimeoutValueError, match="heartbeat_timeout"):
         parse_ring_config({**base, "heartbeat_timeout": -2})
+
+
+def test_a_pipeline_names_a_lost_rank_by_its_stage_and_its_tp_rank_in_a_grid() -> None:
+    from tandem.engine.pp.beats import place_of
+
+    assert place_of([[0], [1]], 1) == "stage 1"
+    assert place_of([[0, 1], [2, 3]], 1) == "stage 0, TP rank 1"
+    assert place_of([[0, 1], [2, 3]], 2) == "stage 1, TP rank 0"
+    assert place_of([[0], [1]], 5) == "not in the grid"
+
+
+def test_tandem_stage_refuses_a_heartbeat_timeout_not_above_zero() -> None:
+    from tandem.cli.stage import run
+
+    argv = ["stage", "--model", "m", "--stage", "1", "--layers", "0:1", "--rank", "1",
+            "--world-size", "2", "--upstream-rank", "0", "--cluster-id", "c",
+            "--heartbeat-timeout", "-1"]  # fmt: skip
+    with pytest.raises(TimeoutValueError, match="heartbeat-timeout"):
+        run(build_parser().parse_args(argv))

@@ -63,6 +63,33 @@ def test_shutdown_takes_down_every_rank_and_its_children_even_stubborn_ones():
     assert _gone(pids)
 
 
+def test_a_stopped_rank_is_not_waited_for_and_is_continued_to_take_its_sigint(tmp_path):
+    """A hung rank (SIGSTOPped) never leaves on its own: shutdown does not wait `wait_s` for it,
+    and continues it with its SIGINT, so its handler runs (a SIGKILL would leave no trace)."""
+    mark = tmp_path / "took-sigint"
+    code = textwrap.dedent(
+        f"""
+        import pathlib, signal, sys, time
+        def on_int(*_):
+            pathlib.Path({str(mark)!r}).write_text("yes")
+            sys.exit(0)
+        signal.signal(signal.SIGINT, on_int)
+        pathlib.Path({str(mark)!r} + ".ready").write_text("")
+        time.sleep(600)
+        """
+    )
+    group = ProcessGroup([RankProcess("hung", [sys.executable, "-c", code])], grace_s=5.0)
+    group.start()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "took-sigint.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    group.procs[0].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    group.shutdown(wait_s=120.0)
+    assert time.monotonic() - t0 < 60.0  # not the 120 s a live rank would be given
+    assert mark.read_text() == "yes"
+
+
 def test_poll_reports_the_first_rank_that_exits():
     ranks = [
         RankProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"]),

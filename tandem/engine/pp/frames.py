@@ -289,6 +289,13 @@ class TcpStageTransport:
         """Bytes this link moved both ways, the transport's frame headers included."""
         return self.bytes_sent + self.bytes_received + self._overhead * self._frames
 
+    def shutdown(self) -> None:
+        """Cuts the connection both ways at once (from any thread): a `recv` waiting on it wakes
+        with StageLinkError, as does the next send."""
+        cut = getattr(self._conn, "shutdown", None)
+        if cut is not None:
+            cut()
+
     def flush(self, timeout: float = 10.0) -> None:
         """Waits until every queued frame is written (or the sender failed)."""
         self._queue.put(_CLOSED)

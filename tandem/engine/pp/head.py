@@ -17,6 +17,11 @@ the oldest one's logits, so a loop that keeps one group of sequences in flight p
 When stage 0 is itself a tensor-parallel group, the head sends each micro-batch's embedded hidden
 state to stage 0's other ranks first (they hold layer shards only; the head keeps the whole
 embedding and LM head), then runs its own shard with them.
+
+Every stage process also beats to the head on its own connection (`tandem.engine.pp.beats`): a
+rank silent for the heartbeat timeout fails `health()` at once, idle or mid-step, naming it, and
+the head shuts down its stage links so a step waiting on the last stage wakes instead of waiting
+out the op timeout.
 """
 
 from __future__ import annotations
@@ -32,12 +37,16 @@ from tandem.cluster.exits import exit_cause
 from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult, StepSequence, split_microbatches
 from tandem.engine.pp import frames as pp
+from tandem.engine.pp.beats import place_of
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.pp.stage import StageRunner
 from tandem.engine.rope_rewind import LongRopeRewind
 from tandem.engine.sequences import SequenceCache
 from tandem.models.llama import Transformer
+from tandem.transport.channel import Channel
+from tandem.transport.heartbeat import Heartbeat, PeerLostError
+from tandem.transport.socketio import PeerTimeoutError
 
 MICROBATCH_MIN_TOKENS = 32
 
@@ -103,6 +112,8 @@ class PipelineExecutor:
         )  # fmt: skip
         self.rewind = LongRopeRewind.for_config(embed_head.config)  # longrope: crossing recomputes
         self._failed: str | None = None
+        self._lost: str | None = None  # why the heartbeat declared a rank lost (`_lose`)
+        self._heartbeat: Heartbeat | None = None
         self.steps = 0
         self.tokens_in = 0
         self.stage_hops = 0
@@ -127,7 +138,7 @@ class PipelineExecutor:
             tags = [self._launch(g) for g in groups]
             hidden = [self._receive(t, g) for t, g in zip(tags, groups)]
             logits = self._head(torch.cat(hidden))  # one LM head pass (one weight read) per step
-        except (StageLinkError, pp.StageMessageError) as e:
+        except (StageLinkError, pp.StageMessageError, PeerTimeoutError) as e:
             raise self._fail(str(e)) from e
         self._account(step)
         if step.greedy:
@@ -146,7 +157,7 @@ class PipelineExecutor:
         self.seqs.check(step)
         try:
             tag = self._launch(step.sequences)
-        except (StageLinkError, pp.StageMessageError) as e:
+        except (StageLinkError, pp.StageMessageError, PeerTimeoutError) as e:
             raise self._fail(str(e)) from e
         self._pending.append((tag, step.sequences))
         self._account(step)
@@ -205,7 +216,24 @@ class PipelineExecutor:
         except StageLinkError as e:
             raise self._fail(str(e)) from e
 
+    def watch(self, beats: Sequence[Channel], timeout: float) -> None:
+        """Starts watching every stage process's heartbeat channel (`tandem.engine.pp.beats`): one
+        silent for `timeout` seconds is lost (`_lose`)."""
+        if beats:
+            self._heartbeat = Heartbeat(0, beats, timeout, self._lose)
+
+    def _lose(self, e: PeerLostError) -> None:
+        """The heartbeat declared rank `e.rank` lost (on the heartbeat thread): the pipeline is
+        failed from now, and its stage links are shut down so a step waiting on them wakes."""
+        self._lost = f"{e} ({place_of(self.grid, e.rank)})"
+        for link in (*self.to_stage0_peers, *self.to_next, self.from_last):
+            shutdown = getattr(link, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
     def _state(self) -> tuple[str, str]:
+        if self._lost is not None:  # the cause, even when a stage's ERROR frame came first
+            return "failed", self._lost
         if self._failed is not None:
             return "failed", self._failed.splitlines()[0]
         dead = [c for c in (p.poll() for p in self.worker_procs) if c is not None]
@@ -236,8 +264,10 @@ class PipelineExecutor:
 
     def close(self) -> None:
         """Stops every stage (STOP travels the whole ring and back) and closes the links."""
+        if self._heartbeat is not None:
+            self._heartbeat.close()  # a closed heartbeat connection is not a loss to a stage
         try:
-            if self._failed is None and self.to_next:
+            if self._failed is None and self._lost is None and self.to_next:
                 stop = pp.encode(StageMessage(pp.KIND_STOP))
                 pp.send_to_all(self.to_stage0_peers, stop)
                 pp.send_to_all(self.to_next, stop)
@@ -337,6 +367,9 @@ class PipelineExecutor:
             raise PipelineFailedError(f"the pipeline failed earlier: {self._failed}")
 
     def _fail(self, why: str) -> PipelineFailedError:
+        if self._lost is not None:  # hung, not dead: no exit to wait for
+            self._failed = f"the pipeline failed during a step: {self._lost}"
+            return PipelineFailedError(self._failed)
         extra = self._diagnose() if self._diagnose is not None else None
         self._failed = why + (f" ({extra})" if extra else "")
         return PipelineFailedError(self._failed)

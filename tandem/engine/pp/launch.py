@@ -8,7 +8,9 @@ The head (this process) is global rank 0: TP rank 0 of stage 0. Every other (sta
   2. each stage leader is told, on stdin, the addresses of every rank of the next stage (the last
      stage: the head's), and dials them; every worker accepts its upstream link;
   3. the head loads the embedding, its layers and the LM head, dials stage 0's other TP ranks and
-     stage 1's ranks, and accepts the link back from the last stage.
+     stage 1's ranks, and accepts the link back from the last stage;
+  4. with a heartbeat timeout, every worker dials the head's heartbeat listener (its address is in
+     the worker's argv) and the head starts watching them (`tandem.engine.pp.beats`).
 
 Every link is authenticated with a fresh random secret (passed in the environment). Each worker's
 stderr goes to a log file whose tail is quoted when the pipeline fails.
@@ -28,9 +30,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tandem.cluster.launcher import ProcessGroup, RankProcess
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S, check_heartbeat_timeout
 from tandem.devices import DTYPE_NAMES
 from tandem.engine import device_probe
 from tandem.engine.cluster_info import pipeline_facts
+from tandem.engine.pp.beats import accept_beats, beat_listener
 from tandem.engine.pp.head import PipelineExecutor
 from tandem.engine.pp.layout import StageProbe, StageSpec, auto_ranges
 from tandem.engine.pp.links import (
@@ -94,6 +98,7 @@ def launch_pipeline(
     argv_prefix: Callable[[int], list[str]] | None = None,
     kernels: str = "auto",
     auto_layers: bool = False,
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
 ) -> PipelineExecutor:
     """Starts the stage processes and returns the head's `PipelineExecutor` (close it to stop them).
 
@@ -103,7 +108,9 @@ def launch_pipeline(
     ("torch": the reference modules, as a single node built with `kernels="torch"`).
     `auto_layers`: the ranges in `stages` are replaced by `auto_ranges` over the probes every rank
     runs before it loads (the workers in their own processes, the head here); the executor's
-    `stage_probes` holds them."""
+    `stage_probes` holds them. `heartbeat_timeout`: a rank silent this long is lost (every stage
+    process beats to the head, and a TP stage's ring carries its own; 0: no heartbeats)."""
+    check_heartbeat_timeout(heartbeat_timeout, "heartbeat_timeout")
     md = open_model(model_dir)
     cfg = md.config
     validate_ranges([s.layers for s in stages], cfg.num_hidden_layers)
@@ -127,6 +134,7 @@ def launch_pipeline(
         return addresses[g] if addresses is not None else "127.0.0.1"
 
     head_listener = StageListener(terms, 0, addr(0))
+    beats = beat_listener(terms, addr(0)) if heartbeat_timeout > 0 else None
     group = ProcessGroup(log_dir=Path(tempfile.mkdtemp(prefix="tandem-pp-")), grace_s=2.0)
     env = {"TANDEM_SECRET": secret}
     if threads:
@@ -158,6 +166,9 @@ def launch_pipeline(
                     "--threads", str(threads), "--kernels", kernels,
                 ]  # fmt: skip
                 argv += ["--listen", f"{addr(g)}:0", "--tp-listen", f"{addr(g)}:0"]
+                argv += ["--heartbeat-timeout", str(heartbeat_timeout)]
+                if beats is not None:
+                    argv += ["--beat", f"{addr(0)}:{beats.port}"]
                 if last:
                     argv.append("--last")
                 if argv_prefix is not None:
@@ -198,13 +209,23 @@ def launch_pipeline(
             md, stages, ranks, ports, terms, head_listener, group, head_ring, head_right, addr,
             max_batch=max_batch, max_seq_len=max_seq_len, wire_dtype=wire_dtype,
             timeout=timeout, microbatches=microbatches, kernels=kernels, facts=facts,
+            heartbeat_timeout=heartbeat_timeout,
         )  # fmt: skip
         executor.stage_probes = [p.as_dict() for p in probes] if probes else None
+        if beats is not None:
+            try:
+                executor.watch(accept_beats(beats, terms, sorted(procs)), heartbeat_timeout)
+            except BaseException:
+                executor.close()
+                raise
         return executor
     except BaseException:
         head_listener.close()
         group.shutdown()
         raise
+    finally:
+        if beats is not None:
+            beats.close()
 
 
 def _build_head(
@@ -226,6 +247,7 @@ def _build_head(
     microbatches,
     kernels,
     facts,
+    heartbeat_timeout,
 ) -> PipelineExecutor:
     s0 = stages[0]
     dtype = DTYPE_NAMES[s0.dtype]
@@ -254,6 +276,7 @@ def _build_head(
         comm = form_stage_ring(
             0, s0.tp, head_ring, head_right, secret=terms.secret,
             cluster_id=f"{terms.cluster_id}/stage0", fingerprint=md.fingerprint(), timeout=timeout,
+            heartbeat_timeout=heartbeat_timeout,
         )  # fmt: skip
         shard = load_tp_stage(md, r0, comm, dtype=dtype, device=s0.device, kernels=kernels)
         stage0 = StageRunner(shard, max_batch, max_seq_len)

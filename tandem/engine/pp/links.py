@@ -10,6 +10,7 @@ caught at once, and whose size is bounded by what a step of this model can carry
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,13 @@ class ChannelConnection:
             raise StageLinkError(f"link from rank {self.ch.peer_rank}: {e}") from e
         self._recv_seq += 1
         return bytes(payload)
+
+    def shutdown(self) -> None:
+        """Shuts the socket down both ways: a thread waiting on it wakes (`TcpStageTransport`)."""
+        try:
+            self.ch.ts.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         self.ch.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S
 from tandem.comm.base import Communicator
 from tandem.comm.ring import RingCommunicator
 from tandem.kernels.prepare import prepare
@@ -39,8 +40,11 @@ def form_stage_ring(
     cluster_id: str,
     fingerprint: str,
     timeout: float,
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
 ) -> Communicator:
-    """This rank's communicator in its stage's TP ring; `right` is rank (r+1) % N's host:port."""
+    """This rank's communicator in its stage's TP ring; `right` is rank (r+1) % N's host:port.
+    Its links carry heartbeats (`transport.heartbeat`; 0: none), so a collective waiting on a hung
+    stage peer fails within `heartbeat_timeout` rather than the op timeout."""
     host, _, port = right.rpartition(":")
     return RingCommunicator.create(
         tp_rank,
@@ -52,6 +56,7 @@ def form_stage_ring(
         model_fingerprint=fingerprint,
         handshake_timeout=max(timeout, 60.0),
         op_timeout=timeout,
+        heartbeat_timeout=heartbeat_timeout,
     )
 
 

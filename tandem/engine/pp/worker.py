@@ -12,6 +12,10 @@ where to send from `--downstream host:port,...` or, with `--downstream -`, from 
 TP rank of a stage also binds a ring listener (its port is the second number printed) and learns
 its right neighbour from `--tp-right` or the next stdin line.
 
+With `--beat host:port` the process dials the head's heartbeat listener once its links are up and
+beats to it (`tandem.engine.pp.beats`); a head silent for `--heartbeat-timeout` is lost: the
+process shuts its links down and leaves.
+
 The cluster secret comes from the environment (`TANDEM_SECRET`), never from argv.
 """
 
@@ -25,8 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S
 from tandem.devices import DTYPE_NAMES
 from tandem.engine import device_probe
+from tandem.engine.pp.beats import dial_beat
 from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
 from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
@@ -34,6 +40,7 @@ from tandem.kernels import mapped_guard
 from tandem.kernels.prepare import prepare
 from tandem.loaders.load import load_model
 from tandem.loaders.source import ModelSource, open_model
+from tandem.transport.heartbeat import Heartbeat, PeerLostError
 
 READY = "TANDEM_STAGE_LISTENING"
 
@@ -66,6 +73,8 @@ class StageOptions:
     idle_timeout: float = 3600.0  # leave after this long idle
     threads: int = 0  # torch threads (0: leave the default)
     kernels: str = "auto"  # tandem.kernels.prepare's choice; "torch": the reference modules
+    beat: str = ""  # host:port of the head's heartbeat listener ("": no heartbeat to the head)
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S  # 0: no heartbeats
 
 
 def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int], ring):
@@ -92,6 +101,7 @@ def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int]
         cluster_id=f"{args.cluster_id}/stage{args.stage}",
         fingerprint=md.fingerprint(),
         timeout=args.timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
     )
     shard = load_tp_stage(
         md, layer_range, comm, dtype=dtype, device=args.device, kernels=args.kernels
@@ -102,6 +112,16 @@ def load_stage(args: StageOptions, md: ModelSource, layer_range: tuple[int, int]
 def _secret() -> bytes | None:
     s = os.environ.get("TANDEM_SECRET")
     return s.encode() if s else None
+
+
+def _cut(links: StageLinks, e: PeerLostError) -> None:
+    """The head is lost (on the heartbeat thread): shut every link down, so the stage loop wakes
+    from its wait and leaves (`serve_stage` raises StageLinkError)."""
+    logging.getLogger(__name__).error("the head is lost, leaving: %s", e)
+    for link in (links.upstream, *links.downstream):
+        shutdown = getattr(link, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def run_stage(args: StageOptions) -> int:
@@ -162,11 +182,21 @@ def run_stage(args: StageOptions) -> int:
     if "err" in box:
         raise box["err"]
     links = StageLinks(upstream=box["up"], downstream=downstream, to_head=args.last)
+    beat = None
+    if args.beat and args.heartbeat_timeout > 0:
+        beat = Heartbeat(
+            args.rank,
+            [dial_beat(terms, args.rank, args.beat)],
+            args.heartbeat_timeout,
+            lambda e: _cut(links, e),
+        )
     try:
         serve_stage(
             runner, links, name=name, wire_dtype=args.wire_dtype, idle_timeout=args.idle_timeout
         )
     finally:
+        if beat is not None:
+            beat.close()
         for link in downstream:
             link.close()
         box["up"].close()
