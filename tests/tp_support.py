@@ -333,3 +333,42 @@ def engine_generate(engine, n: int = 4, wait_s: float = 30.0) -> tuple:
     )
     assert ev.wait(wait_s), "generation hung"
     return done["result"]
+
+
+def stop_mid_generation(engine, proc, op_timeout_s: float, bound_s: float) -> str:
+    """SIGSTOP `proc` (a rank of `engine`'s group) while a long greedy request is streaming: the
+    request must fail within `bound_s` of the stop (a tenth of the op timeout at most, so a
+    heartbeat is what saw it), and the engine turn unhealthy naming a heartbeat. Returns its
+    health reason."""
+    import signal
+    import threading
+    import time
+
+    from tandem.engine.sampling_params import SamplingParams
+
+    done: dict = {}
+    ev = threading.Event()
+    streamed: list = []
+
+    def on_done(c, e):
+        done["result"] = (c, e, time.monotonic())
+        ev.set()
+
+    engine.generate(
+        list(range(1, 40)),
+        SamplingParams(max_tokens=200, temperature=0, ignore_eos=True),
+        (),
+        streamed.append,
+        on_done,
+    )
+    while not streamed:  # the generation is under way: steps are running
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert ev.wait(op_timeout_s / 2), "the request hung"
+    completion, error, t_end = done["result"]
+    assert error is not None, completion
+    assert t_end - t0 <= bound_s < op_timeout_s / 10, (t_end - t0, error)
+    ok, why = engine.health()
+    assert not ok and "heartbeat" in why, why
+    return why

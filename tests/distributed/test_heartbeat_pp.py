@@ -16,13 +16,12 @@ from dataclasses import replace
 import psutil
 import pytest
 import torch
-from tp_support import engine_generate
+from tp_support import engine_generate, stop_mid_generation
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.pp.head import PipelineFailedError
 from tandem.engine.pp.launch import launch_pipeline
 from tandem.engine.pp.layout import plan_stages
-from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.make import make_model_dir
 from tandem.models.presets import get_preset
 
@@ -117,31 +116,7 @@ def test_a_stage_hung_mid_generation_fails_the_request_by_its_heartbeat(tiny, la
     (proc,) = [p for p in _stage_processes() if p.pid not in before and _rank_of(p) == victim]
     try:
         assert engine_generate(engine)[1] is None
-        done: dict = {}
-        ev = threading.Event()
-        streamed: list = []
-
-        def on_done(c, e):
-            done["result"] = (c, e, time.monotonic())
-            ev.set()
-
-        engine.generate(
-            list(range(1, 40)),
-            SamplingParams(max_tokens=200, temperature=0, ignore_eos=True),
-            (),
-            streamed.append,
-            on_done,
-        )
-        while not streamed:  # the generation is under way: steps are running
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGSTOP)
-        t0 = time.monotonic()
-        assert ev.wait(OP_TIMEOUT_S / 2), "the request hung"
-        completion, error, t_end = done["result"]
-        assert error is not None, completion
-        assert t_end - t0 <= BOUND_S < OP_TIMEOUT_S / 10, (t_end - t0, error)
-        ok, why = engine.health()
-        assert not ok and "heartbeat" in why, why
+        why = stop_mid_generation(engine, proc, OP_TIMEOUT_S, BOUND_S)
         assert any(named in why and where in why for named, where in names), why
     finally:
         proc.send_signal(signal.SIGCONT)

@@ -11,13 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
-from tp_support import engine_generate, write_ring_configs
+from tp_support import engine_generate, stop_mid_generation, write_ring_configs
 
-from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.make import make_model_dir
 
 OP_TIMEOUT_S = 60.0
@@ -81,31 +79,8 @@ def test_a_worker_hung_mid_generation_fails_the_step_by_its_heartbeat(
     worker, engine, close = _group(tmp_path, monkeypatch, False)
     try:
         assert engine_generate(engine)[1] is None
-        done: dict = {}
-        ev = threading.Event()
-        streamed: list = []
-
-        def on_done(c, e):
-            done["result"] = (c, e, time.monotonic())
-            ev.set()
-
-        engine.generate(
-            list(range(1, 40)),
-            SamplingParams(max_tokens=200, temperature=0, ignore_eos=True),
-            (),
-            streamed.append,
-            on_done,
-        )
-        while not streamed:  # the generation is under way: steps are running
-            time.sleep(0.01)
-        worker.send_signal(signal.SIGSTOP)
-        t0 = time.monotonic()
-        assert ev.wait(OP_TIMEOUT_S / 2), "the request hung"
-        completion, error, t_end = done["result"]
-        assert error is not None, completion
-        assert t_end - t0 <= BOUND_S < OP_TIMEOUT_S / 10, (t_end - t0, error)
-        ok, why = engine.health()
-        assert not ok and "heartbeat" in why and "rank 1" in why, why
+        why = stop_mid_generation(engine, worker, OP_TIMEOUT_S, BOUND_S)
+        assert "rank 1" in why, why
     finally:
         _stop(worker)
         close()
