@@ -130,11 +130,12 @@ def _rank_of(p: psutil.Process) -> int:
 
 def test_a_long_prefill_is_not_taken_for_a_hang(tmp_path) -> None:
     """A 4,000-token prefill that keeps the head and the stage computing for more than twice the
-    heartbeat timeout (one torch thread each) leaves the pipeline whole throughout."""
+    heartbeat timeout (one torch thread each; the model sized so that even a fast, quiet core
+    takes several times that) leaves the pipeline whole throughout."""
     base = get_preset("tiny-llama").config
     cfg = replace(
-        base, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=4096,
+        base, hidden_size=384, intermediate_size=1152, num_hidden_layers=8,
+        num_attention_heads=12, num_key_value_heads=4, head_dim=32, max_position_embeddings=4096,
     )  # fmt: skip
     model = tmp_path / "long"
     make_model_dir(model, "tiny-llama", seed=0, config=cfg, dtype=torch.bfloat16)
