@@ -91,3 +91,24 @@ def gpt_oss_twin(file: Path):
     assert not state, sorted(state)
     hf.load_state_dict(hf_state, strict=True)
     return hf
+
+
+def assert_logits_follow(ex, hf, atol: float, steps=(7, 300, 42, 1, 99), seed: int = 5) -> None:
+    """A 20-token prefill of random ids below 512 on executor `ex` (sequence 0), then `steps`
+    decoded one at a time: each step's last logits within `atol` of transformers' `hf` over the
+    same prefix."""
+    import numpy as np
+
+    from tandem.engine.executor import Step, StepSequence
+
+    ids = [int(t) for t in np.random.default_rng(seed).integers(0, 512, 20)]
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    got = ex.run(Step((StepSequence(0, tuple(ids), 0),))).logits[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    for t in steps:
+        ids.append(t)
+        with torch.no_grad():
+            want = hf(torch.tensor([ids])).logits[0, -1].numpy()
+        got = ex.run(Step((StepSequence(0, (t,), len(ids) - 1),))).logits[0]
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
-from gguf_twin_support import gpt_oss_twin
+from gguf_twin_support import assert_logits_follow, gpt_oss_twin
 
-from tandem.engine.executor import Step, StepSequence
 from tandem.engine.generate import generate
 from tandem.engine.lean import LeanExecutor
 from tandem.engine.sampling_params import SamplingParams
@@ -69,17 +67,7 @@ def test_lean_gpt_oss_logits_equal_transformers(bf16_file) -> None:
     tokens one by one, each within LOGIT_ATOL of transformers' over the same prefix."""
     hf = gpt_oss_twin(bf16_file)
     lean = LeanExecutor.from_file(bf16_file, max_batch=1, max_seq_len=64, threads=2)
-    ids = [int(t) for t in np.random.default_rng(5).integers(0, 512, 20)]
-    with torch.no_grad():
-        want = hf(torch.tensor([ids])).logits[0, -1].numpy()
-    got = lean.run(Step((StepSequence(0, tuple(ids), 0),))).logits[0]
-    np.testing.assert_allclose(got, want, rtol=0, atol=LOGIT_ATOL)
-    for t in (7, 300, 42, 1, 99):
-        ids.append(t)
-        with torch.no_grad():
-            want = hf(torch.tensor([ids])).logits[0, -1].numpy()
-        got = lean.run(Step((StepSequence(0, (t,), len(ids) - 1),))).logits[0]
-        np.testing.assert_allclose(got, want, rtol=0, atol=LOGIT_ATOL)
+    assert_logits_follow(lean, hf, LOGIT_ATOL)
 
 
 def test_lean_gpt_oss_greedy_ids_equal_transformers(bf16_file) -> None:
