@@ -108,6 +108,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--host", default="127.0.0.1", help="rank 0: the HTTP server's bind address")
     join.add_argument("--port", type=int, default=8000, help="rank 0: the HTTP server's port")
     join.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="NAMES",
+        help="rank 0: names a request's Host may carry besides IP addresses, localhost and the "
+        "bound name, as `tandem serve --allowed-hosts` takes them",
+    )
+    join.add_argument(
         "--rejoin",
         action="store_true",
         help="a worker rank: when its worker process or the head goes, free the model and join "
@@ -434,8 +441,8 @@ def _join_rtts(board: StatusBoard) -> dict[int, float]:
 
 def rank_argv(args: argparse.Namespace, rank: int, ring_file: Path, epoch: int = 0) -> list[str]:
     """The command a joined rank runs: the head `tandem serve` over the ring with its server's
-    flags (`--reform-timeout`, `--reasoning-parser`, `--shrink-after`), a worker `tandem worker`
-    claiming `epoch`."""
+    flags (`--reform-timeout`, `--reasoning-parser`, `--shrink-after`, `--allowed-hosts`), a
+    worker `tandem worker` claiming `epoch`."""
     if rank == 0:
         argv = [sys.executable, "-m", "tandem", "serve", "--model", args.model]
         argv += ["--ring-config", str(ring_file), "--host", args.host, "--port", str(args.port)]
@@ -443,6 +450,8 @@ def rank_argv(args: argparse.Namespace, rank: int, ring_file: Path, epoch: int =
         argv += ["--reasoning-parser", getattr(args, "reasoning_parser", "auto")]
         if getattr(args, "shrink_after", 0.0):
             argv += ["--shrink-after", str(args.shrink_after)]
+        if getattr(args, "allowed_hosts", None):
+            argv += ["--allowed-hosts", args.allowed_hosts]
     else:
         argv = [sys.executable, "-m", "tandem", "worker", "--model", args.model]
         argv += ["--epoch", str(epoch)]

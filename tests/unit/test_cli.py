@@ -57,6 +57,26 @@ def test_a_joined_head_serves_with_the_reasoning_parser_and_reform_timeout_it_wa
     assert e.value.code == 2
 
 
+def test_a_joined_head_serves_with_the_allowed_hosts_it_was_given():
+    """`cluster join --allowed-hosts` reaches the head's `tandem serve` (its Host allow-list);
+    without it the head takes serve's default, and a worker never gets it."""
+    from pathlib import Path
+
+    from tandem.cli.cluster import rank_argv
+    from tandem.cli.main import build_parser
+
+    parser = build_parser()
+    join = parser.parse_args(
+        ["cluster", "join", "TOKEN", "--model", "m", "--allowed-hosts", "llm.lan,box.local"]
+    )
+    head = parser.parse_args(rank_argv(join, 0, Path("ring0.json"))[3:])
+    assert head.command == "serve" and head.allowed_hosts == "llm.lan,box.local"
+    assert "--allowed-hosts" not in rank_argv(join, 1, Path("ring1.json"))
+    plain = parser.parse_args(["cluster", "join", "TOKEN", "--model", "m"])
+    head = parser.parse_args(rank_argv(plain, 0, Path("ring0.json"))[3:])
+    assert head.allowed_hosts == parser.parse_args(["serve"]).allowed_hosts
+
+
 def test_cache_mem_takes_byte_counts_and_launch_passes_it_to_serve():
     from pathlib import Path
 
