@@ -142,16 +142,20 @@ def test_a_busy_machines_timing_keeps_avx2_and_is_not_cached(tmp_path, monkeypat
 @needs_native
 def test_a_routed_call_runs_in_the_chosen_build_and_gives_its_bits():
     """Every build computes the same bits (test_batch_invariant_kernels.py), so a route is seen
-    by the pointer the primary holds, and the routed product equals the build's own."""
+    by the pointer the primary holds, and the routed product equals the build's own. The routes
+    are the process's: a model another test loaded here may have set them, so this test sets
+    only Q4_1's decode route, checks the prefill route stays as it found it, and puts the decode
+    route back."""
     rng = np.random.default_rng(1)
     (lin, *_) = _projections("Q4_1", rng)
     x = rng.standard_normal((1, 576)).astype(np.float32)
     t = BY_NAME["Q4_1"].type_id
+    decode_before, prefill_before = library.routed(t, "decode"), library.routed(t, "prefill")
     try:
         for name in library.variants():
             library.route(t, "decode", name)
             assert library.routed(t, "decode") == name
-            assert library.routed(t, "prefill") == library.primary()
+            assert library.routed(t, "prefill") == prefill_before
             with library.using(name):
                 own = lin(x, 2)
             assert np.array_equal(lin(x, 2), own)
@@ -160,9 +164,11 @@ def test_a_routed_call_runs_in_the_chosen_build_and_gives_its_bits():
         with library.using(library.primary()):
             assert library.routed(t, "decode") == library.primary()
         assert library.routed(t, "decode") == "avx2"
-    finally:
         library.route(t, "decode", None)
-    assert library.routed(t, "decode") == library.primary()
+        assert library.routed(t, "decode") == library.primary()  # None: the primary itself
+    finally:
+        library.route(t, "decode", decode_before)
+    assert library.routed(t, "decode") == decode_before
 
 
 def _run(env: dict[str, str], code: str) -> subprocess.CompletedProcess:
