@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from gguf_twin_support import assert_logits_follow, gpt_oss_twin
+from test_gguf_equivalence import hf_greedy
 
 from tandem.engine.generate import generate
 from tandem.engine.lean import LeanExecutor
@@ -50,18 +50,6 @@ def bf16_file(tmp_path_factory):
     return f
 
 
-def _hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    with torch.no_grad():
-        out = hf(torch.tensor([prompt]), use_cache=True)
-        ids, gaps = [], []
-        for _ in range(n):
-            top = out.logits[0, -1].topk(2)
-            ids.append(int(top.indices[0]))
-            gaps.append(float(top.values[0] - top.values[1]))
-            out = hf(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-    return ids, gaps
-
-
 def test_lean_gpt_oss_logits_equal_transformers(bf16_file) -> None:
     """Every position's logits of a 20-token prompt (prefill, windows crossed), then decode
     tokens one by one, each within LOGIT_ATOL of transformers' over the same prefix."""
@@ -78,7 +66,7 @@ def test_lean_gpt_oss_greedy_ids_equal_transformers(bf16_file) -> None:
     results = generate(lean, PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0))
     compared = 0
     for prompt, r in zip(PROMPTS, results):
-        want, gaps = _hf_greedy(hf, prompt, NEW_TOKENS)
+        want, gaps = hf_greedy(hf, prompt, NEW_TOKENS)
         k = next((i + 1 for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
         assert r.token_ids[:k] == want[:k], (prompt, r.token_ids, want, gaps)
         compared += k
