@@ -101,14 +101,18 @@ def test_a_row_nothing_changes_is_drawn_from_as_it_came():
 @given(row=logit_rows, temperature=st.floats(0.1, 2.0), min_p=st.floats(0.0, 1.0))
 def test_min_p_keeps_the_tokens_at_least_min_p_times_the_top_ones(row, temperature, min_p):
     probs = draw_probs(row, SamplingParams(temperature=temperature, min_p=min_p))
-    scaled = [float(v) / temperature for v in row]
-    top = max(scaled)
-    unnorm = [math.exp(v - top) for v in scaled]
-    kept = {i for i, p in enumerate(unnorm) if p >= min_p}
+    # the weights in float32, as the sampler defines them: exp(x / t - the top one), 0 more than
+    # ~103 under the top (past float32's range: a probability under 1e-45)
+    scaled = np.divide(row, np.float32(temperature), dtype=np.float32)
+    w = np.exp(scaled - scaled.max())
+    kept = {i for i, p in enumerate(w) if p >= np.float32(min_p) and p > 0}
     assert set(np.flatnonzero(probs).tolist()) == kept
-    total = math.fsum(unnorm[i] for i in kept)
+    total = math.fsum(float(w[i]) for i in kept)
     for i in kept:
-        assert probs[i] == pytest.approx(unnorm[i] / total, rel=1e-12)
+        assert probs[i] == pytest.approx(float(w[i]) / total, rel=1e-12)
+        # and within float32 rounding of the exact softmax
+        exact = [math.exp(float(v) / temperature - float(row.max()) / temperature) for v in row]
+        assert probs[i] == pytest.approx(exact[i] / math.fsum(exact[j] for j in kept), rel=1e-5)
 
 
 def test_min_p_one_leaves_only_the_top_tokens():

@@ -108,13 +108,10 @@ def test_logits_no_token_can_be_drawn_from_raise_a_typed_error(bad: float) -> No
         sample_next(np.full(4, -np.inf, dtype=np.float32), SamplingParams(), make_generator(0))
 
 
-def _top_p_by_full_sort(probs: np.ndarray, top_p: float) -> np.ndarray:
-    order = np.argsort(-probs, kind="stable")
-    kept = probs[order].copy()
-    kept[np.cumsum(kept) - kept >= top_p] = 0.0
-    out = np.zeros_like(probs)
-    out[order] = kept
-    return out
+def _top_p_by_full_sort(w: np.ndarray, mass: float) -> np.ndarray:
+    order = np.argsort(-w, kind="stable")
+    sorted_w = w[order].astype(np.float64)
+    return np.sort(order[np.cumsum(sorted_w) - sorted_w < mass])
 
 
 def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch) -> None:
@@ -129,8 +126,7 @@ def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch) -> No
             x = np.round(x)  # ties, also at the candidates' cut
         if trial % 5 == 0:
             x[rng.random(n) < 0.5] = -np.inf  # zero mass (what top_k leaves)
-        probs = np.exp(x - x.max())
-        probs /= probs.sum()
-        top_p = float(rng.uniform(0.01, 0.999))
-        got = sampling_params._top_p(probs, top_p)
-        assert np.array_equal(got, _top_p_by_full_sort(probs, top_p)), trial
+        w = np.exp(x - x.max()).astype(np.float32)
+        mass = float(rng.uniform(0.01, 0.999)) * float(w.sum(dtype=np.float64))
+        got = sampling_params._top_p_ids(w, mass)
+        assert np.array_equal(got, _top_p_by_full_sort(w, mass)), trial
