@@ -8,10 +8,9 @@ templates refuse ids that are not 9 letters and digits); and each format's force
 takes exactly a call of the named tool in that format, which reads back as that call."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
+from llamacpp_templates import template
 from test_grammar_mask import VOCAB, _allowed_chars, _feed
 
 from tandem.loaders.chat_template import TemplateRenderer
@@ -19,8 +18,6 @@ from tandem.server import tool_formats, tools
 from tandem.server.call_stream import Args, CallStream, Content, Start
 from tandem.server.tool_formats import ServedFormat
 
-LLAMA_CPP = Path(os.environ.get("TANDEM_LLAMACPP_SRC", Path.home() / ".cache/tandem-llamacpp/src"))
-TEMPLATES = LLAMA_CPP / "models" / "templates"
 LLAMA = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 MISTRAL = {"bos_token": "<s>", "eos_token": "</s>"}
 QWEN = {"bos_token": "", "eos_token": "<|im_end|>"}
@@ -51,13 +48,6 @@ CALL = {
     "type": "function",
     "function": {"name": "get_weather", "arguments": json.dumps(ARGS)},
 }
-
-
-def template(name: str) -> str:
-    path = TEMPLATES / f"{name}.jinja"
-    if not path.exists():
-        pytest.skip(f"no llama.cpp source tree at {LLAMA_CPP} (set TANDEM_LLAMACPP_SRC)")
-    return path.read_text()
 
 
 def read(syntax, text: str) -> tuple[str, list[tuple[str, dict]]]:
