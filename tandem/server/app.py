@@ -43,7 +43,7 @@ from tandem.server.protocol import (
     keyed,
 )
 from tandem.server.reasoning_grammar import chat_grammar
-from tandem.server.structured import grammar_masks, response_format_spec
+from tandem.server.structured import grammar_masks, request_grammar
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -134,13 +134,12 @@ def create_app(
         _check_model(engine, body.model)
         body.refuse_unsupported()
         tool_plan = tools.plan(body.tools, body.tool_choice, served)
-        grammar = response_format_spec(body.response_format)
-        field = "response_format"
+        grammar, field = request_grammar(body)
         if tool_plan is not None and tool_plan.grammar is not None:
             if grammar is not None:
                 raise APIError(
                     400,
-                    "a forced tool call and a response_format cannot both hold",
+                    f"a forced tool call and a `{field}` cannot both hold",
                     param="tool_choice",
                 )
             field = "tool_choice"
@@ -204,9 +203,8 @@ def create_app(
         else:
             prompt_ids = await asyncio.to_thread(engine.encode, prompt)
         params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
-        masks = await grammar_masks(
-            engine, response_format_spec(body.response_format), body.n, "response_format"
-        )
+        spec, field = request_grammar(body)
+        masks = await grammar_masks(engine, spec, body.n, field)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
         if body.stream:
