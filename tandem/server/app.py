@@ -146,8 +146,9 @@ def create_app(
         variables = body.template_variables(engine.template_reads)
         native = engine.template_takes_tools
         listed = tool_plan.tools if tool_plan is not None else None
+        bound = tools.for_request(served, listed, variables, engine.template_reads)
         messages = tools.template_messages(
-            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, served
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, bound
         )
 
         def prompt() -> tuple[list[int], list]:
@@ -165,7 +166,7 @@ def create_app(
         masks = await grammar_masks(engine, grammar, body.n, field)
         parse = tool_plan is not None and tool_plan.parse
         kept = served.ids if parse else {}  # the format's marker tokens, read as their text
-        answers = [ChoiceAnswer(fmt.reader(tail, kept), parse, served) for _ in range(body.n)]
+        answers = [ChoiceAnswer(fmt.reader(tail, kept), parse, bound) for _ in range(body.n)]
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         markers = fmt.marker_ids | frozenset(kept)
         events = generate_choices(
