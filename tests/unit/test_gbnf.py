@@ -263,3 +263,26 @@ def test_a_grammar_field_refused_is_a_400_naming_it_and_where(client, field, par
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and where in err["message"], err
+
+
+def test_a_gbnf_grammar_holds_the_answer_after_free_reasoning():
+    """For a reasoning model (`<think>` read on the text here) the grammar holds the answer only."""
+    from test_grammar_mask import AsciiTokenizer
+
+    from tandem.server.reasoning_format import choose
+    from tandem.server.reasoning_grammar import hold_answer
+    from tandem.server.structured import gbnf_spec
+
+    fmt = choose(AsciiTokenizer(), "think")
+    spec = hold_answer(fmt, gbnf_spec(YES_NO, "grammar"), [])
+    for text, complete in [
+        ("<think>maybe 7?</think>\n\nno 7", True),
+        ("yes 12", True),
+        ("<think>yes 1", False),
+    ]:
+        mask = VOCAB.mask(spec)
+        for c in text:
+            assert c in steps(mask)[0], (text, c)
+            mask.advance(ord(c))
+        assert steps(mask)[1] == complete, text
+    assert steps(VOCAB.mask(spec))[0] == {"<", "y", "n"}  # outside the reasoning, the grammar
