@@ -393,7 +393,9 @@ def _ident(name: str) -> str:
 def _lark(node: Node, names: dict[str, str]) -> str:
     """`node` as a Lark expression (bracketed where a postfix or sequence needs it)."""
     if isinstance(node, Lit):
-        return json.dumps(node.text, ensure_ascii=False)
+        if node.text.isprintable():  # as a string ("" too); else as a regex, each char by code
+            return json.dumps(node.text, ensure_ascii=False)
+        return "/" + "".join(_rx(c) for c in node.text) + "/"
     if isinstance(node, AnyChar):
         return "/(?s:.)/"
     if isinstance(node, Cls):
@@ -418,5 +420,5 @@ def _lark(node: Node, names: dict[str, str]) -> str:
 
 
 def _rx(c: str) -> str:
-    """One character inside a regex class: letters and digits as they are, others by code."""
+    """One character in a regex (or its class): letters and digits as they are, others by code."""
     return c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}"

@@ -32,11 +32,20 @@ def steps(mask):
 
 # ---- random regular grammars: GBNF and a Python regex from one tree ------------------------------
 
-ALPHABET = 'ab-\\"] \n'
+ALPHABET = 'ab-\\"] \n\x01\x7f'
 
 
 def _esc(c):
-    return {"\\": "\\\\", '"': '\\"', "\n": "\\n", "]": "\\]", "-": "\\-"}.get(c, c)
+    escapes = {
+        "\\": "\\\\",
+        '"': '\\"',
+        "\n": "\\n",
+        "]": "\\]",
+        "-": "\\-",
+        "\x01": "\\x01",
+        "\x7f": "\\x7f",
+    }
+    return escapes.get(c, c)
 
 
 def _lit(text):
@@ -286,3 +295,12 @@ def test_a_gbnf_grammar_holds_the_answer_after_free_reasoning():
             mask.advance(ord(c))
         assert steps(mask)[1] == complete, text
     assert steps(VOCAB.mask(spec))[0] == {"<", "y", "n"}  # outside the reasoning, the grammar
+
+
+def test_control_characters_in_literals_and_classes():
+    mask = mask_of(r'root ::= "\x01\x7f" [\x00-\x08] "\"\\" "\n"')
+    for want in ["\x01", "\x7f", set(map(chr, range(1, 9))), '"', "\\", "\n"]:
+        chars, _ = steps(mask)
+        assert chars == (want if isinstance(want, set) else {want})
+        mask.advance(ord(min(chars)))
+    assert steps(mask) == (set(), True)
