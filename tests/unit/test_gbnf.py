@@ -118,7 +118,7 @@ def python_regex(tree):
     return python_regex(tree[1])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=TREES, seed=st.integers(0, 2**32 - 1))
 def test_on_random_regular_grammars_the_mask_allows_exactly_the_language_s_next_characters(
     tree, seed
