@@ -13,3 +13,5 @@ PY=${PYTHON:-python3}
 # The native kernels, built once per ISA variant this CPU runs (cached; the first run of any
 # command would build them otherwise).
 .venv/bin/python -c "from tandem.kernels import library; library.available() or print('native kernels:', library.why())"
+# llama.cpp's copies of the models' own chat templates, for the tool-call format tests (cached).
+bash scripts/templates.sh || echo "setup.sh: no llama.cpp templates: the chat-template tests will skip" >&2

@@ -43,7 +43,7 @@ from tandem.server.protocol import (
     keyed,
 )
 from tandem.server.reasoning_grammar import chat_grammar
-from tandem.server.structured import grammar_masks, response_format_spec
+from tandem.server.structured import grammar_masks, request_grammar
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -134,21 +134,21 @@ def create_app(
         _check_model(engine, body.model)
         body.refuse_unsupported()
         tool_plan = tools.plan(body.tools, body.tool_choice, served)
-        grammar = response_format_spec(body.response_format)
-        field = "response_format"
+        grammar, field = request_grammar(body)
         if tool_plan is not None and tool_plan.grammar is not None:
             if grammar is not None:
                 raise APIError(
                     400,
-                    "a forced tool call and a response_format cannot both hold",
+                    f"a forced tool call and a `{field}` cannot both hold",
                     param="tool_choice",
                 )
             field = "tool_choice"
         variables = body.template_variables(engine.template_reads)
         native = engine.template_takes_tools
         listed = tool_plan.tools if tool_plan is not None else None
+        bound = tools.for_request(served, listed, variables, engine.template_reads)
         messages = tools.template_messages(
-            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, served
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, bound
         )
 
         def prompt() -> tuple[list[int], list]:
@@ -166,7 +166,7 @@ def create_app(
         masks = await grammar_masks(engine, grammar, body.n, field)
         parse = tool_plan is not None and tool_plan.parse
         kept = served.ids if parse else {}  # the format's marker tokens, read as their text
-        answers = [ChoiceAnswer(fmt.reader(tail, kept), parse, served) for _ in range(body.n)]
+        answers = [ChoiceAnswer(fmt.reader(tail, kept), parse, bound) for _ in range(body.n)]
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         markers = fmt.marker_ids | frozenset(kept)
         events = generate_choices(
@@ -204,9 +204,8 @@ def create_app(
         else:
             prompt_ids = await asyncio.to_thread(engine.encode, prompt)
         params = _params(engine, body, prompt_ids, default_max=DEFAULT_COMPLETION_MAX_TOKENS)
-        masks = await grammar_masks(
-            engine, response_format_spec(body.response_format), body.n, "response_format"
-        )
+        spec, field = request_grammar(body)
+        masks = await grammar_masks(engine, spec, body.n, field)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         events = generate_choices(engine, prompt_ids, params, body.stop_strings(), body.n, masks)
         if body.stream:

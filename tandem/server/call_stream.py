@@ -6,8 +6,10 @@ by piece, the way OpenAI streams `delta.tool_calls`.
 A format is a `CallSyntax`: the texts that open a section of calls (`<tool_call>`,
 `[TOOL_CALLS]`, `<|python_tag|>`), whether a `{` that starts the output opens one (Llama 3's
 bare JSON), whether the section is a JSON array, the separators between its calls, the text
-that closes it, and whether a call may be written `NAME[ARGS]{...}` (Mistral's newer form, an
-id `[CALL_ID]ID` maybe before `[ARGS]`).
+that closes it, whether a call may be written `NAME[ARGS]{...}` (Mistral's newer form, an
+id `[CALL_ID]ID` maybe before `[ARGS]`), and a reader of a section that holds no JSON (Llama's
+built-in calls, `<|python_tag|>brave_search.call(query="...")` or raw code): the section's text
+to the output's end, read whole when the output ends.
 
     content  <tool_call> {"name": "f", "arguments": {"a": 1}} </tool_call>  content
     ^ Content           ^ Start(0, "f")          ^ Args(0, '{"a": 1}') ^ End(0)
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _HEAD = re.compile(
@@ -44,6 +47,9 @@ class CallSyntax:
     array: bool = False  # the section is `[call, call]`
     seps: str = ""  # characters allowed between two calls
     named: bool = False  # `NAME[ARGS]{...}` is a call too
+    # an opened section whose text is no JSON call: read whole at the output's end into calls
+    # (name, arguments as JSON text); None gives it back to the content
+    whole: Callable[[str], list[tuple[str, str]] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class End:
 
 
 Event = Content | Start | Args | End
-TEXT, SECTION, OBJECT, ARGS, TAIL = "text", "section", "object", "args", "tail"
+TEXT, SECTION, OBJECT, ARGS, TAIL, WHOLE = "text", "section", "object", "args", "tail", "whole"
 
 
 def value_end(text: str, depth: int = 0) -> int:
@@ -218,7 +224,27 @@ class CallStream:
                 return True
             if _named_prefix(body) and not final:
                 return False
+        if s.whole is not None and self.raw and not self.in_section:
+            self.state = WHOLE  # opened by a marker, not JSON: the rest of the output, read whole
+            return True
         return self._fail()
+
+    def _whole(self, final: bool) -> bool:
+        if not final:
+            return False
+        calls = self.syntax.whole(self.buf) if self.syntax.whole else None
+        if not calls:
+            self.state = SECTION
+            return self._fail()
+        self._eat(len(self.buf))
+        for name, args in calls:
+            self.out.append(Start(self.calls, name))
+            self.out.append(Args(self.calls, args))
+            self.out.append(End(self.calls))
+            self.calls += 1
+            self.in_section += 1
+        self.state = TEXT
+        return False
 
     def _object(self, final: bool) -> bool:
         m = _HEAD.match(self.buf)

@@ -102,8 +102,9 @@ def add_ollama(
         plan = tools.plan(body.tools, "auto", served)
         listed = plan.tools if plan is not None else None
         native = engine.template_takes_tools
+        bound = tools.for_request(served, listed, variables, engine.template_reads)
         messages = tools.template_messages(
-            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, served
+            [m.for_template(i) for i, m in enumerate(body.messages)], listed, native, bound
         )
         prompt_ids, tail = await _prompt_ids(
             fmt,
@@ -112,7 +113,7 @@ def add_ollama(
                 engine.chat_prompt(messages, listed if native else None, variables)
             ),
         )
-        reading = _Reading(fmt, tail, plan is not None, body.think is not False, served)
+        reading = _Reading(fmt, tail, plan is not None, body.think is not False, bound)
         return await _answer(engine, body, prompt_ids, reading, chat=True)
 
     @app.post("/api/generate")

@@ -135,6 +135,9 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, BiasValue] | None = None
     ignore_eos: bool = False  # vLLM's extension: always generate max_tokens
     response_format: dict[str, Any] | None = None  # structured output (`structured.py`)
+    grammar: str | None = None  # llama.cpp's: a GBNF grammar (`structured.py`)
+    guided_grammar: str | None = None  # vLLM's older name for it
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: {"grammar": GBNF}
 
     @field_validator("stop")
     @classmethod

@@ -8,13 +8,18 @@ a 400 naming the field).
                                         -> JSON matching the schema  (Ollama: the schema itself)
 
 `strict` changes nothing: the schema is always enforced (a schema llguidance cannot enforce in
-full is refused, never loosened)."""
+full is refused, never loosened).
+
+A GBNF grammar (llama.cpp's `grammar`; vLLM's `guided_grammar` and `structured_outputs.grammar`)
+is read by `tandem.engine.gbnf` into a Lark grammar; one that does not parse or can match nothing
+is a 400 naming the field and the line and column. A request names one constraint at most."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from tandem.engine import gbnf
 from tandem.engine.grammar import GrammarError, GrammarSpec
 from tandem.engine.logits_process import TokenMask
 from tandem.engine.serving import ServingEngine
@@ -38,6 +43,44 @@ def response_format_spec(value: Any) -> GrammarSpec | None:
             raise _refused("response_format", "`json_schema` must be an object with a `schema`")
         return GrammarSpec("json", schema=inner.get("schema") or {})
     raise _refused("response_format", f"unknown type {kind!r} (text, json_object, json_schema)")
+
+
+def request_grammar(body: Any) -> tuple[GrammarSpec | None, str]:
+    """The constraint an OpenAI request names and the field naming it: `response_format`, or a
+    GBNF grammar under `grammar`, `guided_grammar` or `structured_outputs.grammar`; a 400 for two
+    at once, or for a `structured_outputs` key other than `grammar`."""
+    named: list[tuple[str, Any]] = []
+    if body.response_format is not None and body.response_format.get("type") != "text":
+        named.append(("response_format", body.response_format))
+    for field in ("grammar", "guided_grammar"):
+        if getattr(body, field) is not None:
+            named.append((field, getattr(body, field)))
+    outputs = body.structured_outputs or {}
+    if not isinstance(outputs, dict):
+        raise _refused("structured_outputs", 'must be an object such as {"grammar": GBNF}')
+    for key, value in outputs.items():
+        if key != "grammar":
+            raise _refused(f"structured_outputs.{key}", "not supported by tandem (only `grammar`)")
+        named.append(("structured_outputs.grammar", value))
+    if len(named) > 1:
+        fields = ", ".join(f"`{f}`" for f, _ in named)
+        raise APIError(400, f"{fields}: a request names one constraint at most", param=named[1][0])
+    if not named:
+        return response_format_spec(body.response_format), "response_format"
+    field, value = named[0]
+    if field == "response_format":
+        return response_format_spec(value), field
+    return gbnf_spec(value, field), field
+
+
+def gbnf_spec(text: Any, field: str) -> GrammarSpec:
+    """A GBNF grammar as the Lark grammar it reads into; a 400 naming `field` and the place."""
+    if not isinstance(text, str):
+        raise _refused(field, "must be a GBNF grammar (a string)")
+    try:
+        return GrammarSpec("lark", text=gbnf.to_lark(text))
+    except gbnf.GbnfError as e:
+        raise _refused(field, str(e)) from e
 
 
 def ollama_format_spec(value: Any) -> GrammarSpec | None:

@@ -12,12 +12,14 @@ A template that takes `tools` itself (Qwen's: its source names them) gets them a
 passes them (`tools=` in its context, assistant `tool_calls` with arguments as objects, `role:
 tool` messages as they are). One that does not (SmolLM2's) gets the Hermes system prompt that
 lists them, assistant calls written as `<tool_call>` blocks in the content and tool results as
-`<tool_response>` user turns, the form such models are trained on."""
+`<tool_response>` user turns, the form such models are trained on. A result sent as Llama's
+`role: ipython` is a `role: tool` one for every other format."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +83,22 @@ def plan(
     return ToolPlan(chosen, served.call_grammar(chosen), True)
 
 
+def for_request(
+    served: ServedFormat,
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+    reads: Callable[[str], bool],
+) -> ServedFormat:
+    """`served` as a request offering `tools` reads its calls; the variables those tools set
+    (Llama 3.1's `builtin_tools`) added to `variables` where the template reads them and the
+    request's `chat_template_kwargs` did not set them."""
+    bound, extra = served.for_tools(tools)
+    for name, value in extra.items():
+        if reads(name):
+            variables.setdefault(name, value)
+    return bound
+
+
 def call_grammar(tools: list[dict[str, Any]]) -> GrammarSpec:
     """One `<tool_call>` block whose JSON names one of `tools` and whose arguments validate
     against that tool's parameters (the Hermes format's forced call)."""
@@ -102,6 +120,8 @@ def template_messages(
     out: list[dict[str, Any]] = []
     history_id = served.format.history_id
     for m in messages:
+        if m["role"] == "ipython" and served.format.name != "llama3":
+            m = {**m, "role": "tool"}  # Llama's name for a tool's result
         calls = m.get("tool_calls")
         if native:
             if calls:

@@ -1,11 +1,12 @@
 """Structured output through a live `tandem serve` on the default model (SmolLM2 Q4_1) and the
 official clients: `response_format` json_schema answers parse and validate (`jsonschema`) for
 nested objects, arrays, enums, integers and required fields, json_object answers parse, and the
-`ollama` client's `format` (a schema) too. Sampled at temperature 1 where the answer is bounded:
+`ollama` client's `format` (a schema) too; a GBNF `grammar` (in `extra_body`) holds the answer. Sampled at temperature 1 where the answer is bounded:
 the grammar, not the model's luck, makes them valid. A `required` tool call's arguments validate,
 and its result goes back through the template."""
 
 import json
+import re
 
 import jsonschema
 import ollama
@@ -105,6 +106,28 @@ def test_a_schema_the_engine_rejects_is_a_400_naming_response_format(server):
             model=name, messages=[{"role": "user", "content": "hi"}], response_format=fmt
         )
     assert e.value.body["param"] == "response_format"
+
+
+def test_a_gbnf_grammar_in_extra_body_holds_the_answer_and_a_bad_one_is_a_400(server):
+    _, client, name = server
+    grammar = 'root ::= ("yes" | "no") ", " [1-9] [0-9]? " " unit\nunit ::= "km" | "mi"'
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Is Oslo far from Paris, and how far?"}],
+        temperature=1.0,
+        seed=3,
+        max_tokens=20,
+        extra_body={"grammar": grammar},
+    )
+    assert r.choices[0].finish_reason == "stop"
+    assert re.fullmatch(r"(yes|no), [1-9][0-9]? (km|mi)", r.choices[0].message.content), r
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=name,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"grammar": 'root ::= "a" unit'},
+        )
+    assert e.value.body["param"] == "grammar" and "line 1, column 14" in e.value.body["message"]
 
 
 def test_the_ollama_client_s_format_gives_json_that_validates(server):

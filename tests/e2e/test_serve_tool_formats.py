@@ -7,16 +7,14 @@ validate, whole and streamed as deltas; the call's result goes back through the 
 the call's id (Mistral's template refuses ids that are not 9 letters and digits)."""
 
 import json
-import os
-from pathlib import Path
 
 import jsonschema
+import llamacpp_templates
 import openai
 import pytest
 from reasoning_models import write_model
 from serve_support import running
 
-LLAMA_CPP = Path(os.environ.get("TANDEM_LLAMACPP_SRC", Path.home() / ".cache/tandem-llamacpp/src"))
 FAMILIES = {
     # preset, template, special tokens, end-of-turn tokens
     "llama3": (
@@ -55,9 +53,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def server(request, tmp_path_factory):
     preset, template, special, eos = FAMILIES[request.param]
-    path = LLAMA_CPP / "models" / "templates" / f"{template}.jinja"
-    if not path.exists():
-        pytest.skip(f"no llama.cpp source tree at {LLAMA_CPP} (set TANDEM_LLAMACPP_SRC)")
+    path = llamacpp_templates.path(template)
     model = write_model(
         tmp_path_factory.mktemp(preset) / preset, preset, special, [], path.read_text(), eos, 4096
     )

@@ -145,3 +145,40 @@ class PipelineHistoryExecutor(HistoryExecutor):
 
     def collect(self):
         return self.pending.pop(0)
+
+
+class ScriptedExecutor(HistoryExecutor):
+    """The double writing `script` (one token per character, as `AsciiTokenizer` reads them)
+    after each sequence's prompt, then `eos`: a model whose answer a test chooses (a tool call).
+    A prompt must come in one step (a scheduler's `prefill_budget` above its length)."""
+
+    def __init__(self, script, eos=0, **kw):
+        super().__init__(**kw)
+        self.script, self.eos = script, eos
+        self.prompts: list[list[int]] = []
+        self._prompt_len: dict[int, int] = {}
+
+    def run(self, step):
+        rows = []
+        for s in step.sequences:
+            h = self.history.get(s.seq_id, [])
+            if s.seq_id not in self._prompt_len:
+                self._prompt_len[s.seq_id] = len(h) + len(s.token_ids)
+                self.prompts.append(h + list(s.token_ids))
+        result = super().run(step)
+        for s in step.sequences:
+            n = len(self.history[s.seq_id]) - self._prompt_len[s.seq_id]  # tokens written so far
+            target = ord(self.script[n]) if n < len(self.script) else self.eos
+            row = np.full(self.vocab_size, -1e4, dtype=np.float32)  # sampled or not: the script
+            row[target] = 0.0
+            rows.append(row)
+        del result
+        logits = np.stack(rows)  # (B, vocab) float32
+        if not self.numpy:
+            logits = torch.from_numpy(logits)
+        return StepResult(token_ids=logits.argmax(-1)) if step.greedy else StepResult(logits=logits)
+
+    def release(self, seq_ids):
+        super().release(seq_ids)
+        for i in seq_ids:
+            self._prompt_len.pop(i, None)

@@ -11,6 +11,9 @@ from tandem.server.call_stream import Args, CallStream, Content, End, Start, val
 from tandem.server.tool_formats import hermes, llama3, mistral
 
 H, L, M = hermes.FORMAT.syntax, llama3.FORMAT.syntax, mistral.FORMAT.syntax
+# Llama 3.1 with its built-in tools declared (all three; only brave_search)
+LB = llama3.bind([{"function": {"name": n}} for n in llama3.BUILTIN])[0]
+LS = llama3.bind([{"function": {"name": "brave_search"}}])[0]
 WEATHER = '{"city": "Oslo", "days": 3}'
 
 CASES = [
@@ -36,6 +39,15 @@ CASES = [
     (M, '[TOOL_CALLS]f[ARGS]{"x": 1}[TOOL_CALLS]g[ARGS]{}', "", [("f", '{"x": 1}'), ("g", "{}")]),
     (M, '[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{"x": 1}', "", [("f", '{"x": 1}')]),
     (M, "text [TOOL_CALLS] nope", "text [TOOL_CALLS] nope", []),
+    (LB, '<|python_tag|>brave_search.call(query="weather in \\"Oslo\\"")',
+     "", [("brave_search", '{"query": "weather in \\"Oslo\\""}')]),
+    (LB, "Let me check. <|python_tag|>wolfram_alpha.call(query='x^2 = 4', n=2)",
+     "Let me check.", [("wolfram_alpha", '{"query": "x^2 = 4", "n": 2}')]),
+    (LB, "<|python_tag|>\nimport math\nprint(math.pi)\n",
+     "", [("code_interpreter", '{"code": "import math\\nprint(math.pi)"}')]),
+    (LB, '<|python_tag|>{"name": "f", "parameters": {"x": 1}}', "", [("f", '{"x": 1}')]),
+    (LS, "<|python_tag|>print(1)", "<|python_tag|>print(1)", []),
+    (LS, 'a <|python_tag|>other.call(q="x")', 'a <|python_tag|>other.call(q="x")', []),
 ]  # fmt: skip
 
 

@@ -8,10 +8,9 @@ templates refuse ids that are not 9 letters and digits); and each format's force
 takes exactly a call of the named tool in that format, which reads back as that call."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
+from llamacpp_templates import template
 from test_grammar_mask import VOCAB, _allowed_chars, _feed
 
 from tandem.loaders.chat_template import TemplateRenderer
@@ -19,8 +18,6 @@ from tandem.server import tool_formats, tools
 from tandem.server.call_stream import Args, CallStream, Content, Start
 from tandem.server.tool_formats import ServedFormat
 
-LLAMA_CPP = Path(os.environ.get("TANDEM_LLAMACPP_SRC", Path.home() / ".cache/tandem-llamacpp/src"))
-TEMPLATES = LLAMA_CPP / "models" / "templates"
 LLAMA = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 MISTRAL = {"bos_token": "<s>", "eos_token": "</s>"}
 QWEN = {"bos_token": "", "eos_token": "<|im_end|>"}
@@ -51,13 +48,6 @@ CALL = {
     "type": "function",
     "function": {"name": "get_weather", "arguments": json.dumps(ARGS)},
 }
-
-
-def template(name: str) -> str:
-    path = TEMPLATES / f"{name}.jinja"
-    if not path.exists():
-        pytest.skip(f"no llama.cpp source tree at {LLAMA_CPP} (set TANDEM_LLAMACPP_SRC)")
-    return path.read_text()
 
 
 def read(syntax, text: str) -> tuple[str, list[tuple[str, dict]]]:
@@ -141,3 +131,82 @@ def test_mistral_s_ids_are_nine_letters_and_digits_and_history_ids_map_stably():
     assert len(fresh) == 9 and fresh.isalnum() and fmt.history_id(fresh) == fresh
     mapped = fmt.history_id(CALL["id"])
     assert len(mapped) == 9 and mapped.isalnum() and mapped == fmt.history_id(CALL["id"])
+
+
+# ---- Llama 3.1's built-in tools (brave_search, wolfram_alpha, code_interpreter) -----------------
+
+BUILTIN = [
+    {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {key: {"type": "string"}}, "required": [key]}}}
+    for name, key in [("brave_search", "query"), ("wolfram_alpha", "query"),
+                      ("code_interpreter", "code")]
+]  # fmt: skip
+
+
+def builtin_call(name: str, args: dict) -> dict:
+    return {"id": "call_b", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "family", ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.3-70B-Instruct"]
+)
+@pytest.mark.parametrize(
+    "name,args",
+    [("brave_search", {"query": "weather in Oslo"}), ("wolfram_alpha", {"query": "2^10"})],
+)
+def test_a_builtin_call_as_meta_s_template_writes_it_reads_back_and_its_result_is_ipython(
+    family, name, args
+):
+    offered = [*TOOLS, *BUILTIN]
+    variables: dict = {}
+    served = tools.for_request(
+        ServedFormat(tool_formats.choose(template(family), "none"), {}), offered, variables,
+        lambda v: v == "builtin_tools",
+    )  # fmt: skip
+    assert variables == {"builtin_tools": ["brave_search", "wolfram_alpha", "code_interpreter"]}
+    renderer = TemplateRenderer(template(family), LLAMA, family)
+    try:
+        render = lambda msgs, gen: renderer.render(  # noqa: E731
+            tools.template_messages(msgs, offered, True, served), gen,
+            {"tools": offered, **variables},
+        )  # fmt: skip
+        user = [{"role": "user", "content": "Look it up."}]
+        prompt = render(user, True)
+        assert "Environment: ipython\nTools: brave_search, wolfram_alpha\n" in prompt
+        said = [
+            *user,
+            {"role": "assistant", "content": "", "tool_calls": [builtin_call(name, args)]},
+        ]
+        whole = render(said, False)
+        answer = whole[len(prompt) :]
+        assert answer.startswith(f"<|python_tag|>{name}.call(") and answer.endswith("<|eom_id|>")
+        assert read(served.format.syntax, answer.removesuffix("<|eom_id|>"))[1] == [(name, args)]
+        # unbound (no built-in tool in the request), the same text is no call
+        plain = tool_formats.choose(template(family), "none").syntax
+        assert read(plain, answer.removesuffix("<|eom_id|>"))[1] == []
+        for role in ("tool", "ipython"):
+            result = {"role": role, "tool_call_id": "call_b", "content": "12 degrees"}
+            after = render([*said, result], True)[len(whole) :]
+            # (Meta's template writes a string result as JSON: strings are iterable in Jinja)
+            assert after.startswith('<|start_header_id|>ipython<|end_header_id|>\n\n"12 degrees"')
+    finally:
+        renderer.close()
+
+
+def test_raw_code_after_the_python_tag_is_a_code_interpreter_call_only_where_declared():
+    code = "import math\nprint(math.sqrt(2))\n"
+    fmt = tool_formats.choose("", "none", "llama3")
+    bound = ServedFormat(fmt, {}).for_tools(BUILTIN)[0].format.syntax
+    assert read(bound, "<|python_tag|>" + code) == (
+        "",
+        [("code_interpreter", {"code": code.rstrip()})],
+    )
+    searching = ServedFormat(fmt, {}).for_tools(BUILTIN[:1])[0].format.syntax
+    assert read(searching, "<|python_tag|>" + code) == ("<|python_tag|>" + code, [])
+    # a call of a tool not declared, or one that is not a literal call, stays content
+    for text in [
+        '<|python_tag|>wolfram_alpha.call(query="x")',
+        "<|python_tag|>brave_search.call(q=f())",
+    ]:
+        assert read(searching, text)[1] == []

@@ -12,7 +12,8 @@ chat template (or named with `--tool-call-parser`):
 
 Each module gives its `CallSyntax` (how `call_stream` reads the calls out of the content), the
 grammar a forced call is held to (one call of one of the tools, its arguments valid against
-that tool's parameters), and its call ids. A format's marker that is one token of the served
+that tool's parameters), its call ids, and where a request's tools change how calls are read
+and what the template gets (Llama 3.1's built-in tools), its `bind`. A format's marker that is one token of the served
 tokenizer (`[TOOL_CALLS]`, `<|python_tag|>`: special tokens that decoding would drop) is kept in
 the text while tools are in play, and written as that token in the grammar.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tandem.engine.grammar import GrammarSpec
@@ -38,13 +39,16 @@ class ToolFormatError(ValueError):
 
 
 Literal = Callable[[str], str]  # a marker -> its Lark form (its token `<[id]>`, else its text)
+# a request's tools -> the syntax its calls are read with, and the template variables they set
+Bind = Callable[[list[dict[str, Any]]], tuple[CallSyntax, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class ToolFormat:
     """A tool-call format: `syntax` for reading calls, `grammar(tools, literal)` the Lark text of
     a forced call (None: harmony's, built with its reasoning in `reasoning_grammar`), `markers`
-    that may be tokens, `new_id()` a fresh call id, `history_id(id)` the id a template reads."""
+    that may be tokens, `new_id()` a fresh call id, `history_id(id)` the id a template reads,
+    `bind(tools)` the syntax and template variables for a request's tools (None: `syntax`, none)."""
 
     name: str
     syntax: CallSyntax
@@ -52,6 +56,7 @@ class ToolFormat:
     markers: tuple[str, ...] = ()
     new_id: Callable[[], str] = field(default=lambda: f"call_{uuid.uuid4().hex[:24]}")
     history_id: Callable[[str], str] = field(default=lambda i: i)
+    bind: Bind | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,14 @@ class ServedFormat:
         if self.format.grammar is None:
             return None
         return GrammarSpec("lark", text=self.format.grammar(tools, self._literal))
+
+    def for_tools(self, tools: list[dict[str, Any]] | None) -> tuple[ServedFormat, dict[str, Any]]:
+        """This format as a request with `tools` reads its calls, and the template variables
+        those tools set (Llama 3.1's `builtin_tools`)."""
+        if not tools or self.format.bind is None:
+            return self, {}
+        syntax, variables = self.format.bind(tools)
+        return ServedFormat(replace(self.format, syntax=syntax), self.ids), variables
 
     def _literal(self, marker: str) -> str:
         token = next((i for i, m in self.ids.items() if m == marker), None)
