@@ -173,11 +173,24 @@ PHI3_STEPS = [
 ]
 
 
-@pytest.mark.parametrize(("qtype", "window"), [("Q8_0", None), ("K_MIX", 8), ("BF16", 8)])
+@pytest.mark.parametrize(
+    ("qtype", "window"), [("llamacpp-q8_0", None), ("Q8_0", None), ("K_MIX", 8), ("BF16", 8)]
+)
 def test_phi3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype, window) -> None:
     """Phi-3's fused attn_qkv / ffn_up read by rows, partial rotary (each q/k head kept in
     `rope.partial_order`), longrope's switch crossed by a chunk and by a decode token and back
-    under it by a rewind (each a recompute, `engine.rope_rewind`), a window on every layer."""
+    under it by a rewind (each a recompute, `engine.rope_rewind`), a window on every layer or
+    none (the one-call decode); tandem's writer, and llama.cpp's convert_hf_to_gguf.py +
+    llama-quantize (tests/fixtures/gguf, `scripts/llamacpp_fixtures.py`'s phi3: 2 q heads on 1
+    kv head)."""
+    if qtype.startswith("llamacpp-"):
+        f = FIXTURES / f"phi3-{qtype.removeprefix('llamacpp-')}.gguf"
+        lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+        m = lean.model
+        assert (m.rope.r, m.hd, m.rope.switch, m.H, m.G) == (48, 64, 32, 2, 1)
+        assert m.decode_token is not None and all(L.window == 0 for L in m.layers)
+        _assert_like_local(f, lean, PHI3_STEPS)
+        return
     base = get_preset("tiny-phi3").config
     scaling = dataclasses.replace(
         base.rope_scaling,
