@@ -3,11 +3,13 @@ presets saved as Hugging Face directories, converted by llama.cpp's `convert_hf_
 quantized by its `llama-quantize`, into tests/fixtures/gguf/. The tests read them with tandem and
 compare with transformers; they never run llama.cpp (CI has no build of it).
 
-    python scripts/llamacpp_fixtures.py        # needs ../shared/tools/llamacpp.sh's build
+    python scripts/llamacpp_fixtures.py [NAME ...]   # all, or these; needs ../shared/tools/llamacpp.sh
 
 The converter recognizes a tokenizer's pre-tokenizer by hashing its output on a test text; the
 presets' small byte-level BPE is in no list of known ones, so it is labelled `gpt-4o` (the regex
 split tandem's GGUF tokenizer then applies; the ids in these tests are given, not tokenized).
+Its Phi-3 vocabulary reader wants a SentencePiece `tokenizer.model` unless the tokenizer class is
+GPT2Tokenizer (Phi-4's): the presets' BPE is read as that one.
 """
 
 from __future__ import annotations
@@ -41,8 +43,27 @@ def gpt_oss_config():
     )
 
 
+def phi3_config():
+    """tiny-phi3 as Phi-3.5 / Phi-4-mini shape it: partial rotary (48 of 64 dims: the converter
+    derives the width from hidden / heads), longrope switching past 32 tokens (24 factors a set),
+    no window (the one-call decode)."""
+    from tandem.models.presets import get_preset
+
+    c = get_preset("tiny-phi3").config
+    scaling = replace(
+        c.rope_scaling,
+        short_factor=tuple(1.0 + i / 20 for i in range(24)),
+        long_factor=tuple(1.0 + i / 2 for i in range(24)),
+    )
+    return replace(
+        c, hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, rope_scaling=scaling, sliding_window=None,
+    )  # fmt: skip
+
+
 FIXTURES = {  # name -> (preset, config, llama-quantize types)
     "gpt-oss": ("tiny-gpt-oss", gpt_oss_config, ("Q8_0", "MXFP4_MOE")),
+    "phi3": ("tiny-phi3", phi3_config, ("Q8_0",)),
 }
 
 
@@ -52,6 +73,8 @@ import runpy, sys
 sys.path.insert(0, {str(cpp / "src")!r}); sys.path.insert(1, {str(cpp / "src" / "gguf-py")!r})
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-4o"
+import conversion.phi as phi
+phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", {str(model_dir)!r}, "--outfile", {str(out)!r}, "--outtype", "f32"]
 runpy.run_path({str(cpp / "src" / "convert_hf_to_gguf.py")!r}, run_name="__main__")
 """
@@ -64,7 +87,9 @@ def main() -> None:
     cpp = llamacpp()
     OUT.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
-    for name, (preset, make_config, types) in FIXTURES.items():
+    names = sys.argv[1:] or list(FIXTURES)
+    for name in names:
+        preset, make_config, types = FIXTURES[name]
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp) / name
             make_model_dir(d, preset, config=make_config())

@@ -112,3 +112,30 @@ def assert_logits_follow(ex, hf, atol: float, steps=(7, 300, 42, 1, 99), seed: i
             want = hf(torch.tensor([ids])).logits[0, -1].numpy()
         got = ex.run(Step((StepSequence(0, (t,), len(ids) - 1),))).logits[0]
         np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
+def phi3_twin(file: Path):
+    """transformers' Phi3ForCausalLM configured as a phi3 file states itself (tandem's reading
+    of it: partial rotary, longrope's factor tensors and attention factor, the window, which
+    transformers' own GGUF reader ignores) over the tensors gguf-py dequantizes, the fused
+    attn_qkv / ffn_up under HF's fused names; the head tied to the embedding where the file has
+    no output.weight."""
+    from tandem.loaders.gguf.model_file import GGUFModel
+    from tandem.loaders.gguf.names import hf_name
+
+    config = GGUFModel(file).config
+    fused = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+    state = {}
+    for g, x in gguf_py_tensors(file).items():
+        if g.startswith("rope_factors"):  # in the config
+            continue
+        parts = g.split(".")
+        if g.startswith("blk.") and parts[2] in fused:
+            state[f"model.layers.{parts[1]}.{fused[parts[2]]}.weight"] = x
+        else:
+            state[hf_name(g)] = x
+    hf_cfg = transformers.Phi3Config(**config.to_hf_dict(), pad_token_id=0)
+    hf = transformers.Phi3ForCausalLM(hf_cfg).eval()
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return hf

@@ -8,9 +8,10 @@ tok/s, qwen3-0.6b BF16, 2 threads).
 The step rule is `SequenceCache`'s, as every executor's; the forward pass is `LeanModel`'s
 (float32 activations, the native kernels on the mapped blocks), whose logits the equivalence
 tests hold against `LocalExecutor` on the same file (tests/unit/test_lean_executor.py).
-`from_file` raises `LeanUnsupportedError` for a model it does not run (longrope, Gemma with
-experts, the Qwen3.5 hybrid, F32 layer weights, a tensor type the kernels lack, no native build); the caller then takes
-`LocalExecutor`.
+`from_file` raises `LeanUnsupportedError` for a model it does not run (Gemma with experts, the
+Qwen3.5 hybrid, F32 layer weights, a tensor type the kernels lack, no native build); the caller
+then takes `LocalExecutor`. A longrope model (Phi-3) recomputes a sequence that crosses its
+switch, as `LocalExecutor` does (`engine.rope_rewind`).
 A KV cache (float32, at `max_batch` x `max_seq_len`) past the host's available RAM is refused
 before it is allocated (`parallel.fit.check_node`: `PlanDoesNotFitError`, naming the bytes).
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from tandem.devices import host_available_bytes
 from tandem.engine.executor import Step, StepResult
+from tandem.engine.rope_rewind import LongRopeRewind
 from tandem.engine.sequences import SequenceCache
 from tandem.kernels import mapped_guard
 from tandem.kernels.lean import ops
@@ -61,7 +63,7 @@ def lean_executor_for(
 ) -> LeanExecutor | None:
     """The executor a single-node run of `model` (a path or an opened model source) takes without
     torch, or None where it takes the torch path. It takes it where the model is GGUF and
-    `LeanModel` runs it (layer weights quantized or 16-bit, not longrope or the hybrid; else
+    `LeanModel` runs it (layer weights quantized or 16-bit, not the hybrid; else
     `LeanUnsupportedError` is caught), the run is one node on the CPU (`device` cpu, or auto on a
     host with no accelerator, `devices.host_has_accelerator`) in float32 (`dtype` float32 or auto:
     llama.cpp's choice on the CPU too), and `TANDEM_LEAN` is not "0". The caller has checked the
@@ -108,6 +110,7 @@ class LeanExecutor:
         self.seqs = SequenceCache(
             max_batch, max_seq_len, vocab_size=self.vocab_size, owner="the KV cache"
         )
+        self.rewind = LongRopeRewind.for_config(model.config)  # longrope: a crossing recomputes
 
     @classmethod
     def from_file(
@@ -141,6 +144,9 @@ class LeanExecutor:
     def run(self, step: Step) -> StepResult:
         if self.files is not None:
             self.files.check()  # before any mapped byte is read
+        if self.rewind.switch is not None:  # longrope
+            self.seqs.check(step)  # a bad step changes nothing, the rewind's record included
+            step = self.rewind.expand(step)
         slots = self.seqs.check(step)
         one = self.model.decode_token
         if one is not None and len(slots) == 1 and len(step.sequences[0].token_ids) == 1:
@@ -165,9 +171,11 @@ class LeanExecutor:
         k[:, dst, :, :n] = k[:, src, :, :n] over every layer (`LeanModel.copy_prefix`)."""
         src, dst = self.seqs.copy(src_seq, dst_seq, n)
         self.model.copy_prefix(src, dst, n)
+        self.rewind.copy(src_seq, dst_seq, n)
 
     def release(self, seq_ids: list[int]) -> None:
         self.seqs.release(seq_ids)
+        self.rewind.release(seq_ids)
 
     def health(self) -> tuple[bool, str]:
         """One process: whole while it runs and its model file is the one it opened."""
@@ -201,3 +209,4 @@ class LeanExecutor:
 
     def close(self) -> None:
         self.seqs.clear()
+        self.rewind.clear()

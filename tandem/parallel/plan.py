@@ -56,7 +56,16 @@ k `Hk dk + [a dk, b dk)`, v `2 Hk dk + [a r dv, b r dv)` (`linear_qkv_rows`); of
 `[a r dv, b r dv)`, of in_proj_a/b, A_log and dt_bias `[a r, b r)`; out_proj's columns
 `[a r dv, b r dv)`, followed by one all-reduce. The conv, the delta rule and the gated norm act
 per channel or per head, so each rank's state (its channels' conv window, its v heads' matrices)
-stays local. Gated attention's q_proj rows are `2 hd` per query head (`q_proj_rows`).
+stays local.
+
+A `qwen35` GGUF stores the v heads tiled (`linear_v_tiled`): place t Hk + g holds group g's v head
+t (t < r), served by q/k head g. Rank r's v heads, the same ones [a r, b r) in HF's numbering,
+are then r runs of the file, `[t Hk + a, t Hk + b)` for t = 0..r-1 (`linear_v_spans`), read in
+that order: its shard is itself tiled over its own b - a q/k heads (its local v head
+t (b - a) + (g - a) is served by its local q/k head g - a = that index mod (b - a)), which is the
+order the model reads a tiled file in. So in_proj_qkv / conv1d take q, k and r runs of v rows
+(`2 Hk dk + [(t Hk + a) dv, (t Hk + b) dv)`), in_proj_z and out_proj's columns the same runs
+times dv, in_proj_a / in_proj_b / A / dt the runs themselves (`DeltaNetSpec.v_tiled`). Gated attention's q_proj rows are `2 hd` per query head (`q_proj_rows`).
 
 Attention and the MLP may have different degrees (the fak design's AttnRanks / FFNRanks): with
 `attn_ranks = A < N`, the kv heads are split over ranks `[0, A)` only (by their weights), and ranks
@@ -173,6 +182,7 @@ class TPPlan:
     # Gated DeltaNet layers (Qwen3.5): each rank's q/k heads, and (Hk, Hv, dk, dv)
     linear_k_heads: tuple[Span, ...] = ()
     linear_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
+    linear_v_tiled: bool = False  # v heads stored tiled (a qwen35 GGUF; module docstring)
 
     @property
     def q_per_kv(self) -> int:
@@ -223,15 +233,28 @@ class TPPlan:
         rep = self.linear_dims[1] // self.linear_dims[0]
         return Span(k.start * rep, k.end * rep)
 
-    def linear_qkv_rows(self, rank: int) -> tuple[Span, Span, Span]:
+    def linear_v_spans(self, rank: int) -> tuple[Span, ...]:
+        """`rank`'s v heads as places in the stored order, in the order its shard holds them:
+        `[a r, b r)` where the heads are grouped; r runs `[t Hk + a, t Hk + b)` where tiled
+        (module docstring)."""
+        if not self.linear_v_tiled:
+            return (self.linear_v_heads(rank),)
+        k, (Hk, Hv) = self.linear_k_heads[rank], self.linear_dims[:2]
+        return tuple(Span(t * Hk + k.start, t * Hk + k.end) for t in range(Hv // Hk))
+
+    def linear_qkv_rows(self, rank: int) -> tuple[Span, ...]:
         """Rows of `in_proj_qkv.weight` (and channels of `conv1d.weight`) owned by `rank`: its
-        q rows in [0, Hk dk), its k rows in [Hk dk, 2 Hk dk), its v rows after them."""
+        q rows in [0, Hk dk), its k rows in [Hk dk, 2 Hk dk), its v rows after them (one run,
+        or r where the v heads are tiled: `linear_v_spans`)."""
         Hk, _, dk, dv = self.linear_dims
-        k, v = self.linear_k_heads[rank], self.linear_v_heads(rank)
+        k = self.linear_k_heads[rank]
         return (
             Span(k.start * dk, k.end * dk),
             Span(Hk * dk + k.start * dk, Hk * dk + k.end * dk),
-            Span(2 * Hk * dk + v.start * dv, 2 * Hk * dk + v.end * dv),
+            *(
+                Span(2 * Hk * dk + v.start * dv, 2 * Hk * dk + v.end * dv)
+                for v in self.linear_v_spans(rank)
+            ),
         )
 
 
@@ -434,16 +457,12 @@ def _with_deltanet(plan: TPPlan, config: Any) -> TPPlan:
         return replace(plan, q_gate=gate) if gate else plan
     if plan.attention_ranks < plan.world_size:
         raise TPPlanError("a hybrid (Gated DeltaNet) model places attention on every rank")
-    if spec.v_tiled and spec.num_value_heads != spec.num_key_heads and plan.world_size > 1:
-        raise TPPlanError(
-            "a qwen35 GGUF's DeltaNet v heads are stored tiled (a q/k head's v heads are not "
-            "contiguous): it runs on one node or a pipeline, not under TP"
-        )
     heads = split_by_weights(
         spec.num_key_heads, plan.weights, 1, "Gated DeltaNet q/k heads (linear_num_key_heads)"
     )
     dims = (spec.num_key_heads, spec.num_value_heads, spec.key_head_dim, spec.value_head_dim)
-    return replace(plan, q_gate=gate, linear_k_heads=heads, linear_dims=dims)
+    tiled = spec.v_tiled and spec.num_value_heads != spec.num_key_heads  # r = 1: one order
+    return replace(plan, q_gate=gate, linear_k_heads=heads, linear_dims=dims, linear_v_tiled=tiled)
 
 
 def contraction_blocks(source: Any) -> dict[str, int]:
@@ -474,7 +493,19 @@ def plan_for_source(
     attn_ranks: int | None = None,
     moe: str = "tp",
 ) -> TPPlan:
-    """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights."""
+    """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights;
+    TPPlanError for a hybrid whose Gated DeltaNet weights are quantized (their layers are sharded
+    over float weights only) at more than one rank."""
+    quantized = [
+        n for n, i in getattr(source, "manifest", {}).items()
+        if ".linear_attn." in n and getattr(i, "quantized", False)
+    ]  # fmt: skip
+    if quantized and world_size > 1:
+        raise TPPlanError(
+            f"{len(quantized)} Gated DeltaNet tensors are block-quantized (e.g. {quantized[0]}): "
+            "a hybrid runs under TP with its DeltaNet weights in F32, F16 or BF16; quantized, "
+            "it runs on one node or a pipeline"
+        )
     return plan_for_config(
         source.config,
         world_size,

@@ -20,6 +20,8 @@ materialized on a rank:
                                     "experts" dim 0, "tp" whole (on the rank that adds it)
     self_attn.sinks                 dim 0, the rank's query heads
     mlp.shared_expert.*             as gate/up/down over `plan.shared_rows`
+    linear_attn.*                   the rank's Gated DeltaNet heads' rows (out_proj: columns),
+                                    `plan` docstring; several runs concatenated (`linear_ranges`)
     everything else (norms, o/down biases, the MoE router)   replicated
 
 A GGUF source's quantized tensors fill the layers' `quant` modules with the same slices, read as
@@ -95,29 +97,47 @@ def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int]
     return None
 
 
+def _linear_v_ranges(
+    module: str, leaf: str, plan: TPPlan, rank: int
+) -> list[tuple[int, int, int]] | None:
+    """A per-v-head Gated DeltaNet tensor's (dim, start, end) runs owned by `rank`, in the
+    order its shard holds them (one run; r where the v heads are tiled: `plan.linear_v_spans`);
+    None for any other tensor."""
+    dv = plan.linear_dims[3]
+    spans = plan.linear_v_spans(rank)
+    if module in ("in_proj_a", "in_proj_b") or leaf in ("A_log", "dt_bias"):
+        return [(0, v.start, v.end) for v in spans]
+    if module == "in_proj_z":
+        return [(0, v.start * dv, v.end * dv) for v in spans]
+    if module == "out_proj":
+        return [(1, v.start * dv, v.end * dv) for v in spans]
+    return None  # the gated norm (per v head, dv wide): replicated
+
+
 def _linear_attn_spec(
     module: str, leaf: str, plan: TPPlan, rank: int
 ) -> tuple[int, int, int] | None:
     """A Gated DeltaNet tensor's slice owned by `rank` (`plan` module docstring), where it is
-    one range; in_proj_qkv and conv1d (three ranges) are `linear_ranges`'."""
-    _, _, _, dv = plan.linear_dims
-    v = plan.linear_v_heads(rank)
-    if module in ("in_proj_a", "in_proj_b") or leaf in ("A_log", "dt_bias"):
-        return (0, v.start, v.end)
-    if module == "in_proj_z":
-        return (0, v.start * dv, v.end * dv)
-    if module == "out_proj":
-        return (1, v.start * dv, v.end * dv)
-    return None  # the gated norm (per v head, dv wide): replicated
+    one range; in_proj_qkv and conv1d (three ranges or more), and with tiled v heads every
+    per-v-head tensor, are `linear_ranges`' (None here)."""
+    runs = _linear_v_ranges(module, leaf, plan, rank)
+    return runs[0] if runs is not None and len(runs) == 1 else None
 
 
 def linear_ranges(param_name: str, plan: TPPlan, rank: int) -> list[tuple[int, int, int]] | None:
-    """The row ranges of in_proj_qkv / conv1d owned by `rank`, concatenated in order (q, k, v);
-    None for any other tensor."""
+    """The (dim, start, end) runs of a Gated DeltaNet tensor owned by `rank` where they are more
+    than one, concatenated in order along their dim: in_proj_qkv / conv1d's rows (q, k, then
+    the v runs), and with tiled v heads in_proj_z / in_proj_a / in_proj_b / A_log / dt_bias's
+    rows and out_proj's columns; None for any other tensor."""
     parts = param_name.split(".")
-    if len(parts) < 3 or parts[-3] != "linear_attn" or parts[-2] not in ("in_proj_qkv", "conv1d"):
+    if "linear_attn" not in parts:
         return None
-    return [(0, s.start, s.end) for s in plan.linear_qkv_rows(rank)]
+    at = parts.index("linear_attn")
+    module = parts[at + 1] if len(parts) > at + 2 else ""
+    if module in ("in_proj_qkv", "conv1d"):
+        return [(0, s.start, s.end) for s in plan.linear_qkv_rows(rank)]
+    runs = _linear_v_ranges(module, parts[-1], plan, rank)
+    return runs if runs is not None and len(runs) > 1 else None
 
 
 def quant_types(source: object) -> dict[str, int]:
@@ -166,10 +186,12 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
             source = model.checkpoint_name(name)
             spec = slice_spec(name, plan, rank)
             ranges = linear_ranges(name, plan, rank) if plan.linear_k_heads else None
-            if ranges is not None:  # several row ranges of one tensor (DeltaNet's q, k, v)
-                t = torch.cat([reader.read(source, *r) for r in ranges], dim=0)
+            if ranges is not None:  # several runs of one tensor (DeltaNet's q, k, v; tiled v)
+                t = torch.cat([reader.read(source, *r) for r in ranges], dim=ranges[0][0])
             else:
                 t = reader.read(source) if spec is None else reader.read(source, *spec)
+            if tuple(t.shape) == tuple(d for d in p.shape if d != 1) != tuple(p.shape):
+                t = t.reshape(p.shape)  # stored without its size-1 dims (a qwen35 GGUF's conv)
             if tuple(t.shape) != tuple(p.shape):
                 raise ShardLoadError(
                     f"{name}: checkpoint slice {spec} of {source} has shape {tuple(t.shape)}, the "

@@ -5,7 +5,13 @@ Gated DeltaNet on 0-2, gated attention with partial rotary on 3; 3 DeltaNet q/k 
 kv heads split 2/1), TP=3 (1/1/1), a pipeline of two stages cut inside the DeltaNet layers and a
 (TP=2, TP=1) grid gives the single node's greedy ids for 32 tokens at batch 1 and 3 and its first
 logits within 1e-4; the single node's batch-1 ids are transformers' own. Each rank's DeltaNet
-state is its own heads' (the shard description names them)."""
+state is its own heads' (the shard description names them).
+
+The same models as `qwen35` / `qwen35moe` GGUF files (tandem's writer in llama.cpp's converter
+layout, F32: a quantized DeltaNet layer is not sharded), whose DeltaNet v heads are stored tiled,
+at TP=2 and TP=3: each rank reads its q/k heads' v heads as r = 2 runs of the file
+(`TPPlan.linear_v_spans`), and the groups give the single node's greedy ids and first logits on
+the same file."""
 
 import pytest
 import torch
@@ -13,10 +19,14 @@ import transformers
 from family_support import (
     assert_pipeline_and_grid_match,
     assert_single_node,
+    expected_greedy,
     tp_groups,
     transformers_reference,
 )
 from hf_init import spread_
+from tp_support import SingleNode
+
+from tandem.loaders.gguf.writer import write_model_dir_gguf
 
 LAYOUTS = {"tp2": (2, {}), "tp3": (3, {})}
 SHAPE = dict(
@@ -59,3 +69,16 @@ def test_tp2_and_tp3_match_single_node(qwen35):
 
 def test_a_pipeline_and_a_grid_match_single_node(qwen35):
     assert_pipeline_and_grid_match(qwen35[0], qwen35[1], cut=2, layers=4)
+
+
+def test_tp2_and_tp3_of_a_gguf_with_tiled_v_heads_match_single_node(qwen35):
+    d, _ = qwen35
+    (f,) = write_model_dir_gguf(d, d.parent / f"{d.name}-F32.gguf", "F32")
+    expected = expected_greedy(SingleNode(f))
+    assert SingleNode(f).model.config.deltanet.v_tiled
+    with tp_groups(f, LAYOUTS) as groups:
+        for name, ex in groups.items():
+            shards = [r["shard"] for r in ex.describe()["ranks"]]
+            want = [[0, 2], [2, 3]] if name == "tp2" else [[0, 1], [1, 2], [2, 3]]
+            assert [s["linear_k_heads"] for s in shards] == want, name
+            assert_single_node(ex, expected)

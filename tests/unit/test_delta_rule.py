@@ -104,8 +104,7 @@ def test_a_deltanet_layer_holds_a_fixed_state_instead_of_keys_and_values() -> No
 def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than_heads() -> None:
     """tiny-qwen35 (2 q/k heads serving 4 v heads of 12, 8 wide): TP=2 gives each rank one q/k
     head, its two v heads, and rows q [8h, 8h+8), k 16 + that, v 32 + [24h, 24h+24); TP=3 has
-    a rank with no q/k head and is refused by name; attention on fewer ranks too, and a GGUF's
-    tiled v heads (a q/k head's v heads not contiguous)."""
+    a rank with no q/k head and is refused by name; attention on fewer ranks too."""
     from tandem.parallel.plan import DegeneratePlanError, TPPlanError, plan_for_config
 
     c = get_preset("tiny-qwen35").config
@@ -118,9 +117,49 @@ def test_the_tp_plan_splits_deltanet_heads_by_weight_and_refuses_more_ranks_than
         plan_for_config(c, 3)
     with pytest.raises(TPPlanError, match="attention on every rank"):
         plan_for_config(c, 2, attn_ranks=1)
-    tiled = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, v_tiled=True))
-    with pytest.raises(TPPlanError, match="tiled"):  # a qwen35 GGUF's v heads
-        plan_for_config(tiled, 2)
+
+
+@pytest.mark.parametrize(("hk", "hv", "tp"), [(2, 4, 2), (3, 6, 2), (3, 6, 3), (4, 12, 3)])
+def test_a_tiled_files_runs_give_each_rank_its_heads_tiled_over_its_own(hk, hv, tp) -> None:
+    """A qwen35 GGUF's v heads tiled (place t Hk + g: group g's head t): rank r's runs of the
+    stored rows (in_proj_qkv's v part, in_proj_z, in_proj_a, out_proj's columns) are the rows of
+    the v heads its q/k heads serve, tiled over its own q/k heads, which is how the model reads a
+    tiled shard (v head j served by q/k head j % its Hk)."""
+    from tandem.models.families.qwen3_5_gguf import _tiled
+    from tandem.parallel.plan import plan_for_config
+    from tandem.parallel.shard_load import linear_ranges
+
+    c = get_preset("tiny-qwen35").config
+    spec = dataclasses.replace(c.deltanet, num_key_heads=hk, num_value_heads=hv, v_tiled=True)
+    c = dataclasses.replace(c, deltanet=spec)
+    dk, dv, r = spec.key_head_dim, spec.value_head_dim, hv // hk
+    plan = plan_for_config(c, tp)
+    assert plan.linear_v_tiled
+    qkv = torch.arange(2 * hk * dk + hv * dv, dtype=torch.float32)[:, None]  # (C, 1): row ids
+    stored = torch.cat([qkv[: 2 * hk * dk], _tiled(qkv[2 * hk * dk :], 0, hk, r, dv)])
+    z = torch.arange(hv * dv, dtype=torch.float32)[:, None]
+    a = torch.arange(hv, dtype=torch.float32)[:, None]
+    out = torch.arange(hv * dv, dtype=torch.float32)[None, :]  # (D, Hv dv): columns
+    tensors = {"in_proj_qkv.weight": (qkv, stored), "in_proj_z.weight": (z, _tiled(z, 0, hk, r, dv)),
+               "in_proj_a.weight": (a, _tiled(a, 0, hk, r, 1)),
+               "out_proj.weight": (out, _tiled(out, 1, hk, r, dv))}  # fmt: skip
+    for rank in range(tp):
+        k = plan.linear_k_heads[rank]
+        v = plan.linear_v_heads(rank)
+        n = k.size
+        for leaf, (grouped, tiled) in tensors.items():
+            runs = linear_ranges(f"model.layers.0.linear_attn.{leaf}", plan, rank)
+            got = torch.cat([tiled.narrow(d, s, e - s) for d, s, e in runs], dim=runs[0][0])
+            if leaf == "in_proj_qkv.weight":  # q and k rows as they are, then the v heads
+                qk = [grouped[s.start : s.end] for s in plan.linear_qkv_rows(rank)[:2]]
+                mine = grouped[2 * hk * dk + v.start * dv : 2 * hk * dk + v.end * dv]
+                want = torch.cat([*qk, _tiled(mine, 0, n, r, dv)])
+            else:
+                w = dv if leaf != "in_proj_a.weight" else 1
+                dim = 1 if leaf == "out_proj.weight" else 0
+                mine = grouped.narrow(dim, v.start * w, v.size * w)
+                want = _tiled(mine, dim, n, r, w)
+            assert torch.equal(got, want), (rank, leaf)
 
 
 @torch.inference_mode()
@@ -136,3 +175,28 @@ def test_a_replay_from_position_0_discards_the_held_state() -> None:
     replayed = held.run(Step((StepSequence(0, history, 0),))).logits[0]
     fresh = LocalExecutor(_model("tiny-qwen35"), max_batch=2, max_seq_len=64, kernels="torch")
     torch.testing.assert_close(replayed, fresh.run(Step((StepSequence(0, history, 0),))).logits[0])
+
+
+def test_a_qwen35_gguf_plans_its_tiled_heads_and_refuses_quantized_deltanet_weights_under_tp(
+    tmp_path,
+) -> None:
+    """tiny-qwen35 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads tiled; in Q8_0 its
+    DeltaNet tensors are blocks, which TP refuses by name before any worker loads (one node
+    takes it)."""
+    from tandem.loaders.gguf.model_file import GGUFModel
+    from tandem.loaders.gguf.writer import write_model_dir_gguf
+    from tandem.loaders.make import make_model_dir
+    from tandem.parallel.plan import TPPlanError, plan_for_source
+
+    make_model_dir(tmp_path / "m", "tiny-qwen35", seed=0)
+    files = {q: write_model_dir_gguf(tmp_path / "m", tmp_path / f"{q}.gguf", q)[0]
+             for q in ("BF16", "Q8_0")}  # fmt: skip
+    plan = plan_for_source(GGUFModel(files["BF16"]), 2)
+    assert plan.linear_v_tiled and [(s.start, s.end) for s in plan.linear_v_spans(1)] == [
+        (1, 2),
+        (3, 4),
+    ]
+    q8 = GGUFModel(files["Q8_0"])
+    with pytest.raises(TPPlanError, match="Gated DeltaNet tensors are block-quantized"):
+        plan_for_source(q8, 2)
+    assert plan_for_source(q8, 1).world_size == 1  # one node takes it

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tp_support import engine_generate
 
 from tandem.builtin import smollm2_file
@@ -39,11 +40,11 @@ from tandem.engine.sequences import SequenceError
 from tandem.kernels import native
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.model import check_supported
-from tandem.kernels.lean.rope import cos_sin, inv_freq
+from tandem.kernels.lean.rope import Tables, cos_sin, inv_freq, partial_order
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models.presets import PRESETS, get_preset
 from tandem.models.quant.blocks import BY_NAME
-from tandem.models.rope import rope_inv_freq
+from tandem.models.rope import RotaryEmbedding, apply_rope, rope_inv_freq
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
 
@@ -155,9 +156,57 @@ def test_gemma3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype)
     _, (f,) = write_preset_gguf(out, "tiny-gemma3", qtype, config=cfg)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     m = lean.model
-    assert m.gemma and m._decode is None and m.local_inv_freq is not None
+    assert m.gemma and m._decode is None and m.local_rope is not None
     assert [L.rope_local for L in m.layers] == [True] * 5 + [False, True]
     _assert_like_local(f, lean, WINDOWED_STEPS)
+
+
+# tiny-phi3 at head_dim 64: partial rotary (48 dims), longrope switching past 32 tokens
+PHI3_STEPS = [
+    Step((StepSequence(0, tuple(range(5, 25)), 0), StepSequence(1, (300, 1, 2), 0))),
+    Step((StepSequence(0, (9,), 20), StepSequence(1, (4,), 3))),
+    Step((StepSequence(0, tuple(range(30, 42)), 21),)),  # to 33 tokens: recomputed, long set
+    Step((StepSequence(0, (12,), 33), StepSequence(1, tuple(range(50, 80)), 4))),  # 1 crosses
+    Step((StepSequence(0, (13,), 34),)),  # one decode token in the long set
+    Step((StepSequence(0, (1, 2, 3), 10),)),  # a rewind to 13 tokens: the short set again
+    Step((StepSequence(0, (8,), 13),)),
+]
+
+
+@pytest.mark.parametrize(
+    ("qtype", "window"), [("llamacpp-q8_0", None), ("Q8_0", None), ("K_MIX", 8), ("BF16", 8)]
+)
+def test_phi3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype, window) -> None:
+    """Phi-3's fused attn_qkv / ffn_up read by rows, partial rotary (each q/k head kept in
+    `rope.partial_order`), longrope's switch crossed by a chunk and by a decode token and back
+    under it by a rewind (each a recompute, `engine.rope_rewind`), a window on every layer or
+    none (the one-call decode); tandem's writer, and llama.cpp's convert_hf_to_gguf.py +
+    llama-quantize (tests/fixtures/gguf, `scripts/llamacpp_fixtures.py`'s phi3: 2 q heads on 1
+    kv head)."""
+    if qtype.startswith("llamacpp-"):
+        f = FIXTURES / f"phi3-{qtype.removeprefix('llamacpp-')}.gguf"
+        lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+        m = lean.model
+        assert (m.rope.r, m.hd, m.rope.switch, m.H, m.G) == (48, 64, 32, 2, 1)
+        assert m.decode_token is not None and all(L.window == 0 for L in m.layers)
+        _assert_like_local(f, lean, PHI3_STEPS)
+        return
+    base = get_preset("tiny-phi3").config
+    scaling = dataclasses.replace(
+        base.rope_scaling,
+        short_factor=tuple(1.0 + i / 20 for i in range(24)),
+        long_factor=tuple(1.0 + i / 2 for i in range(24)),
+    )
+    cfg = dataclasses.replace(
+        base, **SHAPE, head_dim=64, rope_scaling=scaling, sliding_window=window
+    )
+    out = tmp_path_factory.mktemp("lean-phi3") / f"phi3-{qtype}.gguf"
+    _, (f,) = write_preset_gguf(out, "tiny-phi3", qtype, config=cfg)
+    lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
+    m = lean.model
+    assert (m.rope.r, m.hd, m.rope.switch) == (48, 64, 32)
+    assert [L.window for L in m.layers] == [window or 0] * cfg.num_hidden_layers
+    _assert_like_local(f, lean, PHI3_STEPS)
 
 
 def _assert_like_local(f, lean: LeanExecutor, steps, spread: float = 2.0) -> None:
@@ -234,9 +283,7 @@ def test_a_bad_step_is_refused_and_changes_nothing(tmp_path_factory) -> None:
     assert ex.seqs.cached(0) == 3
 
 
-def test_longrope_gemma_experts_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
-    with pytest.raises(LeanUnsupportedError, match="longrope"):
-        check_supported(get_preset("tiny-phi3").config)
+def test_gemma_experts_and_f32_models_take_the_torch_path(tmp_path_factory) -> None:
     moe = get_preset("tiny-qwen3-moe").config.moe
     with pytest.raises(LeanUnsupportedError, match="Gemma's blocks with experts"):
         check_supported(dataclasses.replace(get_preset("tiny-gemma3").config, moe=moe))
@@ -247,10 +294,6 @@ def test_longrope_gemma_experts_and_f32_models_take_the_torch_path(tmp_path_fact
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_rotary_frequencies_match_the_reference(name) -> None:
     c = PRESETS[name].config
-    if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
-        with pytest.raises(LeanUnsupportedError):  # Phi-3: the torch path
-            check_supported(c)
-        return
     if c.deltanet is not None:
         with pytest.raises(LeanUnsupportedError, match="Gated DeltaNet"):  # Qwen3.5
             check_supported(c)
@@ -258,12 +301,38 @@ def test_rotary_frequencies_match_the_reference(name) -> None:
     for config in (
         c,
         dataclasses.replace(
-            c, rope_freq_factors=tuple(1.0 + i / 7 for i in range(c.head_dim // 2))
+            c, rope_freq_factors=tuple(1.0 + i / 7 for i in range(c.rotary_dim // 2))
         ),
     ):
-        np.testing.assert_allclose(
-            inv_freq(config), rope_inv_freq(config).numpy(), rtol=3e-7, atol=0
-        )
+        for long in (False, True):  # longrope's sets (one set elsewhere: `long` unread)
+            np.testing.assert_allclose(
+                inv_freq(config, long), rope_inv_freq(config, long).numpy(), rtol=3e-7, atol=0
+            )
+
+
+@pytest.mark.parametrize(("hd", "r"), [(64, 48), (64, 32), (96, 72), (16, 12), (8, 8)])
+@pytest.mark.parametrize("end", [20, 40])  # under and past the switch (32)
+def test_partial_rotary_in_the_kept_order_is_the_reference_rope(hd, r, end) -> None:
+    """q/k heads kept in `partial_order`, rotated by the native norm_rope over the whole head with
+    `Tables`' rows (cos 1, sin 0 on the pass-through places), equal the reference's rotation of
+    the first r dims (`models.rope`, longrope's set by the sequence's end) in that order: within
+    1e-5 (numpy's float32 pow against torch's: a frequency's last bit, times positions < 40)."""
+    base = get_preset("tiny-phi3").config
+    scaling = dataclasses.replace(
+        base.rope_scaling,
+        short_factor=tuple(1.0 + i / 20 for i in range(r // 2)),
+        long_factor=tuple(1.0 + i / 2 for i in range(r // 2)),
+    )
+    c = dataclasses.replace(base, head_dim=hd, partial_rotary_factor=r / hd, rope_scaling=scaling)
+    assert c.rotary_dim == r
+    heads, order = 3, partial_order(hd, r)
+    assert sorted(order) == list(range(hd))
+    x = np.random.default_rng(hd + r).standard_normal((end, heads * hd)).astype(np.float32)
+    cos, sin = RotaryEmbedding(c)(torch.arange(end)[None], torch.float32, ends=[end])
+    want = apply_rope(torch.from_numpy(x).view(1, end, heads, hd), cos, sin)[0].numpy()
+    kept = np.ascontiguousarray(x.reshape(end, heads, hd)[:, :, order].reshape(end, -1))
+    ops.norm_rope_(kept, heads, None, 1e-6, *Tables(c).rows(np.arange(end), np.full(end, end)), 1)
+    np.testing.assert_allclose(kept.reshape(end, heads, hd), want[:, :, order], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("hd", [6, 8, 12, 64])  # each layout through AVX2 and the scalar loop

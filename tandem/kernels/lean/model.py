@@ -1,4 +1,4 @@
-"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 model's forward
+"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 / Phi-3 model's forward
 pass without torch, over GGUF blocks as stored. The same math as the reference model
 (`tandem.models.llama`) in float32:
 
@@ -13,8 +13,15 @@ pass without torch, over GGUF blocks as stored. The same math as the reference m
 `attend` at position p sees keys 0..p, or on a layer with a sliding window w (`config.window`:
 Mistral's every layer, gpt-oss's alternate ones) keys max(0, p - w + 1)..p; with attention sinks
 (gpt-oss) head h's learned logit s_h joins its softmax without a value:
-softmax([z_0..z_p, s_h])[:-1] . V. RoPE's tables are YaRN's where the model states it (cos and sin
-times its attention factor, `rope.attention_factor`).
+softmax([z_0..z_p, s_h])[:-1] . V. RoPE's tables are YaRN's or longrope's where the model states
+it (cos and sin times its attention factor, `rope.attention_factor`; longrope's short or long set
+by each row's sequence length, `rope.Tables`).
+
+Phi-3's blocks (`models.families.phi3`): the file's fused attn_qkv and ffn_up are read as the
+row ranges of q, k, v and gate, up (views, no copy); partial rotary keeps each q/k head in
+`rope.partial_order` (the q and k rows, their biases and q/k norms permuted once at load: a copy
+of the q and k weights only), so the native calls rotate the whole head with cos 1 and sin 0 on
+the pass-through dims.
 
 Gemma 3's blocks (`models.gemma`): x = embed(ids) * embed_scale; every norm (offset + w) * x / rms
 (the offset added to w once, in float32); four norms a layer (sandwich):
@@ -57,7 +64,7 @@ from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
-from tandem.kernels.lean.rope import attention_factor, cos_sin, inv_freq
+from tandem.kernels.lean.rope import Tables, partial_order
 from tandem.kernels.lean.token import DecodeToken
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
@@ -90,16 +97,28 @@ class Layer:
         c = src.config
         p = f"model.layers.{i}."
         D = c.hidden_size
+        # partial rotary: each q/k head's rows in rope.partial_order (module docstring)
+        order = None if c.rotary_dim == c.head_dim else partial_order(c.head_dim, c.rotary_dim)
+
+        def heads(a: np.ndarray, n: str) -> np.ndarray:
+            """q/k rows (heads hd, ...) -> each head's rows in `order` (a copy); others as are."""
+            if order is None or not n.startswith(("self_attn.q_", "self_attn.k_")):
+                return a
+            hd = c.head_dim
+            return np.ascontiguousarray(a.reshape(-1, hd, *a.shape[1:])[:, order].reshape(a.shape))
 
         def parts(*names: str) -> list[tuple[np.ndarray, int]]:
             return [
-                (src.block_array(p + n, as_stored=True), src.info(p + n).type_id) for n in names
+                (heads(src.block_array(p + n, as_stored=True), n), src.info(p + n).type_id)
+                for n in names
             ]
 
         def bias(on: bool, *names: str) -> np.ndarray | None:
             if not on:
                 return None
-            return np.concatenate([src.values_array(p + n, as_stored=True) for n in names])
+            return np.concatenate(
+                [heads(src.values_array(p + n, as_stored=True), n) for n in names]
+            )
 
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         gu = ("mlp.gate_proj", "mlp.up_proj")
@@ -113,8 +132,12 @@ class Layer:
             self.mlp_out_norm = _norm(src, p + "post_feedforward_layernorm.weight", c)
         else:
             self.post_norm = _norm(src, p + "post_attention_layernorm.weight", c)
-        self.q_norm = _norm(src, p + "self_attn.q_norm.weight", c) if c.qk_norm else None
-        self.k_norm = _norm(src, p + "self_attn.k_norm.weight", c) if c.qk_norm else None
+        self.q_norm = self.k_norm = None  # (hd,), one per head shared by all heads
+        if c.qk_norm:
+            self.q_norm, self.k_norm = (
+                heads(_norm(src, p + f"self_attn.{x}_norm.weight", c), f"self_attn.{x}_")
+                for x in ("q", "k")
+            )
         self.window = c.window(i) or 0  # 0: every earlier key
         self.sinks = _vec(src, p + "self_attn.sinks") if c.attn_sinks else None  # (H,)
         self.rope_local = c.rope_local(i)  # this layer rotates by the local (windowed) table
@@ -162,10 +185,6 @@ def check_supported(config: ModelConfig) -> None:
         raise LeanUnsupportedError(
             "the Qwen3.5 hybrid's Gated DeltaNet and gated attention (the torch path runs them)"
         )
-    if config.rope_scaling is not None and config.rope_scaling.rope_type == "longrope":
-        raise LeanUnsupportedError("longrope rope scaling (the torch path runs it)")
-    if config.rotary_dim != config.head_dim:
-        raise LeanUnsupportedError("partial rotary (the torch path runs it)")
     if is_gemma(config) and config.moe is not None:
         raise LeanUnsupportedError("Gemma's blocks with experts (the torch path runs them)")
     if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
@@ -200,6 +219,8 @@ class LeanModel:
         self.pairs = src.qk_pairs
         if self.pairs and c.qk_norm:  # no architecture has both (llama pairs, qwen3 norms)
             raise LeanUnsupportedError("q/k norms on q/k rows in llama.cpp's pair order")
+        if self.pairs and c.rotary_dim != c.head_dim:  # nor both of these (llama, phi3)
+            raise LeanUnsupportedError("partial rotary on q/k rows in llama.cpp's pair order")
         ffn = ("mlp.gate", "mlp.up", "mlp.down")
         projections = [
             f"model.layers.{i}.{p}_proj.weight"
@@ -223,14 +244,13 @@ class LeanModel:
         except LeanWeightError as e:
             raise LeanUnsupportedError(str(e)) from None
         self.norm = _vec(src, "model.norm.weight")
-        self.inv_freq = inv_freq(c)
-        self.rope_scale = attention_factor(c)
-        self.local_inv_freq = None  # the windowed layers' own table (Gemma 3), unscaled
+        self.rope = Tables(c, self.pairs)
+        self.local_rope = None  # the windowed layers' own table (Gemma 3), unscaled
         if c.rope_local_theta is not None:
             local = dataclasses.replace(
                 c, rope_theta=c.rope_local_theta, rope_scaling=None, rope_freq_factors=None
             )
-            self.local_inv_freq = inv_freq(local)
+            self.local_rope = Tables(local, self.pairs)
         self.scale = c.attention_scale
         self.gemma = is_gemma(c)
         self.max_seq_len = max_seq_len
@@ -273,10 +293,9 @@ class LeanModel:
         H, G, hd, th = self.H, self.G, self.hd, self.threads
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
         pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
-        cos, sin = cos_sin(self.inv_freq, pos, self.pairs, self.rope_scale)  # (N, hd) each
-        local = (
-            None if self.local_inv_freq is None else cos_sin(self.local_inv_freq, pos, self.pairs)
-        )
+        ends = np.concatenate([np.full(len(tok), p + len(tok)) for _, p, tok in rows])
+        cos, sin = self.rope.rows(pos, ends)  # (N, hd) each
+        local = None if self.local_rope is None else self.local_rope.rows(pos, ends)
         x = self.embed(ids)  # (N, D)
         if self.config.embed_scale is not None:
             x = x * np.float32(self.config.embed_scale)
@@ -362,7 +381,7 @@ class LeanModel:
         layer's MLP half in one."""
         lib, th, es = library.library(), self.threads, 4
         h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs, self.rope_scale)
+        cos, sin = self.rope.rows(np.array([pos]))
         kc0 = self.k[0, slot]  # (G, S, hd)
         strides = (ctypes.c_int64 * 2)(kc0.strides[0] // es, kc0.strides[1] // es)
         out = np.empty_like(h)
@@ -395,7 +414,7 @@ class LeanModel:
     def _decode_one(self, slot: int, pos: int, token: int) -> np.ndarray:
         layers, slot_stride, kv_strides = self._decode
         h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = cos_sin(self.inv_freq, np.array([pos]), self.pairs, self.rope_scale)
+        cos, sin = self.rope.rows(np.array([pos]))
         rc = library.library().tandem_decode_layers(
             ctypes.addressof(layers), len(layers), h.ctypes.data, cos.ctypes.data,
             sin.ctypes.data, slot, slot_stride, kv_strides, pos, self.D, self.H, self.G, self.hd,

@@ -5,7 +5,7 @@ geometry) is one `TqDecodePlan` built here once; per token only the token id, th
 position and two pointers cross ctypes, and nothing is allocated (a sampled step's logits go to
 the array the caller gives, which the result then holds).
 
-The RoPE rows come from a window of `WINDOW` positions computed at once by `rope.cos_sin` (the
+The RoPE rows come from a window of `WINDOW` positions computed at once by `rope.Tables` (the
 same float32 numpy operations, element by element, as for one position) and refreshed when a
 position leaves it. The embedding is dequantized in C for the types csrc/decode_token.c lists
 (F32, F16, BF16, Q8_0, Q4_0, Q4_1), else here by `LeanModel.embed` into the plan's buffer.
@@ -22,7 +22,6 @@ import numpy as np
 from tandem.kernels import library
 from tandem.kernels.cstructs import TqDecodePlan
 from tandem.kernels.lean import ops
-from tandem.kernels.lean.rope import cos_sin
 
 if TYPE_CHECKING:
     from tandem.kernels.lean.model import LeanModel
@@ -69,9 +68,7 @@ class DecodeToken:
         if not 0 <= pos - self._start < WINDOW:
             self._start = pos - pos % WINDOW
             positions = np.arange(self._start, self._start + WINDOW)
-            self._cos, self._sin = cos_sin(
-                self.model.inv_freq, positions, self.model.pairs, self.model.rope_scale
-            )
+            self._cos, self._sin = self.model.rope.rows(positions)  # each a decode token's
             self._cos_ptr, self._sin_ptr = self._cos.ctypes.data, self._sin.ctypes.data
         off = (pos - self._start) * self._row_bytes
         return self._cos_ptr + off, self._sin_ptr + off
