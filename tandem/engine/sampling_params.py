@@ -215,27 +215,32 @@ def _kept(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, n
     return ids, w, total
 
 
-TOP_P_CANDIDATES = (1024, 16384, 65536)  # sorted first: a full sort of 150k ids costs ~25 ms
+TOP_P_FLOOR = 1e-3  # first candidates: the weights >= this (the top token's weight is 1)
+TOP_P_CANDIDATES = (1024, 16384, 65536)  # then the m largest: a full sort of 150k ids ~25 ms
 
 
 def _top_p_ids(w: np.ndarray, mass: float) -> np.ndarray:
     """The smallest prefix of tokens by descending weight (ties by id) whose float64 running sum
     reaches `mass` (always at least the top token), as ids ascending.
 
-    Sorts only the nonzero tokens at or above the m-th largest weight (m in `TOP_P_CANDIDATES`,
-    every tie of it included) once their mass reaches `mass`: the prefix then lies among them, in
-    the order a full sort gives; else all tokens."""
-    ids = None
-    for m in TOP_P_CANDIDATES:
-        if len(w) <= m:
-            break
-        cut = np.partition(w, len(w) - m)[len(w) - m]
-        above = np.flatnonzero((w >= cut) & (w > 0))
-        if w[above].sum(dtype=np.float64) >= mass:
-            ids = above
-            break
-    if ids is None:
-        ids = np.arange(len(w))
+    Sorts only a candidate set once its mass reaches `mass`: every token outside it weighs less
+    than every token in it, so the prefix lies among them, in the order a full sort gives. The
+    candidates: the tokens of weight >= `TOP_P_FLOOR` (one compare pass; enough for a peaked
+    row), else the nonzero tokens at or above the m-th largest weight (m in `TOP_P_CANDIDATES`,
+    every tie of it included), else all tokens."""
+    ids = np.flatnonzero(w >= np.float32(TOP_P_FLOOR))
+    if w[ids].sum(dtype=np.float64) < mass:
+        ids = None
+        for m in TOP_P_CANDIDATES:
+            if len(w) <= m:
+                break
+            cut = np.partition(w, len(w) - m)[len(w) - m]
+            above = np.flatnonzero((w >= cut) & (w > 0))
+            if w[above].sum(dtype=np.float64) >= mass:
+                ids = above
+                break
+        if ids is None:
+            ids = np.arange(len(w))
     order = ids[np.argsort(-w[ids], kind="stable")]  # ids ascending: ties by id
     sorted_w = w[order].astype(np.float64)
     return np.sort(order[np.cumsum(sorted_w) - sorted_w < mass])

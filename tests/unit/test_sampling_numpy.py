@@ -114,10 +114,12 @@ def _top_p_by_full_sort(w: np.ndarray, mass: float) -> np.ndarray:
     return np.sort(order[np.cumsum(sorted_w) - sorted_w < mass])
 
 
-def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch) -> None:
+@pytest.mark.parametrize("floor", [1e-3, 0.3, 2.0])  # 2.0: no weight reaches it (the top's is 1)
+def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch, floor) -> None:
     from tandem.engine import sampling_params
 
     monkeypatch.setattr(sampling_params, "TOP_P_CANDIDATES", (16, 256))
+    monkeypatch.setattr(sampling_params, "TOP_P_FLOOR", floor)
     rng = np.random.default_rng(1)
     for trial in range(200):
         n = int(rng.integers(2, 3000))
