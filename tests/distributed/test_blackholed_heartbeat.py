@@ -14,6 +14,8 @@ whose links run through a userspace relay (`tcp_proxy.Relay`; the dialing side i
   (`tandem.engine.pp.beats`), which names the link.
 
 The relay forwards the connections made after the cut (the re-formed group's), as over a new cable.
+And in a grid (stages of TP 1, 1, 2 through `launch_pipeline`, idle): the link from stage 1 to
+the second TP rank of stage 2, which has no other link to stage 1, is watched the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from dataclasses import replace
 import pytest
 from tcp_proxy import Relay
 
+from tandem.engine.executor import Step, StepSequence
+from tandem.engine.pp.head import PipelineFailedError
+from tandem.engine.pp.launch import launch_pipeline
+from tandem.engine.pp.layout import plan_stages
 from tandem.engine.sampling_params import SamplingParams
 from tandem.loaders.make import make_model_dir
 from tandem.models.presets import get_preset
@@ -128,4 +134,35 @@ def test_a_blackholed_link_is_seen_by_the_heartbeat_and_the_replay_gives_the_sam
     finally:
         stop.set()
         close()
+        relay.close()
+
+
+def test_a_blackholed_link_to_a_tp_rank_of_the_next_stage_is_reported_and_named(
+    tiny, monkeypatch
+) -> None:
+    relay = Relay()
+    monkeypatch.setenv(ENV, relay.route("1-3"))  # stage 1 -> stage 2's TP rank 1 (global 3)
+    cfg = replace(get_preset("tiny-llama").config, num_hidden_layers=3)
+    ex = launch_pipeline(
+        tiny, plan_stages(cfg, (1, 1, 2)), timeout=OP_TIMEOUT_S, heartbeat_timeout=HEARTBEAT_S,
+        max_seq_len=64,
+    )  # fmt: skip
+    try:
+        ex.run(Step((StepSequence(0, (1, 2, 3), 0),)))
+        assert len(relay.destinations) == 2, relay.destinations  # the data link and its beat
+        assert relay.blackhole() == 2
+        t0 = time.monotonic()
+        while ex.health()[0] and time.monotonic() - t0 < OP_TIMEOUT_S / 2:
+            time.sleep(0.02)
+        after, (ok, why) = time.monotonic() - t0, ex.health()
+        print(f"grid: unhealthy {after:.2f} s after the cut: {why}")
+        assert not ok and after <= BOUND_S, (after, why)
+        assert "reports no heartbeat" in why and "link between rank" in why, why
+        assert ("rank 3 is lost" in why and "(stage 2, TP rank 1)" in why) or (
+            "rank 1 is lost" in why and "(stage 1)" in why
+        ), why
+        with pytest.raises(PipelineFailedError, match="heartbeat"):
+            ex.run(Step((StepSequence(0, (4,), 3),)))
+    finally:
+        ex.close()
         relay.close()
