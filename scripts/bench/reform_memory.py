@@ -7,7 +7,7 @@ requests) the head's RSS, and with `--trace` what Python allocated that it still
 Prints one line per re-form (RSS in MB, the re-forms counted by the executor) and, with
 `--trace`, the largest tracemalloc differences (by traceback) between the state after the first
 re-form and after the last: what each re-form keeps in Python objects. tracemalloc's own
-bookkeeping inflates the RSS lines of a traced run; read RSS from an untraced one.
+bookkeeping (printed) inflates the RSS of a traced run; read RSS from an untraced one.
 """
 
 from __future__ import annotations
@@ -73,7 +73,12 @@ def main() -> None:
                 snaps.append(tracemalloc.take_snapshot())
             rss = psutil.Process().memory_info().rss / 1e6
             reforms = engine.scheduler.executor.counts.reforms
-            print(f"after fault {i}: head RSS {rss:.1f} MB, re-forms {reforms}", flush=True)
+            line = f"after fault {i}: head RSS {rss:.1f} MB, re-forms {reforms}"
+            if args.trace:
+                traced = tracemalloc.get_traced_memory()[0] / 1e6
+                own = tracemalloc.get_tracemalloc_memory() / 1e6
+                line += f", Python-allocated {traced:.2f} MB, tracemalloc's own {own:.1f} MB"
+            print(line, flush=True)
     finally:
         close()
     if len(snaps) > 2:
