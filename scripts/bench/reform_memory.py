@@ -6,8 +6,9 @@ requests) the head's RSS, and with `--trace` what Python allocated that it still
 
 Prints one line per re-form (RSS in MB, the re-forms counted by the executor) and, with
 `--trace`, the largest tracemalloc differences (by traceback) between the state after the first
-re-form and after the last: what each re-form keeps in Python objects. tracemalloc's own
-bookkeeping (printed) inflates the RSS of a traced run; read RSS from an untraced one.
+re-form and after the last: what each re-form keeps in Python objects. Read RSS from an
+untraced run: a traced one's RSS grew by 325-400 MB per re-form on 2026-12-07 while its
+Python-allocated and tracemalloc's own figures (both printed) stayed flat, a cause not found.
 """
 
 from __future__ import annotations
