@@ -16,6 +16,7 @@ no cgroup can be read, MIN_WINDOW_S.
 
 from __future__ import annotations
 
+import mmap
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tandem.kernels.linear import linear
 
 PROBE_BYTES = 16 << 20
 PROBE_COLS = 2048
+FILL_ROWS = 64  # rows of the probe weight drawn at a time (a 512 KiB float32 temporary)
 QUOTA_PERIODS = 4
 MIN_WINDOW_S = 0.3
 PLAIN_WINDOW_S = 0.15
@@ -101,10 +103,26 @@ def probe_operands(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tens
     elem = torch.tensor([], dtype=dtype).element_size()
     rows = max(1, PROBE_BYTES // (PROBE_COLS * elem))
     g = torch.Generator().manual_seed(1)
-    w = torch.randn((rows, PROBE_COLS), generator=g).to(device, dtype)  # (rows, cols)
+    w = _mapped_normal(rows, PROBE_COLS, dtype, g).to(device)  # (rows, cols)
     x = torch.randn((1, PROBE_COLS), generator=g).to(device, dtype)  # (1, cols)
     linear(x, w)
     return w, x
+
+
+def _mapped_normal(rows: int, cols: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """(rows, cols) N(0, 1) draws in `dtype` on the host, in an anonymous mapping of their own,
+    unmapped when the tensor goes. Not from the allocator's heap: a block of this size that glibc
+    once handed back raises its mmap threshold (up to 32 MiB), so the next probe's weight would
+    come from a heap whose top the allocator keeps (a thread's arena: `malloc_trim` does not
+    return it), and each group formed again would leave the process that much larger. Drawn
+    FILL_ROWS rows at a time, so no temporary of the whole size is made either."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    buf = mmap.mmap(-1, rows * cols * elem)
+    w = torch.frombuffer(buf, dtype=dtype).view(rows, cols)  # holds `buf` while it lives
+    for r in range(0, rows, FILL_ROWS):
+        n = min(FILL_ROWS, rows - r)
+        w[r : r + n].copy_(torch.randn((n, cols), generator=g))
+    return w
 
 
 def timed_gemv(w: torch.Tensor, x: torch.Tensor) -> float:

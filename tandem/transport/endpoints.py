@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from tandem.transport import relay_seam
 from tandem.transport.channel import Channel
 from tandem.transport.handshake import (
     AuthError,
@@ -98,7 +99,7 @@ def connect(
                 f"{host}:{port} within {handshake_timeout:g} s (last error: {last_err})"
             )
         try:
-            sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
+            sock = relay_seam.dial((host, port), me.rank, expect_rank, min(remaining, 5.0))
         except OSError as e:
             last_err = str(e)
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))

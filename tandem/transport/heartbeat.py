@@ -19,6 +19,12 @@ thread stops (so the peers of this process see it fall silent too). A peer that 
 heartbeat connection has exited or closed its communicator: its data connection says so itself,
 so a closed heartbeat connection is only dropped from the watch, never a loss.
 
+A process that watches its neighbours on links the head does not see (a pipeline's stage-to-stage
+links, `tandem.engine.pp.beats`) names the head as `report_to`: when it declares such a peer lost
+it first sends the head one REPORT, a BEAT frame whose fingerprint field is 1 + the lost rank
+(plain beats carry 0), then stops like any watcher. A REPORT read by a watcher is a loss declared
+there at once, naming the silent link, as if that watcher had timed the silence itself.
+
 Detection bound: a hung peer is declared lost between `timeout` and `timeout + interval` seconds
 after its last beat (plus the wait for the GIL below). The thread never waits for compute: a send
 is one non-blocking `sendmsg` of 40 bytes (skipped when the kernel buffer is full: the peer is
@@ -58,15 +64,18 @@ class PeerLostError(PeerTimeoutError):
         self.rank = rank
 
 
-def beat_frame(n: int) -> bytes:
-    """The n-th BEAT frame: a fixed header with seq = n and nothing after it."""
-    return fr.pack_header(fr.BEAT, fr.P2P, wd.FLOAT32.code, 0, 0, n, 0, 0, b"")
+def beat_frame(n: int, lost: int | None = None) -> bytes:
+    """The n-th BEAT frame: a fixed header with seq = n and nothing after it; with `lost`, the
+    REPORT that rank `lost` went silent (fingerprint field 1 + lost)."""
+    fp = 0 if lost is None else lost + 1
+    return fr.pack_header(fr.BEAT, fr.P2P, wd.FLOAT32.code, 0, 0, n, fp, 0, b"")
 
 
 class Heartbeat:
     """Rank `me`'s heartbeats over `links` (heartbeat channels, one per peer link; two may lead to
     the same rank, as at N = 2). `on_lost` runs once, on the heartbeat thread, when a peer has been
-    silent for `timeout` seconds."""
+    silent for `timeout` seconds or a peer REPORTs a loss; a loss of any peer but `report_to` is
+    first REPORTed to `report_to` (a rank among the links' peers, or None: no one)."""
 
     def __init__(
         self,
@@ -74,6 +83,7 @@ class Heartbeat:
         links: Sequence[Channel],
         timeout: float,
         on_lost: Callable[[PeerLostError], None],
+        report_to: int | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"a heartbeat timeout must be above 0 s, got {timeout!r}")
@@ -82,6 +92,7 @@ class Heartbeat:
         self.links = list(links)
         self.lost: PeerLostError | None = None
         self._on_lost = on_lost
+        self.report_to = report_to
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{me}", daemon=True)
         self._thread.start()
@@ -106,24 +117,42 @@ class Heartbeat:
                 next_beat = now + self.interval
             for fd, _ in poller.poll(max(0.0, next_beat - time.monotonic()) * 1000):
                 if fd in heard:
-                    alive, partial[fd] = self._read(socks[fd], partial[fd])
+                    alive, partial[fd], reported = self._read(socks[fd], partial[fd])
                     if alive is None:
                         self._drop(poller, heard, fd)
                     elif alive:
                         heard[fd] = time.monotonic()
+                    if reported is not None and not self._stop.is_set():
+                        return self._declare(self._reported(socks[fd].peer_rank, reported), socks)
             now = time.monotonic()
             for fd, last in heard.items():
                 if now - last > self.timeout and not self._stop.is_set():
                     peer = socks[fd].peer_rank
-                    self.lost = PeerLostError(
+                    lost = PeerLostError(
                         f"rank {self.me}: rank {peer} is lost: no heartbeat for "
                         f"{now - last:.1f} s (heartbeat timeout {self.timeout:g} s): it is hung, "
                         "stopped or cut off",
                         peer,
                     )
-                    log.warning("%s", self.lost)
-                    self._on_lost(self.lost)
-                    return
+                    return self._declare(lost, socks)
+
+    def _reported(self, by: int, lost: int) -> PeerLostError:
+        return PeerLostError(
+            f"rank {self.me}: rank {lost} is lost: rank {by} reports no heartbeat from it for the "
+            f"heartbeat timeout ({self.timeout:g} s) on the link between them: rank {lost} is "
+            f"hung or stopped, or the link between rank {by} and rank {lost} is cut",
+            lost,
+        )
+
+    def _declare(self, lost: PeerLostError, socks: dict[int, Channel]) -> None:
+        """Reports `lost` to `report_to` (when it is another peer's loss), then `on_lost`."""
+        self.lost = lost
+        log.warning("%s", lost)
+        if self.report_to is not None and lost.rank != self.report_to:
+            for ch in socks.values():
+                if ch.peer_rank == self.report_to:
+                    self._send(ch, beat_frame(0, lost=lost.rank))
+        self._on_lost(lost)
 
     @staticmethod
     def _drop(poller: select.poll, heard: dict, fd: int) -> None:
@@ -142,9 +171,10 @@ class Heartbeat:
         return True
 
     @staticmethod
-    def _read(ch: Channel, held: bytes) -> tuple[bool | None, bytes]:
-        """(whether a whole BEAT arrived, the bytes of a frame still incomplete); None when the
-        connection closed or carried something other than BEAT frames."""
+    def _read(ch: Channel, held: bytes) -> tuple[bool | None, bytes, int | None]:
+        """(whether a whole BEAT arrived, the bytes of a frame still incomplete, the rank a REPORT
+        among them names or None); None first when the connection closed or carried something
+        other than BEAT frames."""
         got = held
         while True:
             try:
@@ -152,11 +182,12 @@ class Heartbeat:
             except BlockingIOError:
                 break
             except OSError:
-                return None, b""
+                return None, b"", None
             if not chunk:
-                return None, b""
+                return None, b"", None
             got += chunk
         whole = len(got) - len(got) % fr.FIXED_SIZE
+        reported = None
         for at in range(0, whole, fr.FIXED_SIZE):
             try:
                 header, ndim = fr.decode_fixed(got[at : at + fr.FIXED_SIZE])
@@ -164,8 +195,10 @@ class Heartbeat:
                 header, ndim = None, 0
             if header is None or header.kind != fr.BEAT or ndim or header.payload_len:
                 log.warning("%s sent a malformed heartbeat; no longer watched", ch.ts.peer)
-                return None, b""
-        return whole > 0, got[whole:]
+                return None, b"", None
+            if header.fingerprint and reported is None:
+                reported = header.fingerprint - 1
+        return whole > 0, got[whole:], reported
 
     def close(self) -> None:
         """Stops beating and closes every heartbeat connection (the peers drop it from their

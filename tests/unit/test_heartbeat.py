@@ -1,7 +1,9 @@
 """Heartbeats in one process (`transport.heartbeat`): two `Heartbeat` threads over a real TCP
 pair keep each other alive past the timeout; one that falls silent with its socket open (hung) is
 declared lost by the other within timeout + a beat, naming its rank; a closed or malformed
-heartbeat connection is dropped from the watch, not a loss. And the flag and config: one shared
+heartbeat connection is dropped from the watch, not a loss; a watcher that loses a neighbour the
+head does not see REPORTs it to the head, which declares that rank lost at once, naming the link;
+the test seam that dials a link through a relay routes only the links it names. And the flag and config: one shared
 default on serve, launch (forwarded to its serve), cluster join and worker; 0 turns heartbeats
 off; anything else not above 0 is refused typed."""
 
@@ -29,11 +31,11 @@ from tandem.transport.socketio import TimedSocket
 TIMEOUT_S = 0.6
 
 
-def _pair() -> tuple[Channel, Channel]:
+def _pair(r0: int = 0, r1: int = 1, world: int = 2) -> tuple[Channel, Channel]:
     with socket.create_server(("127.0.0.1", 0)) as srv:  # a real TCP pair on loopback
         a = socket.create_connection(srv.getsockname())
         b, _ = srv.accept()
-    ids = [Identity("c", 0, 2, role="beat"), Identity("c", 1, 2, role="beat")]
+    ids = [Identity("c", r0, world, role="beat"), Identity("c", r1, world, role="beat")]
     ch0 = Channel(TimedSocket(a, "rank 1", 5.0), ids[0], ids[1], 64)
     ch1 = Channel(TimedSocket(b, "rank 0", 5.0), ids[1], ids[0], 64)
     return ch0, ch1
@@ -67,6 +69,46 @@ def test_two_live_peers_outlive_the_timeout_and_a_silent_one_is_lost_naming_its_
     finally:
         hb0.close()
         hb1.close()
+
+
+def test_a_neighbour_lost_on_a_link_the_head_does_not_see_is_reported_to_the_head() -> None:
+    """Ranks 0 (the head), 1 and 2: each of 1 and 2 beats the head and the other (a pipeline's
+    star plus its stage link 1 -> 2). Rank 2 stops beating rank 1 only, as if that link went dark:
+    the head still hears both, so only rank 1's REPORT can tell it."""
+    h1, s1 = _pair(0, 1, 3)  # head <-> rank 1
+    h2, s2 = _pair(0, 2, 3)  # head <-> rank 2
+    a, b = _pair(1, 2, 3)  # rank 1 <-> rank 2: the stage link's heartbeat
+    head, at1, at2 = _Seen(), _Seen(), _Seen()
+    hb0 = Heartbeat(0, [h1, h2], TIMEOUT_S, head)
+    hb1 = Heartbeat(1, [s1, a], TIMEOUT_S, at1, report_to=0)
+    hb2 = Heartbeat(2, [s2], TIMEOUT_S, at2, report_to=0)  # rank 2 never beats on `b`
+    try:
+        assert head.event.wait(10 * TIMEOUT_S)
+        _, e = head.lost[0]
+        assert at1.event.wait(10 * TIMEOUT_S) and at1.lost[0][1].rank == 2  # it REPORTs first
+        assert e.rank == 2 and isinstance(e, PeerLostError), e
+        assert "rank 2 is lost: rank 1 reports" in str(e), e
+        assert "link between rank 1 and rank 2" in str(e), e
+    finally:
+        for hb in (hb0, hb1, hb2):
+            hb.close()
+        b.close()
+
+
+def test_the_relay_seam_routes_only_the_links_it_names(monkeypatch) -> None:
+    from tandem.transport.relay_seam import ENV, RelaySettingError, relay_for
+
+    assert relay_for(1, 0) is None  # unset: everything direct
+    monkeypatch.setenv(ENV, "127.0.0.1:9/1")
+    assert relay_for(1, 0) == relay_for(0, 1) == relay_for(1, None) == ("127.0.0.1", 9)
+    assert relay_for(0, 2) is None
+    monkeypatch.setenv(ENV, "127.0.0.1:9/1-2")
+    assert relay_for(1, 2) == relay_for(2, 1) == ("127.0.0.1", 9)
+    assert relay_for(0, 1) is None and relay_for(2, 0) is None
+    for bad in ("127.0.0.1:9", "9/1", "127.0.0.1:x/1", "127.0.0.1:9/a-b"):
+        monkeypatch.setenv(ENV, bad)
+        with pytest.raises(RelaySettingError, match=ENV):
+            relay_for(1, 0)
 
 
 @pytest.mark.parametrize("how", ["closed", "malformed"])

@@ -15,6 +15,19 @@ its place in the grid; the head then shuts down its own stage links, so a step t
 last stage's answer wakes at once (`PipelineExecutor._lose`), and `health()` is failed from that
 moment, idle or mid-step. A stage that loses the head shuts down its links and leaves. A closed
 heartbeat connection is not a loss (a process that exits closes its data links too).
+
+The star sees every process, but not every link: a stage link between two stage processes (stage
+k's leader to each rank of stage k+1, neither of them the head) can go dark while both ends still
+beat the head, and the step would then wait for the op timeout. So each such link gets a heartbeat
+connection of its own, formed the way a ring's are (`comm.ring_form.form_heartbeats`): the
+downstream rank listens on a fresh port of its stage address (role "beat") and sends that port up
+the link's unused reverse direction in one P2P frame (`offer_link_beat`), the upstream leader reads
+it and dials (`dial_link_beat`), the downstream accepts (`accept_link_beat`). Both ends watch it
+on the same `Heartbeat` thread as their beat to the head, with the head as `report_to`: the end
+that declares its neighbour lost first REPORTs it to the head, whose own `Heartbeat` then declares
+that rank lost at once, naming the link. Links that touch the head need none (the star covers
+them: a dark link to the head silences that stage's beat too, as it runs between the same two
+hosts).
 """
 
 from __future__ import annotations
@@ -23,11 +36,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from tandem.engine.pp.frames import StageLinkError
 from tandem.engine.pp.links import LinkTerms
 from tandem.transport.channel import Channel
 from tandem.transport.endpoints import Listener, connect
 from tandem.transport.socketio import TransportError
+from tandem.wire import dtypes as wd
+from tandem.wire import frame as fr
 
 ROLE = "beat"
 
@@ -75,6 +92,60 @@ def dial_beat(terms: LinkTerms, rank: int, addr: str) -> Channel:
         )
     except TransportError as e:
         raise StageLinkError(f"rank {rank}: no heartbeat link to the head: {e}") from e
+
+
+def offer_link_beat(terms: LinkTerms, rank: int, host: str, upstream: Channel) -> Listener:
+    """Stage rank `rank`'s side of its upstream link's heartbeat: a listener on a fresh port of
+    `host`, whose port goes up the link's reverse direction; `accept_link_beat` takes the call."""
+    listener = Listener(host, 0, replace(terms.identity(rank), role=ROLE), terms.secret)
+    try:
+        port = np.array([listener.port], dtype=np.int64).tobytes()
+        upstream.send_array(op=fr.P2P, seq=0, dtype_code=wd.INT64.code, shape=(1,), payload=port)
+    except (TransportError, OSError) as e:
+        listener.close()
+        raise StageLinkError(f"rank {rank}: could not offer a heartbeat link upstream: {e}") from e
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def accept_link_beat(listener: Listener, terms: LinkTerms, from_rank: int) -> Channel:
+    """The heartbeat channel from upstream rank `from_rank` on `offer_link_beat`'s listener,
+    which is closed either way."""
+    try:
+        return listener.accept(
+            {from_rank},
+            timeout=terms.handshake_timeout,
+            op_timeout=terms.op_timeout,
+            max_frame_bytes=64,
+        )
+    except TransportError as e:
+        raise StageLinkError(f"no heartbeat link from rank {from_rank}: {e}") from e
+    finally:
+        listener.close()
+
+
+def dial_link_beat(terms: LinkTerms, rank: int, to_rank: int, host: str, link: Channel) -> Channel:
+    """Upstream leader `rank`'s heartbeat channel to downstream rank `to_rank` at `host`: the
+    port comes down `link` (the stage link to it) from `offer_link_beat`."""
+    try:
+        header, got = link.recv_array(op=fr.P2P, seq=0, max_bytes=8)
+    except (TransportError, fr.FrameError) as e:
+        raise StageLinkError(f"rank {rank}: no heartbeat port from rank {to_rank}: {e}") from e
+    if header.dtype != wd.INT64.code or header.shape != (1,):
+        raise StageLinkError(
+            f"rank {rank}: expected rank {to_rank}'s heartbeat port, got {header.describe()}"
+        )
+    port = int(np.frombuffer(got, dtype=np.int64)[0])
+    try:
+        return connect(
+            host, port, replace(terms.identity(rank), role=ROLE), terms.secret,
+            expect_rank=to_rank, handshake_timeout=terms.handshake_timeout,
+            op_timeout=terms.op_timeout, max_frame_bytes=64,
+        )  # fmt: skip
+    except TransportError as e:
+        raise StageLinkError(f"rank {rank}: no heartbeat link to rank {to_rank}: {e}") from e
 
 
 def place_of(grid: Sequence[Sequence[int]], rank: int) -> str:

@@ -35,7 +35,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -284,6 +284,11 @@ class TcpStageTransport:
             raise StageLinkError(f"{self.name}: {e}") from e
         except Exception as e:
             raise StageLinkError(f"{self.name}: {type(e).__name__}: {e}") from e
+
+    @property
+    def channel(self) -> Any:
+        """The authenticated channel under this link (`links.ChannelConnection`), or None."""
+        return getattr(self._conn, "ch", None)
 
     def socket_bytes(self) -> int:
         """Bytes this link moved both ways, the transport's frame headers included."""

@@ -14,7 +14,9 @@ its right neighbour from `--tp-right` or the next stdin line.
 
 With `--beat host:port` the process dials the head's heartbeat listener once its links are up and
 beats to it (`tandem.engine.pp.beats`); a head silent for `--heartbeat-timeout` is lost: the
-process shuts its links down and leaves.
+process shuts its links down and leaves. Its stage links to and from other stage processes (not
+the head) then carry heartbeats of their own on the same thread: a neighbour silent there is
+reported to the head, which declares it lost and ends the group.
 
 The cluster secret comes from the environment (`TANDEM_SECRET`), never from argv.
 """
@@ -32,7 +34,7 @@ import torch
 from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S
 from tandem.devices import DTYPE_NAMES
 from tandem.engine import device_probe
-from tandem.engine.pp.beats import dial_beat
+from tandem.engine.pp.beats import accept_link_beat, dial_beat, dial_link_beat, offer_link_beat
 from tandem.engine.pp.links import LinkTerms, StageListener, dial_all, max_frame_bytes
 from tandem.engine.pp.stage import StageLinks, StageRunner, serve_stage
 from tandem.engine.pp.tp_stage import form_stage_ring, load_tp_stage, ring_listener
@@ -115,13 +117,43 @@ def _secret() -> bytes | None:
 
 
 def _cut(links: StageLinks, e: PeerLostError) -> None:
-    """The head is lost (on the heartbeat thread): shut every link down, so the stage loop wakes
-    from its wait and leaves (`serve_stage` raises StageLinkError)."""
+    """A peer is lost (on the heartbeat thread). The head: shut every link down, so the stage loop
+    wakes from its wait and leaves (`serve_stage` raises StageLinkError). A neighbour stage: the
+    heartbeat has reported it to the head, which ends the group; the links stay as they are, so
+    the head's reason is the loss, not this stage leaving."""
+    if e.rank != 0:
+        logging.getLogger(__name__).error("reported to the head: %s", e)
+        return
     logging.getLogger(__name__).error("the head is lost, leaving: %s", e)
     for link in (links.upstream, *links.downstream):
         shutdown = getattr(link, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _link_beats(args: StageOptions, terms: LinkTerms, host: str, links: StageLinks, addrs: str):
+    """The heartbeat channels of this process's stage links that do not touch the head
+    (`tandem.engine.pp.beats`): offered up the upstream link first (it never blocks), then dialed
+    down each downstream link, then accepted from upstream, so no two ranks wait on each other."""
+    offer = None
+    if args.upstream_rank != 0:
+        offer = offer_link_beat(terms, args.rank, host, links.upstream.channel)
+    out = []
+    try:
+        ranks = [int(r) for r in args.downstream_ranks.split(",")] if args.downstream_ranks else []
+        for link, to_rank, addr in zip(links.downstream, ranks, addrs.split(","), strict=False):
+            if to_rank != 0:
+                to_host = addr.rpartition(":")[0]
+                out.append(dial_link_beat(terms, args.rank, to_rank, to_host, link.channel))
+        if offer is not None:
+            out.append(accept_link_beat(offer, terms, args.upstream_rank))
+    except BaseException:
+        if offer is not None:
+            offer.close()
+        for ch in out:
+            ch.close()
+        raise
+    return out
 
 
 def run_stage(args: StageOptions) -> int:
@@ -184,11 +216,10 @@ def run_stage(args: StageOptions) -> int:
     links = StageLinks(upstream=box["up"], downstream=downstream, to_head=args.last)
     beat = None
     if args.beat and args.heartbeat_timeout > 0:
+        channels = [dial_beat(terms, args.rank, args.beat)]
+        channels += _link_beats(args, terms, host, links, addrs)
         beat = Heartbeat(
-            args.rank,
-            [dial_beat(terms, args.rank, args.beat)],
-            args.heartbeat_timeout,
-            lambda e: _cut(links, e),
+            args.rank, channels, args.heartbeat_timeout, lambda e: _cut(links, e), report_to=0
         )
     try:
         serve_stage(
