@@ -3,7 +3,7 @@ presets saved as Hugging Face directories, converted by llama.cpp's `convert_hf_
 quantized by its `llama-quantize`, into tests/fixtures/gguf/. The tests read them with tandem and
 compare with transformers; they never run llama.cpp (CI has no build of it).
 
-    python scripts/llamacpp_fixtures.py        # needs ../shared/tools/llamacpp.sh's build
+    python scripts/llamacpp_fixtures.py [NAME ...]   # needs ../shared/tools/llamacpp.sh's build
 
 The converter recognizes a tokenizer's pre-tokenizer by hashing its output on a test text; the
 presets' small byte-level BPE is in no list of known ones, so it is labelled `gpt-4o` (the regex
@@ -41,8 +41,18 @@ def gpt_oss_config():
     )
 
 
+def qwen2_moe_config():
+    """tiny-qwen2-moe sparse on every layer: llama.cpp's qwen2moe graph has no dense layers
+    (nor does a GGUF file state `mlp_only_layers` for transformers to read)."""
+    from tandem.models.presets import get_preset
+
+    c = get_preset("tiny-qwen2-moe").config
+    return replace(c, moe=replace(c.moe, dense_layers=()))
+
+
 FIXTURES = {  # name -> (preset, config, llama-quantize types)
     "gpt-oss": ("tiny-gpt-oss", gpt_oss_config, ("Q8_0", "MXFP4_MOE")),
+    "qwen2-moe": ("tiny-qwen2-moe", qwen2_moe_config, ("Q8_0", "BF16")),
 }
 
 
@@ -58,13 +68,15 @@ runpy.run_path({str(cpp / "src" / "convert_hf_to_gguf.py")!r}, run_name="__main_
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     from tandem.loaders.make import make_model_dir
 
     cpp = llamacpp()
     OUT.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
     for name, (preset, make_config, types) in FIXTURES.items():
+        if names and name not in names:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp) / name
             make_model_dir(d, preset, config=make_config())
@@ -81,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -34,7 +34,9 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"])
+@pytest.fixture(
+    scope="module", params=["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
+)
 def family(request, tmp_path_factory):
     """(model dir, number of layers, single-node greedy at batch 1 and 3)."""
     d = tmp_path_factory.mktemp(request.param) / "m"

@@ -31,8 +31,8 @@ def test_config_json_round_trips_through_the_familys_declaration(name):
 @pytest.mark.parametrize(
     "name",
     [
-        "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral",
-        "tiny-gpt-oss", "tiny-qwen35", "tiny-qwen35-moe",
+        "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe",
+        "tiny-mixtral", "tiny-gpt-oss", "tiny-qwen35", "tiny-qwen35-moe",
     ],
 )  # fmt: skip
 def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_path):
@@ -56,10 +56,24 @@ def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_pat
     assert got == want
 
 
+def test_a_qwen2moe_file_renormalises_the_top_k_only_where_it_says_so(tmp_path):
+    """llama.cpp never renormalises qwen2moe's top k, so a file stating no expert_weights_norm
+    reads with it off; a Qwen2-MoE with norm_topk_prob on is written saying so."""
+    config = PRESETS["tiny-qwen2-moe"].config
+    for norm in (False, True):
+        c = replace(config, moe=replace(config.moe, norm_topk_prob=norm))
+        _, (file,) = write_preset_gguf(tmp_path / f"{norm}.gguf", "tiny-qwen2-moe", "F32", config=c)
+        src = GGUFModel(file)
+        assert src.config.moe == c.moe
+        stated = src.metadata.fields.get("qwen2moe.expert_weights_norm") is not None
+        assert stated == norm
+
+
 def test_lookups_and_refusals_name_the_families():
     assert families.by_gguf("llama", has_experts=True).architecture == "MixtralForCausalLM"
     assert families.by_gguf("llama", has_experts=False).architecture == "LlamaForCausalLM"
     assert families.by_gguf("qwen3moe", has_experts=True).architecture == "Qwen3MoeForCausalLM"
+    assert families.by_gguf("qwen2moe", has_experts=True).architecture == "Qwen2MoeForCausalLM"
     assert families.by_gguf("mamba", has_experts=False) is None
     assert families.by_model_type("gpt_oss").architecture == "GptOssForCausalLM"
     archs = [a for f in families.FAMILIES for a in (f.architecture, *f.multimodal)]
