@@ -170,6 +170,8 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
                 t = torch.cat([reader.read(source, *r) for r in ranges], dim=0)
             else:
                 t = reader.read(source) if spec is None else reader.read(source, *spec)
+            if spec is None and quantized and _squeezed(t.shape) == _squeezed(p.shape):
+                t = t.reshape(p.shape)  # a GGUF file drops size-1 dims (`GGUFModel.check`)
             if tuple(t.shape) != tuple(p.shape):
                 raise ShardLoadError(
                     f"{name}: checkpoint slice {spec} of {source} has shape {tuple(t.shape)}, the "
@@ -184,3 +186,7 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
                 # mapped pages count as this process's resident memory while the file stays open
                 close()
     return nbytes
+
+
+def _squeezed(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
