@@ -61,9 +61,19 @@ def phi3_config():
     )  # fmt: skip
 
 
+def qwen2_moe_config():
+    """tiny-qwen2-moe sparse on every layer: llama.cpp's qwen2moe graph has no dense layers
+    (nor does a GGUF file state `mlp_only_layers` for transformers to read)."""
+    from tandem.models.presets import get_preset
+
+    c = get_preset("tiny-qwen2-moe").config
+    return replace(c, moe=replace(c.moe, dense_layers=()))
+
+
 FIXTURES = {  # name -> (preset, config, llama-quantize types)
     "gpt-oss": ("tiny-gpt-oss", gpt_oss_config, ("Q8_0", "MXFP4_MOE")),
     "phi3": ("tiny-phi3", phi3_config, ("Q8_0",)),
+    "qwen2-moe": ("tiny-qwen2-moe", qwen2_moe_config, ("Q8_0", "BF16")),
 }
 
 
@@ -81,15 +91,15 @@ runpy.run_path({str(cpp / "src" / "convert_hf_to_gguf.py")!r}, run_name="__main_
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     from tandem.loaders.make import make_model_dir
 
     cpp = llamacpp()
     OUT.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
-    names = sys.argv[1:] or list(FIXTURES)
-    for name in names:
-        preset, make_config, types = FIXTURES[name]
+    for name, (preset, make_config, types) in FIXTURES.items():
+        if names and name not in names:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp) / name
             make_model_dir(d, preset, config=make_config())
@@ -106,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

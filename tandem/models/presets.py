@@ -197,6 +197,20 @@ PRESETS: dict[str, Preset] = {
         512,
         torch.float32,
     ),
+    # Qwen2-MoE: q/k/v biases, the top 2 of 8 not renormalised, a sigmoid-gated shared expert
+    # of 128 rows on the sparse layers, a dense layer (1) among them
+    "tiny-qwen2-moe": Preset(
+        _tiny(
+            "Qwen2MoeForCausalLM",
+            qkv_bias=True,
+            num_hidden_layers=3,
+            moe=replace(
+                _TINY_MOE, norm_topk_prob=False, dense_layers=(1,), shared_intermediate_size=128
+            ),
+        ),
+        512,
+        torch.float32,
+    ),
     # gpt-oss: biased router, top-k then softmax, clamped SwiGLU experts with biases, attention
     # sinks, a sliding window of 8 on the even layers, YaRN
     "tiny-gpt-oss": Preset(

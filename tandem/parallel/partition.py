@@ -17,7 +17,7 @@ stage that would finish earliest (ties to the lower stage index) is optimal and 
 
 Mixture of experts. A sparse layer holds all E experts but a token reads only the k it is routed
 to, so a layer's parameters split in two (`layer_read_params`, `layer_held_params`), with
-`A` = attention, `w` the expert width, `s` the shared expert's width (0: none), `F` the dense MLP:
+`A` = attention (its biases included), `w` the expert width, `s` the shared expert's width (0: none), `F` the dense MLP:
 
     read(layer) = A + E D + k 3 D w + 3 D s + [s > 0] D     held(layer) = A + E D + E 3 D w + ...
     read = held = A + 3 D F                                  (a dense layer, dense among sparse too)
@@ -98,7 +98,9 @@ def _attention_and_norms(config) -> int:
     d, n_q, n_kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     hd = getattr(config, "head_dim", None) or d // n_q
     attn = d * hd * (n_q + 2 * n_kv) + n_q * hd * d
-    return attn + 2 * d + (2 * hd if getattr(config, "qk_norm", False) else 0)
+    biases = hd * (n_q + 2 * n_kv) * bool(getattr(config, "qkv_bias", False))
+    biases += d * bool(getattr(config, "o_bias", False))
+    return attn + biases + 2 * d + (2 * hd if getattr(config, "qk_norm", False) else 0)
 
 
 def _sparse(config, layer: int) -> bool:

@@ -190,8 +190,8 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
                 t = torch.cat([reader.read(source, *r) for r in ranges], dim=ranges[0][0])
             else:
                 t = reader.read(source) if spec is None else reader.read(source, *spec)
-            if tuple(t.shape) == tuple(d for d in p.shape if d != 1) != tuple(p.shape):
-                t = t.reshape(p.shape)  # stored without its size-1 dims (a qwen35 GGUF's conv)
+            if tuple(t.shape) != tuple(p.shape) and _squeezed(t.shape) == _squeezed(p.shape):
+                t = t.reshape(p.shape)  # a GGUF file drops size-1 dims (`GGUFModel.check`)
             if tuple(t.shape) != tuple(p.shape):
                 raise ShardLoadError(
                     f"{name}: checkpoint slice {spec} of {source} has shape {tuple(t.shape)}, the "
@@ -206,3 +206,7 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
                 # mapped pages count as this process's resident memory while the file stays open
                 close()
     return nbytes
+
+
+def _squeezed(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)

@@ -34,7 +34,9 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"])
+@pytest.fixture(
+    scope="module", params=["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
+)
 def family(request, tmp_path_factory):
     """(model dir, number of layers, single-node greedy at batch 1 and 3)."""
     d = tmp_path_factory.mktemp(request.param) / "m"
@@ -173,6 +175,19 @@ def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_match
     assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
     # 10 tokens + 16: past the sliding window of 8
     assert_tp2_and_experts2_match_single_node(file, PROMPTS[2])
+
+
+def test_a_qwen2moe_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_single_node():
+    """llama.cpp's Qwen2-MoE Q8_0 file (tests/fixtures/gguf): q/k/v biases by head, the experts'
+    rows 32 / 32 at TP=2 and 4 whole experts a rank, the shared expert's 128 rows 64 / 64 under
+    both, its gate (one F32 row, stored as a vector) on every rank."""
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "qwen2-moe-q8_0.gguf"
+    plan = plan_for_source(open_model(file), 2)
+    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
+    assert plan.shared_rows == (Span(0, 64), Span(64, 128))
+    assert_tp2_and_experts2_match_single_node(file, PROMPTS[0])
 
 
 def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_node(

@@ -1,7 +1,8 @@
 """tandem on GGUF files equals Hugging Face `transformers` loading the same file
 (`from_pretrained(dir, gguf_file=...)`, which dequantizes with gguf-py): random-weight models of
 every architecture in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and a K-quant mix (Gemma 3 in Q8_0, Q4_0 and
-the mix), and the real SmolLM2-135M-Instruct Q4_1 file.
+the mix), llama.cpp's own Qwen2-MoE files (Q8_0 and BF16; the BF16 one on the torch-free path
+too), and the real SmolLM2-135M-Instruct Q4_1 file.
 
 The bounds. Both sides multiply the very same float32 weights (tandem's dequantization equals
 gguf-py's bit for bit, `test_quant_dequant.py`), so they differ only in float32 summation order
@@ -211,6 +212,69 @@ def test_a_gpt_oss_gguf_made_by_llamacpp_matches_transformers_on_gguf_pys_dequan
     with torch.no_grad():
         torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
     assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+def qwen2moe_hf(file: Path):
+    """transformers reading a qwen2moe file (`gguf_file=`); its GGUF config map leaves out the
+    experts' and the shared expert's widths, so they are passed as the file's metadata states
+    them."""
+    meta = GGUFModel(file).metadata
+    widths = {
+        "moe_intermediate_size": meta.get("qwen2moe.expert_feed_forward_length", int),
+        "shared_expert_intermediate_size": meta.get(
+            "qwen2moe.expert_shared_feed_forward_length", int
+        ),
+    }
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32, **widths
+    ).eval()
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "bf16"])
+def test_a_qwen2moe_gguf_made_by_llamacpp_matches_transformers_reading_the_same_file(qtype):
+    """tiny-qwen2-moe (q/k/v biases, top 2 of 8 not renormalised, the sigmoid-gated shared
+    expert) by llama.cpp's convert_hf_to_gguf.py and llama-quantize (`scripts/
+    llamacpp_fixtures.py`): the router and shared-expert gate kept F32, the shared expert as
+    `ffn_*_shexp`; tandem reads it as transformers does."""
+    file = FIXTURES / f"qwen2-moe-{qtype}.gguf"
+    src = GGUFModel(file)
+    assert src.config.architecture == "Qwen2MoeForCausalLM" and src.config.qkv_bias
+    moe = src.config.moe
+    assert (moe.shared_intermediate_size, moe.norm_topk_prob, moe.dense_layers) == (128, False, ())
+    assert src.manifest["model.layers.0.mlp.shared_expert_gate.weight"].dtype == "F32"
+    assert src.manifest["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == qtype.upper()
+    hf = qwen2moe_hf(file)
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
+def test_the_torch_free_path_runs_llamacpps_qwen2moe_file_as_transformers_does():
+    """The BF16 file on LeanExecutor (float32 activations: no int8 rounding, so the bound is
+    summation order's, as for the torch path): a 20-token prefill and 5 decode tokens each within
+    LOGIT_ATOL of transformers, and greedy ids of both prompts in one batch up to the first
+    near-tie. (The quantized files round activations to int8 there: their witness is the torch
+    path on the same kernels, tests/unit/test_lean_executor.py.)"""
+    from gguf_twin_support import assert_logits_follow
+
+    from tandem.engine.lean import LeanExecutor
+
+    file = FIXTURES / "qwen2-moe-bf16.gguf"
+    hf = qwen2moe_hf(file)
+    lean = LeanExecutor.from_file(file, max_batch=2, max_seq_len=64, threads=2)
+    assert all(L.moe is not None and L.moe.shared is not None for L in lean.model.layers)
+    assert_logits_follow(lean, hf, LOGIT_ATOL)
+    lean = LeanExecutor.from_file(file, max_batch=2, max_seq_len=64, threads=2)
+    results = generate(lean, PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0))
+    compared = 0
+    for prompt, r in zip(PROMPTS, results):
+        want, gaps = hf_greedy(hf, prompt, NEW_TOKENS)
+        k = compared_prefix(gaps)
+        assert r.token_ids[:k] == want[:k], (prompt, r.token_ids, want, gaps)
+        compared += k
+    assert compared >= NEW_TOKENS
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """tandem's reference model equals Hugging Face `transformers` (a peer we did not write) on
 random-init models of every supported architecture: f32 logits within 1e-4, and identical greedy ids
 for 32 new tokens at batch 1 and at batch 3 with prompts of different lengths. The mixture-of-experts
-families (Qwen3-MoE with a dense layer among sparse ones and norm_topk_prob off, Mixtral) load
+families (Qwen3-MoE with a dense layer among sparse ones and norm_topk_prob off, Qwen2-MoE with
+q/k/v biases, a dense layer and its sigmoid-gated shared expert, Mixtral) load
 from the per-expert tensors transformers writes; gpt-oss (biased router, clamped SwiGLU experts
 with biases, attention sinks, a sliding window of 6 on every other layer, YaRN) from its fused,
 transposed and interleaved expert tensors. Gemma 3 (sandwich norms, a window of 8 on its local
@@ -88,6 +89,19 @@ ARCHS = {
             moe_intermediate_size=48,
             mlp_only_layers=[1],
             norm_topk_prob=False,
+        ),
+    ),
+    # q/k/v biases, norm_topk_prob off, the sigmoid-gated shared expert, a dense layer (1)
+    "qwen2-moe-shared-expert": (
+        transformers.Qwen2MoeConfig,
+        transformers.Qwen2MoeForCausalLM,
+        dict(
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=40,
+            mlp_only_layers=[1],
         ),
     ),
     "gpt-oss": (

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import transformers
 
-from tandem.config import ModelConfig, UnsupportedArchitectureError
+from tandem.config import ConfigError, ModelConfig, UnsupportedArchitectureError
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.models import families
@@ -31,8 +31,8 @@ def test_config_json_round_trips_through_the_familys_declaration(name):
 @pytest.mark.parametrize(
     "name",
     [
-        "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral",
-        "tiny-gpt-oss", "tiny-qwen35", "tiny-qwen35-moe",
+        "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe",
+        "tiny-mixtral", "tiny-gpt-oss", "tiny-qwen35", "tiny-qwen35-moe",
     ],
 )  # fmt: skip
 def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_path):
@@ -56,10 +56,51 @@ def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_pat
     assert got == want
 
 
+def test_a_qwen2moe_file_renormalises_the_top_k_only_where_it_says_so(tmp_path):
+    """llama.cpp never renormalises qwen2moe's top k, so a file stating no expert_weights_norm
+    reads with it off; a Qwen2-MoE with norm_topk_prob on is written saying so."""
+    config = PRESETS["tiny-qwen2-moe"].config
+    for norm in (False, True):
+        c = replace(config, moe=replace(config.moe, norm_topk_prob=norm))
+        _, (file,) = write_preset_gguf(tmp_path / f"{norm}.gguf", "tiny-qwen2-moe", "F32", config=c)
+        src = GGUFModel(file)
+        assert src.config.moe == c.moe
+        stated = src.metadata.fields.get("qwen2moe.expert_weights_norm") is not None
+        assert stated == norm
+
+
+QWEN15_MOE_A27B = {  # Qwen/Qwen1.5-MoE-A2.7B's config.json, its shape and MoE fields
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": 151936,
+    "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 21,
+    "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+    "norm_topk_prob": False, "mlp_only_layers": [], "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_qwen15_moe_reads_as_qwen2_moe_with_its_shared_expert_and_refuses_sliding_windows():
+    """Qwen1.5-MoE-A2.7B: 60 experts of 1408, the top 4 not renormalised, a shared expert of
+    5632 on every layer (sparse step 1), q/k/v biases by transformers' default; a sparse step
+    of 2 leaves the odd-numbered layers (i + 1) % 2 != 0 dense; a sliding window is refused."""
+    c = ModelConfig.from_hf_dict(QWEN15_MOE_A27B)
+    assert c.family is families.qwen2_moe.FAMILY and c.qkv_bias and not c.o_bias
+    m = c.moe
+    assert (m.num_experts, m.top_k, m.intermediate_size, m.norm_topk_prob) == (60, 4, 1408, False)
+    assert (m.shared_intermediate_size, m.dense_layers) == (5632, ())
+    stepped = ModelConfig.from_hf_dict({**QWEN15_MOE_A27B, "decoder_sparse_step": 2})
+    assert stepped.moe.dense_layers == tuple(range(0, 24, 2))
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        ModelConfig.from_hf_dict({**QWEN15_MOE_A27B, "use_sliding_window": True})
+
+
 def test_lookups_and_refusals_name_the_families():
     assert families.by_gguf("llama", has_experts=True).architecture == "MixtralForCausalLM"
     assert families.by_gguf("llama", has_experts=False).architecture == "LlamaForCausalLM"
     assert families.by_gguf("qwen3moe", has_experts=True).architecture == "Qwen3MoeForCausalLM"
+    assert families.by_gguf("qwen2moe", has_experts=True).architecture == "Qwen2MoeForCausalLM"
     assert families.by_gguf("mamba", has_experts=False) is None
     assert families.by_model_type("gpt_oss").architecture == "GptOssForCausalLM"
     archs = [a for f in families.FAMILIES for a in (f.architecture, *f.multimodal)]

@@ -82,15 +82,20 @@ def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) 
     assert len(lean.seqs) == 0
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "K_MIX"])
-@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-mixtral"])
+@pytest.mark.parametrize(
+    ("preset", "qtype"),
+    [("tiny-qwen3-moe", "Q8_0"), ("tiny-qwen3-moe", "K_MIX"), ("tiny-mixtral", "Q8_0"),
+     ("tiny-mixtral", "K_MIX"), ("tiny-qwen2-moe", "K_MIX")],
+)  # fmt: skip
 def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     tmp_path_factory, preset, qtype
 ) -> None:
-    """Sparse layers (one `tandem_moe_block_act` call each) beside a dense one (Qwen3-MoE's layer 1),
-    the router kept F32, experts in the file's blocks."""
+    """Sparse layers (one `tandem_moe_block_act` call each) beside a dense one (Qwen3-MoE's and
+    Qwen2-MoE's layer 1), the router kept F32, experts in the file's blocks; Qwen2-MoE's q/k/v
+    biases and sigmoid-gated shared expert (its gate F32)."""
     base = get_preset(preset).config
-    moe = dataclasses.replace(base.moe, intermediate_size=256)  # Mixtral: its intermediate_size
+    shared = 256 if base.moe.shared_intermediate_size else 0  # K-quant rows: whole superblocks
+    moe = dataclasses.replace(base.moe, intermediate_size=256, shared_intermediate_size=shared)
     cfg = dataclasses.replace(base, **{**SHAPE, "intermediate_size": 256}, head_dim=64, moe=moe)
     out = tmp_path_factory.mktemp("lean-moe") / f"{preset}-{qtype}.gguf"
     _, (f,) = write_preset_gguf(out, preset, qtype, config=cfg)

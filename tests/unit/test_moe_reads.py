@@ -17,7 +17,7 @@ from tandem.parallel.plan import plan_for_config, plan_for_source
 from tandem.plan.experts import place_experts, render_placement
 from tandem.plan.model import Layout, NodeSpec, layer_shares
 
-TINY = ("tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss")
+TINY = ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss")
 
 
 @pytest.fixture(scope="module", params=TINY)

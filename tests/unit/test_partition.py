@@ -236,7 +236,7 @@ def test_qwen3_30b_a3b_stages_are_capped_by_what_they_hold_and_split_by_what_the
         partition_layers([StageCapacity(memory_bytes=28 * 10**9, bytes_per_param=2)] * 2, c)
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-mixtral"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral"])
 def test_a_moe_layers_held_and_read_params_are_the_reference_layers(preset):
     """Held: every parameter of the reference model's layer (tiny-qwen3-moe's dense layer 1
     among sparse ones included). Read: the same layer with only top-k experts, plus the router's

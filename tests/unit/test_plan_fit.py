@@ -128,7 +128,9 @@ def _held_elements(config, plan, rank):
     return sum(p.numel() for n, p in held if n.endswith("weight") and p.dim() >= 2)
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"])
+@pytest.mark.parametrize(
+    "preset", ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
+)
 @pytest.mark.parametrize(
     ("world", "weights", "moe"),
     [(2, None, "tp"), (2, None, "experts"), (3, (3.0, 2.0, 1.0), "experts"), (2, (2.0, 1.0), "tp")],

@@ -1,13 +1,14 @@
-"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 / Phi-3 model's forward
-pass without torch, over GGUF blocks as stored. The same math as the reference model
-(`tandem.models.llama`) in float32:
+"""`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 /
+Phi-3 model's forward pass without torch, over GGUF blocks as stored. The same math as the
+reference model (`tandem.models.llama`) in float32:
 
     x = embed(ids)                                           (N, D), N new tokens of the step
     per layer:  h = rmsnorm(x);  q, k, v = split(h Wqkv^T + b)
                 q, k = rope(qk_norm(q), qk_norm(k))          k, v written at their positions
                 x = x + attend(q, K, V) Wo^T + b_o           causal; grouped-query (H / G)
                 x = x + (silu(g) * u)(rmsnorm(x) Wgu^T) Wdown^T      (a dense layer)
-                x = x + moe(rmsnorm(x))                      (a sparse layer: `lean.moe`)
+                x = x + moe(rmsnorm(x))                      (a sparse layer: `lean.moe`,
+                                                              its shared expert included)
     logits = rmsnorm(x_last) Whead^T                         (B, V), one row per sequence
 
 `attend` at position p sees keys 0..p, or on a layer with a sliding window w (`config.window`:
@@ -165,6 +166,14 @@ class Layer:
             parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
             p + "down_proj",
         )  # fmt: skip
+
+
+def _sparse_projections(L) -> list[Linear]:
+    """A sparse layer's projections every token runs: the router and a shared expert's."""
+    if L.moe is None:
+        return []
+    s = L.moe.shared
+    return [L.moe.router] + ([] if s is None else [s.gate_up, s.down, s.gate])
 
 
 def _vec(src: WeightSource, name: str) -> np.ndarray:
@@ -334,7 +343,7 @@ class LeanModel:
     def projections(self) -> list[Linear]:
         """Every projection a token runs, in model order, the head last (the experts apart)."""
         lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
-        return lins + [L.moe.router for L in self.layers if L.moe is not None] + [self.head]
+        return lins + [x for L in self.layers for x in _sparse_projections(L)] + [self.head]
 
     def weight_arrays(self) -> list[np.ndarray]:
         """The weights one decode token reads in full, each once: every projection's blocks and
@@ -343,7 +352,7 @@ class LeanModel:
         chosen experts read). For the benchmarks' roofline."""
         seen, out = set(), []
         lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
-        lins += [L.moe.router for L in self.layers if L.moe is not None]
+        lins += [x for L in self.layers for x in _sparse_projections(L)]
         arrays = [a for lin in lins + [self.head] for a in lin.arrays]
         arrays += [a[: L.moe.k] for L in self.layers if L.moe is not None for a in L.moe.arrays]
         for a in arrays:

@@ -6,7 +6,11 @@ float32; experts not chosen by any token of the step are never read.
 Both routes of `MoESpec.router`: softmax over all E logits then the top k (Qwen3-MoE, Mixtral;
 renormalised with `norm_topk_prob`), or gpt-oss's top k of the (biased) logits then softmax over
 those k. gpt-oss's experts add their biases after each projection and take the clamped SwiGLU
-(`models.moe.clamped_swiglu`), csrc's `tq_moe_act`."""
+(`models.moe.clamped_swiglu`), csrc's `tq_moe_act`.
+
+A shared expert (Qwen2-MoE, `SharedExpert`) adds sigmoid(h . w_g) * down_s(silu(gate_s h) * up_s h)
+for the normed h, as a dense layer's MLP runs (gate/up in one GEMV, SwiGLU, down) beside the gate's
+one-row GEMV."""
 
 from __future__ import annotations
 
@@ -34,8 +38,6 @@ class MoEBlock:
     def __init__(self, src, layer: int, norm: np.ndarray) -> None:
         c = src.config
         spec = c.moe
-        if spec.shared_intermediate_size:
-            raise LeanWeightError("a shared expert (the torch path runs it)")
         p = f"model.layers.{layer}.mlp."
         self.D, self.E, self.k, self.W = (
             c.hidden_size,
@@ -73,6 +75,11 @@ class MoEBlock:
             for b, rows in zip(self.biases, (self.W, self.W, self.D)):
                 if b.shape != (self.E, rows):
                     raise LeanWeightError(f"{p}experts: a bias {b.shape}, not ({self.E}, {rows})")
+        self.shared = None
+        if spec.shared_intermediate_size:
+            self.shared = SharedExpert(
+                src, p, self.D, spec.shared_intermediate_size, norm, self.eps
+            )
         if spec.expert_bias or spec.activation != "swiglu":
             self.act = TqMoeAct(
                 *(None if b is None else b.ctypes.data for b in self.biases),
@@ -93,6 +100,8 @@ class MoEBlock:
         )  # fmt: skip
         if rc != 0:
             raise ops.LeanKernelError("the native MoE block refused its arguments")
+        if self.shared is not None:
+            out += self.shared(x, threads)
         return out
 
     def expert_bytes(self) -> int:
@@ -101,3 +110,29 @@ class MoEBlock:
         return sum(a[0].nbytes for a in self.arrays) + sum(
             b[0].nbytes for b in self.biases if b is not None
         )
+
+
+class SharedExpert:
+    """A sparse layer's sigmoid-gated shared expert (module docstring) over the file's blocks:
+    gate/up as one two-part `Linear`, down, and the gate's one row (F32 as llama.cpp keeps it)."""
+
+    def __init__(self, src, p: str, D: int, width: int, norm: np.ndarray, eps: float) -> None:
+        def part(name: str) -> tuple[np.ndarray, int]:
+            blocks = src.block_array(p + name)  # (rows, row_bytes); a vector's one row
+            return blocks.reshape(-1, blocks.shape[-1]), src.info(p + name).type_id
+
+        s = "shared_expert."
+        self.gate_up = Linear(
+            [part(s + "gate_proj.weight"), part(s + "up_proj.weight")], D, None, p + s + "gate_up"
+        )
+        self.down = Linear([part(s + "down_proj.weight")], width, None, p + s + "down_proj")
+        # (D,) in llama.cpp's files: one row
+        self.gate = Linear([part("shared_expert_gate.weight")], D, None, p + "shared_expert_gate")
+        self.norm, self.eps = norm, eps
+
+    def __call__(self, x: np.ndarray, threads: int) -> np.ndarray:
+        """x (N, D) the residual stream -> the shared expert's gated output (N, D)."""
+        h = ops.rmsnorm(x, self.norm, self.eps, threads)
+        m = self.down(ops.silu_mul(self.gate_up(h, threads), threads), threads)  # (N, D)
+        g = self.gate(h, threads)  # (N, 1)
+        return m * (np.float32(1) / (np.float32(1) + np.exp(-g)))

@@ -17,9 +17,13 @@
     attn_q / attn_output / ffn_gate .bias present   qkv_bias / o_bias / mlp_bias (qwen2: qkv always)
     qwen3, qwen3moe                      qk_norm
     expert_count / expert_used_count     moe.num_experts / moe.top_k (a mixture of experts:
-                                         `qwen3moe`, or `llama` with `ffn_*_exps` tensors = Mixtral)
+                                         `qwen3moe`, `qwen2moe`, or `llama` with `ffn_*_exps`
+                                         tensors = Mixtral)
     expert_feed_forward_length           moe.intermediate_size (Mixtral: feed_forward_length)
-    expert_weights_norm                  moe.norm_topk_prob (default true, as llama.cpp runs both)
+    expert_weights_norm                  moe.norm_topk_prob (default true, as llama.cpp runs
+                                         qwen3moe and Mixtral; false for qwen2moe, as it runs that)
+    expert_shared_feed_forward_length    moe.shared_intermediate_size (qwen2moe's ffn_*_shexp and
+                                         their sigmoid gate ffn_gate_inp_shexp)
     a layer without ffn_gate_exps        a dense layer among the sparse ones
     gpt-oss                              attn_sinks; attention.sliding_window on the even layers
                                          (llama.cpp's pattern); rope.scaling.type yarn with
@@ -209,7 +213,7 @@ def config_from_gguf(
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(eos),
             torch_dtype="float32",
-            moe=_moe(meta, a, tensors),
+            moe=_moe(meta, a, tensors, family.gguf_norm_topk_prob),
         )
         got = GGUFFields(meta, a, tensors, layers, head_dim, values or {})
         fields.update(family.gguf_fields(got))
@@ -229,8 +233,9 @@ def config_from_gguf(
     return cfg
 
 
-def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
-    """The experts a file's metadata and tensors describe, or None for a dense model."""
+def _moe(meta: Metadata, a: str, tensors: Collection[str], norm: bool) -> MoESpec | None:
+    """The experts a file's metadata and tensors describe, or None for a dense model; the top k
+    renormalised per `expert_weights_norm`, else `norm` (the family's reading)."""
     n = meta.get(a + "expert_count", int, 0)
     if not n:
         return None
@@ -244,7 +249,7 @@ def _moe(meta: Metadata, a: str, tensors: Collection[str]) -> MoESpec | None:
     )
     return MoESpec(
         **experts,
-        norm_topk_prob=meta.get(a + "expert_weights_norm", bool, True),
+        norm_topk_prob=meta.get(a + "expert_weights_norm", bool, norm),
         dense_layers=dense,
         shared_intermediate_size=meta.get(a + "expert_shared_feed_forward_length", int, 0),
     )

@@ -110,8 +110,8 @@ def _metadata(w: GGUFWriter, c: ModelConfig, name: str) -> None:
             w.add_expert_feed_forward_length(c.moe.intermediate_size)
         if c.moe.shared_intermediate_size:
             w.add_expert_shared_feed_forward_length(c.moe.shared_intermediate_size)
-        if not c.moe.norm_topk_prob:
-            w.add_expert_weights_norm(False)
+        if c.moe.norm_topk_prob != c.family.gguf_norm_topk_prob:  # else the reader's default
+            w.add_expert_weights_norm(c.moe.norm_topk_prob)
     s = c.rope_scaling
     if s is not None and s.rope_type == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)

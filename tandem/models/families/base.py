@@ -16,6 +16,8 @@ in this package states exactly those, for both ways a model arrives:
     rope_theta, attention_bias transformers' defaults where config.json states no value
     gguf_arch, gguf_experts    the GGUF `general.architecture` it is read from (`gguf_experts`: only
                                files whose layers hold expert tensors, as Mixtral's `llama` files)
+    gguf_norm_topk_prob        what a file of its experts that states no `expert_weights_norm`
+                               means (llama.cpp's graph for the architecture)
     gguf_write(w, c)           the family's own metadata, written to a gguf-py `GGUFWriter`
     gguf_fields(g)             the fields its GGUF metadata sets beyond the shape every family shares
                                (`loaders.gguf.config`; `g` is a `GGUFFields`)
@@ -62,6 +64,7 @@ class Family:
     attention_bias: bool = False
     gguf_arch: str | None = None
     gguf_experts: bool = False
+    gguf_norm_topk_prob: bool = True
     gguf_fields: Callable[[Any], dict[str, Any]] = _nothing
     gguf_write: Callable[[Any, Any], None] = lambda w, c: None
     gguf_names: Mapping[str, str] = field(default_factory=dict)
