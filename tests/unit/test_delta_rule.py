@@ -5,6 +5,7 @@ token left it; a step in pieces equals the step whole; a hybrid sequence refuses
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,18 +178,25 @@ def test_a_replay_from_position_0_discards_the_held_state() -> None:
     torch.testing.assert_close(replayed, fresh.run(Step((StepSequence(0, history, 0),))).logits[0])
 
 
-def test_a_qwen35_gguf_plans_its_tiled_heads_and_refuses_quantized_deltanet_weights_under_tp(
+def test_a_q8_0_qwen35_gguf_plans_under_tp_and_its_out_proj_runs_are_whole_blocks(
     tmp_path,
 ) -> None:
-    """tiny-qwen35 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads tiled; in Q8_0 its
-    DeltaNet tensors are blocks, which TP refuses by name before any worker loads (one node
-    takes it)."""
+    """tiny-qwen35 with v heads of 32 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads
+    tiled; in Q8_0 its DeltaNet projections are blocks (out_proj's contraction 32-element blocks),
+    planned at TP=2 in units of one q/k head, and each rank's out_proj column runs, read as
+    blocks and concatenated along each row's bytes, dequantize (gguf-py) to exactly those
+    columns of the whole tensor."""
+    import gguf
+
     from tandem.loaders.gguf.model_file import GGUFModel
     from tandem.loaders.gguf.writer import write_model_dir_gguf
     from tandem.loaders.make import make_model_dir
-    from tandem.parallel.plan import TPPlanError, plan_for_source
+    from tandem.parallel.plan import contraction_blocks, plan_for_source
+    from tandem.parallel.shard_load import linear_ranges
 
-    make_model_dir(tmp_path / "m", "tiny-qwen35", seed=0)
+    c = get_preset("tiny-qwen35").config
+    c = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, value_head_dim=32))
+    make_model_dir(tmp_path / "m", "tiny-qwen35", seed=0, config=c)
     files = {q: write_model_dir_gguf(tmp_path / "m", tmp_path / f"{q}.gguf", q)[0]
              for q in ("BF16", "Q8_0")}  # fmt: skip
     plan = plan_for_source(GGUFModel(files["BF16"]), 2)
@@ -197,6 +205,47 @@ def test_a_qwen35_gguf_plans_its_tiled_heads_and_refuses_quantized_deltanet_weig
         (3, 4),
     ]
     q8 = GGUFModel(files["Q8_0"])
-    with pytest.raises(TPPlanError, match="Gated DeltaNet tensors are block-quantized"):
-        plan_for_source(q8, 2)
-    assert plan_for_source(q8, 1).world_size == 1  # one node takes it
+    name = "model.layers.0.linear_attn.out_proj.weight"
+    assert q8.info(name).quantized and contraction_blocks(q8)["linear_out_block"] == 32
+    plan = plan_for_source(q8, 2)
+    assert plan.linear_align == 1 and plan.linear_v_tiled
+    whole = gguf.quants.dequantize(q8.blocks(name).numpy(), gguf.GGMLQuantizationType.Q8_0)
+    for rank in range(2):
+        runs = linear_ranges(name, plan, rank)
+        assert [(d, s % 32, e % 32) for d, s, e in runs] == [(1, 0, 0)] * 2  # whole blocks
+        mine = torch.cat([q8.blocks(name, *r) for r in runs], dim=1)  # (rows, row bytes)
+        got = gguf.quants.dequantize(mine.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        want = np.concatenate([whole[:, s:e] for _, s, e in runs], axis=1)
+        assert np.array_equal(got, want), rank
+
+
+@pytest.mark.parametrize(
+    ("hk", "hv", "dv", "block", "tp", "align"),
+    [(3, 6, 32, 32, 3, 1), (4, 12, 128, 256, 2, 2), (16, 48, 128, 256, 3, 2),
+     (6, 12, 64, 256, 2, 4), (3, 6, 12, 32, 2, 8), (3, 6, 128, 256, 2, 2), (2, 4, 128, 256, 2, 2)],
+)  # fmt: skip
+def test_deltanet_heads_are_cut_where_every_out_proj_run_is_whole_blocks(
+    hk, hv, dv, block, tp, align
+) -> None:
+    """A quantized out_proj's contraction is cut on its blocks: the q/k heads go in units of
+    `align` = B / gcd(B, dv) (tiled v heads), so every run edge (t Hk + a) dv is a multiple of
+    B; where Hk is not a multiple of the unit, or there are fewer units than ranks, the plan is
+    refused (DegeneratePlanError) rather than cutting a block. One node needs no cut."""
+    from tandem.parallel.plan import DegeneratePlanError, plan_for_config
+    from tandem.parallel.shard_load import linear_ranges
+
+    c = get_preset("tiny-qwen35").config
+    spec = dataclasses.replace(
+        c.deltanet, num_key_heads=hk, num_value_heads=hv, value_head_dim=dv, v_tiled=True
+    )
+    c = dataclasses.replace(c, deltanet=spec)
+    assert plan_for_config(c, 1, linear_out_block=block).linear_align == 1
+    if hk % align or hk // align < tp:
+        with pytest.raises(DegeneratePlanError, match="q/k heads"):
+            plan_for_config(c, tp, linear_out_block=block)
+        return
+    plan = plan_for_config(c, tp, linear_out_block=block)
+    assert plan.linear_align == align
+    for rank in range(tp):
+        runs = linear_ranges("model.layers.0.linear_attn.out_proj.weight", plan, rank)
+        assert all(s % block == 0 and e % block == 0 for _, s, e in runs), (rank, runs)
