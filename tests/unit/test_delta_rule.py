@@ -178,14 +178,19 @@ def test_a_replay_from_position_0_discards_the_held_state() -> None:
     torch.testing.assert_close(replayed, fresh.run(Step((StepSequence(0, history, 0),))).logits[0])
 
 
-def test_a_q8_0_qwen35_gguf_plans_under_tp_and_its_out_proj_runs_are_whole_blocks(
-    tmp_path,
+@pytest.mark.parametrize(
+    ("qtype", "shape", "out_type", "align"),
+    [("Q8_0", dict(value_head_dim=32), "Q8_0", 1),
+     ("K_MIX", dict(num_key_heads=4, num_value_heads=8, value_head_dim=128), "Q4_K", 2)],
+)  # fmt: skip
+def test_a_quantized_qwen35_gguf_plans_under_tp_and_its_out_proj_runs_are_whole_blocks(
+    tmp_path, qtype, shape, out_type, align
 ) -> None:
-    """tiny-qwen35 with v heads of 32 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads
-    tiled; in Q8_0 its DeltaNet projections are blocks (out_proj's contraction 32-element blocks),
-    planned at TP=2 in units of one q/k head, and each rank's out_proj column runs, read as
-    blocks and concatenated along each row's bytes, dequantize (gguf-py) to exactly those
-    columns of the whole tensor."""
+    """tiny-qwen35 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads tiled; in Q8_0
+    (v heads of 32) and in the Q4_K_M mix (hidden 256, v heads of 128, out_proj Q4_K: blocks of
+    256, two v heads) its DeltaNet projections are blocks, planned at TP=2 in units of 1 and 2
+    q/k heads, and each rank's out_proj column runs, read as blocks and concatenated along each
+    row's bytes, dequantize (gguf-py) to exactly those columns of the whole tensor."""
     import gguf
 
     from tandem.loaders.gguf.model_file import GGUFModel
@@ -195,26 +200,33 @@ def test_a_q8_0_qwen35_gguf_plans_under_tp_and_its_out_proj_runs_are_whole_block
     from tandem.parallel.shard_load import linear_ranges
 
     c = get_preset("tiny-qwen35").config
-    c = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, value_head_dim=32))
+    c = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, **shape))
+    if qtype == "K_MIX":  # rows of whole 256-element blocks
+        c = dataclasses.replace(c, hidden_size=256, intermediate_size=512)
     make_model_dir(tmp_path / "m", "tiny-qwen35", seed=0, config=c)
     files = {q: write_model_dir_gguf(tmp_path / "m", tmp_path / f"{q}.gguf", q)[0]
-             for q in ("BF16", "Q8_0")}  # fmt: skip
+             for q in ("BF16", qtype)}  # fmt: skip
     plan = plan_for_source(GGUFModel(files["BF16"]), 2)
-    assert plan.linear_v_tiled and [(s.start, s.end) for s in plan.linear_v_spans(1)] == [
-        (1, 2),
-        (3, 4),
+    hk = c.deltanet.num_key_heads
+    assert plan.linear_v_tiled and plan.linear_align == 1
+    assert [(s.start, s.end) for s in plan.linear_v_spans(1)] == [
+        (hk // 2, hk),
+        (hk + hk // 2, 2 * hk),
     ]
-    q8 = GGUFModel(files["Q8_0"])
+    q = GGUFModel(files[qtype])
     name = "model.layers.0.linear_attn.out_proj.weight"
-    assert q8.info(name).quantized and contraction_blocks(q8)["linear_out_block"] == 32
-    plan = plan_for_source(q8, 2)
-    assert plan.linear_align == 1 and plan.linear_v_tiled
-    whole = gguf.quants.dequantize(q8.blocks(name).numpy(), gguf.GGMLQuantizationType.Q8_0)
+    t = gguf.GGMLQuantizationType[out_type]
+    block = gguf.GGML_QUANT_SIZES[t][0]
+    assert q.info(name).type_id == t and contraction_blocks(q)["linear_out_block"] == block
+    assert q.info("model.layers.0.linear_attn.in_proj_qkv.weight").quantized
+    plan = plan_for_source(q, 2)
+    assert plan.linear_align == align and plan.linear_v_tiled
+    whole = gguf.quants.dequantize(q.blocks(name).numpy(), t)
     for rank in range(2):
         runs = linear_ranges(name, plan, rank)
-        assert [(d, s % 32, e % 32) for d, s, e in runs] == [(1, 0, 0)] * 2  # whole blocks
-        mine = torch.cat([q8.blocks(name, *r) for r in runs], dim=1)  # (rows, row bytes)
-        got = gguf.quants.dequantize(mine.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        assert [(d, s % block, e % block) for d, s, e in runs] == [(1, 0, 0)] * 2  # whole blocks
+        mine = torch.cat([q.blocks(name, *r) for r in runs], dim=1)  # (rows, row bytes)
+        got = gguf.quants.dequantize(mine.numpy(), t)
         want = np.concatenate([whole[:, s:e] for _, s, e in runs], axis=1)
         assert np.array_equal(got, want), rank
 
