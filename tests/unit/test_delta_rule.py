@@ -261,3 +261,23 @@ def test_deltanet_heads_are_cut_where_every_out_proj_run_is_whole_blocks(
     for rank in range(tp):
         runs = linear_ranges("model.layers.0.linear_attn.out_proj.weight", plan, rank)
         assert all(s % block == 0 and e % block == 0 for _, s, e in runs), (rank, runs)
+
+
+def test_the_tp_transform_builds_deltanet_projections_over_blocks_and_refuses_a_quantized_conv():
+    """A rank's DeltaNet projections stored block-quantized are built over blocks (the rank's
+    rows; out_proj's columns); the conv, A, dt and the norm are sharded as floats, so one stored
+    quantized is refused by name (TransformError), not loaded wrong."""
+    from tandem.comm.solo import SoloCommunicator
+    from tandem.models.quant.blocks import BY_NAME
+    from tandem.models.quant.linear import QuantLinear
+    from tandem.parallel.plan import plan_for_config
+    from tandem.parallel.transform import TransformError, shard_transformer
+
+    c = get_preset("tiny-qwen35").config
+    plan, q8 = plan_for_config(c, 1), BY_NAME["Q8_0"].type_id
+    p = "model.layers.0.linear_attn."
+    qt = {p + "in_proj_qkv.weight": q8, p + "in_proj_z.weight": q8}
+    net = shard_transformer(c, plan, SoloCommunicator(), qtypes=qt).model.layers["0"].linear_attn
+    assert isinstance(net.in_proj_qkv.quant, QuantLinear) and net.in_proj_a.quant is None
+    with pytest.raises(TransformError, match="conv1d.weight is block-quantized"):
+        shard_transformer(c, plan, SoloCommunicator(), qtypes={p + "conv1d.weight": q8})
