@@ -67,6 +67,16 @@ order the model reads a tiled file in. So in_proj_qkv / conv1d take q, k and r r
 (`2 Hk dk + [(t Hk + a) dv, (t Hk + b) dv)`), in_proj_z and out_proj's columns the same runs
 times dv, in_proj_a / in_proj_b / A / dt the runs themselves (`DeltaNetSpec.v_tiled`). Gated attention's q_proj rows are `2 hd` per query head (`q_proj_rows`).
 
+Block-quantized DeltaNet weights (a Q8_0 / Q4_K_M file) are cut like the dense ones: the
+in_proj_* cuts are rows, whole blocks whatever the rows. out_proj's cut is its contraction, so
+every run edge must fall on a block boundary of its type (`linear_out_block` = B elements). A run
+edge is `(t Hk + a) dv` (tiled) or `a r dv` (grouped), for every rank edge a; so the q/k heads are
+split in units of `u` heads, the least u with `u r' dv ≡ 0 (mod B)` (r' = 1 tiled, r grouped):
+`u = B / gcd(B, r' dv)` (`linear_align`), and Hk must be a multiple of u (then `Hk dv` is too, and
+every run edge is whole blocks). Real files: dv = 128 in Q8_0 (B = 32) gives u = 1; in a K-quant
+(B = 256) u = 2. Where Hk is not a multiple of u at more than one rank the plan is
+`DegeneratePlanError`, by name.
+
 Attention and the MLP may have different degrees (the fak design's AttnRanks / FFNRanks): with
 `attn_ranks = A < N`, the kv heads are split over ranks `[0, A)` only (by their weights), and ranks
 `[A, N)` hold no attention at all (empty head spans at the end, no q/k/v/o weights, no KV cache);
@@ -183,6 +193,7 @@ class TPPlan:
     linear_k_heads: tuple[Span, ...] = ()
     linear_dims: tuple[int, int, int, int] = (0, 0, 0, 0)
     linear_v_tiled: bool = False  # v heads stored tiled (a qwen35 GGUF; module docstring)
+    linear_align: int = 1  # q/k heads per unit: out_proj's runs on its blocks (module docstring)
 
     @property
     def q_per_kv(self) -> int:
@@ -417,8 +428,10 @@ def plan_for_config(
     attn_ranks: int | None = None,
     experts_down_block: int = 1,
     moe: str = "tp",
+    linear_out_block: int = 1,
 ) -> TPPlan:
-    """`make_tp_plan` from a `ModelConfig` (fields named like HF's config.json)."""
+    """`make_tp_plan` from a `ModelConfig` (fields named like HF's config.json);
+    `linear_out_block`: the block size (elements) of a hybrid's DeltaNet out_proj contraction."""
     n_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     spec = getattr(config, "moe", None)
@@ -444,41 +457,56 @@ def plan_for_config(
         attn_ranks=attn_ranks,
         **moe_args,
     )
-    return _with_deltanet(plan, config)
+    return _with_deltanet(plan, config, linear_out_block)
 
 
-def _with_deltanet(plan: TPPlan, config: Any) -> TPPlan:
+def _with_deltanet(plan: TPPlan, config: Any, out_block: int = 1) -> TPPlan:
     """A hybrid's plan (Qwen3.5): gated q_proj rows, and its DeltaNet q/k heads split by the
-    ranks' weights, one head a unit (each with its Hv / Hk v heads). Every rank holds attention
-    and DeltaNet heads: `attn_ranks` and more ranks than q/k heads are refused."""
+    ranks' weights in units of `linear_align` heads (one, or more where out_proj's `out_block`
+    needs it: module docstring), each with its Hv / Hk v heads. Every rank holds attention and
+    DeltaNet heads: `attn_ranks` and more ranks than units are refused."""
     spec = getattr(config, "deltanet", None)
     gate = bool(getattr(config, "attn_output_gate", False))
     if spec is None:
         return replace(plan, q_gate=gate) if gate else plan
     if plan.attention_ranks < plan.world_size:
         raise TPPlanError("a hybrid (Gated DeltaNet) model places attention on every rank")
+    Hk, Hv, dv = spec.num_key_heads, spec.num_value_heads, spec.value_head_dim
+    tiled = spec.v_tiled and Hv != Hk  # r = 1: one order
+    run_unit = dv if tiled else (Hv // Hk) * dv  # out_proj columns per q/k head along a run
+    align = out_block // math.gcd(out_block, run_unit) if plan.world_size > 1 else 1
+    if Hk % align:
+        raise DegeneratePlanError(
+            f"the Gated DeltaNet out_proj's {out_block}-element blocks need its {Hk} q/k heads "
+            f"cut in units of {align} (v heads of {dv} columns), which {Hk} is not a multiple "
+            "of: run it on one node or a pipeline"
+        )
     heads = split_by_weights(
-        spec.num_key_heads, plan.weights, 1, "Gated DeltaNet q/k heads (linear_num_key_heads)"
+        Hk, plan.weights, align, "Gated DeltaNet q/k heads (linear_num_key_heads)"
     )
-    dims = (spec.num_key_heads, spec.num_value_heads, spec.key_head_dim, spec.value_head_dim)
-    tiled = spec.v_tiled and spec.num_value_heads != spec.num_key_heads  # r = 1: one order
-    return replace(plan, q_gate=gate, linear_k_heads=heads, linear_dims=dims, linear_v_tiled=tiled)
+    dims = (Hk, Hv, spec.key_head_dim, dv)
+    return replace(
+        plan, q_gate=gate, linear_k_heads=heads, linear_dims=dims, linear_v_tiled=tiled,
+        linear_align=align,
+    )  # fmt: skip
 
 
 def contraction_blocks(source: Any) -> dict[str, int]:
-    """`{"o_block": b_o, "down_block": b_d, "experts_down_block": b_e}`: the largest block size
-    (elements) of any layer's o_proj / down_proj / experts' down weight in `source` (a model
-    source whose `manifest` infos carry a GGUF `type_id`); 1 for a dense source. The shared
-    expert's down counts as a down_proj."""
+    """`{"o_block": b_o, "down_block": b_d, "experts_down_block": b_e, "linear_out_block": b_l}`:
+    the largest block size (elements) of any layer's o_proj / down_proj / experts' down weight /
+    Gated DeltaNet out_proj in `source` (a model source whose `manifest` infos carry a GGUF
+    `type_id`); 1 for a dense source. The shared expert's down counts as a down_proj."""
     from tandem.models.quant.blocks import BY_ID
 
-    out = {"o_block": 1, "down_block": 1, "experts_down_block": 1}
+    out = {"o_block": 1, "down_block": 1, "experts_down_block": 1, "linear_out_block": 1}
     for name, info in getattr(source, "manifest", {}).items():
         t = BY_ID.get(getattr(info, "type_id", -1))
         if t is None:
             continue
         if name.endswith("self_attn.o_proj.weight"):
             out["o_block"] = max(out["o_block"], t.block_size)
+        elif name.endswith("linear_attn.out_proj.weight"):
+            out["linear_out_block"] = max(out["linear_out_block"], t.block_size)
         elif name.endswith("experts.down_proj.weight"):
             out["experts_down_block"] = max(out["experts_down_block"], t.block_size)
         elif name.endswith("down_proj.weight"):
@@ -493,19 +521,7 @@ def plan_for_source(
     attn_ranks: int | None = None,
     moe: str = "tp",
 ) -> TPPlan:
-    """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights;
-    TPPlanError for a hybrid whose Gated DeltaNet weights are quantized (their layers are sharded
-    over float weights only) at more than one rank."""
-    quantized = [
-        n for n, i in getattr(source, "manifest", {}).items()
-        if ".linear_attn." in n and getattr(i, "quantized", False)
-    ]  # fmt: skip
-    if quantized and world_size > 1:
-        raise TPPlanError(
-            f"{len(quantized)} Gated DeltaNet tensors are block-quantized (e.g. {quantized[0]}): "
-            "a hybrid runs under TP with its DeltaNet weights in F32, F16 or BF16; quantized, "
-            "it runs on one node or a pipeline"
-        )
+    """`plan_for_config(source.config, ...)` with the block sizes of `source`'s weights."""
     return plan_for_config(
         source.config,
         world_size,

@@ -27,7 +27,10 @@ materialized on a rank:
 A GGUF source's quantized tensors fill the layers' `quant` modules with the same slices, read as
 blocks (`GGUFModel.blocks(name, dim, start, end)`: a row slice is a view of the mapped file, a
 column slice a copy of exactly the rank's bytes of every row); nothing is dequantized at load time
-and the rest of each tensor is never read. A tied LM head shares the embedding's blocks.
+and the rest of each tensor is never read. A tied LM head shares the embedding's blocks. A
+DeltaNet tensor of several runs concatenates their blocks: row runs along the rows, out_proj's
+column runs (edges on its blocks, `TPPlan.linear_align`) along each row's bytes, a row of
+`cols / B` blocks being the concatenation of its runs' `(end - start) / B` blocks.
 """
 
 from __future__ import annotations
@@ -158,12 +161,18 @@ def _load_quant(model: nn.Module, reader, plan: TPPlan, rank: int) -> int:
             continue
         source = model.checkpoint_name(mname + ".weight")
         spec = slice_spec(mname + ".weight", plan, rank)
+        runs = linear_ranges(mname + ".weight", plan, rank) if plan.linear_k_heads else None
         blocks = shared.get(source)
         if blocks is None:
             info = reader.info(source)
             if info.type_id != q.qtype:
                 raise ShardLoadError(f"{mname}: built for type {q.qtype}, {source} is {info.dtype}")
-            blocks = reader.blocks(source) if spec is None else reader.blocks(source, *spec)
+            if runs is not None:  # a DeltaNet tensor's runs: rows, or out_proj's whole blocks
+                blocks = torch.cat([reader.blocks(source, *r) for r in runs], dim=runs[0][0])
+            elif spec is None:
+                blocks = reader.blocks(source)
+            else:
+                blocks = reader.blocks(source, *spec)
             blocks = shared[source] = blocks.to(device)
             nbytes += blocks.numel()
         if tuple(blocks.shape) != tuple(q.qweight.shape):

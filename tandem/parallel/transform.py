@@ -19,7 +19,8 @@ only this rank's shard is allocated, on this rank's device, in this rank's compu
     DeltaNet   in_proj_qkv/z/b/a      -> ColumnParallelLinear over the rank's q/k heads and their
                (Qwen3.5's linear         v heads (q, k, v rows: three ranges), conv channels and
                layers)                   A_log / dt_bias to match; out_proj -> RowParallelLinear
-                                         (all-reduce); the recurrent state stays local
+                                         (all-reduce); the recurrent state stays local; quantized
+                                         projections over their blocks as the others
     gated attn q_proj                 -> 2 hd rows per query head (query and gate)
 
 A quantized source passes `qtypes` (checkpoint name -> GGUF block type of each quantized tensor):
@@ -165,22 +166,37 @@ def shard_transformer(
 
 def _shard_deltanet(net, plan: TPPlan, comm: Communicator, r: int, D: int, qt, p: str) -> None:
     """A Gated DeltaNet layer's rank-`r` shard (`plan` module docstring): its q/k heads and the
-    v heads they serve, in_proj_* column-parallel, out_proj row-parallel (one all-reduce)."""
-    if any(k.startswith(p + "linear_attn.") for k in qt):
-        raise TransformError("a quantized Gated DeltaNet layer is not sharded (f32/bf16/f16 only)")
+    v heads they serve, in_proj_* column-parallel, out_proj row-parallel (one all-reduce); a
+    projection stored block-quantized is built over its blocks (its rows; out_proj's columns on
+    block edges, `TPPlan.linear_align`). The conv, A, dt and the norm are float tensors: stored
+    quantized, they are refused (TransformError)."""
+    a = p + "linear_attn."
+    odd = sorted(
+        k for k in qt if k.startswith(a) and ".in_proj_" not in k and ".out_proj." not in k
+    )
+    if odd:
+        raise TransformError(
+            f"{odd[0]} is block-quantized: a DeltaNet conv/A/dt/norm is sharded as floats"
+        )
     meta = torch.device("meta")
     k, v = plan.linear_k_heads[r], plan.linear_v_heads(r)
     net.n_k_heads, net.n_v_heads = k.size, v.size
     channels = net.conv_channels
-    net.in_proj_qkv = ColumnParallelLinear(D, channels, False, device=meta)
-    net.in_proj_z = ColumnParallelLinear(D, v.size * net.dv, False, device=meta)
-    net.in_proj_b = ColumnParallelLinear(D, v.size, False, device=meta)
-    net.in_proj_a = ColumnParallelLinear(D, v.size, False, device=meta)
+
+    def col(name: str, out: int) -> ColumnParallelLinear:
+        return ColumnParallelLinear(D, out, False, qtype=qt.get(f"{a}{name}.weight"), device=meta)
+
+    net.in_proj_qkv = col("in_proj_qkv", channels)
+    net.in_proj_z = col("in_proj_z", v.size * net.dv)
+    net.in_proj_b = col("in_proj_b", v.size)
+    net.in_proj_a = col("in_proj_a", v.size)
     with skeleton():
         net.conv1d = nn.Conv1d(channels, channels, net.kernel, groups=channels, bias=False)
     net.dt_bias = nn.Parameter(torch.empty(v.size, device=meta))
     net.A_log = nn.Parameter(torch.empty(v.size, device=meta))
-    net.out_proj = RowParallelLinear(v.size * net.dv, D, False, comm, device=meta)
+    net.out_proj = RowParallelLinear(
+        v.size * net.dv, D, False, comm, qtype=qt.get(a + "out_proj.weight"), device=meta
+    )
 
 
 def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -5,6 +5,7 @@ token left it; a step in pieces equals the step whole; a hybrid sequence refuses
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,26 +178,106 @@ def test_a_replay_from_position_0_discards_the_held_state() -> None:
     torch.testing.assert_close(replayed, fresh.run(Step((StepSequence(0, history, 0),))).logits[0])
 
 
-def test_a_qwen35_gguf_plans_its_tiled_heads_and_refuses_quantized_deltanet_weights_under_tp(
-    tmp_path,
+@pytest.mark.parametrize(
+    ("qtype", "shape", "out_type", "align"),
+    [("Q8_0", dict(value_head_dim=32), "Q8_0", 1),
+     ("K_MIX", dict(num_key_heads=4, num_value_heads=8, value_head_dim=128), "Q4_K", 2)],
+)  # fmt: skip
+def test_a_quantized_qwen35_gguf_plans_under_tp_and_its_out_proj_runs_are_whole_blocks(
+    tmp_path, qtype, shape, out_type, align
 ) -> None:
-    """tiny-qwen35 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads tiled; in Q8_0 its
-    DeltaNet tensors are blocks, which TP refuses by name before any worker loads (one node
-    takes it)."""
+    """tiny-qwen35 as a qwen35 GGUF: in BF16 the TP=2 plan reads its v heads tiled; in Q8_0
+    (v heads of 32) and in the Q4_K_M mix (hidden 256, v heads of 128, out_proj Q4_K: blocks of
+    256, two v heads) its DeltaNet projections are blocks, planned at TP=2 in units of 1 and 2
+    q/k heads, and each rank's out_proj column runs, read as blocks and concatenated along each
+    row's bytes, dequantize (gguf-py) to exactly those columns of the whole tensor."""
+    import gguf
+
     from tandem.loaders.gguf.model_file import GGUFModel
     from tandem.loaders.gguf.writer import write_model_dir_gguf
     from tandem.loaders.make import make_model_dir
-    from tandem.parallel.plan import TPPlanError, plan_for_source
+    from tandem.parallel.plan import contraction_blocks, plan_for_source
+    from tandem.parallel.shard_load import linear_ranges
 
-    make_model_dir(tmp_path / "m", "tiny-qwen35", seed=0)
+    c = get_preset("tiny-qwen35").config
+    c = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, **shape))
+    if qtype == "K_MIX":  # rows of whole 256-element blocks
+        c = dataclasses.replace(c, hidden_size=256, intermediate_size=512)
+    make_model_dir(tmp_path / "m", "tiny-qwen35", seed=0, config=c)
     files = {q: write_model_dir_gguf(tmp_path / "m", tmp_path / f"{q}.gguf", q)[0]
-             for q in ("BF16", "Q8_0")}  # fmt: skip
+             for q in ("BF16", qtype)}  # fmt: skip
     plan = plan_for_source(GGUFModel(files["BF16"]), 2)
-    assert plan.linear_v_tiled and [(s.start, s.end) for s in plan.linear_v_spans(1)] == [
-        (1, 2),
-        (3, 4),
+    hk = c.deltanet.num_key_heads
+    assert plan.linear_v_tiled and plan.linear_align == 1
+    assert [(s.start, s.end) for s in plan.linear_v_spans(1)] == [
+        (hk // 2, hk),
+        (hk + hk // 2, 2 * hk),
     ]
-    q8 = GGUFModel(files["Q8_0"])
-    with pytest.raises(TPPlanError, match="Gated DeltaNet tensors are block-quantized"):
-        plan_for_source(q8, 2)
-    assert plan_for_source(q8, 1).world_size == 1  # one node takes it
+    q = GGUFModel(files[qtype])
+    name = "model.layers.0.linear_attn.out_proj.weight"
+    t = gguf.GGMLQuantizationType[out_type]
+    block = gguf.GGML_QUANT_SIZES[t][0]
+    assert q.info(name).type_id == t and contraction_blocks(q)["linear_out_block"] == block
+    assert q.info("model.layers.0.linear_attn.in_proj_qkv.weight").quantized
+    plan = plan_for_source(q, 2)
+    assert plan.linear_align == align and plan.linear_v_tiled
+    whole = gguf.quants.dequantize(q.blocks(name).numpy(), t)
+    for rank in range(2):
+        runs = linear_ranges(name, plan, rank)
+        assert [(d, s % block, e % block) for d, s, e in runs] == [(1, 0, 0)] * 2  # whole blocks
+        mine = torch.cat([q.blocks(name, *r) for r in runs], dim=1)  # (rows, row bytes)
+        got = gguf.quants.dequantize(mine.numpy(), t)
+        want = np.concatenate([whole[:, s:e] for _, s, e in runs], axis=1)
+        assert np.array_equal(got, want), rank
+
+
+@pytest.mark.parametrize(
+    ("hk", "hv", "dv", "block", "tp", "align"),
+    [(3, 6, 32, 32, 3, 1), (4, 12, 128, 256, 2, 2), (16, 48, 128, 256, 3, 2),
+     (6, 12, 64, 256, 2, 4), (3, 6, 12, 32, 2, 8), (3, 6, 128, 256, 2, 2), (2, 4, 128, 256, 2, 2)],
+)  # fmt: skip
+def test_deltanet_heads_are_cut_where_every_out_proj_run_is_whole_blocks(
+    hk, hv, dv, block, tp, align
+) -> None:
+    """A quantized out_proj's contraction is cut on its blocks: the q/k heads go in units of
+    `align` = B / gcd(B, dv) (tiled v heads), so every run edge (t Hk + a) dv is a multiple of
+    B; where Hk is not a multiple of the unit, or there are fewer units than ranks, the plan is
+    refused (DegeneratePlanError) rather than cutting a block. One node needs no cut."""
+    from tandem.parallel.plan import DegeneratePlanError, plan_for_config
+    from tandem.parallel.shard_load import linear_ranges
+
+    c = get_preset("tiny-qwen35").config
+    spec = dataclasses.replace(
+        c.deltanet, num_key_heads=hk, num_value_heads=hv, value_head_dim=dv, v_tiled=True
+    )
+    c = dataclasses.replace(c, deltanet=spec)
+    assert plan_for_config(c, 1, linear_out_block=block).linear_align == 1
+    if hk % align or hk // align < tp:
+        with pytest.raises(DegeneratePlanError, match="q/k heads"):
+            plan_for_config(c, tp, linear_out_block=block)
+        return
+    plan = plan_for_config(c, tp, linear_out_block=block)
+    assert plan.linear_align == align
+    for rank in range(tp):
+        runs = linear_ranges("model.layers.0.linear_attn.out_proj.weight", plan, rank)
+        assert all(s % block == 0 and e % block == 0 for _, s, e in runs), (rank, runs)
+
+
+def test_the_tp_transform_builds_deltanet_projections_over_blocks_and_refuses_a_quantized_conv():
+    """A rank's DeltaNet projections stored block-quantized are built over blocks (the rank's
+    rows; out_proj's columns); the conv, A, dt and the norm are sharded as floats, so one stored
+    quantized is refused by name (TransformError), not loaded wrong."""
+    from tandem.comm.solo import SoloCommunicator
+    from tandem.models.quant.blocks import BY_NAME
+    from tandem.models.quant.linear import QuantLinear
+    from tandem.parallel.plan import plan_for_config
+    from tandem.parallel.transform import TransformError, shard_transformer
+
+    c = get_preset("tiny-qwen35").config
+    plan, q8 = plan_for_config(c, 1), BY_NAME["Q8_0"].type_id
+    p = "model.layers.0.linear_attn."
+    qt = {p + "in_proj_qkv.weight": q8, p + "in_proj_z.weight": q8}
+    net = shard_transformer(c, plan, SoloCommunicator(), qtypes=qt).model.layers["0"].linear_attn
+    assert isinstance(net.in_proj_qkv.quant, QuantLinear) and net.in_proj_a.quant is None
+    with pytest.raises(TransformError, match="conv1d.weight is block-quantized"):
+        shard_transformer(c, plan, SoloCommunicator(), qtypes={p + "conv1d.weight": q8})
