@@ -94,7 +94,7 @@ def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     out = tmp_path_factory.mktemp("lean-moe") / f"{preset}-{qtype}.gguf"
     _, (f,) = write_preset_gguf(out, preset, qtype, config=cfg)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
-    assert lean.model._decode is None and any(L.moe is not None for L in lean.model.layers)
+    assert lean.model.decode_token is not None and any(L.moe is not None for L in lean.model.layers)
     # each of a token's k experts requantizes its own SwiGLU output to int8: more rounding edges
     # a last-bit change can cross than a dense MLP's one, so the bound's delta counts 3 times
     _assert_like_local(f, lean, STEPS, spread=3.0)
@@ -133,7 +133,7 @@ def test_gpt_oss_runs_torch_free_like_the_local_executor(tmp_path_factory, sourc
     f = _gpt_oss_gguf(tmp_path_factory, source)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     m = lean.model
-    assert m._decode is None and [L.window for L in m.layers] == [8, 0, 8]
+    assert m.decode_token is not None and [L.window for L in m.layers] == [8, 0, 8]
     assert all(L.sinks is not None and L.moe.act is not None for L in m.layers)
     _assert_like_local(f, lean, WINDOWED_STEPS, spread=3.0)
 
@@ -148,14 +148,14 @@ GEMMA3 = dict(
 def test_gemma3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype) -> None:
     """Gemma 3's blocks: (1 + w) norms as the file stores them, four a layer, q/k norms,
     GELU-tanh, the embedding scale, a window of 8 on layers 0-4 and 6 (crossed by the steps)
-    with their own rope base, linear scaling on the global layer 5, MQA; every step (decode
-    too) on the per-step path."""
+    with their own rope base, linear scaling on the global layer 5, MQA; a decode token in one
+    native call."""
     cfg = dataclasses.replace(get_preset("tiny-gemma3").config, **GEMMA3)
     out = tmp_path_factory.mktemp("lean-gemma") / f"gemma3-{qtype}.gguf"
     _, (f,) = write_preset_gguf(out, "tiny-gemma3", qtype, config=cfg)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     m = lean.model
-    assert m.gemma and m._decode is None and m.local_inv_freq is not None
+    assert m.gemma and m.decode_token is not None and m.local_inv_freq is not None
     assert [L.rope_local for L in m.layers] == [True] * 5 + [False, True]
     _assert_like_local(f, lean, WINDOWED_STEPS)
 
