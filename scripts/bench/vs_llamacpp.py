@@ -78,9 +78,19 @@ def set_vocab(self):
     w.add_token_merges(["t0 t1"])  # llama.cpp wants the key; an empty list is not written
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+def keep_every_row(cls):
+    # Gemma 3's cuts the embedding to tokenizer.json's vocabulary (its OOV rows); the placeholder
+    # vocabulary is vocab_size tokens, so every row stays (the parent's modify_tensors)
+    own, parent = cls.modify_tensors, cls.__mro__[1].modify_tensors
+    def modify_tensors(self, data, name, bid):
+        f = parent if "embed_tokens.weight" in name else own
+        return f(self, data, name, bid)
+    cls.modify_tensors = modify_tensors
 def get_model_class(*args, **kw):
     cls = find(*args, **kw)
     cls.set_vocab = set_vocab
+    if cls.__name__ == "Gemma3Model":
+        keep_every_row(cls)
     return cls
 c.get_model_class = get_model_class
 c.main()
