@@ -22,10 +22,10 @@ x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm
 gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
 own unscaled table (`rope_local_theta`).
 
-The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE, SwiGLU
-, the causal attention and Gemma's GeGLU the csrc/decode_ops.c calls, so no BLAS runs (numpy's
-OpenBLAS threads would spin against the kernels' OpenMP threads). One sequence with one new token
-takes the one-call decode (csrc/decode_model.c: every layer in C, as the torch path's
+The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE,
+SwiGLU, Gemma's GeGLU and the causal attention the csrc/decode_ops.c calls, so no BLAS runs
+(numpy's OpenBLAS threads would spin against the kernels' OpenMP threads). One sequence with one
+new token takes the one-call decode (csrc/decode_model.c: every layer in C, as the torch path's
 FastTransformer), every architecture above: a layer there carries its window, its sinks, its
 sandwich norms, its activation, its RoPE table and its MoE block (csrc/moe.c) where it has them.
 `_decode_layers` is the same token layer by layer, two calls each (the attention half, then the
