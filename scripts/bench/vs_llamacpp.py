@@ -4,6 +4,7 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
     .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
                                            [--tandem-only] [--extra NAME=FILE.gguf ...] [--large] [--moe] [--gpt-oss]
+                                           [--gemma3]
                                            [--variants chosen,avx2,avx512]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
@@ -15,7 +16,8 @@ runtime weighs less in the RSS ratio); with `--moe`, the `qwen3-moe-1.2b` preset
 experts: 64 of width 768, 8 active) in Q4_K_M, whose roofline counts the bytes a token reads
 (attention, router, 8 experts per sparse layer, the head); with `--gpt-oss`, gpt-oss-20b's shape
 scaled to ~1.0 B parameters (`gpt_oss_bench_config`) in llama-quantize's MXFP4_MOE (MXFP4 experts,
-Q8_0 elsewhere: what llama.cpp's gpt-oss files hold). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
+Q8_0 elsewhere: what llama.cpp's gpt-oss files hold); with `--gemma3`, gemma-3-1b's layers with a
+smaller vocabulary and fewer layers (`gemma3_bench_config`, ~0.52 B) in Q4_K_M. llama.cpp comes from /work/shared/tools/llamacpp.sh (or
 $LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
@@ -76,9 +78,19 @@ def set_vocab(self):
     w.add_token_merges(["t0 t1"])  # llama.cpp wants the key; an empty list is not written
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+def keep_every_row(cls):
+    # Gemma 3's cuts the embedding to tokenizer.json's vocabulary (its OOV rows); the placeholder
+    # vocabulary is vocab_size tokens, so every row stays (the parent's modify_tensors)
+    own, parent = cls.modify_tensors, cls.__mro__[1].modify_tensors
+    def modify_tensors(self, data, name, bid):
+        f = parent if "embed_tokens.weight" in name else own
+        return f(self, data, name, bid)
+    cls.modify_tensors = modify_tensors
 def get_model_class(*args, **kw):
     cls = find(*args, **kw)
     cls.set_vocab = set_vocab
+    if cls.__name__ == "Gemma3Model":
+        keep_every_row(cls)
     return cls
 c.get_model_class = get_model_class
 c.main()
@@ -131,6 +143,27 @@ def gpt_oss_bench_config():
             base.rope_scaling, original_max_position_embeddings=4096, truncate=True
         ),
         moe=moe_spec(32, 4, 1024), torch_dtype="bfloat16",
+    )  # fmt: skip
+
+
+def gemma3_bench_config():
+    """gemma-3-1b's layers (width 1152, 4 q heads / 1 kv head of 256, MLP width 6912, GELU-tanh,
+    sandwich norms, q/k norms, query_pre_attn_scalar 256, a window of 512 on five layers of six
+    with local rope base 10000, global base 1e6), 18 layers (26 there) and a tied vocabulary of
+    32768 (262144 there, which at this width would be over half the model): ~0.48 B in layers,
+    38 M in the embedding, ~0.52 B in all."""
+    from dataclasses import replace
+
+    from tandem.models.presets import get_preset
+
+    base = get_preset("tiny-gemma3").config
+    n = 18
+    return replace(
+        base, vocab_size=32768, hidden_size=1152, intermediate_size=6912, num_hidden_layers=n,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, max_position_embeddings=32768,
+        sliding_window=512, window_layers=tuple(i for i in range(n) if (i + 1) % 6),
+        rope_scaling=None, embed_scale=1152**0.5, query_pre_attn_scalar=256.0,
+        torch_dtype="bfloat16",
     )  # fmt: skip
 
 
@@ -341,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moe", action="store_true", help="also the qwen3-moe-1.2b preset in Q4_K_M")
     p.add_argument("--gpt-oss", action="store_true",
                    help="also a ~1.0 B gpt-oss-20b-like model in MXFP4_MOE")  # fmt: skip
+    p.add_argument("--gemma3", action="store_true",
+                   help="also a ~0.52 B gemma-3-1b-like model in Q4_K_M")  # fmt: skip
     p.add_argument("--variants", default="chosen",
                    help="comma-separated: chosen (timed per type) and/or forced builds")  # fmt: skip
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -362,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.gpt_oss:
             files.update(make_files(a.work, cpp, "tiny-gpt-oss", ("MXFP4_MOE",),
                                     gpt_oss_bench_config(), "gpt-oss-1b"))  # fmt: skip
+        if a.gemma3:
+            files.update(make_files(a.work, cpp, "tiny-gemma3", ("Q4_K_M",),
+                                    gemma3_bench_config(), "gemma3-0.5b"))  # fmt: skip
     files.update(dict(e.split("=", 1) for e in a.extra))
     files = {n: Path(f) for n, f in files.items()}
     if a.only:

@@ -31,6 +31,24 @@ class TqMoeAct(ctypes.Structure):  # csrc/quant.h tq_moe_act: gpt-oss's expert a
     )
 
 
+class TqMoeLayer(ctypes.Structure):  # csrc/decode_layers.h tq_moe_layer: a sparse feed-forward
+    _fields_ = (
+        ("router", ctypes.c_void_p),  # TqLinear
+        ("E", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("route", ctypes.c_int64),  # 0 softmax_topk, 1 topk_softmax
+        ("normalize", ctypes.c_int64),
+        ("W", ctypes.c_int64),
+        ("gate", ctypes.c_void_p),
+        ("up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("gate_type", ctypes.c_int64),
+        ("up_type", ctypes.c_int64),
+        ("down_type", ctypes.c_int64),
+        ("act", ctypes.c_void_p),  # TqMoeAct or NULL
+    )
+
+
 class TqLayer(ctypes.Structure):  # csrc/decode_layers.h tq_layer: one decoder layer's arguments
     _fields_ = (
         ("in_norm", ctypes.c_void_p),
@@ -47,6 +65,16 @@ class TqLayer(ctypes.Structure):  # csrc/decode_layers.h tq_layer: one decoder l
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
         ("rope_pairs", ctypes.c_int),  # 0 HF halves, 1 llama.cpp's pairs (csrc tandem_norm_rope)
+        # zero for a plain dense layer (the torch path's): the attention's window (0 all keys)
+        # and sinks (float32 (H) or NULL), Gemma's sandwich norms of the two halves' outputs,
+        # the MLP's activation (0 silu, 1 gelu_tanh), the local RoPE table, a TqMoeLayer
+        ("window", ctypes.c_int64),
+        ("sinks", ctypes.c_void_p),
+        ("attn_out_norm", ctypes.c_void_p),
+        ("mlp_out_norm", ctypes.c_void_p),
+        ("act", ctypes.c_int64),
+        ("rope_local", ctypes.c_int64),
+        ("moe", ctypes.c_void_p),
     )
 
 
@@ -74,4 +102,5 @@ class TqDecodePlan(ctypes.Structure):  # csrc/decode_token.c tq_decode_plan: a t
         ("hn", ctypes.c_void_p),  # float32 (D): its normed copy, the head's input
         ("scratch", ctypes.c_void_p),  # float32 (D)
         ("nthreads", ctypes.c_int),
+        ("embed_scale", ctypes.c_float),  # the embedding row's scale (Gemma), 0: none
     )

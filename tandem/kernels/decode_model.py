@@ -131,7 +131,7 @@ def run(model, layers: list, h: torch.Tensor, ctx: ForwardContext) -> torch.Tens
     out = h.clone()
     rc = native.library().tandem_decode_layers(
         ctypes.addressof(p.array), len(p.array), out.data_ptr(), ctx.cos.data_ptr(),
-        ctx.sin.data_ptr(), slot, p.slot_stride, p.kv_strides, pos, p.D, p.H, p.G, p.hd, p.I,
+        ctx.sin.data_ptr(), None, None, slot, p.slot_stride, p.kv_strides, pos, p.D, p.H, p.G, p.hd, p.I,
         p.scale, p.code, torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:

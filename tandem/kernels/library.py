@@ -274,15 +274,20 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     "tandem_moe_route_kind": (_INT, (_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _INT)),
     # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads
     "tandem_mlp_block": (_INT, (_P, _P, _F32, _P, _P, _P, _I64, _I64, _INT, _INT)),
-    # layers (tq_layer*), n, h, cos, sin, slot, slot_stride, kv_strides, pos, D, H, G, hd, I,
-    # scale, dtype, threads
+    # the same with act (0 silu, 1 gelu_tanh) before dtype
+    "tandem_mlp_block_act": (_INT, (_P, _P, _F32, _P, _P, _P, _I64, _I64, _INT, _INT, _INT)),
+    # gu, y, rows, inter, dtype, threads
+    "tandem_gelu_tanh_mul": (_INT, (_P, _P, _I64, _I64, _INT, _INT)),
+    # layers (tq_layer*), n, h, cos, sin, cos_local, sin_local, slot, slot_stride, kv_strides,
+    # pos, D, H, G, hd, I, scale, dtype, threads
     "tandem_decode_layers": (
         _INT,
-        (_P, _I64, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _INT)
-        + (_INT,),
+        (_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64)
+        + (_F32, _INT, _INT),
     ),
-    # plan (tq_decode_plan*), token, slot, pos, cos, sin, logits, greedy -> argmax id, 0, or -1
-    "tandem_decode_token": (_I64, (_P, _I64, _I64, _I64, _P, _P, _P, _INT)),
+    # plan (tq_decode_plan*), token, slot, pos, cos, sin, cos_local, sin_local, logits, greedy
+    # -> argmax id, 0, or -1
+    "tandem_decode_token": (_I64, (_P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _INT)),
     "tandem_embed_type_native": (_INT, (_I64,)),  # ggml type -> 1 where decode_token embeds it
     # base, length, file name, exit code (csrc/sigbus.c; tandem/kernels/mapped_guard.py)
     "tandem_watch_mapping": (_INT, (_P, _I64, ctypes.c_char_p, _INT)),

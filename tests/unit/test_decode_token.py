@@ -2,7 +2,9 @@
 against gguf-py's dequantization bit for bit, and a whole model's tokens against `LeanModel`'s
 step by step path (the embedding in numpy, the layers, the norm, the head and the argmax each a
 call of its own) bit for bit: logits and greedy ids, across the RoPE window's edge, for every
-architecture and for embedding types dequantized in C and in numpy."""
+architecture and for embedding types dequantized in C and in numpy; for the models with windows,
+sinks, experts or Gemma 3's blocks also against the layer by layer decode (two calls a layer)
+and the op by op forward, across their attention window's edge too."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def test_the_embedding_row_is_gguf_pys_dequantization(name, D) -> None:
     assert lib.tandem_embed_type_native(int(GT[name])) == 1
     for tok in range(7):
         logits = np.empty(40, np.float32)
-        got = lib.tandem_decode_token(ctypes.addressof(plan), tok, 0, 0, None, None,
+        got = lib.tandem_decode_token(ctypes.addressof(plan), tok, 0, 0, None, None, None, None,
                                       logits.ctypes.data, 1)  # fmt: skip
         want = np.asarray(dequantize(table[tok : tok + 1], GT[name]), np.float32).reshape(D)
         assert np.array_equal(buf[0].view(np.uint32), want.view(np.uint32)), tok
@@ -82,11 +84,11 @@ def test_a_token_outside_the_table_or_an_unknown_type_is_refused() -> None:
     logits = np.empty(8, np.float32)
     plan = _plan(table, int(GT.Q8_0), D, head, norm, buf)
     for tok in (3, -2):
-        assert lib.tandem_decode_token(ctypes.addressof(plan), tok, 0, 0, None, None,
+        assert lib.tandem_decode_token(ctypes.addressof(plan), tok, 0, 0, None, None, None, None,
                                        logits.ctypes.data, 1) == -1  # fmt: skip
     assert lib.tandem_embed_type_native(int(GT.Q6_K)) == 0
     plan = _plan(table, int(GT.Q6_K), D, head, norm, buf)
-    assert lib.tandem_decode_token(ctypes.addressof(plan), 0, 0, 0, None, None,
+    assert lib.tandem_decode_token(ctypes.addressof(plan), 0, 0, 0, None, None, None, None,
                                    logits.ctypes.data, 1) == -1  # fmt: skip
 
 
@@ -139,3 +141,60 @@ def test_logits_of_the_wrong_shape_or_dtype_are_refused(tmp_path_factory) -> Non
                 np.empty((one.vocab, 2), np.float32)[:, 0]):  # fmt: skip
         with pytest.raises(ops.LeanKernelError):
             one(0, 0, 1, bad)
+
+
+# small random models of the families whose layers carry more than a dense layer's parts
+FAMILY_SHAPE = dict(SHAPE, intermediate_size=256, head_dim=64)
+GEMMA3 = dict(num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=128.0, embed_scale=16.0)
+
+
+def _family_gguf(tmp_path_factory, preset: str, qtype: str):
+    base = get_preset(preset).config
+    kw = dict(FAMILY_SHAPE, **(GEMMA3 if preset == "tiny-gemma3" else {}))
+    if base.moe is not None:
+        kw["moe"] = dataclasses.replace(base.moe, intermediate_size=256)
+    out = tmp_path_factory.mktemp("token-family") / f"{preset}-{qtype}.gguf"
+    _, (f,) = write_preset_gguf(out, preset, qtype, config=dataclasses.replace(base, **kw))
+    return f
+
+
+@pytest.mark.parametrize(
+    ("preset", "qtype"),
+    [("tiny-gemma3", "Q8_0"), ("tiny-gemma3", "K_MIX"), ("tiny-gpt-oss", "MXFP4"),
+     ("tiny-gpt-oss", "Q8_0"), ("tiny-mixtral", "Q8_0"), ("tiny-qwen3-moe", "K_MIX")],
+)  # fmt: skip
+def test_windows_sinks_experts_and_gemma_decode_in_one_call_as_layer_by_layer(
+    tmp_path_factory, monkeypatch, preset, qtype
+) -> None:
+    """gpt-oss (windows of 8, sinks, biased experts), Mixtral and Qwen3-MoE (experts, a dense
+    layer), Gemma 3 (sandwich norms, GELU-tanh, the embedding scale, windows of 8 with their own
+    RoPE table): the one call's logits and greedy ids equal `_decode_layers`' and
+    `forward_steps`' bit for bit, past the attention window and the RoPE window, and no decode
+    step runs the op by op path."""
+    f = _family_gguf(tmp_path_factory, preset, qtype)
+    ex = LeanExecutor.from_file(f, max_batch=4, max_seq_len=96, threads=2)
+    m = ex.model
+    assert m.decode_token is not None
+    special = [L for L in m.layers if L.window or L.moe is not None or L.attn_out_norm is not None]
+    assert special, preset  # the one call carries these layers' parts
+    prompt = (5, 17, 42, 99, 3)
+    for sid in (0, 1, 2, 3):
+        ex.run(Step((StepSequence(sid, prompt, 0),)))
+    stepped = []
+    real = m.forward_steps
+    monkeypatch.setattr(m, "forward_steps", lambda rows: stepped.append(rows) or real(rows))
+    tok = 7
+    for pos in range(len(prompt), len(prompt) + token.WINDOW + 8):
+        layered = m.logits(m._decode_layers(2, pos, tok))  # (1, V): two calls a layer
+        ex.seqs.advance(Step((StepSequence(2, (tok,), pos),)))
+        op_by_op = m.logits(real([(3, pos, (tok,))]))
+        ex.seqs.advance(Step((StepSequence(3, (tok,), pos),)))
+        got = ex.run(Step((StepSequence(0, (tok,), pos),))).logits
+        ids = ex.run(Step((StepSequence(1, (tok,), pos),), greedy=True)).token_ids
+        assert np.array_equal(got.view(np.uint32), layered.view(np.uint32)), pos
+        assert np.array_equal(got.view(np.uint32), op_by_op.view(np.uint32)), pos
+        assert ids.tolist() == [int(np.argmax(layered[0]))], pos
+        tok = int(ids[0])
+    assert not stepped
+    for a in (m.k, m.v):
+        assert np.array_equal(a[:, 0], a[:, 2]) and np.array_equal(a[:, 1], a[:, 3])

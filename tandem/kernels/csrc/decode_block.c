@@ -5,7 +5,8 @@
  *
  *   attention half:  a = o_proj(attend(rope(qk_norm(split(qkv_proj(rmsnorm(h)))))), cache)
  *                    with this token's k and v written into the cache at `pos` first
- *   MLP half:        m = down_proj(silu(gate) * up),  [gate, up] = gate_up_proj(rmsnorm(h))
+ *   MLP half:        m = down_proj(act(gate) * up),  [gate, up] = gate_up_proj(rmsnorm(h)),
+ *                    act silu, or gelu_tanh (Gemma)
  *
  * The caller adds the residual (h + a, then h + m), as layers.py does. Each step is the
  * function the per-op path calls, with the same roundings, so this path and the per-op path
@@ -25,6 +26,8 @@ int tandem_norm_rope(void *x, int64_t rows, int64_t heads, int64_t hd, int64_t r
                      const void *w, float eps, const void *cos, const void *sin, int pairs, int dt,
                      int nthreads);
 int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt, int nthreads);
+int tandem_gelu_tanh_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt,
+                         int nthreads);
 int tandem_decode_attention(const void *q, int64_t q_stride, const void *k, const int64_t *ks,
                             const void *v, const int64_t *vs, void *out, int64_t B, int64_t G,
                             int64_t R, int64_t S, int64_t hd, float scale, int dt, int nthreads);
@@ -102,19 +105,29 @@ int tandem_attention_block(const void *h, const void *norm_w, float eps, const t
                                      hd, scale, dt, nthreads);
 }
 
-/* h (D) -> out (D), all of dtype dt: gu (2*I, D) = [W_gate; W_up], down (D, I) (tq_linear). */
-int tandem_mlp_block(const void *h, const void *norm_w, float eps, const tq_linear *gu_l,
-                     const tq_linear *down_l, void *out, int64_t D, int64_t I, int dt,
-                     int nthreads) {
-    if (D < 1 || I < 1) return -1;
+/* h (D) -> out (D), all of dtype dt: gu (2*I, D) = [W_gate; W_up], down (D, I) (tq_linear);
+ * `act` the gate's activation: 0 silu (SwiGLU), 1 gelu_tanh (Gemma's GeGLU,
+ * decode_ops.c tandem_gelu_tanh_mul). */
+int tandem_mlp_block_act(const void *h, const void *norm_w, float eps, const tq_linear *gu_l,
+                         const tq_linear *down_l, void *out, int64_t D, int64_t I, int act, int dt,
+                         int nthreads) {
+    if (D < 1 || I < 1 || act < 0 || act > 1) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
     char *buf = (char *)malloc((size_t)(D + 3 * I) * es);
     if (!buf) return -1;
-    char *xn = buf, *gu = xn + D * es, *act = gu + 2 * I * es;
+    char *xn = buf, *gu = xn + D * es, *a = gu + 2 * I * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, 1, D, eps, dt, nthreads);
     if (!rc) rc = linear1(gu_l, xn, gu, 2 * I, D, dt, nthreads);
-    if (!rc) rc = tandem_silu_mul(gu, act, 1, I, dt, nthreads);
-    if (!rc) rc = linear1(down_l, act, out, D, I, dt, nthreads);
+    if (!rc)
+        rc = act ? tandem_gelu_tanh_mul(gu, a, 1, I, dt, nthreads)
+                 : tandem_silu_mul(gu, a, 1, I, dt, nthreads);
+    if (!rc) rc = linear1(down_l, a, out, D, I, dt, nthreads);
     free(buf);
     return rc;
+}
+
+int tandem_mlp_block(const void *h, const void *norm_w, float eps, const tq_linear *gu_l,
+                     const tq_linear *down_l, void *out, int64_t D, int64_t I, int dt,
+                     int nthreads) {
+    return tandem_mlp_block_act(h, norm_w, eps, gu_l, down_l, out, D, I, 0, dt, nthreads);
 }

@@ -5,11 +5,31 @@
 
 #include "quant.h"
 
-/* One decoder layer as the model call takes it (tandem/kernels/decode_model.py builds these):
- * the two RMSNorm weights and eps, the four projections (quant.h tq_linear), the q/k norm weights
- * (or NULL) and eps, and the layer's k and v caches at slot 0: element (slot, g, s, d) at
- * k + slot*slot_stride + g*kv_strides[0] + s*kv_strides[1] + d, every layer alike; the q/k
- * rows' RoPE layout (decode_ops.c tandem_norm_rope's `pairs`). */
+/* A sparse layer's feed-forward (csrc/moe.c tandem_moe_block_act's arguments, the layer's
+ * post_norm its input norm): the router (E outputs), k experts a token, the route kind
+ * (0 softmax_topk, 1 topk_softmax) and renormalisation, the expert width W, the experts'
+ * stacked blocks and ggml types, and gpt-oss's biases and activation (or NULL). */
+typedef struct {
+    const tq_linear *router;
+    int64_t E, k, route, normalize, W;
+    const void *gate, *up, *down;
+    int64_t gate_type, up_type, down_type;
+    const tq_moe_act *act;
+} tq_moe_layer;
+
+/* One decoder layer as the model call takes it (tandem/kernels/decode_model.py and
+ * tandem/kernels/lean/model.py build these): the two RMSNorm weights and eps, the four
+ * projections (quant.h tq_linear), the q/k norm weights (or NULL) and eps, and the layer's k and v
+ * caches at slot 0: element (slot, g, s, d) at k + slot*slot_stride + g*kv_strides[0] +
+ * s*kv_strides[1] + d, every layer alike; the q/k rows' RoPE layout (decode_ops.c
+ * tandem_norm_rope's `pairs`). The fields after rope_pairs are zero for a plain dense layer:
+ *   window       keys max(0, pos - window + 1)..pos only (0: every earlier key)
+ *   sinks        float32 (H) sink logits joining each head's softmax (gpt-oss), or NULL
+ *   attn_out_norm, mlp_out_norm   Gemma's sandwich norms of the two halves' outputs, or NULL
+ *                (eps post_eps)
+ *   act          the dense MLP's activation: 0 silu, 1 gelu_tanh
+ *   rope_local   1: this layer rotates by the local table (Gemma 3's windowed layers)
+ *   moe          the sparse feed-forward in place of gate_up / down, or NULL */
 typedef struct {
     const void *in_norm, *post_norm;
     float in_eps, post_eps, qk_eps;
@@ -17,14 +37,21 @@ typedef struct {
     const void *q_norm, *k_norm;
     void *k_cache, *v_cache;
     int rope_pairs; /* the q/k rows' RoPE layout: tandem_norm_rope's `pairs` */
+    int64_t window;
+    const float *sinks;
+    const void *attn_out_norm, *mlp_out_norm;
+    int64_t act, rope_local;
+    const tq_moe_layer *moe;
 } tq_layer;
 
 int tandem_decode_layers(const tq_layer *layers, int64_t n, void *h, const void *cos,
-                         const void *sin, int64_t slot, int64_t slot_stride,
-                         const int64_t *kv_strides, int64_t pos, int64_t D, int64_t H, int64_t G,
-                         int64_t hd, int64_t I, float scale, int dt, int nthreads);
+                         const void *sin, const void *cos_local, const void *sin_local,
+                         int64_t slot, int64_t slot_stride, const int64_t *kv_strides, int64_t pos,
+                         int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I, float scale,
+                         int dt, int nthreads);
 int tq_decode_layers_with(const tq_layer *layers, int64_t n, void *h, const void *cos,
-                          const void *sin, int64_t slot, int64_t slot_stride,
-                          const int64_t *kv_strides, int64_t pos, int64_t D, int64_t H, int64_t G,
-                          int64_t hd, int64_t I, float scale, int dt, int nthreads, void *x);
+                          const void *sin, const void *cos_local, const void *sin_local,
+                          int64_t slot, int64_t slot_stride, const int64_t *kv_strides,
+                          int64_t pos, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
+                          float scale, int dt, int nthreads, void *x);
 #endif

@@ -183,6 +183,29 @@ int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt
     return 0;
 }
 
+/* y (rows, inter) = gelu_tanh(g) * u for gu (rows, 2 * inter) = [g, u] per row, contiguous
+ * (Gemma's GeGLU, layers.GeluTanhMLP), in float32 with one rounding per operation:
+ *     inner = c0 * (g + c1 * ((g * g) * g)),  c0 = sqrt(2/pi), c1 = 0.044715
+ *     y     = round_dt(((0.5 * g) * (1 + tanhf(inner))) * u)
+ * (the torch-free path's per-step forward and its decode call both run this one function). */
+int tandem_gelu_tanh_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt,
+                         int nthreads) {
+    if (rows < 0 || inter < 1 || dt < DT_F32 || dt > DT_F16 || (dt == DT_F16 && !HAVE_F16)) return -1;
+    const float c0 = 0.7978845608028654f, c1 = 0.044715f;
+    nthreads = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel for if (rows * inter >= PARALLEL_MIN) num_threads(nthreads)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t g0 = r * 2 * inter, u0 = g0 + inter;
+        for (int64_t i = 0; i < inter; i++) {
+            const float g = load1(gu, g0 + i, dt);
+            const float inner = c0 * (g + c1 * (g * g * g));
+            const float act = 0.5f * g * (1.0f + tanhf(inner));
+            store1(y, r * inter + i, act * load1(gu, u0 + i, dt), dt);
+        }
+    }
+    return 0;
+}
+
 /* out[r] = the index of the first maximum of row r of x (rows, n), contiguous; a NaN counts as
  * the maximum (torch.argmax's rule). The greedy pick over a vocabulary-sized row of logits: one
  * vector pass for the maximum (and whether any NaN), one for its first position. */

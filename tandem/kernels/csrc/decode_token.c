@@ -4,6 +4,7 @@
  *
  *   h      = embed[token]                      (D) float32: the row as gguf-py dequantizes it,
  *                                              for the types below; else the caller's h as given
+ *   h      = h * embed_scale                   (Gemma's sqrt(D), rounded to float32; 0: none)
  *   h      = decode_layers(h)                  csrc/decode_model.c, in place
  *   hn     = rmsnorm(h) * norm_w               csrc/decode_ops.c tandem_rmsnorm, one row
  *   logits = hn Whead^T (+ b)                  (V) csrc/qgemv.c tandem_qgemv, M = 1
@@ -33,7 +34,8 @@ int tandem_argmax(const void *x, int64_t rows, int64_t n, int64_t *out, int dt);
 /* What stays fixed from token to token (tandem/kernels/cstructs.py TqDecodePlan fills it):
  * the layers and their cache geometry (decode_model.c), the final norm, the head, the embedding
  * table as stored (rows of `embed_row_bytes`, ggml type `embed_type`), and the two float32 (D)
- * buffers: the residual stream h and its normed copy hn, plus a (D) scratch. */
+ * buffers: the residual stream h and its normed copy hn, plus a (D) scratch; the embedding's
+ * scale (Gemma) or 0. */
 typedef struct {
     const tq_layer *layers;
     int64_t n_layers;
@@ -49,6 +51,7 @@ typedef struct {
     int64_t embed_type, embed_rows, embed_row_bytes;
     float *h, *hn, *scratch;
     int nthreads;
+    float embed_scale; /* 0: the row as is */
 } tq_decode_plan;
 
 /* 1 where `embed_row` dequantizes type t. */
@@ -113,17 +116,22 @@ static int embed_row(const uint8_t *row, int64_t t, int64_t D, float *y) {
 }
 
 /* One token (module comment): `token` >= 0 is embedded here (a type `tandem_embed_type_native`
- * takes), -1 takes p->h as the caller filled it; cos, sin (hd) the RoPE rows of `pos`; the
+ * takes), -1 takes p->h as the caller filled it (the scale then applied here alike); cos, sin
+ * (hd) the RoPE rows of `pos`, cos_local, sin_local the local table's (Gemma 3) or NULL; the
  * logits (vocab) written to `logits`. Returns the argmax id where `greedy`, else 0; -1 where a
  * call refuses its arguments or the token is outside the table. */
 int64_t tandem_decode_token(const tq_decode_plan *p, int64_t token, int64_t slot, int64_t pos,
-                            const void *cos, const void *sin, float *logits, int greedy) {
+                            const void *cos, const void *sin, const void *cos_local,
+                            const void *sin_local, float *logits, int greedy) {
     if (token >= p->embed_rows || token < -1) return -1;
     if (token >= 0) {
         const uint8_t *row = p->embed + token * p->embed_row_bytes;
         if (embed_row(row, p->embed_type, p->D, p->h)) return -1;
     }
-    if (tq_decode_layers_with(p->layers, p->n_layers, p->h, cos, sin, slot, p->slot_stride,
+    if (p->embed_scale != 0.0f)
+        for (int64_t i = 0; i < p->D; i++) p->h[i] *= p->embed_scale;
+    if (tq_decode_layers_with(p->layers, p->n_layers, p->h, cos, sin, cos_local, sin_local,
+                              slot, p->slot_stride,
                               p->kv_strides, pos, p->D, p->H, p->G, p->hd, p->I, p->scale, DT_F32,
                               p->nthreads, p->scratch))
         return -1;

@@ -28,16 +28,17 @@ Gemma 3's blocks (`models.gemma`): x = embed(ids) * embed_scale; every norm (off
 (the offset added to w once, in float32); four norms a layer (sandwich):
 x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm(x))); the MLP
 gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
-own unscaled table (`rope_local_theta`). Every Gemma step, decode included, takes the per-step
-path below (no native decode call has these blocks).
+own unscaled table (`rope_local_theta`).
 
-The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE, SwiGLU
-and the causal attention the csrc/decode_ops.c calls, so no BLAS runs (numpy's OpenBLAS threads
-would spin against the kernels' OpenMP threads). One sequence with one new token takes the
-one-call decode (csrc/decode_model.c: every layer in C, as the torch path's FastTransformer);
-a mixture of experts, or a model with windows or sinks, decodes layer by layer, two calls each
-(the attention half, windowed and with sinks where the layer has them, then the MoE block or the
-dense MLP half).
+The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE,
+SwiGLU, Gemma's GeGLU and the causal attention the csrc/decode_ops.c calls, so no BLAS runs
+(numpy's OpenBLAS threads would spin against the kernels' OpenMP threads). One sequence with one
+new token takes the one-call decode (csrc/decode_model.c: every layer in C, as the torch path's
+FastTransformer), every architecture above: a layer there carries its window, its sinks, its
+sandwich norms, its activation, its RoPE table and its MoE block (csrc/moe.c) where it has them.
+`_decode_layers` is the same token layer by layer, two calls each (the attention half, then the
+MoE block or the dense MLP half), the reference the one call equals bit for bit
+(tests/unit/test_decode_token.py).
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
 OS: a page is resident once a token is written into it.
@@ -266,11 +267,9 @@ class LeanModel:
         shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
-        per_layer = c.moe is not None or c.sliding_window is not None or c.attn_sinks
-        self._decode = None if per_layer or self.gemma else self._decode_plan()
-        # one decode token in one native call, embedding to argmax (None where decode runs
-        # layer by layer: experts, windows, sinks, Gemma)
-        self.decode_token = None if self._decode is None else DecodeToken(self)
+        self._decode = self._decode_plan()
+        # one decode token in one native call, embedding to argmax
+        self.decode_token = DecodeToken(self)
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
@@ -294,11 +293,14 @@ class LeanModel:
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1 and not self.gemma:
+        if len(rows) == 1 and len(rows[0][2]) == 1:
             slot, pos, ids = rows[0]
-            if self._decode is None:
-                return self._decode_layers(slot, pos, ids[0])
             return self._decode_one(slot, pos, ids[0])
+        return self.forward_steps(rows)
+
+    def forward_steps(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
+        """`forward` op by op, every row's tokens together through each layer (a prefill's and
+        a batch's path; a single token's reference)."""
         H, G, hd, th = self.H, self.G, self.hd, self.threads
         ids = np.fromiter((t for _, _, tok in rows for t in tok), np.int64)
         pos = np.concatenate([np.arange(p, p + len(tok)) for _, p, tok in rows])
@@ -333,7 +335,7 @@ class LeanModel:
                 x = x + L.moe(x, th)
                 continue
             gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
-            act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu)
+            act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu, th)
             m = L.down(act, th)
             if L.mlp_out_norm is not None:
                 m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
@@ -370,65 +372,91 @@ class LeanModel:
     def _decode_plan(self):
         layers = (TqLayer * len(self.layers))()
         for i, L in enumerate(self.layers):
+            dense = L.moe is None
             layers[i] = TqLayer(
                 L.in_norm.ctypes.data, L.post_norm.ctypes.data, self.eps, self.eps, self.eps,
                 ctypes.addressof(L.qkv.desc), ctypes.addressof(L.o.desc),
-                ctypes.addressof(L.gate_up.desc), ctypes.addressof(L.down.desc),
-                None if L.q_norm is None else L.q_norm.ctypes.data,
-                None if L.k_norm is None else L.k_norm.ctypes.data,
-                self.k[i].ctypes.data, self.v[i].ctypes.data, int(self.pairs),
+                ctypes.addressof(L.gate_up.desc) if dense else None,
+                ctypes.addressof(L.down.desc) if dense else None,
+                _ptr(L.q_norm), _ptr(L.k_norm), self.k[i].ctypes.data, self.v[i].ctypes.data,
+                int(self.pairs), L.window, _ptr(L.sinks), _ptr(L.attn_out_norm),
+                _ptr(L.mlp_out_norm), int(self.gemma), int(L.rope_local),
+                None if dense else ctypes.addressof(L.moe.desc),
             )  # fmt: skip
         es = 4
         k0 = self.k[0]  # (slots, G, S, hd)
         strides = (ctypes.c_int64 * 2)(k0.strides[1] // es, k0.strides[2] // es)
         return layers, k0.strides[0] // es, strides
 
+    def _rope_rows(
+        self, pos: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The global and (Gemma 3) local tables' cos and sin rows (1, hd) of `pos`."""
+        p = np.array([pos])
+        cos, sin = self.rope.rows(p)
+        if self.local_rope is None:
+            return cos, sin, None, None
+        return (cos, sin, *self.local_rope.rows(p))
+
+    def _embed_one(self, token: int) -> np.ndarray:
+        """The token's embedding row (1, D), times Gemma's scale."""
+        h = self.embed(np.array([token]))
+        if self.config.embed_scale is not None:
+            h = h * np.float32(self.config.embed_scale)
+        return h
+
     def _decode_layers(self, slot: int, pos: int, token: int) -> np.ndarray:
-        """One decode token of a mixture of experts or a model with windows or sinks, layer by
-        layer: the attention half in one call (csrc/decode_block.c, as decode_model.c chains it;
-        the layer's window and sinks), then the MoE block in one call (`lean.moe`) or a dense
-        layer's MLP half in one."""
+        """One decode token layer by layer, the one-call decode's reference: the attention half
+        in one call (csrc/decode_block.c, as decode_model.c chains it; the layer's window, sinks
+        and RoPE table), Gemma's norm of its output, then the MoE block in one call (`lean.moe`)
+        or a dense layer's MLP half in one (silu or gelu_tanh), Gemma's norm of its output."""
         lib, th, es = library.library(), self.threads, 4
-        h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = self.rope.rows(np.array([pos]))
+        h = self._embed_one(token)  # (1, D)
+        cos, sin, cos_l, sin_l = self._rope_rows(pos)
         kc0 = self.k[0, slot]  # (G, S, hd)
         strides = (ctypes.c_int64 * 2)(kc0.strides[0] // es, kc0.strides[1] // es)
         out = np.empty_like(h)
         for i, L in enumerate(self.layers):
+            c_, s_ = (cos_l, sin_l) if L.rope_local else (cos, sin)
             rc = lib.tandem_attention_block_ws(
                 h.ctypes.data, L.in_norm.ctypes.data, self.eps, ctypes.addressof(L.qkv.desc),
-                None if L.q_norm is None else L.q_norm.ctypes.data,
-                None if L.k_norm is None else L.k_norm.ctypes.data, self.eps, cos.ctypes.data,
-                sin.ctypes.data, int(self.pairs), self.k[i, slot].ctypes.data,
-                self.v[i, slot].ctypes.data, strides, pos, L.window,
-                None if L.sinks is None else L.sinks.ctypes.data, ctypes.addressof(L.o.desc),
-                out.ctypes.data, self.D, self.H, self.G, self.hd, self.hd**-0.5, ops.F32, th,
+                _ptr(L.q_norm), _ptr(L.k_norm), self.eps, c_.ctypes.data, s_.ctypes.data,
+                int(self.pairs), self.k[i, slot].ctypes.data, self.v[i, slot].ctypes.data,
+                strides, pos, L.window, _ptr(L.sinks), ctypes.addressof(L.o.desc),
+                out.ctypes.data, self.D, self.H, self.G, self.hd, self.scale, ops.F32, th,
             )  # fmt: skip
             if rc != 0:
                 raise ops.LeanKernelError("the native attention block refused its arguments")
-            h = h + out
+            a = out if L.attn_out_norm is None else ops.rmsnorm(out, L.attn_out_norm, self.eps, th)
+            h = h + a
             if L.moe is not None:
                 h = h + L.moe(h, th)
                 continue
-            rc = lib.tandem_mlp_block(
+            rc = lib.tandem_mlp_block_act(
                 h.ctypes.data, L.post_norm.ctypes.data, self.eps, ctypes.addressof(L.gate_up.desc),
                 ctypes.addressof(L.down.desc), out.ctypes.data, self.D, L.down.in_features,
-                ops.F32, th,
+                int(self.gemma), ops.F32, th,
             )  # fmt: skip
             if rc != 0:
                 raise ops.LeanKernelError("the native MLP block refused its arguments")
-            h = h + out
+            m = out if L.mlp_out_norm is None else ops.rmsnorm(out, L.mlp_out_norm, self.eps, th)
+            h = h + m
         return ops.rmsnorm(h, self.norm, self.eps, th)
 
     def _decode_one(self, slot: int, pos: int, token: int) -> np.ndarray:
         layers, slot_stride, kv_strides = self._decode
-        h = self.embed(np.array([token]))  # (1, D)
-        cos, sin = self.rope.rows(np.array([pos]))
+        h = self._embed_one(token)  # (1, D)
+        cos, sin, cos_l, sin_l = self._rope_rows(pos)
         rc = library.library().tandem_decode_layers(
             ctypes.addressof(layers), len(layers), h.ctypes.data, cos.ctypes.data,
-            sin.ctypes.data, slot, slot_stride, kv_strides, pos, self.D, self.H, self.G, self.hd,
-            self.config.intermediate_size, self.hd**-0.5, ops.F32, self.threads,
+            sin.ctypes.data, _ptr(cos_l), _ptr(sin_l), slot, slot_stride, kv_strides, pos, self.D,
+            self.H, self.G, self.hd, self.config.intermediate_size, self.scale, ops.F32,
+            self.threads,
         )  # fmt: skip
         if rc != 0:
             raise ops.LeanKernelError("the native decode layers refused their arguments")
         return ops.rmsnorm(h, self.norm, self.eps, self.threads)
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data

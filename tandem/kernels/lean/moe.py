@@ -19,7 +19,7 @@ import ctypes
 import numpy as np
 
 from tandem.kernels import library
-from tandem.kernels.cstructs import TqMoeAct
+from tandem.kernels.cstructs import TqMoeAct, TqMoeLayer
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 
@@ -85,6 +85,13 @@ class MoEBlock:
                 *(None if b is None else b.ctypes.data for b in self.biases),
                 ACTIVATIONS[spec.activation], spec.swiglu_alpha, spec.swiglu_limit,
             )  # fmt: skip
+        g, u, d = self.arrays
+        # this block as a layer of the one-call decode takes it (csrc/decode_model.c)
+        self.desc = TqMoeLayer(
+            ctypes.addressof(self.router.desc), self.E, self.k, self.route, self.normalize,
+            self.W, g.ctypes.data, u.ctypes.data, d.ctypes.data, *self.types,
+            None if self.act is None else ctypes.addressof(self.act),
+        )  # fmt: skip
 
     def __call__(self, x: np.ndarray, threads: int) -> np.ndarray:
         """x (N, D) the residual stream -> the block's output (N, D) (the caller adds it)."""

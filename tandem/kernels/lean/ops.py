@@ -5,7 +5,6 @@ array is float32 on the host; each function checks what the C call would otherwi
 from __future__ import annotations
 
 import ctypes
-import math
 
 import numpy as np
 
@@ -88,19 +87,18 @@ def silu_mul(gu: np.ndarray, threads: int) -> np.ndarray:
     return y
 
 
-def gelu_tanh_mul(gu: np.ndarray) -> np.ndarray:
-    """gu (N, 2 * inter) = [gate, up] per row -> gelu_tanh(gate) * up (N, inter), float32
-    elementwise in numpy (Gemma's GeGLU, `layers.GeluTanhMLP`):
-    gelu_tanh(z) = z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))."""
+def gelu_tanh_mul(gu: np.ndarray, threads: int) -> np.ndarray:
+    """gu (N, 2 * inter) = [gate, up] per row, contiguous -> gelu_tanh(gate) * up (N, inter)
+    (Gemma's GeGLU, `layers.GeluTanhMLP`; csrc tandem_gelu_tanh_mul, float32, one rounding per
+    operation): gelu_tanh(z) = z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))."""
     _f32(gu, "gelu_tanh_mul")
-    if gu.shape[1] % 2:
-        raise LeanKernelError(f"gelu_tanh_mul takes (N, 2 * inter), got {gu.shape}")
+    if not gu.flags.c_contiguous or gu.shape[1] % 2:
+        raise LeanKernelError(f"gelu_tanh_mul takes contiguous (N, 2 * inter), got {gu.shape}")
     inter = gu.shape[1] // 2
-    g, u = gu[:, :inter], gu[:, inter:]
-    f32 = np.float32
-    inner = f32(math.sqrt(2.0 / math.pi)) * (g + f32(0.044715) * (g * g * g))
-    act = f32(0.5) * g * (f32(1.0) + np.tanh(inner))
-    return np.ascontiguousarray(act * u, dtype=np.float32)
+    y = np.empty((gu.shape[0], inter), np.float32)
+    rc = library.library().tandem_gelu_tanh_mul(_ptr(gu), _ptr(y), gu.shape[0], inter, F32, threads)
+    _check(rc, "gelu_tanh_mul")
+    return y
 
 
 def argmax(x: np.ndarray) -> np.ndarray:
