@@ -145,7 +145,7 @@ def test_logits_of_the_wrong_shape_or_dtype_are_refused(tmp_path_factory) -> Non
 
 # small random models of the families whose layers carry more than a dense layer's parts
 FAMILY_SHAPE = dict(SHAPE, intermediate_size=256, head_dim=64)
-GEMMA3 = dict(num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=128.0, embed_scale=16.0)
+GEMMA3 = dict(num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=None, embed_scale=16.0)
 
 
 def _family_gguf(tmp_path_factory, preset: str, qtype: str):
