@@ -9,7 +9,7 @@
 #include "qx.h"
 #include "quant.h"
 
-enum { QMAX_ROWS = 4 };
+enum { QMAX_ROWS = 4, QMAX_NR = 4 }; /* rows of X; rows of W one multi-row decode step takes */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HAVE_DPBUSD 1
@@ -594,25 +594,39 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, co
     for (int m = 0; m < M; m++) out[m] = canon_reduce16(lo[m], hi[m]);
 }
 
-/* Dense rows (F32, F16, BF16) against the float32 X: widened in registers, exact products. */
-static inline __attribute__((always_inline)) void dot_dense(const int t, const uint8_t *wr,
+/* Dense rows (F32, F16, BF16) against the float32 X: widened in registers, exact products.
+ * NR <= QMAX_NR consecutive rows of W (rb bytes apart) a step, sharing each load of X and giving
+ * the core 2 NR independent chains per row of X; each row sums in the same order (two 8-lane
+ * accumulators over j, then hsum8 and the tail) whatever NR, so its output does not depend on
+ * NR. out[r QMAX_ROWS + m]. */
+static inline __attribute__((always_inline)) void dot_dense(const int t, const uint8_t *w0,
+                                                            int64_t rb, const int NR,
                                                             const xq_t *X, float *out, const int M) {
     const int64_t K = X->K, kv = K / 16 * 16;
     const int dt = t == GT_F32 ? DT_F32 : t == GT_F16 ? DT_F16 : DT_BF16;
-    __m256 a0[QMAX_ROWS], a1[QMAX_ROWS];
-    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+    const int64_t es = t == GT_F32 ? 4 : 2;
+    __m256 a0[QMAX_NR][QMAX_ROWS], a1[QMAX_NR][QMAX_ROWS];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) a0[r][m] = a1[r][m] = _mm256_setzero_ps();
     for (int64_t j = 0; j < kv; j += 16) {
-        __m256 w0 = load8(wr, j, dt), w1 = load8(wr, j + 8, dt);
-        for (int m = 0; m < M; m++) {
-            a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X->xf + m * K + j), a0[m]);
-            a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(X->xf + m * K + j + 8), a1[m]);
+        const int line = ((j * es) & 63) == 0; /* a new 64-byte line of each row: prefetch */
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *wr = w0 + r * rb;
+            if (line) prefetch_span(wr + j * es, 1);
+            const __m256 w0v = load8(wr, j, dt), w1v = load8(wr, j + 8, dt);
+            for (int m = 0; m < M; m++) {
+                a0[r][m] = _mm256_fmadd_ps(w0v, _mm256_loadu_ps(X->xf + m * K + j), a0[r][m]);
+                a1[r][m] = _mm256_fmadd_ps(w1v, _mm256_loadu_ps(X->xf + m * K + j + 8), a1[r][m]);
+            }
         }
     }
-    for (int m = 0; m < M; m++) {
-        float s = hsum8(_mm256_add_ps(a0[m], a1[m]));
-        for (int64_t j = kv; j < K; j++) s += load1(wr, j, dt) * X->xf[m * K + j];
-        out[m] = s;
-    }
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) {
+            const uint8_t *wr = w0 + r * rb;
+            float s = hsum8(_mm256_add_ps(a0[r][m], a1[r][m]));
+            for (int64_t j = kv; j < K; j++) s += load1(wr, j, dt) * X->xf[m * K + j];
+            out[r * QMAX_ROWS + m] = s;
+        }
 }
 
 #endif
