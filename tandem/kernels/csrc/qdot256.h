@@ -295,13 +295,20 @@ static inline __attribute__((always_inline)) void b32_dots8(const int t, const u
                                                             int64_t bytes, int64_t g, int n,
                                                             const xq_t *X, __m256i *U,
                                                             const int M) {
-    const int sgn = t != GT_Q4_1 && t != GT_Q5_1;
+    /* Q8_0 with VPDPBUSD: w + 128 (w XOR 0x80) against x, I = U - 128 sum q (VPMADDUBSW
+     * would saturate on 255 x 127 pairs) */
+    const int off = t == GT_Q8_0 && HAVE_DPBUSD;
+    const int sgn = t != GT_Q4_1 && t != GT_Q5_1 && !off;
     const __m256i z = _mm256_setzero_si256();
     __m256i p0[QMAX_ROWS], h[QMAX_ROWS], a[QMAX_ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         __m256i sg = z, u = z;
-        if (i < n) u = b32_decode(t, blk + i * bytes, &sg);
+        if (i < n && off)
+            u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + i * bytes + 2)),
+                                 _mm256_set1_epi8((char)0x80));
+        else if (i < n)
+            u = b32_decode(t, blk + i * bytes, &sg);
         for (int m = 0; m < M; m++) {
             __m256i p = z;
             if (i < n) {
@@ -322,6 +329,11 @@ static inline __attribute__((always_inline)) void b32_dots8(const int t, const u
             }
         }
     }
+    if (off) /* lanes past the row: q32's padding is 0 */
+        for (int m = 0; m < M; m++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(X->q32 + m * X->nbp + g));
+            U[m] = _mm256_sub_epi32(U[m], _mm256_slli_epi32(q, 7));
+        }
 }
 
 /* Q4_0, Q4_1, Q5_0, Q5_1 two blocks per step over the i32 layout of X (qx.h): the 16 qs bytes
