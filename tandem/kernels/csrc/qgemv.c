@@ -95,7 +95,7 @@
 
 /* rows of W a Q8_0 decode step takes on AVX-512 (dot_q8_0_512), a dense one (dot_dense) */
 #ifndef Q8_NR
-#define Q8_NR 2
+#define Q8_NR 4
 #endif
 #ifndef DENSE_NR
 #define DENSE_NR 2
