@@ -7,11 +7,12 @@ compiled with tandem's flags into a temporary folder and loaded through ctypes.
                                                   [--shape N,K --calls 20]
 
 Per ggml type present in the GGUF (default: the qwen3-0.6b Q4_0 file of vs_llamacpp.py), the
-file's 2-d weights of that type, each one `tandem_qgemv` call at `--rows` rows, as a decode token
-streams them; every round runs old, new and the read (`tandem_stream_read`) of the same tensors
-back to back, so a busy machine slows all three alike. Prints per type and thread count the
-median GB/s of each, their fraction of the read, the median of the per-round new/old ratios and
-the best round of each (on a busy machine the best rounds are the ones it ran alone).
+file's 2-d weights of that type (the dense F32, F16, BF16 only when `--types` names them),
+each one `tandem_qgemv` call at `--rows` rows, as a decode token streams them; every round
+runs old, new and the read (`tandem_stream_read`) of the same tensors back to back, so a busy
+machine slows all three alike. Prints per type and thread count the median GB/s of each, their
+fraction of the read, the median of the per-round new/old ratios and the best round of each
+(on a busy machine the best rounds are the ones it ran alone).
 `--shape N,K` replaces the file by one random (N, K) matrix of each of `--types`, called
 `--calls` times per round: a small one stays in cache and shows the kernels' arithmetic rate.
 """
@@ -65,17 +66,18 @@ def checkout_csrc(rev: str, dest: Path) -> Path:
 
 def weights(path: Path, types: set[str] | None) -> dict[str, list[tuple[np.ndarray, int, int]]]:
     """{type name: [(blocks (rows, row_bytes) uint8, type id, K), ...]} of the file's 2-d
-    quantized weights, memory-mapped."""
+    quantized weights, memory-mapped; dense ones (F32, F16, BF16) only where `types` names them."""
     import gguf
 
     out: dict[str, list] = {}
     for t in gguf.GGUFReader(str(path)).tensors:
         name = t.tensor_type.name
-        if len(t.shape) != 2 or name in ("F32", "F16", "BF16") or (types and name not in types):
+        dense = name in ("F32", "F16", "BF16")
+        if len(t.shape) != 2 or (types and name not in types) or (dense and not types):
             continue
         k, n = int(t.shape[0]), int(t.shape[1])
         out.setdefault(name, []).append(
-            (np.ascontiguousarray(t.data).reshape(n, -1), int(t.tensor_type), k)
+            (np.ascontiguousarray(t.data).view(np.uint8).reshape(n, -1), int(t.tensor_type), k)
         )
     return out
 

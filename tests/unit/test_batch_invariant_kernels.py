@@ -102,3 +102,26 @@ def test_both_kquant_prefill_kernels_this_cpu_runs_give_the_same_bits(name):
     finally:
         lib.tandem_kquant_prefill(before)
     assert np.array_equal(got[0], got[1], equal_nan=True)
+
+
+@needs_native
+@pytest.mark.usefixtures(each_variant.__name__)
+@pytest.mark.parametrize("name", ALL)
+def test_a_weight_rows_product_does_not_depend_on_the_rows_beside_it(name):
+    """The decode kernels take several rows of W a step where it pays (qgemv.c DEFINE_ROWS_N:
+    Q8_0 on AVX-512, the dense types), the chunk's odd last row alone: each row of W, multiplied
+    among all 37, among the rows from 1 on (every pairing shifted by one) and alone, gives the
+    same bits, at 1 and 3 rows of X."""
+    cols = widths(name)[1]
+    blocks, x = case(name, cols, seed=5)
+    t = BY_NAME[name].type_id
+
+    def mul(w: np.ndarray, rows: int) -> np.ndarray:
+        parts = quant.Parts([(torch.from_numpy(np.ascontiguousarray(w)), t)], cols)
+        return quant.matmul(torch.from_numpy(x[:rows]), parts).numpy()
+
+    for rows in (1, 3):
+        whole = mul(blocks, rows)
+        assert np.array_equal(mul(blocks[1:], rows), whole[:, 1:], equal_nan=True), (name, rows)
+        for r in (0, 5, 31, 32, 36):
+            assert np.array_equal(mul(blocks[r : r + 1], rows), whole[:, r : r + 1], equal_nan=True)

@@ -9,7 +9,7 @@
 #include "qx.h"
 #include "quant.h"
 
-enum { QMAX_ROWS = 4 };
+enum { QMAX_ROWS = 4, QMAX_NR = 4 }; /* rows of X; rows of W one multi-row decode step takes */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HAVE_DPBUSD 1
@@ -295,13 +295,20 @@ static inline __attribute__((always_inline)) void b32_dots8(const int t, const u
                                                             int64_t bytes, int64_t g, int n,
                                                             const xq_t *X, __m256i *U,
                                                             const int M) {
-    const int sgn = t != GT_Q4_1 && t != GT_Q5_1;
+    /* Q8_0 with VPDPBUSD: w + 128 (w XOR 0x80) against x, I = U - 128 sum q (VPMADDUBSW
+     * would saturate on 255 x 127 pairs) */
+    const int off = t == GT_Q8_0 && HAVE_DPBUSD;
+    const int sgn = t != GT_Q4_1 && t != GT_Q5_1 && !off;
     const __m256i z = _mm256_setzero_si256();
     __m256i p0[QMAX_ROWS], h[QMAX_ROWS], a[QMAX_ROWS];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         __m256i sg = z, u = z;
-        if (i < n) u = b32_decode(t, blk + i * bytes, &sg);
+        if (i < n && off)
+            u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + i * bytes + 2)),
+                                 _mm256_set1_epi8((char)0x80));
+        else if (i < n)
+            u = b32_decode(t, blk + i * bytes, &sg);
         for (int m = 0; m < M; m++) {
             __m256i p = z;
             if (i < n) {
@@ -322,6 +329,11 @@ static inline __attribute__((always_inline)) void b32_dots8(const int t, const u
             }
         }
     }
+    if (off) /* lanes past the row: q32's padding is 0 */
+        for (int m = 0; m < M; m++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(X->q32 + m * X->nbp + g));
+            U[m] = _mm256_sub_epi32(U[m], _mm256_slli_epi32(q, 7));
+        }
 }
 
 /* Q4_0, Q4_1, Q5_0, Q5_1 two blocks per step over the i32 layout of X (qx.h): the 16 qs bytes
@@ -594,25 +606,39 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, co
     for (int m = 0; m < M; m++) out[m] = canon_reduce16(lo[m], hi[m]);
 }
 
-/* Dense rows (F32, F16, BF16) against the float32 X: widened in registers, exact products. */
-static inline __attribute__((always_inline)) void dot_dense(const int t, const uint8_t *wr,
+/* Dense rows (F32, F16, BF16) against the float32 X: widened in registers, exact products.
+ * NR <= QMAX_NR consecutive rows of W (rb bytes apart) a step, sharing each load of X and giving
+ * the core 2 NR independent chains per row of X; each row sums in the same order (two 8-lane
+ * accumulators over j, then hsum8 and the tail) whatever NR, so its output does not depend on
+ * NR. out[r QMAX_ROWS + m]. */
+static inline __attribute__((always_inline)) void dot_dense(const int t, const uint8_t *w0,
+                                                            int64_t rb, const int NR,
                                                             const xq_t *X, float *out, const int M) {
     const int64_t K = X->K, kv = K / 16 * 16;
     const int dt = t == GT_F32 ? DT_F32 : t == GT_F16 ? DT_F16 : DT_BF16;
-    __m256 a0[QMAX_ROWS], a1[QMAX_ROWS];
-    for (int m = 0; m < M; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+    const int64_t es = t == GT_F32 ? 4 : 2;
+    __m256 a0[QMAX_NR][QMAX_ROWS], a1[QMAX_NR][QMAX_ROWS];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) a0[r][m] = a1[r][m] = _mm256_setzero_ps();
     for (int64_t j = 0; j < kv; j += 16) {
-        __m256 w0 = load8(wr, j, dt), w1 = load8(wr, j + 8, dt);
-        for (int m = 0; m < M; m++) {
-            a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(X->xf + m * K + j), a0[m]);
-            a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(X->xf + m * K + j + 8), a1[m]);
+        const int line = ((j * es) & 63) == 0; /* a new 64-byte line of each row: prefetch */
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *wr = w0 + r * rb;
+            if (line) prefetch_span(wr + j * es, 1);
+            const __m256 w0v = load8(wr, j, dt), w1v = load8(wr, j + 8, dt);
+            for (int m = 0; m < M; m++) {
+                a0[r][m] = _mm256_fmadd_ps(w0v, _mm256_loadu_ps(X->xf + m * K + j), a0[r][m]);
+                a1[r][m] = _mm256_fmadd_ps(w1v, _mm256_loadu_ps(X->xf + m * K + j + 8), a1[r][m]);
+            }
         }
     }
-    for (int m = 0; m < M; m++) {
-        float s = hsum8(_mm256_add_ps(a0[m], a1[m]));
-        for (int64_t j = kv; j < K; j++) s += load1(wr, j, dt) * X->xf[m * K + j];
-        out[m] = s;
-    }
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) {
+            const uint8_t *wr = w0 + r * rb;
+            float s = hsum8(_mm256_add_ps(a0[r][m], a1[r][m]));
+            for (int64_t j = kv; j < K; j++) s += load1(wr, j, dt) * X->xf[m * K + j];
+            out[r * QMAX_ROWS + m] = s;
+        }
 }
 
 #endif

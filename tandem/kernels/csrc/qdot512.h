@@ -239,45 +239,55 @@ static inline __attribute__((always_inline)) void dot_mxfp4_512(const uint8_t *w
     for (int m = 0; m < M; m++) out[m] = canon_reduce512(acc[m]);
 }
 
-/* Q8_0: 2 blocks per 512-bit vector (natural layout), |w| against x with w's sign, 8 vectors per
- * group of 16 blocks summed per block (sum8x2; an odd last block alone in its vector). */
-static inline __attribute__((always_inline)) void dot_q8_0_512(const uint8_t *wr, const xq_t *X,
+/* Q8_0, NR <= QMAX_NR consecutive rows of W (rb bytes apart) against the same X: 2 blocks per
+ * 512-bit vector (natural layout), w + 128 (w XOR 0x80, an unsigned byte) against x, so that
+ * U = sum (w + 128) q and I = U - 128 sum q (qx.h's exact q32); 8 vectors per group of 16
+ * blocks summed per block (sum8x2; an odd last block alone in its vector, x zero past it). The
+ * rows of a step share the group's X (still in L1) and give the core NR independent chains;
+ * each row sums in canon.h's order, so its output does not depend on NR. out[r QMAX_ROWS + m]. */
+static inline __attribute__((always_inline)) void dot_q8_0_512(const uint8_t *w0, int64_t rb,
+                                                               const int NR, const xq_t *X,
                                                                float *out, const int M) {
     const int64_t nb = X->K / 32, K = X->K, nbp = X->nbp;
-    const __m512i z = _mm512_setzero_si512();
+    const __m512i z = _mm512_setzero_si512(), flip = _mm512_set1_epi8((char)0x80);
     const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-    __m512 acc[QMAX_ROWS];
-    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    __m512 acc[QMAX_NR][QMAX_ROWS];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) acc[r][m] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 16) {
         const int64_t n = nb - b0 < 16 ? nb - b0 : 16, nv = (n + 1) / 2;
-        const uint8_t *blk = wr + b0 * 34;
-        prefetch_span(blk, n * 34);
-        const __m512 sd = f16_lanes(gather_blocks(blk, 34, n));
-        __m512i u[8];
-        __mmask64 neg[8], xmask[8];
-        for (int64_t k = 0; k < nv; k++) {
-            const uint8_t *b = blk + 68 * k;
-            const int two = 2 * k + 1 < n;
-            const __m512i w = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))),
-                two ? _mm256_loadu_si256((const __m256i *)(b + 36)) : _mm256_setzero_si256(), 1);
-            u[k] = _mm512_abs_epi8(w), neg[k] = _mm512_movepi8_mask(w);
-            xmask[k] = two ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
-        }
-        for (int m = 0; m < M; m++) {
-            __m512i p[8];
-            for (int k = 0; k < 8; k++) p[k] = z;
+        const __mmask64 last = 2 * nv > n ? (__mmask64)0xFFFFFFFFu : ~(__mmask64)0;
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w0 + r * rb + b0 * 34;
+            prefetch_span(blk, n * 34);
+            const __m512 sd = f16_lanes(gather_blocks(blk, 34, n));
+            __m512i u[8];
             for (int64_t k = 0; k < nv; k++) {
-                __m512i x = _mm512_maskz_loadu_epi8(xmask[k], X->nat + m * K + 32 * (b0 + 2 * k));
-                x = _mm512_mask_sub_epi8(x, neg[k], z, x);
-                p[k] = _mm512_dpbusd_epi32(z, u[k], x);
+                const uint8_t *b = blk + 68 * k;
+                const int two = 2 * k + 1 < n;
+                const __m512i w = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))),
+                    two ? _mm256_loadu_si256((const __m256i *)(b + 36)) : _mm256_setzero_si256(), 1);
+                u[k] = _mm512_xor_si512(w, flip);
             }
-            const __m512i I = sum8x2(p, order);
-            const __m512 sc = _mm512_mul_ps(sd, _mm512_loadu_ps(X->d + m * nbp + b0));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), sc, acc[m]);
+            for (int m = 0; m < M; m++) {
+                const int8_t *xm = X->nat + m * K + 32 * b0;
+                __m512i p[8];
+                for (int k = 0; k < 8; k++) p[k] = z;
+                for (int64_t k = 0; k < nv; k++) {
+                    const __m512i x = k + 1 < nv ? _mm512_loadu_si512(xm + 64 * k)
+                                                 : _mm512_maskz_loadu_epi8(last, xm + 64 * k);
+                    p[k] = _mm512_dpbusd_epi32(z, u[k], x);
+                }
+                const __m512i sq = _mm512_slli_epi32(_mm512_loadu_si512(X->q32 + m * nbp + b0), 7);
+                const __m512i I = _mm512_sub_epi32(sum8x2(p, order), sq);
+                const __m512 sc = _mm512_mul_ps(sd, _mm512_loadu_ps(X->d + m * nbp + b0));
+                acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), sc, acc[r][m]);
+            }
         }
     }
-    for (int m = 0; m < M; m++) out[m] = canon_reduce512(acc[m]);
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) out[r * QMAX_ROWS + m] = canon_reduce512(acc[r][m]);
 }
 
 /* Q4_K / Q5_K over the ik layout, per group of two superblocks (16 sub-blocks): per 128 elements

@@ -60,12 +60,52 @@
         }                                                                                       \
     }
 
+/* The same with a kernel that takes NR rows of W a step (out[r QMAX_ROWS + m]; the last
+ * r1 - r0 % NR rows one at a time): each row's sum is the one-row kernel's, so the output does
+ * not depend on NR. */
+#define DEFINE_ROWS_N(NAME, DOTN, NR)                                                           \
+    static inline __attribute__((always_inline)) void NAME##_m(                                 \
+        const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X, const float *bias, \
+        void *y, int64_t ystride, int dt, const int M) {                                        \
+        float out[QMAX_NR * QMAX_ROWS];                                                         \
+        int64_t r = r0;                                                                         \
+        for (; r + (NR) <= r1; r += (NR)) {                                                     \
+            DOTN(w + r * rb, rb, (NR), X, out, M);                                              \
+            for (int i = 0; i < (NR); i++) {                                                    \
+                const float bv = bias ? bias[r + i] : 0.0f;                                     \
+                for (int m = 0; m < M; m++)                                                     \
+                    store1(y, m * ystride + r + i, out[i * QMAX_ROWS + m] + bv, dt);            \
+            }                                                                                   \
+        }                                                                                       \
+        for (; r < r1; r++) {                                                                   \
+            DOTN(w + r * rb, rb, 1, X, out, M);                                                 \
+            const float bv = bias ? bias[r] : 0.0f;                                             \
+            for (int m = 0; m < M; m++) store1(y, m * ystride + r, out[m] + bv, dt);            \
+        }                                                                                       \
+    }                                                                                           \
+    static void NAME(const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X,       \
+                     const float *bias, void *y, int64_t ystride, int dt, int M) {              \
+        switch (M) {                                                                            \
+        case 1: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 1); break;                     \
+        case 2: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 2); break;                     \
+        case 3: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 3); break;                     \
+        default: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 4); break;                    \
+        }                                                                                       \
+    }
+
+/* rows of W a Q8_0 decode step takes on AVX-512 (dot_q8_0_512), a dense one (dot_dense) */
+#ifndef Q8_NR
+#define Q8_NR 4
+#endif
+#ifndef DENSE_NR
+#define DENSE_NR 2
+#endif
+
 #if HAVE_Q512
 #define DOT_Q4_0(w, X, o, M) dot_b32_512(GT_Q4_0, w, X, o, M)
 #define DOT_Q4_1(w, X, o, M) dot_b32_512(GT_Q4_1, w, X, o, M)
 #define DOT_Q5_0(w, X, o, M) dot_b32_512(GT_Q5_0, w, X, o, M)
 #define DOT_Q5_1(w, X, o, M) dot_b32_512(GT_Q5_1, w, X, o, M)
-#define DOT_Q8_0(w, X, o, M) dot_q8_0_512(w, X, o, M)
 #define DOT_Q4_K(w, X, o, M) dot_k45_512(GT_Q4_K, w, X, o, M)
 #define DOT_Q5_K(w, X, o, M) dot_k45_512(GT_Q5_K, w, X, o, M)
 #define DOT_Q6_K(w, X, o, M) dot_q6_k_512(w, X, o, M)
@@ -81,21 +121,25 @@
 #define DOT_Q6_K(w, X, o, M) dot_q6_k(w, X, o, M)
 #define DOT_MXFP4(w, X, o, M) dot_mxfp4(w, X, o, M)
 #endif
-#define DOT_F32(w, X, o, M) dot_dense(GT_F32, w, X, o, M)
-#define DOT_F16(w, X, o, M) dot_dense(GT_F16, w, X, o, M)
-#define DOT_BF16(w, X, o, M) dot_dense(GT_BF16, w, X, o, M)
+#define DOT_F32(w, rb, nr, X, o, M) dot_dense(GT_F32, w, rb, nr, X, o, M)
+#define DOT_F16(w, rb, nr, X, o, M) dot_dense(GT_F16, w, rb, nr, X, o, M)
+#define DOT_BF16(w, rb, nr, X, o, M) dot_dense(GT_BF16, w, rb, nr, X, o, M)
 DEFINE_ROWS(rows_q4_0, DOT_Q4_0)
 DEFINE_ROWS(rows_q4_1, DOT_Q4_1)
 DEFINE_ROWS(rows_q5_0, DOT_Q5_0)
 DEFINE_ROWS(rows_q5_1, DOT_Q5_1)
+#if HAVE_Q512
+DEFINE_ROWS_N(rows_q8_0, dot_q8_0_512, Q8_NR)
+#else
 DEFINE_ROWS(rows_q8_0, DOT_Q8_0)
+#endif
 DEFINE_ROWS(rows_q4_k, DOT_Q4_K)
 DEFINE_ROWS(rows_q5_k, DOT_Q5_K)
 DEFINE_ROWS(rows_q6_k, DOT_Q6_K)
 DEFINE_ROWS(rows_mxfp4, DOT_MXFP4)
-DEFINE_ROWS(rows_f32, DOT_F32)
-DEFINE_ROWS(rows_f16, DOT_F16)
-DEFINE_ROWS(rows_bf16, DOT_BF16)
+DEFINE_ROWS_N(rows_f32, DOT_F32, DENSE_NR)
+DEFINE_ROWS_N(rows_f16, DOT_F16, DENSE_NR)
+DEFINE_ROWS_N(rows_bf16, DOT_BF16, DENSE_NR)
 
 typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, const xq_t *, const float *,
                         void *, int64_t, int, int);
