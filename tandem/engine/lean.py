@@ -149,7 +149,7 @@ class LeanExecutor:
             step = self.rewind.expand(step)
         slots = self.seqs.check(step)
         one = self.model.decode_token
-        if len(slots) == 1 and len(step.sequences[0].token_ids) == 1:
+        if one is not None and len(slots) == 1 and len(step.sequences[0].token_ids) == 1:
             s = step.sequences[0]  # one decode token: one native call (`lean.token`)
             if step.greedy:
                 token = one(slots[0], s.start_pos, s.token_ids[0])
