@@ -73,16 +73,21 @@ def test_a_reform_after_the_file_changed_under_launch_says_so_at_once(made, tmp_
         t0 = time.monotonic()
         os.kill(worker, signal.SIGKILL)
         detail = ""
-        while time.monotonic() - t0 < 30:
+        while time.monotonic() - t0 < 30 and proc.poll() is None:
             code, detail = health_detail(base)
             if code in (0, 503) and detail.startswith("failed"):
                 break
-            time.sleep(0.2)
-        assert "cannot be re-formed: the model file" in detail, detail
-        assert "truncated to 4096 bytes" in detail
-        assert time.monotonic() - t0 < 20  # not the 120 s re-form deadline
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
         assert proc.wait(60) == 1
-        assert "changed since it was opened" in output(proc)
+        out = output(proc)
+        # /health says why while the launcher winds down; a launcher that exits between two
+        # polls has said the same on its way out
+        said = detail if detail.startswith("failed") else " ".join(out.split())  # unwrapped
+        assert "cannot be re-formed: the model file" in said, (detail, out[-2000:])
+        assert "truncated to 4096 bytes" in said
+        assert elapsed < 20  # not the 120 s re-form deadline
+        assert "changed since it was opened" in out
         assert health(base) == 0
     finally:
         from serve_support import kill_tree
