@@ -38,6 +38,19 @@
 #define QISA 1
 #include "qdot512.h"
 
+/* NAME(..., M): NAME##_m instantiated at each literal M (1..4, the decode rows), so each loop's
+ * M is a constant. */
+#define ROWS_AT_M(NAME)                                                                         \
+    static void NAME(const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X,       \
+                     const float *bias, void *y, int64_t ystride, int dt, int M) {              \
+        switch (M) {                                                                            \
+        case 1: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 1); break;                     \
+        case 2: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 2); break;                     \
+        case 3: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 3); break;                     \
+        default: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 4); break;                    \
+        }                                                                                       \
+    }
+
 /* The row loop of one type at a literal M: rows [r0, r1) of W, outputs at y (+ bias). */
 #define DEFINE_ROWS(NAME, DOTCALL)                                                              \
     static inline __attribute__((always_inline)) void NAME##_m(                                 \
@@ -50,15 +63,7 @@
             for (int m = 0; m < M; m++) store1(y, m * ystride + r, out[m] + bv, dt);            \
         }                                                                                       \
     }                                                                                           \
-    static void NAME(const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X,       \
-                     const float *bias, void *y, int64_t ystride, int dt, int M) {              \
-        switch (M) {                                                                            \
-        case 1: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 1); break;                     \
-        case 2: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 2); break;                     \
-        case 3: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 3); break;                     \
-        default: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 4); break;                    \
-        }                                                                                       \
-    }
+    ROWS_AT_M(NAME)
 
 /* The same with a kernel that takes NR rows of W a step (out[r QMAX_ROWS + m]; the last
  * r1 - r0 % NR rows one at a time): each row's sum is the one-row kernel's, so the output does
@@ -83,15 +88,7 @@
             for (int m = 0; m < M; m++) store1(y, m * ystride + r, out[m] + bv, dt);            \
         }                                                                                       \
     }                                                                                           \
-    static void NAME(const uint8_t *w, int64_t rb, int64_t r0, int64_t r1, const xq_t *X,       \
-                     const float *bias, void *y, int64_t ystride, int dt, int M) {              \
-        switch (M) {                                                                            \
-        case 1: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 1); break;                     \
-        case 2: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 2); break;                     \
-        case 3: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 3); break;                     \
-        default: NAME##_m(w, rb, r0, r1, X, bias, y, ystride, dt, 4); break;                    \
-        }                                                                                       \
-    }
+    ROWS_AT_M(NAME)
 
 /* rows of W a Q8_0 decode step takes on AVX-512 (dot_q8_0_512), a dense one (dot_dense) */
 #ifndef Q8_NR
