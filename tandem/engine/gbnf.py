@@ -350,30 +350,30 @@ def _matches(node: Node, live: set[str]) -> bool:
     return True
 
 
-def _productive(rules: dict[str, Rule]) -> set[str]:
-    """The rules with a finite string: the least fixed point of `_matches`."""
-    live: set[str] = set()
-    grew = True
-    while grew:
-        grew = False
-        for rule in rules.values():
-            if rule.name not in live and _matches(rule.body, live):
-                live.add(rule.name)
-                grew = True
-    return live
-
-
-def _regular(rules: dict[str, Rule]) -> set[str]:
-    """The rules that reach no recursion: those whose references are all such rules."""
+def _least_fixed_point(rules: dict[str, Rule], holds) -> set[str]:
+    """The least set of rule names closed under `holds(rule, set so far)`: a rule joins once
+    `holds` is true of it given the rules already in, until none joins."""
     done: set[str] = set()
     grew = True
     while grew:
         grew = False
         for rule in rules.values():
-            if rule.name not in done and all(r.name in done for r in _refs(rule.body)):
+            if rule.name not in done and holds(rule, done):
                 done.add(rule.name)
                 grew = True
     return done
+
+
+def _productive(rules: dict[str, Rule]) -> set[str]:
+    """The rules with a finite string: the least fixed point of `_matches`."""
+    return _least_fixed_point(rules, lambda rule, live: _matches(rule.body, live))
+
+
+def _regular(rules: dict[str, Rule]) -> set[str]:
+    """The rules that reach no recursion: those whose references are all such rules."""
+    return _least_fixed_point(
+        rules, lambda rule, done: all(r.name in done for r in _refs(rule.body))
+    )
 
 
 def _reached(rules: dict[str, Rule]) -> set[str]:
