@@ -6,16 +6,28 @@
 
 llguidance computes each step's mask in Rust over a token trie (tens of microseconds per token
 for JSON schemas), runs on the CPU and needs no torch; it is imported here lazily, so a head
-that never constrains a request never loads it. A grammar llguidance refuses raises
+that never constrains a request never loads it.
+
+When the mask is computed: the mask that picks token t+1 depends on token t, and so does step
+t+1's forward (token t is its input), so neither can start before token t is sampled, and the
+mask for t+2 cannot start before step t+1's logits. What can overlap is the mask for t+1 with
+step t+1 itself: `advance(t)` hands the matcher to a small shared worker pool, which computes
+the next mask (llguidance drops the GIL while it does) while the head sends step t+1 and the
+ranks run it; `allowed()`, asked once step t+1's logits are back, takes the finished mask. In a
+batch every sequence's next mask is computed at once on the pool, each beside the step. A new
+mask starts its first one at once, beside the prompt's prefill. A grammar llguidance refuses raises
 `GrammarError` before anything runs. The grammar's end is the tokenizer's EOS tokens: a mask at
 the grammar's end allows only them, so the sequence ends as any other does, on EOS.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,9 +136,10 @@ class GrammarVocab:
             getattr(tokenizer, "bos_token_id", None),
         )
 
-    def mask(self, spec: GrammarSpec) -> GrammarMask:
+    def mask(self, spec: GrammarSpec, ahead: bool = True) -> GrammarMask:
         """A fresh matcher of `spec` over this vocabulary; `GrammarError` where it does not
-        compile."""
+        compile. `ahead`: each next mask is computed on the worker pool as soon as the token
+        before it is known (False: when `allowed()` asks, on the caller's thread)."""
         import llguidance
 
         grammar = compile_grammar(spec)
@@ -136,22 +149,57 @@ class GrammarVocab:
         matcher = llguidance.LLMatcher(self.lltok, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        return GrammarMask(matcher, self.size, self.eos_ids)
+        return GrammarMask(matcher, self.size, self.eos_ids, ahead=ahead)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    """The process's mask workers (as many as CPUs, at most 4), made on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            n = max(1, min(4, os.cpu_count() or 1))
+            _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="tandem-grammar")
+        return _POOL
 
 
 class GrammarMask:
     """One sequence's grammar as a `TokenMask`: `allowed()` is the matcher's next-token mask
     (EOS allowed once the grammar accepts; only EOS once it is complete), `advance(t)` consumes
     `t`. A mask that allows nothing, or a token the grammar does not take, is a `SamplingError`:
-    the request fails rather than samples what the grammar forbids."""
+    the request fails rather than samples what the grammar forbids.
 
-    def __init__(self, matcher: Any, size: int, eos_ids: Sequence[int]) -> None:
+    With `ahead`, the next mask is computed on the worker pool from construction and from each
+    `advance` on (see the module's docstring); the matcher is touched by one thread at a time:
+    `advance` and `allowed` wait for the computation in flight first."""
+
+    def __init__(self, matcher: Any, size: int, eos_ids: Sequence[int], ahead: bool = True) -> None:
         self.matcher = matcher
         self.size = size
         self.eos_ids = frozenset(eos_ids)
+        self.ahead = ahead
         self._words = np.zeros((self.size + 31) // 32, dtype=np.int32)
+        self._next: Future[np.ndarray] | None = None
+        self._start_next()
+
+    def _start_next(self) -> None:
+        if self.ahead:
+            self._next = _mask_pool().submit(self._compute)
+
+    def _take_next(self) -> np.ndarray | None:
+        """The mask computed ahead (its error raised here), or None when none is in flight."""
+        pending, self._next = self._next, None
+        return pending.result() if pending is not None else None
 
     def allowed(self) -> np.ndarray:
+        ready = self._take_next()
+        return ready if ready is not None else self._compute()
+
+    def _compute(self) -> np.ndarray:
+        """The matcher's next-token mask as a (size,) bool array."""
         m = self.matcher
         if m.is_stopped():  # the grammar is complete: only its end
             keep = np.zeros(self.size, dtype=bool)
@@ -167,14 +215,21 @@ class GrammarMask:
         return keep
 
     def advance(self, token: int) -> None:
+        try:
+            self._take_next()  # the matcher is not to be moved while it computes
+        except SamplingError:
+            pass  # a mask never asked for: the token below is judged on its own
         m = self.matcher
         if m.is_stopped() and token in self.eos_ids:
             return
         if not m.consume_token(token):
             raise SamplingError(f"the grammar does not take token {token}: {m.get_error()}")
+        self._start_next()
 
     @property
     def accepting(self) -> bool:
+        if self._next is not None:
+            concurrent.futures.wait([self._next])  # the matcher is busy until then
         return bool(self.matcher.is_accepting())
 
 
@@ -192,5 +247,5 @@ class GrammarCache:
                 self._vocab = self._build()
             return self._vocab
 
-    def mask(self, spec: GrammarSpec) -> GrammarMask:
-        return self.vocab().mask(spec)
+    def mask(self, spec: GrammarSpec, ahead: bool = True) -> GrammarMask:
+        return self.vocab().mask(spec, ahead)

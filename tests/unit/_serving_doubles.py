@@ -182,3 +182,16 @@ class ScriptedExecutor(HistoryExecutor):
         super().release(seq_ids)
         for i in seq_ids:
             self._prompt_len.pop(i, None)
+
+
+class AsciiTokenizer(CharTokenizer):
+    """One token per character code (< 128), token 0 the EOS: what a grammar's vocabulary reads
+    (each token's bytes, the EOS and the special ids)."""
+
+    vocab_size = 128
+    eos_token_ids = (0,)
+    special_token_ids = (0,)
+    bos_token_id = None
+
+    def token_bytes(self, token_id):
+        return bytes([token_id]) if token_id else b"<eos>"

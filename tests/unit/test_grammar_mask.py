@@ -8,7 +8,7 @@ import json
 import jsonschema
 import numpy as np
 import pytest
-from _serving_doubles import CharTokenizer, HistoryExecutor
+from _serving_doubles import AsciiTokenizer, HistoryExecutor
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,18 +21,6 @@ from tandem.server.app import create_app
 
 EOS = 0
 MODEL = "tiny-test"
-
-
-class AsciiTokenizer(CharTokenizer):
-    """One token per character code (< 128), token 0 the EOS."""
-
-    vocab_size = 128
-    eos_token_ids = (EOS,)
-    special_token_ids = (EOS,)
-    bos_token_id = None
-
-    def token_bytes(self, token_id):
-        return bytes([token_id]) if token_id else b"<eos>"
 
 
 VOCAB = GrammarVocab.of(AsciiTokenizer())
@@ -88,6 +76,30 @@ def test_json_object_mode_takes_any_object_and_a_token_outside_the_mask_is_an_er
 def test_a_schema_the_engine_rejects_is_a_grammar_error(schema):
     with pytest.raises(GrammarError):
         VOCAB.mask(GrammarSpec("json", schema))
+
+
+def test_a_mask_computed_ahead_on_the_pool_equals_the_one_computed_when_asked():
+    # the same walk through both: every step's mask bit for bit, a step whose mask nobody asked
+    # for (advance alone) included, and the end (only EOS) alike
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "array", "items": {"enum": ["ab", "cd"]}, "maxItems": 3}},
+        "required": ["n"],
+    }
+    ahead = VOCAB.mask(GrammarSpec("json", schema))
+    inline = VOCAB.mask(GrammarSpec("json", schema), ahead=False)
+    assert ahead.ahead and not inline.ahead
+    text = '{"n": ["ab", "cd"]}'
+    for i, c in enumerate(text):
+        if i % 5 != 3:
+            assert np.array_equal(ahead.allowed(), inline.allowed()), text[:i]
+        ahead.advance(ord(c))
+        inline.advance(ord(c))
+    assert ahead.accepting and inline.accepting
+    assert _allowed_chars(ahead) == _allowed_chars(inline) == {"EOS"}
+    bad = VOCAB.mask(GrammarSpec("json", schema))
+    with pytest.raises(SamplingError):
+        bad.advance(ord("["))
 
 
 # ---- property: the mask never empties -----------------------------------------------------------
