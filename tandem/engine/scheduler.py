@@ -82,7 +82,9 @@ class Request:
     string matched); `on_finish(reason, error)` is called exactly once, reason in
     {"stop", "length", "cancelled", "error"}. With `params.logprobs` set, `on_logprobs` sees each
     token's logprobs just before `on_token` sees the token (a token that ends the request as EOS
-    or a stop id is in neither). `mask`: the tokens it may take at each step (`TokenMask`). The
+    or a stop id is in neither). `mask`: the tokens it may take at each step (`TokenMask`).
+    `reuse_prefix`: False prefills the whole prompt even where the prefix cache holds its head
+    (llama.cpp's `cache_prompt: false`); its sequence is still indexed for later requests. The
     callbacks run on the scheduler's thread: keep them short."""
 
     prompt_ids: list[int]
@@ -91,6 +93,7 @@ class Request:
     on_finish: FinishCallback
     on_logprobs: LogprobsCallback | None = None
     mask: TokenMask | None = None
+    reuse_prefix: bool = True
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     cancelled: bool = False
@@ -391,7 +394,7 @@ class Scheduler:
         if cache is None:
             return True
         free = self.executor.max_batch - len(self._running) - len(cache)
-        hit = cache.claim(r.tokens, free_slots=free)
+        hit = cache.claim(r.tokens, free_slots=free) if r.req.reuse_prefix else None
         if hit is not None and not hit.copy:
             r.seq_id, r.cached = hit.seq_id, hit.reused
             r.req.cached_tokens = hit.reused

@@ -245,10 +245,11 @@ class ServingEngine:
         on_done: Callable[[Completion | None, BaseException | None], None],
         mask: TokenMask | None = None,
         markers: frozenset[int] = frozenset(),
+        reuse_prefix: bool = True,
     ) -> Request:
         """Starts a generation; `on_delta` gets text as it becomes safe to show (with the tokens it
         starts, when `params.logprobs` is set, and the `markers` tokens met, as `Mark`s), then
-        `on_done` once. Raises RequestRejected / EngineUnavailable before anything runs. Cancel
+        `on_done` once. `reuse_prefix`: False prefills the whole prompt (`Request`). Raises RequestRejected / EngineUnavailable before anything runs. Cancel
         with `.cancel()`."""
         stream = TextStream(self.tokenizer.decode, stop)
         ids: list[int] = []
@@ -312,6 +313,7 @@ class ServingEngine:
             on_finish,
             on_logprobs=on_logprobs if params.logprobs is not None else None,
             mask=mask,
+            reuse_prefix=reuse_prefix,
         )
         return self.scheduler.submit(req)
 

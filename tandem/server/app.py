@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API over a `ServingEngine`: chat and text completions (SSE or not),
-models, health and Prometheus metrics, and Ollama's API beside it (`tandem.server.ollama`).
+models, health and Prometheus metrics, and Ollama's API beside it (`tandem.server.ollama`), and
+llama.cpp's native `/completion`, `/tokenize` and `/detokenize` (`tandem.server.llamacpp`).
 Errors use OpenAI's `{"error": {...}}` body (Ollama's `{"error": "..."}` under /api/)."""
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tandem.server.answers import ChoiceAnswer, Part
 from tandem.server.cluster_view import render_cluster_metrics
 from tandem.server.generation import drain, generate_choices
 from tandem.server.http_limits import MAX_BODY_BYTES, BodyLimit
+from tandem.server.llamacpp import ROUTES as LLAMACPP_ROUTES
+from tandem.server.llamacpp import add_llamacpp
 from tandem.server.logprobs import chat_logprobs, completion_logprobs
 from tandem.server.metrics import render_metrics
 from tandem.server.ollama import ROUTES as OLLAMA_ROUTES
@@ -112,6 +115,7 @@ def create_app(
 
     cluster = add_page(app, engine)  # GET /, /static/*, /v1/cluster
     add_ollama(app, engine, fmt, served)  # /api/*
+    add_llamacpp(app, engine)  # /completion, /tokenize, /detokenize
 
     @app.get("/metrics")
     async def metrics():
@@ -242,6 +246,7 @@ ROUTES = (
     "/health",
     "/metrics",
     *OLLAMA_ROUTES,
+    *LLAMACPP_ROUTES,
 )
 
 

@@ -33,13 +33,15 @@ def generate_choices(
     n: int = 1,
     masks: list[TokenMask] | None = None,
     markers: frozenset[int] = frozenset(),
+    reuse_prefix: bool = True,
 ) -> AsyncIterator[Event]:
     """Submits `n` choices now (so admission errors become 4xx/5xx before any response starts),
     choice i drawing from its own stream of the seed (`SamplingParams.choice`), and returns the
     stream of their deltas and ends, each tagged with its choice's index. Each choice is its own
     sequence (with the prefix cache, the first prefills the prompt and the others copy it). `masks`: choice i's `TokenMask`
     (structured output), one per choice; `markers`: the reasoning format's marker tokens, kept out
-    of the text and reported as `Mark`s."""
+    of the text and reported as `Mark`s; `reuse_prefix`: False prefills the whole prompt even
+    where the prefix cache holds its head."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -55,7 +57,9 @@ def generate_choices(
             p = params if i == 0 else dataclasses.replace(params, choice=i)
             mask = masks[i] if masks is not None else None
             handles.append(
-                engine.generate(prompt_ids, p, stop, on_delta(i), on_done(i), mask, markers)
+                engine.generate(
+                    prompt_ids, p, stop, on_delta(i), on_done(i), mask, markers, reuse_prefix
+                )
             )
     except (RequestRejected, EngineUnavailable) as e:
         for h in handles:

@@ -54,7 +54,8 @@ class APIError(Exception):
         }
 
 
-KEYED = ("/v1", "/api/")  # the routes behind the API key: OpenAI's and Ollama's
+# the routes behind the API key: OpenAI's, Ollama's and llama.cpp's native ones
+KEYED = ("/v1", "/api/", "/completion", "/tokenize", "/detokenize")
 OPEN = frozenset({"/api/version"})  # as /health: apps probe it to find an Ollama API
 
 
