@@ -6,20 +6,22 @@ dropped by the client before they reach any server), the call returned as Ollama
 `message.tool_calls` with the arguments an object, whole and streamed (no call text in any
 chunk's content), and the call and its result (`role: tool`, `tool_name`) going back through the
 template. Ollama's API has no field that forces a call (no `tool_choice`): the model chooses, as
-`auto` does on the OpenAI side."""
+`auto` does on the OpenAI side. The client reaches the app over a real loopback server through
+its public `host=` (and httpx's `event_hooks`, which it passes on), so an upgrade of the client
+that changes its internals still meets these tests as a user's code would."""
 
 import json
 
 import ollama
 import pytest
-from _serving_doubles import ScriptedExecutor
-from fastapi.testclient import TestClient
-from test_grammar_mask import EOS, AsciiTokenizer
+from _serving_doubles import AsciiTokenizer, ScriptedExecutor
+from http_server_support import running_server
 
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
 from tandem.server.app import create_app
 
+EOS = 0
 MODEL = "tiny-test"
 ARGS = {"city": "Oslo", "days": 3}
 SAID = "Checking.\n<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": ARGS})
@@ -58,10 +60,9 @@ def served():
     sched = Scheduler(executor, eos_token_ids=(EOS,), prefill_budget=4096)  # prompts whole
     sched.start()
     sent = []
-    with TestClient(create_app(ServingEngine(sched, AsciiTokenizer(), MODEL))) as app:
-        app.event_hooks = {"request": [lambda r: sent.append(json.loads(r.read() or b"{}"))]}
-        client = ollama.Client(host=str(app.base_url))
-        client._client = app  # the client's own requests, over the in-process app
+    hooks = {"request": [lambda r: sent.append(json.loads(r.read() or b"{}"))]}
+    with running_server(create_app(ServingEngine(sched, AsciiTokenizer(), MODEL))) as port:
+        client = ollama.Client(host=f"http://127.0.0.1:{port}", timeout=60, event_hooks=hooks)
         yield client, sent, executor
     sched.stop()
 
