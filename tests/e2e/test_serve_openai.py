@@ -1,9 +1,11 @@
 """The official `openai` client against a live `tandem serve` (real processes, real sockets)."""
 
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -75,6 +77,30 @@ def test_text_completions_and_models_endpoints(server):
         model=name, prompt="The quick brown fox", max_tokens=6, temperature=0
     )
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 6
+
+
+def test_llamacpp_native_completion_streamed_and_not_over_httpx(server):
+    # llama.cpp's /completion as its clients call it: a plain HTTP client, SSE `data:` lines
+    _, base, name, client = server
+    want = client.completions.create(
+        model=name, prompt="Once upon a time", max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True},
+    ).choices[0].text  # fmt: skip
+    body = {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0, "ignore_eos": True}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=base, headers=auth, timeout=120) as http:
+        whole = http.post("/completion", json=body).json()
+        assert (whole["content"], whole["stop_type"], whole["tokens_predicted"]) == (
+            want,
+            "limit",
+            8,
+        )
+        with http.stream("POST", "/completion", json={**body, "stream": True}) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+        assert "".join(e["content"] for e in events) == want
+        assert [e["stop"] for e in events][-2:] == [False, True]
+        ids = http.post("/tokenize", json={"content": want}).json()["tokens"]
+        assert http.post("/detokenize", json={"tokens": ids}).json()["content"] == want
 
 
 def test_eight_concurrent_clients_share_steps_and_match_one_at_a_time(server):
