@@ -317,11 +317,11 @@ class ServingEngine:
         )
         return self.scheduler.submit(req)
 
-    def grammar_mask(self, spec: GrammarSpec) -> GrammarMask:
+    def grammar_mask(self, spec: GrammarSpec, ahead: bool = True) -> GrammarMask:
         """A fresh mask of `spec` over the tokenizer's vocabulary (built on the first call, ~0.5 s
         for 50k tokens); `GrammarError` where the grammar does not compile. Blocking: call it off
-        the event loop."""
-        return self._grammar.mask(spec)
+        the event loop. `ahead`: each next mask computed beside the step (`GrammarMask`)."""
+        return self._grammar.mask(spec, ahead)
 
     def _grammar_vocab(self) -> GrammarVocab:
         tok = self.tokenizer
