@@ -128,6 +128,27 @@ def top_logprobs(x: np.ndarray, lp: np.ndarray, k: int) -> tuple[tuple[int, floa
     return tuple((int(i), float(lp[i])) for i in order)
 
 
+def _masked(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """`row` as float64 with -inf wherever `allowed` (bool, shorter: nothing past its end) is
+    False; `SamplingError` where it allows nothing. A few allowed tokens (a grammar's `{`, a
+    key, an enum) are written into a row of -inf; many are copied and the rest overwritten:
+    either way one pass over the row, not two."""
+    n = row.shape[-1]
+    keep = np.zeros(n, dtype=bool)
+    m = min(len(allowed), n)
+    keep[:m] = np.asarray(allowed[:m], dtype=bool)
+    ids = np.flatnonzero(keep)
+    if not len(ids):
+        raise SamplingError("the token mask allows no token")
+    if len(ids) * 8 < n:
+        x = np.full(n, -np.inf)
+        x[ids] = row[ids]
+        return x
+    x = row.astype(np.float64)
+    np.copyto(x, -np.inf, where=~keep)
+    return x
+
+
 class SequenceSampler:
     """One sequence's choice of its next token from a step's result: its generator, its token
     history (kept only when a penalty reads it) and its token mask. `needs_logits`: whether a
@@ -158,14 +179,10 @@ class SequenceSampler:
         allowed = self.mask.allowed() if self.mask is not None else None
         if allowed is None and not self.params.shapes_logits:
             return row
-        x = row.astype(np.float64)
         if allowed is not None:
-            keep = np.zeros(x.shape[-1], dtype=bool)
-            m = min(len(allowed), x.shape[-1])
-            keep[:m] = np.asarray(allowed[:m], dtype=bool)
-            if not keep.any():
-                raise SamplingError("the token mask allows no token")
-            x[~keep] = -np.inf
+            x = _masked(row, allowed)
+        else:
+            x = row.astype(np.float64)
         if len(self._bias_ids):
             apply_logit_bias(x, self._bias_ids, self._bias)
         if self.history is not None:

@@ -236,6 +236,28 @@ def test_a_mask_that_allows_nothing_fails_the_choice():
         SequenceSampler(SamplingParams(), [0], Nothing([])).choose(_logits(np.zeros(VOCAB)), 0)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.01, 0.1, 0.5, 0.99, 1.0]),
+       short=st.integers(0, 3))  # fmt: skip
+def test_a_mask_sets_minus_inf_exactly_where_it_disallows_sparse_or_dense(seed, density, short):
+    # the sparse (write the few allowed) and dense (copy, overwrite the rest) paths alike: the
+    # row as float64, -inf outside the mask and past its end
+    rng = np.random.default_rng(seed)
+    n = 400
+    row = rng.standard_normal(n).astype(np.float32)
+    keep = rng.random(n - short) < density
+    keep[rng.integers(0, n - short)] = True
+
+    class Fixed(OnlyMask):
+        def allowed(self):
+            return keep
+
+    got = SequenceSampler(SamplingParams(temperature=1.0), [0], Fixed([])).process(row)
+    want = row.astype(np.float64)
+    want[np.flatnonzero(~np.concatenate([keep, np.zeros(short, bool)]))] = -np.inf
+    assert got.dtype == np.float64 and np.array_equal(got, want)
+
+
 def test_greedy_ids_are_refused_for_a_row_that_needs_its_logits():
     ids = StepResult(token_ids=np.array([3]))
     assert SequenceSampler(SamplingParams(temperature=0.0), [0]).choose(ids, 0) == (3, None)
