@@ -114,18 +114,19 @@ def template_messages(
     served: ServedFormat = HERMES,
 ) -> list[dict[str, Any]]:
     """`messages` as the template reads them: arguments as objects and call ids as the
-    `served` format's template takes them (Mistral's: 9 letters and digits) for a template that
-    takes tools (`native`); for one that does not, the Hermes forms (see the module's
+    `served` format's template takes them (Mistral's: 9 letters and digits), and call names as
+    it knows them (Llama 3.1's built-ins under Meta's names), for a template that takes tools
+    (`native`); for one that does not, the Hermes forms (see the module's
     docstring)."""
     out: list[dict[str, Any]] = []
-    history_id = served.format.history_id
+    history_id, history_name = served.format.history_id, served.format.history_name
     for m in messages:
         if m["role"] == "ipython" and served.format.name != "llama3":
             m = {**m, "role": "tool"}  # Llama's name for a tool's result
         calls = m.get("tool_calls")
         if native:
             if calls:
-                m = {**m, "tool_calls": [_for_template(c, history_id) for c in calls]}
+                m = {**m, "tool_calls": [_for_template(c, history_id, history_name) for c in calls]}
             if isinstance(m.get("tool_call_id"), str):
                 m = {**m, "tool_call_id": history_id(m["tool_call_id"])}
             out.append(m)
@@ -153,9 +154,11 @@ def _call_json(call: dict[str, Any]) -> dict[str, Any]:
     return {"name": fn.get("name"), "arguments": _arguments(fn.get("arguments"))}
 
 
-def _for_template(call: dict[str, Any], history_id) -> dict[str, Any]:
+def _for_template(call: dict[str, Any], history_id, history_name) -> dict[str, Any]:
     fn = dict(call.get("function") or {})
     fn["arguments"] = _arguments(fn.get("arguments"))
+    if isinstance(fn.get("name"), str):
+        fn["name"] = history_name(fn["name"])
     out = {**call, "function": fn}
     if isinstance(call.get("id"), str):
         out["id"] = history_id(call["id"])

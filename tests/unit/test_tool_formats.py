@@ -16,7 +16,7 @@ from test_grammar_mask import VOCAB, _allowed_chars, _feed
 from tandem.loaders.chat_template import TemplateRenderer
 from tandem.server import tool_formats, tools
 from tandem.server.call_stream import Args, CallStream, Content, Start
-from tandem.server.tool_formats import ServedFormat
+from tandem.server.tool_formats import ServedFormat, llama3
 
 LLAMA = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 MISTRAL = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -143,6 +143,12 @@ BUILTIN = [
 ]  # fmt: skip
 
 
+def _renamed(tool: dict, old: str, new: str) -> dict:
+    if tool["function"]["name"] != old:
+        return tool
+    return {**tool, "function": {**tool["function"], "name": new}}
+
+
 def builtin_call(name: str, args: dict) -> dict:
     return {"id": "call_b", "type": "function",
             "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
@@ -153,12 +159,17 @@ def builtin_call(name: str, args: dict) -> dict:
 )
 @pytest.mark.parametrize(
     "name,args",
-    [("brave_search", {"query": "weather in Oslo"}), ("wolfram_alpha", {"query": "2^10"})],
+    [
+        ("brave_search", {"query": "weather in Oslo"}),
+        ("wolfram_alpha", {"query": "2^10"}),
+        ("web_search", {"query": "weather in Oslo"}),  # llama.cpp's alias of brave_search
+    ],
 )
 def test_a_builtin_call_as_meta_s_template_writes_it_reads_back_and_its_result_is_ipython(
     family, name, args
 ):
-    offered = [*TOOLS, *BUILTIN]
+    meta = llama3.ALIASES.get(name, name)  # the name the template and the model know
+    offered = [*TOOLS, *(_renamed(t, meta, name) for t in BUILTIN)]
     variables: dict = {}
     served = tools.for_request(
         ServedFormat(tool_formats.choose(template(family), "none"), {}), offered, variables,
@@ -180,7 +191,7 @@ def test_a_builtin_call_as_meta_s_template_writes_it_reads_back_and_its_result_i
         ]
         whole = render(said, False)
         answer = whole[len(prompt) :]
-        assert answer.startswith(f"<|python_tag|>{name}.call(") and answer.endswith("<|eom_id|>")
+        assert answer.startswith(f"<|python_tag|>{meta}.call(") and answer.endswith("<|eom_id|>")
         assert read(served.format.syntax, answer.removesuffix("<|eom_id|>"))[1] == [(name, args)]
         # unbound (no built-in tool in the request), the same text is no call
         plain = tool_formats.choose(template(family), "none").syntax

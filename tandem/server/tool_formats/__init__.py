@@ -39,8 +39,9 @@ class ToolFormatError(ValueError):
 
 
 Literal = Callable[[str], str]  # a marker -> its Lark form (its token `<[id]>`, else its text)
-# a request's tools -> the syntax its calls are read with, and the template variables they set
-Bind = Callable[[list[dict[str, Any]]], tuple[CallSyntax, dict[str, Any]]]
+# a request's tools -> the syntax its calls are read with, the template variables they set, and
+# the names past calls take in the template (a declared name -> the one the model knows)
+Bind = Callable[[list[dict[str, Any]]], tuple[CallSyntax, dict[str, Any], dict[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class ToolFormat:
     """A tool-call format: `syntax` for reading calls, `grammar(tools, literal)` the Lark text of
     a forced call (None: harmony's, built with its reasoning in `reasoning_grammar`), `markers`
     that may be tokens, `new_id()` a fresh call id, `history_id(id)` the id a template reads,
-    `bind(tools)` the syntax and template variables for a request's tools (None: `syntax`, none)."""
+    `history_name(name)` the name a past call has there, `bind(tools)` the syntax, template
+    variables and past calls' names for a request's tools (None: `syntax`, none, as declared)."""
 
     name: str
     syntax: CallSyntax
@@ -56,6 +58,7 @@ class ToolFormat:
     markers: tuple[str, ...] = ()
     new_id: Callable[[], str] = field(default=lambda: f"call_{uuid.uuid4().hex[:24]}")
     history_id: Callable[[str], str] = field(default=lambda i: i)
+    history_name: Callable[[str], str] = field(default=lambda n: n)
     bind: Bind | None = None
 
 
@@ -81,8 +84,9 @@ class ServedFormat:
         those tools set (Llama 3.1's `builtin_tools`)."""
         if not tools or self.format.bind is None:
             return self, {}
-        syntax, variables = self.format.bind(tools)
-        return ServedFormat(replace(self.format, syntax=syntax), self.ids), variables
+        syntax, variables, names = self.format.bind(tools)
+        fmt = replace(self.format, syntax=syntax, history_name=lambda n: names.get(n, n))
+        return ServedFormat(fmt, self.ids), variables
 
     def _literal(self, marker: str) -> str:
         token = next((i for i, m in self.ids.items() if m == marker), None)

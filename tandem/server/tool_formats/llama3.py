@@ -151,12 +151,15 @@ def _python_literals(node: ast.expr) -> ast.expr:
     return Swap().visit(node)
 
 
-def bind(tools: list[dict[str, Any]]) -> tuple[CallSyntax, dict[str, Any]]:
-    """With built-in tools declared: their calls read too, and the template told of them."""
+def bind(tools: list[dict[str, Any]]) -> tuple[CallSyntax, dict[str, Any], dict[str, str]]:
+    """With built-in tools declared: their calls read too, the template told of them under
+    Meta's names, and a past call of an alias written under Meta's name (so the template writes
+    it in the dotted form the model knows)."""
     names = builtin_names(tools)
     if not names:
-        return SYNTAX, {}
-    return replace(SYNTAX, whole=read_builtin(names)), {"builtin_tools": list(names)}
+        return SYNTAX, {}, {}
+    rename = {declared: meta for meta, declared in names.items() if declared != meta}
+    return replace(SYNTAX, whole=read_builtin(names)), {"builtin_tools": list(names)}, rename
 
 
 SYNTAX = CallSyntax(openers=(PYTHON_TAG,), at_start=True, seps=";")
