@@ -13,6 +13,8 @@ mapped onto tandem's `SamplingParams`, with llama.cpp's defaults where a field i
     repeat_penalty     repetition_penalty                         1.0 (common.h; the README says 1.1)
     repeat_last_n      repetition_window (-1: all, 0: off)         64
     presence_penalty, frequency_penalty  as OpenAI's              0.0
+    logit_bias         [[id, bias], ...] or {"id": bias}, bias in [-100, 100] (added to the
+                       logit, as OpenAI's); llama.cpp's `false` (never) and text keys: a 400
     ignore_eos, stream, grammar (GBNF), json_schema, n_probs (top logprobs per token),
     cache_prompt (false: the whole prompt is prefilled), return_tokens
 
@@ -30,7 +32,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.engine.sampling_params import SamplingParams, SamplingParamsError
-from tandem.server.protocol import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, APIError
+from tandem.server.protocol import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    APIError,
+)
 
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # LLAMA_DEFAULT_SEED
 # Fields llama.cpp defines for what tandem does not do: refused unless given their off value.
@@ -57,7 +65,6 @@ OFF_VALUES: dict[str, Callable[[Any], bool]] = {
     "id_slot": lambda v: v in (None, -1),
     "post_sampling_probs": lambda v: not v,
     "lora": lambda v: not v,
-    "logit_bias": lambda v: not v,
     "samplers": lambda v: v is None,
     "response_fields": lambda v: not v,
     "return_progress": lambda v: not v,
@@ -85,6 +92,7 @@ class LlamaCompletionRequest(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
+    logit_bias: list[list[Any]] | dict[str, Any] | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     cache_prompt: bool = True
@@ -157,11 +165,35 @@ class LlamaCompletionRequest(BaseModel):
                 presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty,
                 logprobs=self.n_probs or None,
+                logit_bias=self.bias_pairs(),
             )
         except SamplingParamsError as e:
             field = str(e).split(" ", 1)[0]
             names = {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"}
             raise APIError(400, str(e), param=names.get(field, field)) from e
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (id, bias) pairs, a later entry for an id replacing an earlier; a 400
+        for what is not an id and a number (llama.cpp's `false` included)."""
+        v = self.logit_bias
+        items = list(v.items()) if isinstance(v, dict) else [tuple(x) for x in v or []]
+        if len(items) > MAX_LOGIT_BIAS:
+            raise APIError(400, f"logit_bias: at most {MAX_LOGIT_BIAS} tokens", param="logit_bias")
+        out: dict[int, float] = {}
+        for item in items:
+            ok = len(item) == 2 and not isinstance(item[1], bool)
+            token, bias = item if len(item) == 2 else (None, None)
+            if isinstance(token, str) and token.isascii() and token.isdigit():
+                token = int(token)
+            if not ok or not isinstance(token, int) or not isinstance(bias, (int, float)):
+                raise APIError(
+                    400,
+                    f"logit_bias entries are [token id, bias] with a number in [-100, 100] "
+                    f"(tandem takes no `false` and no text), got {list(item)!r}",
+                    param="logit_bias",
+                )
+            out[token] = float(bias)
+        return tuple(out.items())
 
     def settings(self) -> dict[str, Any]:
         """The `generation_settings` llama.cpp echoes: the fields as this request set them."""

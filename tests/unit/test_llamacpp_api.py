@@ -1,8 +1,8 @@
 """llama.cpp's native `/completion`, `/tokenize` and `/detokenize` (`tandem.server.llamacpp`) over
 the serving stack on a history-driven executor: the same greedy text as /v1/completions, streamed
 or not; why it stopped (eos, word, limit); the grammar and JSON schema constraining it; the top
-logprobs; `cache_prompt: false` prefilling the whole prompt; every field tandem does not honour a
-400 naming it; and the routes behind the API key."""
+logprobs; `cache_prompt: false` prefilling the whole prompt; `logit_bias` in both of llama.cpp's
+forms; every field tandem does not honour a 400 naming it; and the routes behind the API key."""
 
 import json
 
@@ -102,6 +102,14 @@ def test_n_probs_gives_each_tokens_top_logprobs_greedy_first(client):
     assert again == probs
 
 
+def test_logit_bias_in_either_of_llama_cpp_s_forms_moves_the_greedy_choice(client):
+    body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+    assert client.post("/completion", json=body).json()["content"] != "zzzz"
+    for bias in ([[ord("z"), 100]], {str(ord("z")): 100.0}):
+        r = client.post("/completion", json={**body, "logit_bias": bias}).json()
+        assert r["content"] == "zzzz"
+
+
 def test_cache_prompt_false_prefills_the_whole_prompt():
     sched, engine = _engine()
     with TestClient(create_app(engine)) as c:
@@ -129,6 +137,9 @@ def test_cache_prompt_false_prefills_the_whole_prompt():
         ({"json_schema": {"type": "no-such"}}, "json_schema"),
         ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
         ({"prompt": [1, "two"]}, "prompt"),
+        ({"logit_bias": [[65, False]]}, "logit_bias"),
+        ({"logit_bias": [[65, 500]]}, "logit_bias"),
+        ({"logit_bias": {"A": 1.0}}, "logit_bias"),
         ({"prompt": [300]}, None),
     ],
 )
