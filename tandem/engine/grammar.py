@@ -6,7 +6,9 @@
 
 llguidance computes each step's mask in Rust over a token trie (tens of microseconds per token
 for JSON schemas), runs on the CPU and needs no torch; it is imported here lazily, so a head
-that never constrains a request never loads it.
+that never constrains a request never loads it. A grammar llguidance refuses raises
+`GrammarError` before anything runs. The grammar's end is the tokenizer's EOS tokens: a mask at
+the grammar's end allows only them, so the sequence ends as any other does, on EOS.
 
 When the mask is computed: the mask that picks token t+1 depends on token t, and so does step
 t+1's forward (token t is its input), so neither can start before token t is sampled, and the
@@ -15,9 +17,7 @@ step t+1 itself: `advance(t)` hands the matcher to a small shared worker pool, w
 the next mask (llguidance drops the GIL while it does) while the head sends step t+1 and the
 ranks run it; `allowed()`, asked once step t+1's logits are back, takes the finished mask. In a
 batch every sequence's next mask is computed at once on the pool, each beside the step. A new
-mask starts its first one at once, beside the prompt's prefill. A grammar llguidance refuses raises
-`GrammarError` before anything runs. The grammar's end is the tokenizer's EOS tokens: a mask at
-the grammar's end allows only them, so the sequence ends as any other does, on EOS.
+mask starts its first one at once, beside the prompt's prefill.
 """
 
 from __future__ import annotations
