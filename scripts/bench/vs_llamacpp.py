@@ -4,7 +4,7 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
     .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
                                            [--tandem-only] [--extra NAME=FILE.gguf ...] [--large] [--moe] [--gpt-oss]
-                                           [--gemma3]
+                                           [--gemma3] [--qwen2-moe]
                                            [--variants chosen,avx2,avx512]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
@@ -17,7 +17,9 @@ experts: 64 of width 768, 8 active) in Q4_K_M, whose roofline counts the bytes a
 (attention, router, 8 experts per sparse layer, the head); with `--gpt-oss`, gpt-oss-20b's shape
 scaled to ~1.0 B parameters (`gpt_oss_bench_config`) in llama-quantize's MXFP4_MOE (MXFP4 experts,
 Q8_0 elsewhere: what llama.cpp's gpt-oss files hold); with `--gemma3`, gemma-3-1b's layers with a
-smaller vocabulary and fewer layers (`gemma3_bench_config`, ~0.52 B) in Q4_K_M. llama.cpp comes from /work/shared/tools/llamacpp.sh (or
+smaller vocabulary and fewer layers (`gemma3_bench_config`, ~0.52 B) in Q4_K_M; with `--qwen2-moe`,
+Qwen1.5-MoE-A2.7B's layers scaled to ~0.55 B (`qwen2_moe_bench_config`: 32 experts, 4 active, a
+gated shared expert) in Q4_K_M. llama.cpp comes from /work/shared/tools/llamacpp.sh (or
 $LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
@@ -143,6 +145,27 @@ def gpt_oss_bench_config():
             base.rope_scaling, original_max_position_embeddings=4096, truncate=True
         ),
         moe=moe_spec(32, 4, 1024), torch_dtype="bfloat16",
+    )  # fmt: skip
+
+
+def qwen2_moe_bench_config():
+    """Qwen1.5-MoE-A2.7B's layer shape scaled to ~0.55 B parameters: the top 4 of its experts
+    (32 of width 512 here, 60 of 1408 there: 512 is whole K-quant superblocks), a sigmoid-gated
+    shared expert 4x an expert's width (2048; 5632 there), q/k/v biases, 8 q / 8 kv heads of 128
+    (16 / 16 there), 8 layers of width 1024 (24 of 2048 there), an untied vocabulary of 32768.
+    ~0.40 B in experts, 50 M in shared experts, 34 M in attention, 67 M in embedding and head;
+    per token ~0.14 B active."""
+    from dataclasses import replace
+
+    from tandem.models.presets import get_preset
+
+    base = get_preset("tiny-qwen2-moe").config
+    return replace(
+        base, vocab_size=32768, hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        tie_word_embeddings=False, torch_dtype="bfloat16",
+        moe=replace(base.moe, num_experts=32, top_k=4, intermediate_size=512,
+                    shared_intermediate_size=2048, dense_layers=()),
     )  # fmt: skip
 
 
@@ -374,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moe", action="store_true", help="also the qwen3-moe-1.2b preset in Q4_K_M")
     p.add_argument("--gpt-oss", action="store_true",
                    help="also a ~1.0 B gpt-oss-20b-like model in MXFP4_MOE")  # fmt: skip
+    p.add_argument("--qwen2-moe", action="store_true",
+                   help="also a ~0.55 B Qwen1.5-MoE-like model in Q4_K_M")  # fmt: skip
     p.add_argument("--gemma3", action="store_true",
                    help="also a ~0.52 B gemma-3-1b-like model in Q4_K_M")  # fmt: skip
     p.add_argument("--variants", default="chosen",
@@ -397,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.gpt_oss:
             files.update(make_files(a.work, cpp, "tiny-gpt-oss", ("MXFP4_MOE",),
                                     gpt_oss_bench_config(), "gpt-oss-1b"))  # fmt: skip
+        if a.qwen2_moe:
+            files.update(make_files(a.work, cpp, "tiny-qwen2-moe", ("Q4_K_M",),
+                                    qwen2_moe_bench_config(), "qwen2-moe-0.5b"))  # fmt: skip
         if a.gemma3:
             files.update(make_files(a.work, cpp, "tiny-gemma3", ("Q4_K_M",),
                                     gemma3_bench_config(), "gemma3-0.5b"))  # fmt: skip

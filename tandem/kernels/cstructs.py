@@ -31,6 +31,15 @@ class TqMoeAct(ctypes.Structure):  # csrc/quant.h tq_moe_act: gpt-oss's expert a
     )
 
 
+class TqMoeShared(ctypes.Structure):  # csrc/decode_layers.h tq_moe_shared: a gated shared expert
+    _fields_ = (
+        ("gate_up", ctypes.c_void_p),  # TqLinear (2W, D)
+        ("down", ctypes.c_void_p),  # TqLinear (D, W)
+        ("gate", ctypes.c_void_p),  # TqLinear (1, D)
+        ("W", ctypes.c_int64),
+    )
+
+
 class TqMoeLayer(ctypes.Structure):  # csrc/decode_layers.h tq_moe_layer: a sparse feed-forward
     _fields_ = (
         ("router", ctypes.c_void_p),  # TqLinear
@@ -46,6 +55,7 @@ class TqMoeLayer(ctypes.Structure):  # csrc/decode_layers.h tq_moe_layer: a spar
         ("up_type", ctypes.c_int64),
         ("down_type", ctypes.c_int64),
         ("act", ctypes.c_void_p),  # TqMoeAct or NULL
+        ("shared", ctypes.c_void_p),  # TqMoeShared or NULL
     )
 
 

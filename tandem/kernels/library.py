@@ -270,6 +270,8 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
         (_P, _I64, _P, _F32, _P, _I64, _I64, _INT, _INT, _I64, _I64, _I64, _I64, _P, _P, _P)
         + (_I64, _I64, _I64, _P, _P, _INT, _INT),
     ),
+    # layer (tq_moe_layer*), h, M, norm_w, eps, D, out, dtype, threads
+    "tandem_moe_layer": (_INT, (_P, _P, _I64, _P, _F32, _I64, _P, _INT, _INT)),
     # logits, M, E, k, kind, norm, ids, w32, dtype
     "tandem_moe_route_kind": (_INT, (_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _INT)),
     # h, norm_w, eps, gate_up (tq_linear*), down (tq_linear*), out, D, I, dtype, threads

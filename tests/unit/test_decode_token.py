@@ -161,13 +161,14 @@ def _family_gguf(tmp_path_factory, preset: str, qtype: str):
 @pytest.mark.parametrize(
     ("preset", "qtype"),
     [("tiny-gemma3", "Q8_0"), ("tiny-gemma3", "K_MIX"), ("tiny-gpt-oss", "MXFP4"),
-     ("tiny-gpt-oss", "Q8_0"), ("tiny-mixtral", "Q8_0"), ("tiny-qwen3-moe", "K_MIX")],
+     ("tiny-gpt-oss", "Q8_0"), ("tiny-mixtral", "Q8_0"), ("tiny-qwen3-moe", "K_MIX"),
+     ("tiny-qwen2-moe", "Q8_0")],
 )  # fmt: skip
 def test_windows_sinks_experts_and_gemma_decode_in_one_call_as_layer_by_layer(
     tmp_path_factory, monkeypatch, preset, qtype
 ) -> None:
     """gpt-oss (windows of 8, sinks, biased experts), Mixtral and Qwen3-MoE (experts, a dense
-    layer), Gemma 3 (sandwich norms, GELU-tanh, the embedding scale, windows of 8 with their own
+    layer), Qwen2-MoE (its sigmoid-gated shared expert, q/k/v biases), Gemma 3 (sandwich norms, GELU-tanh, the embedding scale, windows of 8 with their own
     RoPE table): the one call's logits and greedy ids equal `_decode_layers`' and
     `forward_steps`' bit for bit, past the attention window and the RoPE window, and no decode
     step runs the op by op path."""

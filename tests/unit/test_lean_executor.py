@@ -90,7 +90,7 @@ def test_lean_logits_equal_the_local_executors(tmp_path_factory, preset, qtype) 
 def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     tmp_path_factory, preset, qtype
 ) -> None:
-    """Sparse layers (one `tandem_moe_block_act` call each) beside a dense one (Qwen3-MoE's and
+    """Sparse layers (one `tandem_moe_layer` call each) beside a dense one (Qwen3-MoE's and
     Qwen2-MoE's layer 1), the router kept F32, experts in the file's blocks; Qwen2-MoE's q/k/v
     biases and sigmoid-gated shared expert (its gate F32)."""
     base = get_preset(preset).config
@@ -101,8 +101,9 @@ def test_a_mixture_of_experts_runs_torch_free_like_the_local_executor(
     _, (f,) = write_preset_gguf(out, preset, qtype, config=cfg)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     assert any(L.moe is not None for L in lean.model.layers)
-    # one native call a decode token, except past a shared expert (layer by layer)
-    assert (lean.model.decode_token is None) == bool(shared)
+    # one native call a decode token, a shared expert's layers too
+    assert lean.model.decode_token is not None
+    assert all(L.moe.shared is not None for L in lean.model.layers if L.moe) == bool(shared)
     # each of a token's k experts requantizes its own SwiGLU output to int8: more rounding edges
     # a last-bit change can cross than a dense MLP's one, so the bound's delta counts 3 times
     _assert_like_local(f, lean, STEPS, spread=3.0)
@@ -136,7 +137,7 @@ def _gpt_oss_gguf(tmp_path_factory, source: str):
 def test_gpt_oss_runs_torch_free_like_the_local_executor(tmp_path_factory, source) -> None:
     """gpt-oss: q/k/v/o biases, a sink logit per head, a window of 8 on layers 0 and 2 that the
     steps cross in decode and in a prefill chunk, YaRN, the biased router's top-k then softmax,
-    biased experts with the clamped SwiGLU (`tandem_moe_block_act`), the attention half of a
+    biased experts with the clamped SwiGLU (`tandem_moe_layer`), the attention half of a
     decode token windowed and with sinks (`tandem_attention_block_ws`)."""
     f = _gpt_oss_gguf(tmp_path_factory, source)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)

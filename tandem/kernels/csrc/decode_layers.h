@@ -5,17 +5,32 @@
 
 #include "quant.h"
 
-/* A sparse layer's feed-forward (csrc/moe.c tandem_moe_block_act's arguments, the layer's
- * post_norm its input norm): the router (E outputs), k experts a token, the route kind
- * (0 softmax_topk, 1 topk_softmax) and renormalisation, the expert width W, the experts'
- * stacked blocks and ggml types, and gpt-oss's biases and activation (or NULL). */
+/* A sparse layer's sigmoid-gated shared expert (Qwen2-MoE, Qwen3.5-MoE; csrc/moe.c): on the
+ * normed input xn (D), sigmoid(gate . xn) * down(silu(g) * u) with [g; u] = gate_up xn, added to
+ * the routed experts' sum. gate_up (2W, D), down (D, W), gate (1, D): GGUF parts (quant.h
+ * tq_linear), W the shared expert's width. */
+typedef struct {
+    const tq_linear *gate_up, *down, *gate;
+    int64_t W;
+} tq_moe_shared;
+
+/* A sparse layer's feed-forward (csrc/moe.c tandem_moe_layer, the layer's post_norm its input
+ * norm): the router (E outputs), k experts a token, the route kind (0 softmax_topk,
+ * 1 topk_softmax) and renormalisation, the expert width W, the experts' stacked blocks and ggml
+ * types, gpt-oss's biases and activation (or NULL), and a shared expert (or NULL). */
 typedef struct {
     const tq_linear *router;
     int64_t E, k, route, normalize, W;
     const void *gate, *up, *down;
     int64_t gate_type, up_type, down_type;
     const tq_moe_act *act;
+    const tq_moe_shared *shared;
 } tq_moe_layer;
+
+/* The layer `m` on h (M, D) normed by norm_w / eps -> out (M, D), all of dtype dt: every expert
+ * of the file held (first 0, count E). Returns 0, or -1 for arguments it cannot run. */
+int tandem_moe_layer(const tq_moe_layer *m, const void *h, int64_t M, const void *norm_w,
+                     float eps, int64_t D, void *out, int dt, int nthreads);
 
 /* One decoder layer as the model call takes it (tandem/kernels/decode_model.py and
  * tandem/kernels/lean/model.py build these): the two RMSNorm weights and eps, the four

@@ -8,8 +8,8 @@
  *                      h = round(h + mlp_out_norm_l(ffn_l(h)))
  *
  * ffn_l the layer's dense MLP half (silu or gelu_tanh) or its sparse block (csrc/moe.c
- * tandem_moe_block_act); the attention windowed and with sinks where the layer has them; the
- * out norms Gemma's sandwich norms, the identity elsewhere (decode_layers.h tq_layer).
+ * tandem_moe_layer, a shared expert too); the attention windowed and with sinks where the
+ * layer has them; the out norms Gemma's sandwich norms, the identity elsewhere (tq_layer).
  *
  * `round` is the rounding to the activations' dtype that PyTorch's `h + a` applies (float32
  * arithmetic, one rounding), so this call gives what the per-layer calls give, bit for bit.
@@ -32,12 +32,6 @@ int tandem_mlp_block_act(const void *h, const void *norm_w, float eps, const tq_
                          int nthreads);
 int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
                    int64_t dim, float eps, int dt, int nthreads);
-int tandem_moe_block_act(const void *h, int64_t M, const void *norm_w, float eps,
-                         const tq_linear *router, int64_t E, int64_t k, int router_kind, int norm,
-                         int64_t D, int64_t W, int64_t first, int64_t count, const void *gate,
-                         const void *up, const void *down, int64_t gate_type, int64_t up_type,
-                         int64_t down_type, const tq_moe_act *act, void *out, int dt,
-                         int nthreads);
 
 /* h += x elementwise over n elements of dtype dt, each sum rounded once to dt. */
 static void residual_add(void *h, const void *x, int64_t n, int dt) {
@@ -76,10 +70,7 @@ int tq_decode_layers_with(const tq_layer *layers, int64_t n, void *h, const void
         residual_add(h, x, D, dt);
         const tq_moe_layer *m = L->moe;
         if (m)
-            rc = tandem_moe_block_act(h, 1, L->post_norm, L->post_eps, m->router, m->E, m->k,
-                                      (int)m->route, (int)m->normalize, D, m->W, 0, m->E,
-                                      m->gate, m->up, m->down, m->gate_type, m->up_type,
-                                      m->down_type, m->act, x, dt, nthreads);
+            rc = tandem_moe_layer(m, h, 1, L->post_norm, L->post_eps, D, x, dt, nthreads);
         else
             rc = tandem_mlp_block_act(h, L->post_norm, L->post_eps, L->gate_up, L->down, x, D,
                                       I, (int)L->act, dt, nthreads);

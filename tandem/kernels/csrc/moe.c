@@ -12,7 +12,8 @@
  * an expert with no token is never read, and one with n tokens is read once for all n.
  *
  * tandem_moe_route is the router's choice (`models.moe.MoE.route`) and tandem_moe_block a whole
- * sparse feed-forward (norm, router, route, experts) in one call, for the torch-free path.
+ * sparse feed-forward (norm, router, route, experts) in one call, for the torch-free path;
+ * tandem_moe_layer the same from a layer's tq_moe_layer, its shared expert (Qwen2-MoE) added.
  *
  * The roundings are `models.moe.Experts.forward`'s in dtype dt: the expert's output times the
  * weight rounded to dt, added to y[m] in dt (y starts at zero), experts in ascending order.
@@ -27,6 +28,7 @@
 
 #include "dtypes.h"
 #include "quant.h"
+#include "decode_layers.h"
 
 int tandem_silu_mul(const void *gu, void *y, int64_t rows, int64_t inter, int dt, int nthreads);
 
@@ -193,16 +195,57 @@ int tandem_moe_route(const void *logits, int64_t M, int64_t E, int64_t k, int no
     return tandem_moe_route_kind(logits, M, E, k, 0, norm, ids, w, dt);
 }
 
+/* A shared expert (decode_layers.h tq_moe_shared) on xn (M, D), added to y (M, D), dtype dt:
+ *   [g | u] = xn gate_up^T (M, 2W);  a = silu(g) * u (M, W);  o = a down^T (M, D);
+ *   s = 1 / (1 + exp(-(xn . gate))) (M) in float32;  y[m] = round(y[m] + round(o[m] * s[m])),
+ * transformers' Qwen2MoeSparseMoeBlock `routed + sigmoid(gate(x)) * shared(x)` in dtype dt. */
+static int64_t parts_rows(const tq_linear *L) { /* 0 for a dense weight */
+    int64_t rows = 0;
+    for (int64_t p = 0; L->parts && p < L->nparts; p++) rows += L->parts[p].rows;
+    return rows;
+}
+
+static int moe_shared(const tq_moe_shared *s, const void *xn, int64_t M, int64_t D, void *y,
+                      int dt, int nthreads) {
+    const int64_t W = s->W;
+    if (W < 1 || parts_rows(s->gate_up) != 2 * W || parts_rows(s->down) != D ||
+        parts_rows(s->gate) != 1)
+        return -1;
+    const int es = dt == DT_F32 ? 4 : 2;
+    char *buf = (char *)malloc((size_t)(M * (3 * W + D + 1)) * es);
+    if (!buf) return -1;
+    char *gu = buf, *a = gu + M * 2 * W * es, *o = a + M * W * es, *g = o + M * D * es;
+    int rc = tandem_qgemv(xn, s->gate_up->parts, s->gate_up->nparts, s->gate_up->bias, gu, M, D,
+                          dt, nthreads);
+    if (!rc) rc = tandem_silu_mul(gu, a, M, W, dt, nthreads);
+    if (!rc)
+        rc = tandem_qgemv(a, s->down->parts, s->down->nparts, s->down->bias, o, M, W, dt,
+                          nthreads);
+    if (!rc)
+        rc = tandem_qgemv(xn, s->gate->parts, s->gate->nparts, s->gate->bias, g, M, D, dt,
+                          nthreads);
+    for (int64_t m = 0; m < M && !rc; m++) {
+        const float sg = 1.0f / (1.0f + expf(-load1(g, m, dt)));
+        for (int64_t c = 0; c < D; c++) {
+            const float v = round_dt(load1(o, m * D + c, dt) * sg, dt);
+            store1(y, m * D + c, load1(y, m * D + c, dt) + v, dt);
+        }
+    }
+    free(buf);
+    return rc;
+}
+
 /* A sparse layer's feed-forward for M rows in one call: xn = rmsnorm(h), logits = router(xn)
  * (E outputs, quant.h's tq_linear, its bias included), the route (tandem_moe_route_kind of
  * `router_kind`), then the held experts (tandem_moe_experts_act with `act`: NULL, or gpt-oss's
- * biases and clamped SwiGLU) -> out (M, D); all of dtype dt. The caller adds the residual. */
-int tandem_moe_block_act(const void *h, int64_t M, const void *norm_w, float eps,
-                         const tq_linear *router, int64_t E, int64_t k, int router_kind, int norm,
-                         int64_t D, int64_t W, int64_t first, int64_t count, const void *gate,
-                         const void *up, const void *down, int64_t gate_type, int64_t up_type,
-                         int64_t down_type, const tq_moe_act *act, void *out, int dt,
-                         int nthreads) {
+ * biases and clamped SwiGLU) -> out (M, D), plus the shared expert on xn (`moe_shared`) where
+ * `shared` is not NULL; all of dtype dt. The caller adds the residual. */
+static int moe_block(const void *h, int64_t M, const void *norm_w, float eps,
+                     const tq_linear *router, int64_t E, int64_t k, int router_kind, int norm,
+                     int64_t D, int64_t W, int64_t first, int64_t count, const void *gate,
+                     const void *up, const void *down, int64_t gate_type, int64_t up_type,
+                     int64_t down_type, const tq_moe_act *act, const tq_moe_shared *shared,
+                     void *out, int dt, int nthreads) {
     if (M < 1 || E < 1 || k < 1 || k > E || !router->parts) return -1;
     const int es = dt == DT_F32 ? 4 : 2;
     char *xn = (char *)malloc((size_t)(M * (D + E)) * es);
@@ -221,10 +264,31 @@ int tandem_moe_block_act(const void *h, int64_t M, const void *norm_w, float eps
     if (!rc)
         rc = tandem_moe_experts_act(xn, M, D, W, ids, w, k, first, count, gate, up, down,
                                     gate_type, up_type, down_type, act, out, dt, nthreads);
+    if (!rc && shared) rc = moe_shared(shared, xn, M, D, out, dt, nthreads);
     free(xn);
     free(ids);
     free(w);
     return rc;
+}
+
+int tandem_moe_block_act(const void *h, int64_t M, const void *norm_w, float eps,
+                         const tq_linear *router, int64_t E, int64_t k, int router_kind, int norm,
+                         int64_t D, int64_t W, int64_t first, int64_t count, const void *gate,
+                         const void *up, const void *down, int64_t gate_type, int64_t up_type,
+                         int64_t down_type, const tq_moe_act *act, void *out, int dt,
+                         int nthreads) {
+    return moe_block(h, M, norm_w, eps, router, E, k, router_kind, norm, D, W, first, count, gate,
+                     up, down, gate_type, up_type, down_type, act, NULL, out, dt, nthreads);
+}
+
+/* decode_layers.h: the single-node sparse layer, its shared expert included (the one-call
+ * decode's and the torch-free path's layer by layer call alike). */
+int tandem_moe_layer(const tq_moe_layer *m, const void *h, int64_t M, const void *norm_w,
+                     float eps, int64_t D, void *out, int dt, int nthreads) {
+    if (!m) return -1;
+    return moe_block(h, M, norm_w, eps, m->router, m->E, m->k, (int)m->route, (int)m->normalize,
+                     D, m->W, 0, m->E, m->gate, m->up, m->down, m->gate_type, m->up_type,
+                     m->down_type, m->act, m->shared, out, dt, nthreads);
 }
 
 int tandem_moe_block(const void *h, int64_t M, const void *norm_w, float eps,

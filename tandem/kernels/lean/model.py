@@ -35,7 +35,8 @@ SwiGLU, Gemma's GeGLU and the causal attention the csrc/decode_ops.c calls, so n
 (numpy's OpenBLAS threads would spin against the kernels' OpenMP threads). One sequence with one
 new token takes the one-call decode (csrc/decode_model.c: every layer in C, as the torch path's
 FastTransformer), every architecture above: a layer there carries its window, its sinks, its
-sandwich norms, its activation, its RoPE table and its MoE block (csrc/moe.c) where it has them.
+sandwich norms, its activation, its RoPE table and its MoE block (csrc/moe.c, a shared expert
+included) where it has them.
 `_decode_layers` is the same token layer by layer, two calls each (the attention half, then the
 MoE block or the dense MLP half), the reference the one call equals bit for bit
 (tests/unit/test_decode_token.py).
@@ -267,11 +268,9 @@ class LeanModel:
         shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
-        # one decode token in one native call, embedding to argmax; a shared expert (Qwen2-MoE)
-        # is not in the C layer table, so such a model decodes layer by layer (`_decode_layers`)
-        shared = any(L.moe is not None and L.moe.shared is not None for L in self.layers)
-        self._decode = None if shared else self._decode_plan()
-        self.decode_token = None if shared else DecodeToken(self)
+        # one decode token in one native call, embedding to argmax
+        self._decode = self._decode_plan()
+        self.decode_token = DecodeToken(self)
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
@@ -297,8 +296,6 @@ class LeanModel:
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
         if len(rows) == 1 and len(rows[0][2]) == 1:
             slot, pos, ids = rows[0]
-            if self._decode is None:
-                return self._decode_layers(slot, pos, ids[0])
             return self._decode_one(slot, pos, ids[0])
         return self.forward_steps(rows)
 

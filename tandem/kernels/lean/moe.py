@@ -1,6 +1,7 @@
 """`MoEBlock`: a sparse layer's feed-forward on the torch-free path, one native call
-(csrc/moe.c `tandem_moe_block_act`: norm, router, the route, then every chosen expert's tokens
-through its stacked GGUF blocks as stored) per layer and step. The math is `models.moe.MoE`'s in
+(csrc/moe.c `tandem_moe_layer`: norm, router, the route, then every chosen expert's tokens
+through its stacked GGUF blocks as stored, and a shared expert where the layer has one) per layer
+and step, the call the one-call decode (csrc/decode_model.c) makes for the layer. The math is `models.moe.MoE`'s in
 float32; experts not chosen by any token of the step are never read.
 
 Both routes of `MoESpec.router`: softmax over all E logits then the top k (Qwen3-MoE, Mixtral;
@@ -10,7 +11,7 @@ those k. gpt-oss's experts add their biases after each projection and take the c
 
 A shared expert (Qwen2-MoE, `SharedExpert`) adds sigmoid(h . w_g) * down_s(silu(gate_s h) * up_s h)
 for the normed h, as a dense layer's MLP runs (gate/up in one GEMV, SwiGLU, down) beside the gate's
-one-row GEMV."""
+one-row GEMV, in the same native call (csrc/decode_layers.h `tq_moe_shared`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import ctypes
 import numpy as np
 
 from tandem.kernels import library
-from tandem.kernels.cstructs import TqMoeAct, TqMoeLayer
+from tandem.kernels.cstructs import TqMoeAct, TqMoeLayer, TqMoeShared
 from tandem.kernels.lean import ops
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 
@@ -77,9 +78,7 @@ class MoEBlock:
                     raise LeanWeightError(f"{p}experts: a bias {b.shape}, not ({self.E}, {rows})")
         self.shared = None
         if spec.shared_intermediate_size:
-            self.shared = SharedExpert(
-                src, p, self.D, spec.shared_intermediate_size, norm, self.eps
-            )
+            self.shared = SharedExpert(src, p, self.D, spec.shared_intermediate_size)
         if spec.expert_bias or spec.activation != "swiglu":
             self.act = TqMoeAct(
                 *(None if b is None else b.ctypes.data for b in self.biases),
@@ -91,24 +90,19 @@ class MoEBlock:
             ctypes.addressof(self.router.desc), self.E, self.k, self.route, self.normalize,
             self.W, g.ctypes.data, u.ctypes.data, d.ctypes.data, *self.types,
             None if self.act is None else ctypes.addressof(self.act),
+            None if self.shared is None else ctypes.addressof(self.shared.desc),
         )  # fmt: skip
 
     def __call__(self, x: np.ndarray, threads: int) -> np.ndarray:
         """x (N, D) the residual stream -> the block's output (N, D) (the caller adds it)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
-        g, u, d = self.arrays
-        act = None if self.act is None else ctypes.addressof(self.act)
-        rc = library.library().tandem_moe_block_act(
-            x.ctypes.data, x.shape[0], self.norm.ctypes.data, self.eps,
-            ctypes.addressof(self.router.desc), self.E, self.k, self.route, self.normalize,
-            self.D, self.W, 0, self.E, g.ctypes.data, u.ctypes.data, d.ctypes.data, *self.types,
-            act, out.ctypes.data, ops.F32, threads,
+        rc = library.library().tandem_moe_layer(
+            ctypes.addressof(self.desc), x.ctypes.data, x.shape[0], self.norm.ctypes.data,
+            self.eps, self.D, out.ctypes.data, ops.F32, threads,
         )  # fmt: skip
         if rc != 0:
             raise ops.LeanKernelError("the native MoE block refused its arguments")
-        if self.shared is not None:
-            out += self.shared(x, threads)
         return out
 
     def expert_bytes(self) -> int:
@@ -121,9 +115,10 @@ class MoEBlock:
 
 class SharedExpert:
     """A sparse layer's sigmoid-gated shared expert (module docstring) over the file's blocks:
-    gate/up as one two-part `Linear`, down, and the gate's one row (F32 as llama.cpp keeps it)."""
+    gate/up as one two-part `Linear`, down, and the gate's one row (F32 as llama.cpp keeps it);
+    `desc` the `tq_moe_shared` the MoE block's native call runs."""
 
-    def __init__(self, src, p: str, D: int, width: int, norm: np.ndarray, eps: float) -> None:
+    def __init__(self, src, p: str, D: int, width: int) -> None:
         def part(name: str) -> tuple[np.ndarray, int]:
             blocks = src.block_array(p + name)  # (rows, row_bytes); a vector's one row
             return blocks.reshape(-1, blocks.shape[-1]), src.info(p + name).type_id
@@ -135,11 +130,10 @@ class SharedExpert:
         self.down = Linear([part(s + "down_proj.weight")], width, None, p + s + "down_proj")
         # (D,) in llama.cpp's files: one row
         self.gate = Linear([part("shared_expert_gate.weight")], D, None, p + "shared_expert_gate")
-        self.norm, self.eps = norm, eps
-
-    def __call__(self, x: np.ndarray, threads: int) -> np.ndarray:
-        """x (N, D) the residual stream -> the shared expert's gated output (N, D)."""
-        h = ops.rmsnorm(x, self.norm, self.eps, threads)
-        m = self.down(ops.silu_mul(self.gate_up(h, threads), threads), threads)  # (N, D)
-        g = self.gate(h, threads)  # (N, 1)
-        return m * (np.float32(1) / (np.float32(1) + np.exp(-g)))
+        rows = (self.gate_up.out_features, self.down.out_features, self.gate.out_features)
+        if rows != (2 * width, D, 1):
+            raise LeanWeightError(f"{p}shared_expert: rows {rows}, not {(2 * width, D, 1)}")
+        self.desc = TqMoeShared(
+            ctypes.addressof(self.gate_up.desc), ctypes.addressof(self.down.desc),
+            ctypes.addressof(self.gate.desc), width,
+        )  # fmt: skip
