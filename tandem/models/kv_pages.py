@@ -233,7 +233,10 @@ class KVPages:
         """Before positions start..end-1 of `slot` are written: each block there that another
         slot maps too becomes the slot's own copy (module docstring)."""
         j0, j1 = start // self.b, min(-(-end // self.b), self.nb)
-        self.written[slot] = max(self.written[slot], j1)
+        if j1 > self.written[slot]:
+            self.written[slot] = j1
+        if j1 - j0 == 1 and self.ref[self.table[slot, j0], j0] == 1:
+            return  # a decode token in a block of its own: the common case, kept cheap
         cols = self.table[slot, j0:j1]
         shared = [j0 + i for i in np.flatnonzero(self.ref[cols, np.arange(j0, j1)] > 1)]
         for a, e in _runs(shared, self.table[slot]):
