@@ -118,3 +118,28 @@ def test_mapping_count_stays_within_the_estimate():
 def _maps() -> int:
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
+
+
+def test_without_shared_pages_both_caches_are_plain_arrays_logged_once(monkeypatch, caplog):
+    """Where the OS gives no placeable shared mapping (`KVPagesUnavailable`, e.g. macOS), the
+    torch cache and the torch-free one are plain zeroed arrays, a copy takes bytes, and the
+    fallback is logged once per reason."""
+    import torch
+
+    from tandem.kernels.lean.model import kv_arrays
+    from tandem.models.kv_cache import KVCache
+
+    def unavailable():
+        raise kv_pages.KVPagesUnavailable("no memfd on testos")
+
+    monkeypatch.setattr(kv_pages, "_lib", unavailable)
+    monkeypatch.setattr(kv_pages, "_warned", set())
+    with caplog.at_level("WARNING", logger=kv_pages.__name__):
+        cache = KVCache([0, 1], 2, 40, 2, HD, torch.float32)
+        pages, k, v = kv_arrays(L, 2, G, 40, HD)
+    assert cache.pages is None and pages is None
+    assert k.shape == v.shape == (L, 2, G, 40, HD) and not k.any()
+    cache.k[1][0, :, :33] = torch.arange(33.0)[None, :, None]
+    cache.copy_prefix(0, 1, 33)
+    assert torch.equal(cache.k[1][1, :, :33], cache.k[1][0, :, :33])
+    assert sum("testos" in r.getMessage() for r in caplog.records) == 1
