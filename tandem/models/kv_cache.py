@@ -10,8 +10,8 @@ slot holds the sequence's recurrent state instead, of fixed size whatever its le
 in float32. Such a state cannot be rewound to an earlier position (`engine.sequences`).
 
 On a CPU the keys and values live in shared pages (`models.kv_pages`): each layer's k and v is a
-plane (n_slots, n_kv_heads, S, head_dim), S = max_seq_len rounded up to whole blocks, and a prefix
-copy maps the source's whole blocks instead of copying them (`copy_prefix`). On an accelerator,
+plane (n_slots, n_kv_heads, S, head_dim), S = max_seq_len rounded up to whole blocks (the tensors
+are its first max_seq_len positions, strided: the rest is never touched), and a prefix copy maps the source's whole blocks instead of copying them (`copy_prefix`). On an accelerator,
 or where the OS gives no such mapping (logged once), they are plain tensors and copies take bytes.
 """
 
@@ -121,9 +121,10 @@ class KVCache:
         heads = {i: n_kv_heads[i] if isinstance(n_kv_heads, dict) else n_kv_heads for i in attn}
         self.pages = _pages(attn, heads, n_slots, max_seq_len, head_dim, dtype, device)
         for n, i in enumerate(attn):
-            if self.pages is not None:  # planes 2n, 2n + 1: (slots, G, S >= max_seq_len, hd)
+            if self.pages is not None:  # planes 2n, 2n + 1: (slots, G, max_seq_len, hd) views
                 self.k[i], self.v[i] = (
-                    _view(self.pages, 2 * n + kv, dtype, head_dim) for kv in (0, 1)
+                    _view(self.pages, 2 * n + kv, dtype, head_dim)[:, :, :max_seq_len]
+                    for kv in (0, 1)
                 )  # fmt: skip
                 continue
             shape = (n_slots, heads[i], max_seq_len, head_dim)

@@ -40,8 +40,8 @@ sandwich norms, its activation, its RoPE table and its MoE block (csrc/moe.c) wh
 MoE block or the dense MLP half), the reference the one call equals bit for bit
 (tests/unit/test_decode_token.py).
 
-The KV cache is float32 (layers, slots, kv heads, S >= max_seq_len, head_dim), zeroed lazily by
-the OS: a page is resident once a token is written into it. Its slots share a copied prefix's
+The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
+OS: a page is resident once a token is written into it. Its slots share a copied prefix's
 physical pages (`models.kv_pages`; `kv_arrays`).
 
 A `llama` file's q/k rows are used in the order llama.cpp's converter stored them (`qk_pairs`):
@@ -470,20 +470,18 @@ class LeanModel:
 def kv_arrays(
     layers: int, slots: int, G: int, max_seq_len: int, hd: int
 ) -> tuple[KVPages | None, np.ndarray, np.ndarray]:
-    """The float32 KV cache k, v (L, slots, G, S, hd), S >= max_seq_len: in shared pages
-    (`models.kv_pages`: a prefix copy maps the source's blocks), else, where the OS gives none,
-    plain zeroed arrays (copies take bytes; logged once). Pages appear as written."""
+    """The float32 KV cache k, v (L, slots, G, max_seq_len, hd): in shared pages
+    (`models.kv_pages`: a prefix copy maps the source's blocks; views of the first max_seq_len
+    of S >= max_seq_len positions, strided), else, where the OS gives none, plain zeroed arrays
+    (copies take bytes; logged once). Pages appear as written."""
     try:
         pages = KVPages([G] * (2 * layers), slots, max_seq_len, hd * 4)
     except KVPagesUnavailable as e:
         warn_unavailable(str(e))
         shape = (layers, slots, G, max_seq_len, hd)
         return None, np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    return (
-        pages,
-        pages.array(0, layers, np.float32, hd),
-        pages.array(layers, layers, np.float32, hd),
-    )
+    k, v = (pages.array(first, layers, np.float32, hd) for first in (0, layers))
+    return pages, k[..., :max_seq_len, :], v[..., :max_seq_len, :]
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
