@@ -2,8 +2,9 @@
 how a new prompt reuses them. Pure bookkeeping (no torch, no executor); the scheduler drives it
 (`tandem.engine.scheduler`).
 
-The design is llama.cpp server's slots with `cache_prompt`, plus copies between slots, not paged
-blocks. Every executor keeps a sequence's KV cache in a preallocated slot until `release`; a
+The design is llama.cpp server's slots with `cache_prompt`, plus copies between slots that share
+the copied prefix's memory (the executors' KV cache is in blocks whose pages a copy maps:
+`models.kv_pages`; Blocks below). Every executor keeps a sequence's KV cache in a preallocated slot until `release`; a
 finished request's sequence is kept instead of released, as an entry: its seq_id and the tokens
 whose keys and values are in its slot (prompt + generated tokens that were fed; the last sampled
 token never was). A running request's sequence is indexed too (`track`, a live entry: its
@@ -319,6 +320,7 @@ class PrefixCache:
         for seq_id in self._entries:
             if seq_id != spare and seq_id not in self._pins:
                 self.held_tokens -= len(self._entries.pop(seq_id))
+                self._forget_blocks(seq_id)
                 self.evictions += 1
                 return seq_id
         return None
@@ -333,7 +335,6 @@ class PrefixCache:
             seq_id = self.evict()
             if seq_id is None:
                 break  # the rest are pinned: trimmed once their copies are made
-            self._forget_blocks(seq_id)
             out.append(seq_id)
         self._refresh()
         return out
