@@ -34,7 +34,7 @@ from tandem.engine.build import (
     per_rank,
 )
 from tandem.engine.lean import lean_executor_for
-from tandem.engine.prefix_cache import PrefixCache
+from tandem.engine.prefix_cache import BlockSize, PrefixCache
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
@@ -43,6 +43,7 @@ from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
 from tandem.loaders.safetensors_dir import ModelDir
 from tandem.loaders.source import open_model
+from tandem.models.kv_pages import block_positions
 from tandem.parallel.fit import sequence_cache_bytes
 
 if TYPE_CHECKING:
@@ -161,8 +162,9 @@ def build_serving_engine(
     head alone), a joined pair on the head alone (alone: if the whole model fits).
     `pp_weights`: `--pp-weights` of a pipeline ("2,1", or "auto": from the stages' probes).
     `prefix_cache`: keep finished sequences in the executor's idle slots for prompts that
-    continue them (`tandem.engine.prefix_cache`); `cache_mem`: at most that many bytes of them
-    (`kept_entries_within`; None: as many as idle slots)."""
+    continue them (`tandem.engine.prefix_cache`); `cache_mem`: at most that many bytes of KV
+    blocks only they hold, a block shared with another sequence counted once (`cache_block`;
+    None: as many as idle slots)."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     files = ModelFiles.of_source(source)  # what every re-form checks before it starts a rank
@@ -271,20 +273,20 @@ def check_template(tokenizer: Tokenizer, console: Console) -> None:
         console.print(f"[yellow]warning:[/] {e}; chat requests will be refused")
 
 
-def kept_entries_within(cache_mem: int | None, executor: Executor, config) -> int | None:
-    """How many finished sequences `cache_mem` bytes keep: cache_mem // the bytes one sequence's
-    slot holds over the whole model (`parallel.fit.sequence_cache_bytes`: keys and values of
-    every attention layer at the executor's max_seq_len, every recurrent layer's state) in the
-    head's compute dtype, summed over the ranks that hold its shards. None: unbounded."""
-    if cache_mem is None:
-        return None
+def cache_block(executor: Executor, config) -> BlockSize:
+    """The executors' KV block as the prefix cache counts it (`engine.prefix_cache.BlockSize`):
+    `models.kv_pages.block_positions` of one head's row (head_dim x the head's compute dtype
+    bytes) positions; its bytes over the whole model, every rank's shard
+    (`parallel.fit.sequence_cache_bytes` at that many positions), and a hybrid's recurrent state
+    per sequence."""
     try:
         dtype = executor.describe()["ranks"][0]["dtype"]
     except (KeyError, IndexError, TypeError):
         dtype = "float32"
     elem = _ELEM_BYTES.get(dtype, 4)
-    per_sequence = sum(sequence_cache_bytes(config, executor.max_seq_len, elem).values())
-    return cache_mem // max(1, per_sequence)
+    tokens = block_positions(config.head_dim * elem)
+    held = sequence_cache_bytes(config, tokens, elem)
+    return BlockSize(tokens, held["kv"], held["state"])
 
 
 _ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -299,8 +301,8 @@ def _start(
     # a hybrid's recurrent state continues only from its end (`prefix_cache` module docstring)
     cache = None
     if prefix_cache:
-        kept = kept_entries_within(cache_mem, executor, config)
-        cache = PrefixCache(whole_entries=config.hybrid, max_entries=kept)
+        block = cache_block(executor, config)
+        cache = PrefixCache(whole_entries=config.hybrid, block=block, max_bytes=cache_mem)
     scheduler = Scheduler(executor, eos_token_ids=eos, prefix_cache=cache)
     chat = tokenizer.apply_chat_template if tokenizer.has_chat_template else None
     engine = ServingEngine(scheduler, tokenizer, name, chat_template=chat)

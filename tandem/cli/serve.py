@@ -116,9 +116,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help="bound the prefix cache: keep finished sequences holding at most BYTES of KV cache "
-        "(K, M, G: powers of 1024), each counted as its whole slot (every layer at "
-        "--max-seq-len in the head's compute dtype), least recently used going first "
-        "(default: as many as there are idle slots)",
+        "(K, M, G: powers of 1024) in blocks no running request holds, a block shared by "
+        "sequences with a common prefix counted once (every layer, in the head's compute "
+        "dtype), least recently used going first (default: as many as there are idle slots)",
     )
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
     add_reasoning_argument(p)

@@ -108,8 +108,9 @@ class LeanExecutor:
         self.max_seq_len = max_seq_len
         self.max_batch = max_batch
         self.seqs = SequenceCache(
-            max_batch, max_seq_len, vocab_size=self.vocab_size, owner="the KV cache"
-        )
+            max_batch, max_seq_len, vocab_size=self.vocab_size, owner="the KV cache",
+            pages=getattr(model, "pages", None),
+        )  # fmt: skip
         self.rewind = LongRopeRewind.for_config(model.config)  # longrope: a crossing recomputes
 
     @classmethod
@@ -168,7 +169,8 @@ class LeanExecutor:
 
     def copy_prefix(self, src_seq: int, dst_seq: int, n: int) -> None:
         """New sequence `dst_seq` holds `src_seq`'s first `n` cached positions (`Executor`):
-        k[:, dst, :, :n] = k[:, src, :, :n] over every layer (`LeanModel.copy_prefix`)."""
+        k[:, dst, :, :n] = k[:, src, :, :n] over every layer, whole blocks by sharing their
+        pages (`LeanModel.copy_prefix`)."""
         src, dst = self.seqs.copy(src_seq, dst_seq, n)
         self.model.copy_prefix(src, dst, n)
         self.rewind.copy(src_seq, dst_seq, n)

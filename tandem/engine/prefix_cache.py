@@ -2,8 +2,9 @@
 how a new prompt reuses them. Pure bookkeeping (no torch, no executor); the scheduler drives it
 (`tandem.engine.scheduler`).
 
-The design is llama.cpp server's slots with `cache_prompt`, plus copies between slots, not paged
-blocks. Every executor keeps a sequence's KV cache in a preallocated slot until `release`; a
+The design is llama.cpp server's slots with `cache_prompt`, plus copies between slots that share
+the copied prefix's memory (the executors' KV cache is in blocks whose pages a copy maps:
+`models.kv_pages`; Blocks below). Every executor keeps a sequence's KV cache in a preallocated slot until `release`; a
 finished request's sequence is kept instead of released, as an entry: its seq_id and the tokens
 whose keys and values are in its slot (prompt + generated tokens that were fed; the last sampled
 token never was). A running request's sequence is indexed too (`track`, a live entry: its
@@ -27,9 +28,24 @@ which would overwrite its tail) is copied from, never destroyed. A copy from a l
 prefill has not yet reached p waits for it (`ready`): so 8 concurrent requests with the same
 1,000-token system prompt prefill it once, and the other 7 copy it as soon as it is written.
 
+Blocks: the executors keep the KV cache in blocks of `block.tokens` positions
+(`models.kv_pages`), and a copy maps the source's whole blocks instead of copying them, so
+sequences that share a prefix share its memory. The index mirrors that: each sequence holds
+blocks (uid, j), j < ceil(tokens / block.tokens), its own uid's, after the whole blocks it
+inherited from the source of its copy (`done(hit, into)`); a rewind (a take-over at p below its
+end) keeps blocks j < p // block.tokens and starts a new uid, as the executor copies the block
+it writes into on write. Memory is counted by distinct blocks:
+
+    held_blocks    blocks any indexed sequence (kept or live) holds, each once
+    cache_bytes    block.bytes x blocks only kept entries hold (no live sequence does) +
+                   block.entry_bytes per kept entry (a hybrid's recurrent state)
+
+`max_bytes` (`serve --cache-mem`) bounds `cache_bytes`: `trim` evicts the least recently used
+unpinned kept entries until it fits (an evicted entry frees only the blocks no one else holds).
+
 Slots: a kept entry holds one of the executor's `max_batch` slots, a copy needs a free one;
-`max_entries` (`serve --cache-mem`) bounds the kept entries below that, the least recently used
-going first (`trim`). When a
+`max_entries` bounds the kept entries below that, the least recently used going first (`trim`).
+When a
 request needs a slot and none is free, the least recently used kept entry goes (`evict`; the
 caller releases its sequence), never one a planned copy still reads (`pinned`); where the only
 kept entry is the one a copy would read, the request takes it over instead (rewinding it to p,
@@ -55,6 +71,7 @@ from dataclasses import dataclass
 DEFAULT_MIN_TOKENS = 16
 
 __all__ = [
+    "BlockSize",
     "DEFAULT_MIN_TOKENS",
     "PrefixCache",
     "PrefixHit",
@@ -76,6 +93,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid
     return lo
+
+
+@dataclass(frozen=True)
+class BlockSize:
+    """The executors' KV block: `tokens` positions, `bytes` of KV over the whole model (every
+    layer, every rank's heads), and `entry_bytes` every sequence holds whatever its length (a
+    hybrid's recurrent state)."""
+
+    tokens: int = 16
+    bytes: int = 0
+    entry_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,14 +129,28 @@ class PrefixCache:
         min_tokens: int = DEFAULT_MIN_TOKENS,
         whole_entries: bool = False,
         max_entries: int | None = None,
+        block: BlockSize | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         """`whole_entries`: reuse an entry only at exactly its length (a hybrid model, module
         docstring). `max_entries`: keep at most this many finished sequences (`trim`; None: as
-        many as there are idle slots; `serve --cache-mem`)."""
+        many as there are idle slots). `block`: the executors' KV block (module docstring);
+        `max_bytes`: the kept entries' blocks no live sequence holds in at most this many bytes
+        (`serve --cache-mem`; None: unbounded)."""
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be at least 1, got {min_tokens}")
         if max_entries is not None and max_entries < 0:
             raise ValueError(f"max_entries must be at least 0, got {max_entries}")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be at least 0, got {max_bytes}")
+        self.block = block or BlockSize()
+        if self.block.tokens < 1:
+            raise ValueError(f"a block holds at least 1 token, got {self.block.tokens}")
+        self.max_bytes = max_bytes
+        self._uid: dict[int, int] = {}  # seq_id -> the uid of the blocks it wrote itself
+        self._inherited: dict[int, tuple[tuple[int, int], ...]] = {}  # seq_id -> copied blocks
+        self._uids = 0
+        self._gauges = (0, 0)  # held_blocks, cache_bytes as of the last change (`_refresh`)
         self.max_entries = max_entries
         self.min_tokens = min_tokens
         self.whole_entries = whole_entries
@@ -136,11 +178,13 @@ class PrefixCache:
         """Keeps `seq_id`, whose slot holds `tokens` at positions 0.., as the most recent entry
         (a live one is kept from now on). False (nothing kept: the caller releases it) where it
         is too short ever to be a hit."""
-        self.forget(seq_id)
+        self._unindex(seq_id)
         if len(tokens) < self.min_tokens or self.max_entries == 0:
+            self._forget_blocks(seq_id)
             return False
         self._entries[seq_id] = tuple(tokens)
         self.held_tokens += len(tokens)
+        self._refresh()
         return True
 
     def track(self, seq_id: int, prompt: Sequence[int], written: int = 0) -> None:
@@ -156,10 +200,19 @@ class PrefixCache:
             self._written[seq_id] = written
 
     def forget(self, seq_id: int) -> None:
-        """`seq_id` is no longer indexed (released, or kept again by `put`)."""
+        """`seq_id` is no longer indexed: released, its blocks with it."""
+        self._unindex(seq_id)
+        self._forget_blocks(seq_id)
+        self._refresh()
+
+    def _unindex(self, seq_id: int) -> None:
         self._drop(seq_id)
         self._live.pop(seq_id, None)
         self._written.pop(seq_id, None)
+
+    def _forget_blocks(self, seq_id: int) -> None:
+        self._uid.pop(seq_id, None)
+        self._inherited.pop(seq_id, None)
 
     # ---- a new prompt ----------------------------------------------------------------------------
 
@@ -203,6 +256,9 @@ class PrefixCache:
         self.reused_tokens += reused
         if take:
             hit = PrefixHit(seq_id, reused, len(self._entries[seq_id]))
+            if reused < hit.held:  # rewound: the blocks from the one it writes into are new
+                self._inherited[seq_id] = self.blocks_of(seq_id, reused // self.block.tokens)
+                self._uid[seq_id] = self._new_uid()
             self._drop(seq_id)
             return hit
         self.copies += 1
@@ -226,8 +282,12 @@ class PrefixCache:
             return None
         return self._written[hit.seq_id] >= hit.reused
 
-    def done(self, hit: PrefixHit) -> None:
-        """A planned copy was made (or given up): its source is no longer pinned by it."""
+    def done(self, hit: PrefixHit, into: int | None = None) -> None:
+        """A planned copy was made (into sequence `into`, which now holds the source's whole
+        blocks of the prefix) or given up (`into` None): its source is no longer pinned by it."""
+        if into is not None:
+            self._inherited[into] = self.blocks_of(hit.seq_id, hit.reused // self.block.tokens)
+            self._uid[into] = self._new_uid()
         self._pins[hit.seq_id] -= 1
         if self._pins[hit.seq_id] <= 0:
             del self._pins[hit.seq_id]
@@ -260,20 +320,55 @@ class PrefixCache:
         for seq_id in self._entries:
             if seq_id != spare and seq_id not in self._pins:
                 self.held_tokens -= len(self._entries.pop(seq_id))
+                self._forget_blocks(seq_id)
                 self.evictions += 1
                 return seq_id
         return None
 
     def trim(self) -> list[int]:
-        """Evicts the least recently used unpinned entries past `max_entries`; their seq_ids
-        (the caller releases them)."""
+        """Evicts the least recently used unpinned entries past `max_entries` or `max_bytes`
+        (module docstring); their seq_ids (the caller releases them)."""
         out: list[int] = []
-        while self.max_entries is not None and len(self._entries) > self.max_entries:
+        while (self.max_entries is not None and len(self._entries) > self.max_entries) or (
+            self.max_bytes is not None and self.cache_bytes() > self.max_bytes
+        ):
             seq_id = self.evict()
             if seq_id is None:
                 break  # the rest are pinned: trimmed once their copies are made
             out.append(seq_id)
+        self._refresh()
         return out
+
+    # ---- blocks ----------------------------------------------------------------------------
+
+    def blocks_of(self, seq_id: int, upto: int | None = None) -> tuple[tuple[int, int], ...]:
+        """The blocks (uid, j) `seq_id` holds (module docstring), the first `upto` of them (None:
+        as many as its tokens fill, whole or not)."""
+        if upto is None:
+            held = self._entries.get(seq_id)
+            n = len(held) if held is not None else self._written.get(seq_id, 0)
+            upto = -(-n // self.block.tokens)
+        inherited = self._inherited.get(seq_id, ())[:upto]
+        if seq_id not in self._uid:
+            self._uid[seq_id] = self._new_uid()
+        uid = self._uid[seq_id]
+        return inherited + tuple((uid, j) for j in range(len(inherited), upto))
+
+    def held_blocks(self) -> int:
+        """Distinct blocks every indexed sequence, kept or live, holds."""
+        ids = (*self._entries, *self._live)
+        return len({b for i in ids for b in self.blocks_of(i)})
+
+    def cache_bytes(self) -> int:
+        """Bytes of the blocks only kept entries hold (no live sequence does), plus each kept
+        entry's fixed state: what `max_bytes` bounds."""
+        live = {b for i in self._live for b in self.blocks_of(i)}
+        kept = {b for i in self._entries for b in self.blocks_of(i)} - live
+        return len(kept) * self.block.bytes + len(self._entries) * self.block.entry_bytes
+
+    def _new_uid(self) -> int:
+        self._uids += 1
+        return self._uids
 
     def drop_all(self) -> list[int]:
         """Forgets every entry, kept and live (their KV caches are gone, or going); returns the
@@ -283,11 +378,15 @@ class PrefixCache:
         self._live.clear()
         self._written.clear()
         self._pins.clear()
+        self._uid.clear()
+        self._inherited.clear()
         self.held_tokens = 0
+        self._refresh()
         return ids
 
     def stats(self) -> dict[str, int]:
-        """Counters and gauges for /metrics and /v1/cluster."""
+        """Counters and gauges for /metrics and /v1/cluster (the block gauges as of the last
+        put, forget, trim or drop)."""
         return {
             "hits": self.hits,
             "misses": self.misses,
@@ -296,7 +395,13 @@ class PrefixCache:
             "evictions": self.evictions,
             "entries": len(self._entries),
             "held_tokens": self.held_tokens,
+            "held_blocks": self._gauges[0],
+            "cache_bytes": self._gauges[1],
         }
+
+    def _refresh(self) -> None:
+        """The block gauges `stats` reads (another thread's read sees one pair or the next)."""
+        self._gauges = (self.held_blocks(), self.cache_bytes())
 
     def _evictable(self, spare: int) -> bool:
         return any(i != spare and i not in self._pins for i in self._entries)

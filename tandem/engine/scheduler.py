@@ -439,7 +439,7 @@ class Scheduler:
             except Exception as e:  # a broken executor: fail closed, as a failed step does
                 self._fail_all(e)
                 return False
-            cache.done(hit)
+            cache.done(hit, into=r.seq_id)
             made = True
             r.cached = hit.reused
             r.req.cached_tokens = hit.reused

@@ -28,6 +28,13 @@ A violation raises `SequenceError` (its subclass `SequenceTooLongError` for the 
 before any state changes, so a step the head refuses never reaches another rank. Slots go to new
 sequences lowest first, in step order: every rank that sees the same steps in the same order
 holds the same slots.
+
+Where the KV cache's slots share a prefix's pages (`pages`, a `models.kv_pages.KVPages`), this is
+also where its block table moves: a checked step's rows make the blocks they will write their own
+(`prepare_write`: copy on write, only where a rewind writes into a shared block), a copy maps the
+source's whole blocks (`share`), a release frees the slot's blocks. The table is a function of the
+steps, copies and releases in their order, so every TP rank and PP stage that sees the same ones
+holds the same block ids without a message of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from tandem.models.kv_cache import KVCache
+    from tandem.models.kv_pages import KVPages
 
 
 class SequenceError(ValueError):
@@ -79,7 +87,10 @@ class SequenceCache:
         vocab_size: int | None = None,
         owner: str = "the KV cache",
         recurrent: bool = False,
+        pages: KVPages | None = None,
     ) -> None:
+        """`pages`: the shared pages of the KV cache (module docstring); by default `kv`'s."""
+        self.pages = pages if pages is not None else getattr(kv, "pages", None)
         self.recurrent = recurrent
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
@@ -163,7 +174,11 @@ class SequenceCache:
         free = self.max_batch - len(self._length)
         if new > free:
             raise SequenceError(f"{new} new sequences but only {free} free KV cache slots")
-        return self.slots.plan(seq_ids)
+        slots = self.slots.plan(seq_ids)
+        if self.pages is not None:  # the blocks the rows write are theirs alone (copy on write)
+            for slot, pos, length in zip(slots, start_pos, lengths):
+                self.pages.prepare_write(slot, pos, pos + length)
+        return slots
 
     def advance(self, step: Step) -> None:
         """Records a step that ran: each sequence takes its planned slot and now holds
@@ -214,6 +229,8 @@ class SequenceCache:
     def release(self, seq_ids: Iterable[int]) -> None:
         """Frees the sequences' slots (unknown ids are ignored)."""
         for sid in seq_ids:
+            if self.pages is not None and sid in self.slots:
+                self.pages.release(self.slots.slot(sid))
             self.slots.release(sid)
             self._length.pop(sid, None)
 

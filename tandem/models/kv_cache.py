@@ -8,6 +8,11 @@ A Gated DeltaNet layer (Qwen3.5's linear layers, `models.deltanet`) holds no key
 slot holds the sequence's recurrent state instead, of fixed size whatever its length:
 `conv[i]` (n_slots, conv channels, K - 1) in the compute dtype and `ssm[i]` (n_slots, Hv, dk, dv)
 in float32. Such a state cannot be rewound to an earlier position (`engine.sequences`).
+
+On a CPU the keys and values live in shared pages (`models.kv_pages`): each layer's k and v is a
+plane (n_slots, n_kv_heads, S, head_dim), S = max_seq_len rounded up to whole blocks (the tensors
+are its first max_seq_len positions, strided: the rest is never touched), and a prefix copy maps the source's whole blocks instead of copying them (`copy_prefix`). On an accelerator,
+or where the OS gives no such mapping (logged once), they are plain tensors and copies take bytes.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
+from tandem.models.kv_pages import KVPages, KVPagesUnavailable, warn_unavailable
 from tandem.models.slots import CacheFullError, SequenceTooLongError, SlotTable
 
 __all__ = [
@@ -110,11 +117,17 @@ class KVCache:
         for i, (channels, window, heads, dk, dv) in (states or {}).items():
             self.conv[i] = torch.zeros(n_slots, channels, window, dtype=dtype, device=device)
             self.ssm[i] = torch.zeros(n_slots, heads, dk, dv, dtype=torch.float32, device=device)
-        for i in layer_ids:
-            if i in self.conv:
+        attn = [i for i in layer_ids if i not in self.conv]
+        heads = {i: n_kv_heads[i] if isinstance(n_kv_heads, dict) else n_kv_heads for i in attn}
+        self.pages = _pages(attn, heads, n_slots, max_seq_len, head_dim, dtype, device)
+        for n, i in enumerate(attn):
+            if self.pages is not None:  # planes 2n, 2n + 1: (slots, G, max_seq_len, hd) views
+                self.k[i], self.v[i] = (
+                    _view(self.pages, 2 * n + kv, dtype, head_dim)[:, :, :max_seq_len]
+                    for kv in (0, 1)
+                )  # fmt: skip
                 continue
-            heads = n_kv_heads[i] if isinstance(n_kv_heads, dict) else n_kv_heads
-            shape = (n_slots, heads, max_seq_len, head_dim)
+            shape = (n_slots, heads[i], max_seq_len, head_dim)
             self.k[i] = torch.zeros(shape, dtype=dtype, device=device)
             self.v[i] = torch.zeros(shape, dtype=dtype, device=device)
 
@@ -167,10 +180,12 @@ class KVCache:
         k[i][dst, :, :n] = k[i][src, :, :n] (n_kv_heads, n, head_dim), and every recurrent
         layer's whole state (conv window and ssm state: the caller has checked that `n` is all
         the source holds, `SequenceCache.check_copy`). Positions >= n of `dst` are left as they
-        were: a step writes them before any row reads them."""
+        were: a step writes them before any row reads them. With `pages`, the whole blocks of
+        positions 0..m-1 are the source's pages mapped (`KVPages.share`), m..n-1 copied."""
+        m = self.pages.share(src, dst, n) if self.pages is not None else 0
         for i in self.k:
-            self.k[i][dst, :, :n].copy_(self.k[i][src, :, :n])
-            self.v[i][dst, :, :n].copy_(self.v[i][src, :, :n])
+            self.k[i][dst, :, m:n].copy_(self.k[i][src, :, m:n])
+            self.v[i][dst, :, m:n].copy_(self.v[i][src, :, m:n])
         for i in self.conv:
             self.conv[i][dst].copy_(self.conv[i][src])
             self.ssm[i][dst].copy_(self.ssm[i][src])
@@ -203,3 +218,27 @@ class KVCache:
             a, b = w.slot_range
             return k_all[a:b, :, :S], v_all[a:b, :, :S]
         return k_all[:, :, :S].index_select(0, w.slots), v_all[:, :, :S].index_select(0, w.slots)
+
+
+def _pages(
+    layers: list[int], heads: dict[int, int], slots: int, max_seq_len: int, head_dim: int,
+    dtype: torch.dtype, device: torch.device | str,
+) -> KVPages | None:  # fmt: skip
+    """Shared pages for the attention layers' keys and values (k, v planes per layer in
+    order), or None: an accelerator's memory, no such layer, or the OS gives none."""
+    if torch.device(device).type != "cpu" or not layers:
+        return None
+    es = torch.empty((), dtype=dtype).element_size()
+    try:
+        return KVPages(
+            [heads[i] for i in layers for _ in (0, 1)], slots, max_seq_len, head_dim * es
+        )
+    except KVPagesUnavailable as e:
+        warn_unavailable(str(e))
+        return None
+
+
+def _view(pages: KVPages, plane: int, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
+    """Plane `plane` as a (slots, G, S, head_dim) tensor over the shared pages (no copy)."""
+    raw = pages.array(plane, 1, np.uint8, head_dim * torch.empty((), dtype=dtype).element_size())
+    return torch.from_numpy(raw[0]).view(dtype)  # (slots, G, S, hd * es) bytes -> dtype

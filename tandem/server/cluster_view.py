@@ -146,6 +146,12 @@ class PrefixCacheView(BaseModel):
     evictions: int = Field(description="kept sequences released for a request needing a slot")
     entries: int = Field(description="finished sequences kept now (each holds a KV cache slot)")
     held_tokens: int = Field(description="tokens the kept sequences hold")
+    held_blocks: int = Field(
+        0, description="KV cache blocks the kept and running sequences hold, a shared one once"
+    )
+    cache_bytes: int = Field(
+        0, description="bytes of the blocks only kept sequences hold (what --cache-mem bounds)"
+    )
 
 
 class ClusterView(BaseModel):

@@ -78,6 +78,16 @@ PREFIX_CACHE_METRICS = {
         "gauge",
         "Tokens whose KV cache the kept sequences hold.",
     ),
+    "held_blocks": (
+        "tandem_prefix_cache_blocks",
+        "gauge",
+        "KV cache blocks the indexed sequences (kept and running) hold, a shared block once.",
+    ),
+    "cache_bytes": (
+        "tandem_prefix_cache_bytes",
+        "gauge",
+        "Bytes of the KV blocks only kept sequences hold (what --cache-mem bounds).",
+    ),
 }
 
 

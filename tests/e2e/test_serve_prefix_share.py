@@ -72,33 +72,43 @@ def test_on_the_default_model_concurrent_requests_share_the_system_prompt():
     _check(*_shared_then_cold(["serve"], system_prompt(1000), 16))
 
 
-def test_a_cache_mem_of_one_sequence_keeps_one_chat_and_every_answer_right(tiny):
-    """`--cache-mem` worth one sequence's slot (tiny-qwen3 float32 at 2048 positions): two chats
-    taking turns evict each other, the one kept continues, and every answer equals a server
+def test_a_cache_mem_of_one_chat_keeps_one_chat_and_every_answer_right(tiny):
+    """`--cache-mem` worth the KV blocks of the longest chat plus one block (tiny-qwen3, the
+    torch-free path's float32 KV; the token counts from a server without the cache): two chats
+    taking turns evict each other, the one kept continues, and every answer equals the server's
     without the cache."""
-    import dataclasses
-
+    from tandem.cli.engine_factory import cache_block
     from tandem.models.presets import get_preset
-    from tandem.parallel.fit import sequence_cache_bytes
 
-    cfg = dataclasses.replace(get_preset("tiny-qwen3").config, max_position_embeddings=2048)
-    one = sum(sequence_cache_bytes(cfg, 2048, 4).values())
+    class Lean:  # the executor as `cache_block` reads it: float32 KV
+        def describe(self):
+            return {"ranks": [{"dtype": "float32"}]}
+
+    block = cache_block(Lean(), get_preset("tiny-qwen3").config)
     chats = [[{"role": "system", "content": system_prompt(120, seed=20 + k)}] for k in range(2)]
     args = ["serve", "--model", str(tiny), "--max-batch", "4"]
-    got, mostly_cached = [], []
-    with running([*args, "--cache-mem", str(one + one // 2)]) as (_, base):
+    want, held = [], []  # each turn's text, the blocks its finished sequence holds
+    with running([*args, "--no-prefix-cache"]) as (_, base):
         c = client(base)
         for k, i in enumerate([0, 1, 1, 0]):
             chats[i].append({"role": "user", "content": f"Question {k}?"})
             r = chat(c, chats[i], max_tokens=8)
-            got.append((list(chats[i]), r.choices[0].message.content))
+            want.append((list(chats[i]), r.choices[0].message.content))
+            tokens = r.usage.prompt_tokens + r.usage.completion_tokens - 1  # the last never fed
+            held.append(-(-tokens // block.tokens))
+            chats[i].append({"role": "assistant", "content": r.choices[0].message.content})
+    budget = (max(held) + 1) * block.bytes
+    assert (held[0] + held[1]) * block.bytes > budget  # two chats do not fit, one does
+    got, mostly_cached = [], []
+    with running([*args, "--cache-mem", str(budget)]) as (_, base):
+        c = client(base)
+        for history, _ in want:
+            r = chat(c, history, max_tokens=8)
+            got.append(r.choices[0].message.content)
             cached = r.usage.prompt_tokens_details.cached_tokens
             mostly_cached.append(cached >= 0.5 * r.usage.prompt_tokens)
-            chats[i].append({"role": "assistant", "content": r.choices[0].message.content})
         assert metric(base, "tandem_prefix_cache_entries") == 1
         assert metric(base, "tandem_prefix_cache_evictions_total") == 2
+        assert 0 < metric(base, "tandem_prefix_cache_bytes") <= budget
     assert mostly_cached == [False, False, True, False]
-    with running([*args, "--no-prefix-cache"]) as (_, base):
-        c = client(base)
-        for history, text in got:
-            assert chat(c, history, max_tokens=8).choices[0].message.content == text
+    assert got == [text for _, text in want]

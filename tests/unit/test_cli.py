@@ -97,24 +97,22 @@ def test_cache_mem_takes_byte_counts_and_launch_passes_it_to_serve():
     assert served.cache_mem == 64 << 20
 
 
-def test_cache_mem_keeps_as_many_sequences_as_their_slots_bytes_fit():
-    from tandem.cli.engine_factory import kept_entries_within
+def test_cache_mem_counts_the_kv_blocks_of_the_executors_dtype():
+    from tandem.cli.engine_factory import cache_block
     from tandem.models.presets import get_preset
     from tandem.parallel.fit import sequence_cache_bytes
 
     cfg = get_preset("tiny-qwen3").config
 
-    class Ex:  # what kept_entries_within reads of an executor
-        max_seq_len = 256
-
+    class Ex:  # what cache_block reads of an executor
         def __init__(self, dtype):
             self.dtype = dtype
 
         def describe(self):
             return {"ranks": [{"dtype": self.dtype}]}
 
-    f32 = sum(sequence_cache_bytes(cfg, 256, 4).values())
-    assert kept_entries_within(None, Ex("float32"), cfg) is None
-    assert kept_entries_within(3 * f32 + 1, Ex("float32"), cfg) == 3
-    assert kept_entries_within(3 * f32, Ex("bfloat16"), cfg) == 6  # half the bytes a slot
-    assert kept_entries_within(f32 - 1, Ex("float32"), cfg) == 0
+    f32, bf16 = cache_block(Ex("float32"), cfg), cache_block(Ex("bfloat16"), cfg)
+    assert f32.tokens * cfg.head_dim * 4 % 4096 == 0  # a block is whole pages of one head
+    assert bf16.tokens == 2 * f32.tokens  # the same page, half the bytes a position
+    assert f32.bytes == sequence_cache_bytes(cfg, f32.tokens, 4)["kv"] == bf16.bytes
+    assert f32.entry_bytes == 0  # no recurrent layer

@@ -1,12 +1,12 @@
 """The prefix cache's index (`tandem.engine.prefix_cache`): longest common prefix, take-over or
-copy, copies from running sequences once written, pins, LRU, the one-token cap, the minimum, and
-forgetting everything on a replay. Pure bookkeeping, no executor."""
+copy, copies from running sequences once written, pins, LRU, the one-token cap, the minimum,
+forgetting everything on a replay, and the blocks sequences share and `max_bytes` bounds. Pure bookkeeping, no executor."""
 
 import random
 
 import pytest
 
-from tandem.engine.prefix_cache import PrefixCache, PrefixHit, common_prefix
+from tandem.engine.prefix_cache import BlockSize, PrefixCache, PrefixHit, common_prefix
 
 
 def test_common_prefix_counts_shared_leading_tokens_of_lists_and_tuples():
@@ -41,6 +41,8 @@ def test_a_prompt_copies_the_entry_it_continues_furthest_and_takes_over_an_exact
         "evictions": 0,
         "entries": 3,
         "held_tokens": 23 + 25 + 30,
+        "held_blocks": 2 + 2 + 2,  # 16 tokens a block (the default), none shared
+        "cache_bytes": 0,  # a block's bytes unknown (the default)
     }
     hit = c.claim(system + [7, 8, 9, 10, 11, 12])  # continues all of entry 2: the next turn
     assert hit == PrefixHit(seq_id=2, reused=25, held=25)
@@ -227,3 +229,38 @@ def test_max_entries_bounds_the_kept_entries_least_recently_used_first():
     assert PrefixCache(min_tokens=2, max_entries=0).put(1, [1] * 5) is False
     with pytest.raises(ValueError, match="max_entries"):
         PrefixCache(max_entries=-1)
+
+
+def test_a_copy_shares_the_sources_whole_blocks_and_max_bytes_counts_each_once():
+    """Blocks of 10 tokens, 100 bytes each: a copy of 35 tokens shares 3 blocks; `cache_bytes`
+    counts a kept entry's blocks that no running sequence holds, a shared one once."""
+    c = PrefixCache(min_tokens=4, block=BlockSize(10, 100), max_bytes=1100)
+    system = list(range(1000, 1040))
+    assert c.put(1, system)  # 4 blocks
+    hit = c.claim(system[:35] + [5] * 20)  # parts at 35: a copy of 3 whole blocks
+    assert hit.copy and hit.reused == 35
+    c.track(7, system[:35] + [5] * 20)
+    c.done(hit, into=7)
+    c.advance(7, 55)  # 3 shared + its own blocks 3..5
+    assert c.blocks_of(7)[:3] == c.blocks_of(1)[:3]
+    assert c.held_blocks() == 4 + 3
+    assert c.cache_bytes() == 100  # entry 1's 4th block only: the 3 shared ones are live
+    assert c.put(7, system[:35] + [5] * 20)  # finished, kept
+    assert c.cache_bytes() == 700 and c.trim() == []
+    c.put(2, [9] * 45)  # 5 more blocks: 1200 bytes, past 1100
+    assert c.trim() == [1]  # the least recently used goes: its 3 shared blocks stay with 7
+    assert c.stats()["cache_bytes"] == 600 + 500 and c.stats()["held_blocks"] == 11
+
+
+def test_a_take_over_that_rewinds_writes_new_blocks_from_the_one_it_cuts():
+    c2 = PrefixCache(min_tokens=4, block=BlockSize(10, 100))
+    c2.put(1, list(range(40)))
+    before = c2.blocks_of(1)
+    hit = c2.claim(list(range(25)) + [99] * 5, free_slots=0)  # the only entry: rewound
+    assert hit == PrefixHit(seq_id=1, reused=25, held=40)
+    c2.track(1, list(range(25)) + [99] * 5, 25)
+    c2.advance(1, 30)
+    after = c2.blocks_of(1)
+    assert after[:2] == before[:2] and after[2] != before[2]  # block 2 copied on write
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(max_bytes=-1)

@@ -92,3 +92,38 @@ def test_a_hybrid_sequence_is_copied_whole_state_included_and_never_in_part():
     want += decode(cold, 2, len(prompt), int(want[0][0].argmax()), 3)
     for g, w in zip(got, want):
         assert np.array_equal(g, w), float(np.abs(g - w).max())
+
+
+def _pages(ex):
+    """The executor's shared KV pages (`models.kv_pages`)."""
+    return ex.model.pages if isinstance(ex, LeanExecutor) else ex.runner.seqs.kv.pages
+
+
+@pytest.mark.parametrize(("kind", "qtype"), [("local", "F32"), ("lean", "Q8_0")])
+def test_a_sharer_outlives_its_released_and_reused_source(files, kind, qtype):
+    """Three sequences copy a 60-token source's first 50 positions: its whole blocks are one set
+    of pages (the file's memory grows by the partial blocks only); the source is released and
+    its slot taken by another prompt, one sharer released too: the last sharer's greedy run
+    equals a cold one's token for token."""
+    ex, cold = _executor(kind, files[qtype]), _executor(kind, files[qtype])
+    pages = _pages(ex)
+    source = prompt_of(0, 60)
+    chunks(ex, 0, source, 0, 16)
+    held = pages.resident_bytes()
+    for dst in (1, 2, 3):
+        ex.copy_prefix(0, dst, 50)
+    whole = pages.blocks(50) * pages.b
+    assert whole > 0
+    block = pages.bb * len(pages.pg)  # one block of every layer's k and v heads
+    assert held >= pages.blocks(60) * block
+    assert pages.resident_bytes() - held <= 3 * block  # each copy's partial block only
+    ex.release([0, 2])
+    chunks(ex, 4, prompt_of(5, 40), 0, 16)  # takes slot 0, writes fresh pages
+    prompt = source[:50] + prompt_of(1, 15)
+    got = [chunks(ex, 3, prompt, 50, 16)]
+    got += decode(ex, 3, len(prompt), int(got[0][0].argmax()), 4)
+    want = [chunks(cold, 0, prompt, 0, 16)]
+    want += decode(cold, 0, len(prompt), int(want[0][0].argmax()), 4)
+    assert [int(g[0].argmax()) for g in got] == [int(w[0].argmax()) for w in want]
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w), float(np.abs(g - w).max())

@@ -166,10 +166,10 @@ def test_latency_histograms_are_cumulative_and_never_shrink():
 
 
 def test_cached_tokens_are_in_the_usage_the_metrics_and_the_cluster_view():
-    from tandem.engine.prefix_cache import PrefixCache
+    from tandem.engine.prefix_cache import BlockSize, PrefixCache
 
     ex = HistoryExecutor(vocab=128, span=26, offset=97, max_seq_len=256, rewind=True)
-    sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=16))
+    sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=16, block=BlockSize(16, 1000)))
     sched.start()
     engine = ServingEngine(sched, CharTokenizer(), MODEL)
     prompt = "a system prompt of some forty characters."
@@ -202,7 +202,14 @@ def test_cached_tokens_are_in_the_usage_the_metrics_and_the_cluster_view():
             metrics = c.get("/metrics").text.splitlines()
             assert "tandem_prefix_cache_copies_total 1" in metrics
             assert f"tandem_prefix_cache_cached_tokens_total {held + len(prompt)}" in metrics
-            assert c.get("/v1/cluster").json()["prefix_cache"]["copies"] == 1
+            view = c.get("/v1/cluster").json()["prefix_cache"]
+            assert view["copies"] == 1
+            # blocks of 16: the continued entry's 55 tokens hold 4, the copy's 46 hold 3 of
+            # which the first 2 (the 41 shared tokens' whole blocks) are the entry's: 5 in all,
+            # every one held by kept entries only (nothing runs)
+            assert view["held_blocks"] == 5 and view["cache_bytes"] == 5 * 1000
+            assert "tandem_prefix_cache_blocks 5" in metrics
+            assert "tandem_prefix_cache_bytes 5000" in metrics
     finally:
         sched.stop()
 

@@ -42,7 +42,8 @@ MoE block or the dense MLP half), the reference the one call equals bit for bit
 (tests/unit/test_decode_token.py).
 
 The KV cache is float32 (layers, slots, kv heads, max_seq_len, head_dim), zeroed lazily by the
-OS: a page is resident once a token is written into it.
+OS: a page is resident once a token is written into it. Its slots share a copied prefix's
+physical pages (`models.kv_pages`; `kv_arrays`).
 
 A `llama` file's q/k rows are used in the order llama.cpp's converter stored them (`qk_pairs`):
 within each head, HF element j of the first half at 2j and of the second half at 2j + 1. RoPE
@@ -69,6 +70,7 @@ from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import Tables, partial_order
 from tandem.kernels.lean.token import DecodeToken
+from tandem.models.kv_pages import KVPages, KVPagesUnavailable, warn_unavailable
 from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
 
@@ -265,9 +267,9 @@ class LeanModel:
         self.scale = c.attention_scale
         self.gemma = is_gemma(c)
         self.max_seq_len = max_seq_len
-        shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
-        self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
-        self.v = np.zeros(shape, np.float32)
+        self.pages, self.k, self.v = kv_arrays(
+            c.num_hidden_layers, slots, self.G, max_seq_len, self.hd
+        )
         # one decode token in one native call, embedding to argmax
         self._decode = self._decode_plan()
         self.decode_token = DecodeToken(self)
@@ -284,10 +286,13 @@ class LeanModel:
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Slot `dst` takes slot `src`'s first `n` positions of every layer's keys and values:
-        k[:, dst, :, :n] = k[:, src, :, :n] (L, G, n, hd), v alike. Positions >= n of `dst`
-        are written by its next step before any row reads them."""
-        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
-        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        k[:, dst, :, :n] = k[:, src, :, :n] (L, G, n, hd), v alike: the whole blocks of
+        positions 0..m-1 by mapping the source's pages (`pages.share`, no byte copied), the
+        rest m..n-1 copied. Positions >= n of `dst` are written by its next step before any row
+        reads them."""
+        m = self.pages.share(src, dst, n) if self.pages is not None else 0
+        self.k[:, dst, :, m:n] = self.k[:, src, :, m:n]
+        self.v[:, dst, :, m:n] = self.v[:, src, :, m:n]
 
     # ---- the forward pass -----------------------------------------------------------------
 
@@ -457,6 +462,23 @@ class LeanModel:
         if rc != 0:
             raise ops.LeanKernelError("the native decode layers refused their arguments")
         return ops.rmsnorm(h, self.norm, self.eps, self.threads)
+
+
+def kv_arrays(
+    layers: int, slots: int, G: int, max_seq_len: int, hd: int
+) -> tuple[KVPages | None, np.ndarray, np.ndarray]:
+    """The float32 KV cache k, v (L, slots, G, max_seq_len, hd): in shared pages
+    (`models.kv_pages`: a prefix copy maps the source's blocks; views of the first max_seq_len
+    of S >= max_seq_len positions, strided), else, where the OS gives none, plain zeroed arrays
+    (copies take bytes; logged once). Pages appear as written."""
+    try:
+        pages = KVPages([G] * (2 * layers), slots, max_seq_len, hd * 4)
+    except KVPagesUnavailable as e:
+        warn_unavailable(str(e))
+        shape = (layers, slots, G, max_seq_len, hd)
+        return None, np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    k, v = (pages.array(first, layers, np.float32, hd) for first in (0, layers))
+    return pages, k[..., :max_seq_len, :], v[..., :max_seq_len, :]
 
 
 def _ptr(a: np.ndarray | None) -> int | None:

@@ -154,7 +154,7 @@ export class ClusterPanel {
     e.wire.textContent = bytes(v.wire_bytes);
     const pc = v.prefix_cache;
     e.prefixCache.textContent =
-      pc === null || pc === undefined ? "off" : `${pc.hits} / ${pc.misses} · ${pc.reused_tokens} tokens reused · ${pc.copies ?? 0} copies`;
+      pc === null || pc === undefined ? "off" : `${pc.hits} / ${pc.misses} · ${pc.reused_tokens} tokens reused · ${pc.copies ?? 0} copies · ${pc.held_blocks ?? 0} blocks · ${bytes(pc.cache_bytes ?? 0)} kept`;
     const waiting = emptyRow(8, "no rank is up yet");
     e.ranks.replaceChildren(...(v.ranks.length ? v.ranks.map(rankRow) : [waiting]));
     const none = l.world_size > 1 ? "not known yet" : "none: one rank";
