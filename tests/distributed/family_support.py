@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from family_greedy import N_NEW, PROMPTS, assert_single_node, expected_greedy
-from tp_support import SingleNode, launch_concurrently
+from tp_support import SingleNode, close_concurrently, launch_concurrently
 
 from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.parallel.partition import LayerRange as R
@@ -54,8 +54,7 @@ def tp_groups(model, layouts: dict[str, tuple[int, dict]]) -> Iterator[dict]:
     try:
         yield started
     finally:
-        for ex in started.values():
-            ex.close()
+        close_concurrently(started.values())
 
 
 def assert_pipeline_and_grid_match(

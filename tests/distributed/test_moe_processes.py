@@ -22,7 +22,7 @@ from family_support import (
     tp_groups,
 )
 from moe_support import assert_each_rank_shows_the_experts_it_loaded
-from tp_support import SingleNode, greedy_steps, launch_concurrently
+from tp_support import SingleNode, close_concurrently, greedy_steps, launch_concurrently
 
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.make import make_model_dir
@@ -146,8 +146,7 @@ def assert_tp2_and_experts2_match_single_node(file, prompt: list[int]) -> None:
         for name, ex in groups.items():
             assert_matches(ref, greedy_steps(ex, prompt, 16), name)
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())
 
 
 def test_a_k_quant_moe_file_at_tp2_and_on_whole_experts_matches_single_node(width_768_gguf):
@@ -213,5 +212,4 @@ def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_n
                 assert [s["experts"] for s in shards] == [[0, 4], [4, 8]]
             assert all("MXFP4" in r["weight_format"] for r in ex.describe()["ranks"])
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())

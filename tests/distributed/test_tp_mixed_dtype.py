@@ -10,7 +10,7 @@ import re
 
 import pytest
 from mixed_dtype_support import MIN_COVERED, compare_to_single_node_bf16, covered_prefix
-from tp_support import launch_concurrently
+from tp_support import close_concurrently, launch_concurrently
 
 from tandem.engine.pp.launch import launch_pipeline
 from tandem.engine.pp.layout import StageSpec, plan_stages
@@ -41,8 +41,7 @@ def tiny_groups(tmp_path_factory):
     try:
         yield {p: (dirs[p], groups[p]) for p in ACROSS_PROCESSES}
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())
 
 
 @pytest.mark.parametrize("preset", ACROSS_PROCESSES)
