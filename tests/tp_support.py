@@ -270,6 +270,21 @@ def launch_concurrently(specs: dict, **common) -> dict:
     return out
 
 
+def close_concurrently(executors) -> None:
+    """Closes every executor on a thread of its own: each close waits for its own worker processes
+    to leave (interpreter shutdown, ~1.5 s on a loaded 2-core machine), so the waits overlap
+    instead of adding up. Every executor is closed; the first error is raised after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    executors = list(executors)
+    if not executors:
+        return
+    with ThreadPoolExecutor(max_workers=len(executors)) as pool:
+        futures = [pool.submit(ex.close) for ex in executors]
+    for f in futures:
+        f.result()
+
+
 def greedy_steps(ex, prompt: list[int], n: int) -> list[tuple[int, torch.Tensor]]:
     """n greedy steps of one sequence through an Executor, prefill first: (id, float32 logits)
     per step."""

@@ -23,7 +23,7 @@ from tandem.cluster.ring_config import (
     check_heartbeat_timeout,
     load_ring_config,
 )
-from tandem.loaders.gguf.quantized_dir import QTYPES
+from tandem.loaders.gguf.quantize_choices import QTYPES
 
 DEFAULT_PORT = 8000
 GRACEFUL_SHUTDOWN_S = 3

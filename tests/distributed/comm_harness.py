@@ -1,22 +1,38 @@
 """Spawn a real N-process world on loopback, one communicator per process, and run a scenario.
 
-`run_world(backend, world, scenario, args)` starts `world` processes (multiprocessing "spawn"),
-forms a ring / star / gloo group on 127.0.0.1 with run-time ports (each rank binds port 0 and
+`run_world(backend, world, scenario, args)` starts `world` processes, forms a ring / star / gloo group on 127.0.0.1 with run-time ports (each rank binds port 0 and
 reports it; nothing fixed), calls `scenario(comm, *args)` on every rank, and returns every rank's
 result (or raises RankFailed with each failing rank's error). Every process is killed in `finally`.
+
+The ranks come from multiprocessing's "forkserver": one server process per test session imports
+torch, the communicators and the scenarios once, and forks each rank from that state, so a world
+starts in well under a second instead of paying torch's import in every rank (measured: a 3-rank
+world 0.7 s against 9-21 s spawned, on the loaded 2-core machine). Each rank is still its own
+process (own sockets, own torch threads, killable and stoppable alone); it gets the parent's sys.path
+(multiprocessing's preparation data) and the parent's environment at start (passed along, as a
+spawned child would have inherited it), never the server's.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 SECRET = b"test-cluster-secret"
+# What the forkserver imports once, before it forks a rank: torch, the backends and the scenarios.
+PRELOAD = ["torch", "tandem.comm.ring", "tandem.comm.star", "comm_harness", "comm_scenarios"]
+
+
+def _context() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 class RankFailed(RuntimeError):
@@ -77,7 +93,9 @@ def make_comm(backend: str, rank: int, world: int, ports_q: Any, peer_q: Any, op
 
 
 def _child(backend: str, rank: int, world: int, ports_q: Any, peer_q: Any, out_q: Any,
-           scenario: Callable, args: tuple, options: dict) -> None:  # fmt: skip
+           scenario: Callable, args: tuple, options: dict, environ: dict) -> None:  # fmt: skip
+    os.environ.clear()
+    os.environ.update(environ)  # the parent's, as at a spawn; not the forkserver's
     import torch
 
     torch.set_num_threads(1)
@@ -104,16 +122,31 @@ def run_world(
     options: dict | None = None,
     timeout: float = 180.0,
     allow_errors: bool = False,
+    wait_for: Collection[int] | None = None,
 ) -> list[Any]:
     """Every rank's scenario result, in rank order. With allow_errors, failed ranks' entries are
-    ("error", type name, message) instead of raising."""
-    ctx = mp.get_context("spawn")
+    ("error", type name, message) instead of raising. With `wait_for`, only those ranks' results
+    are awaited (a victim kept stopped past the survivors' bound need not be waited out): the
+    others' entries are None unless they answered first, and their processes are killed."""
+    needed = set(range(world) if wait_for is None else wait_for)
+    ctx = _context()
     ports_q, out_q = ctx.Queue(), ctx.Queue()
     peer_qs = [ctx.Queue() for _ in range(world)]
     procs = [
         ctx.Process(
             target=_child,
-            args=(backend, r, world, ports_q, peer_qs[r], out_q, scenario, args, options or {}),
+            args=(
+                backend,
+                r,
+                world,
+                ports_q,
+                peer_qs[r],
+                out_q,
+                scenario,
+                args,
+                options or {},
+                dict(os.environ),
+            ),
             daemon=True,
         )
         for r in range(world)
@@ -137,7 +170,7 @@ def run_world(
         results: dict[int, Any] = {}
         errors: dict[int, tuple[str, str]] = {}
         gone: dict[int, float] = {}  # rank -> when its process was first seen dead
-        while len(results) + len(errors) < world:
+        while not needed <= results.keys() | errors.keys():
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"world did not finish within {timeout:g} s; got {sorted(results)}"
@@ -158,9 +191,14 @@ def run_world(
                 errors[rank] = value
         if errors and not allow_errors:
             raise RankFailed(errors)
-        return [results[r] if r in results else ("error", *errors[r]) for r in range(world)]
+        return [
+            results[r] if r in results else ("error", *errors[r]) if r in errors else None
+            for r in range(world)
+        ]
     finally:
-        for p in procs:
+        for r, p in enumerate(procs):
+            if r not in needed and p.is_alive():
+                p.kill()
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()

@@ -226,7 +226,11 @@ def _stop_me_for(seconds: float, after: float = 0.0) -> None:
 
     pid = os.getpid()
     subprocess.Popen(
-        ["sh", "-c", f"sleep {after}; kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"]
+        [
+            "sh",
+            "-c",
+            f"sleep {after}; kill -STOP {pid}; sleep {seconds}; kill -CONT {pid} 2>/dev/null",
+        ]
     )
 
 

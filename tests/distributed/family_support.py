@@ -11,19 +11,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from tp_support import SingleNode, greedy, launch_concurrently
+from family_greedy import N_NEW, PROMPTS, assert_single_node, expected_greedy
+from tp_support import SingleNode, close_concurrently, launch_concurrently
 
 from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.parallel.partition import LayerRange as R
 
-PROMPTS = [[5, 17, 33, 2, 8, 100, 7], [40, 41, 300], [9, 9, 9, 1, 2, 3, 4, 70, 11, 12]]
-N_NEW = 32
-BATCHES = (1, 3)
-
-
-def expected_greedy(ex) -> dict:
-    """batch -> (greedy ids, first logits) of `ex` (the single node)."""
-    return {b: greedy(ex, PROMPTS[:b], N_NEW) for b in BATCHES}
+__all__ = [
+    "PROMPTS",
+    "assert_pipeline_and_grid_match",
+    "assert_single_node",
+    "expected_greedy",
+    "tp_groups",
+    "transformers_reference",
+]
 
 
 def transformers_reference(hf, d: Path) -> dict:
@@ -53,16 +54,7 @@ def tp_groups(model, layouts: dict[str, tuple[int, dict]]) -> Iterator[dict]:
     try:
         yield started
     finally:
-        for ex in started.values():
-            ex.close()
-
-
-def assert_single_node(ex, expected: dict) -> None:
-    for batch in BATCHES:
-        ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
-        want_ids, want_first = expected[batch]
-        assert (first - want_first).abs().max().item() < 1e-4
-        assert ids == want_ids, f"batch {batch}"
+        close_concurrently(started.values())
 
 
 def assert_pipeline_and_grid_match(

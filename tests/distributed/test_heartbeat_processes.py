@@ -50,6 +50,7 @@ def test_a_stopped_rank_is_lost_within_the_heartbeat_timeout_not_the_op_timeout(
         options=_options(shm),
         allow_errors=True,
         timeout=120,
+        wait_for=[r for r in range(world) if r != 1],
     )
     survivors = [r for i, r in enumerate(results) if i != 1]
     _check_lost(survivors, 1)
@@ -66,6 +67,7 @@ def test_a_rank_stopped_inside_a_large_all_reduce_is_lost_within_the_heartbeat_t
         options=_options(False),
         allow_errors=True,
         timeout=120,
+        wait_for=[0, 1],
     )
     survivors = results[:2]
     _check_lost(survivors, 2)
@@ -107,6 +109,7 @@ def test_a_stopped_star_rank_is_lost_within_the_heartbeat_timeout_not_the_op_tim
         options=STAR,
         allow_errors=True,
         timeout=120,
+        wait_for=[r for r in range(world) if r != victim],
     )
     survivors = [r for i, r in enumerate(results) if i != victim]
     _check_lost(survivors, victim)

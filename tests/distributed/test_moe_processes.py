@@ -1,10 +1,14 @@
-"""Mixture-of-experts models (Qwen3-MoE with a dense layer among sparse ones, Mixtral, gpt-oss with
-its biased experts, sinks and sliding-window layers) across real processes on loopback, against the single-node reference in float32: every expert placement of a
-TP group (rows of every expert at TP=2, TP=3 and weights 2:1; whole experts at 2 and 3 ranks), a
-pipeline and a (TP=2, TP=1) grid give the single node's greedy ids for 32 tokens at batch 1 and 3,
-and its first logits within 1e-4. A GGUF file with Qwen3-30B-A3B's expert width 768 in K-quants
-runs at TP=2 on uneven expert rows (512 / 256) and with whole experts. gpt-oss in OpenAI's MXFP4
-safetensors layout runs at TP=2 and on whole experts with its experts kept in their blocks.
+"""Mixture-of-experts models (Qwen3-MoE with a dense layer among sparse ones, Qwen2-MoE with its
+shared expert, Mixtral, gpt-oss with its biased experts, sinks and sliding-window layers) across
+real processes on loopback, against the single-node reference in float32: every expert placement
+of a TP group (rows of every expert at TP=2, TP=3 and weights 2:1; whole experts at 2 and 3 ranks)
+on Qwen2-MoE, and a pipeline and a (TP=2, TP=1) grid of every family, give the single node's
+greedy ids for 32 tokens at batch 1 and 3, and its first logits within 1e-4 (the same placements
+of the other families run the same group setup in process:
+tests/unit/test_moe_placements_in_process.py). A GGUF file with Qwen3-30B-A3B's expert width 768
+in K-quants runs at TP=2 on uneven expert rows (512 / 256) and with whole experts. gpt-oss in
+OpenAI's MXFP4 safetensors layout runs at TP=2 and on whole experts with its experts kept in their
+blocks.
 """
 
 from dataclasses import replace
@@ -17,7 +21,8 @@ from family_support import (
     expected_greedy,
     tp_groups,
 )
-from tp_support import SingleNode, greedy_steps, launch_concurrently
+from moe_support import assert_each_rank_shows_the_experts_it_loaded
+from tp_support import SingleNode, close_concurrently, greedy_steps, launch_concurrently
 
 from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.make import make_model_dir
@@ -34,27 +39,39 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(
-    scope="module", params=["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
-)
+FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
+# Every placement across processes on the family with the most parts to place (a dense layer
+# among sparse ones, q/k/v biases, the sigmoid-gated shared expert split by rows under either
+# placement); the other families' placements run the same setup in process.
+ACROSS_PROCESSES = "tiny-qwen2-moe"
+_MADE: dict = {}
+
+
+def _family(name: str, tmp_path_factory) -> tuple:
+    """(model dir, number of layers, single-node greedy at batch 1 and 3), made once a module."""
+    if name not in _MADE:
+        d = tmp_path_factory.mktemp(name) / "m"
+        config = make_model_dir(d, name)
+        _MADE[name] = (d, config.num_hidden_layers, expected_greedy(SingleNode(d)))
+    return _MADE[name]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
-    """(model dir, number of layers, single-node greedy at batch 1 and 3)."""
-    d = tmp_path_factory.mktemp(request.param) / "m"
-    config = make_model_dir(d, request.param)
-    ref = SingleNode(d)
-    return d, config.num_hidden_layers, expected_greedy(ref)
+    return _family(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def groups(family):
-    d = family[0]
-    with tp_groups(d, LAYOUTS) as started:
-        yield started
+def groups(tmp_path_factory):
+    fam = _family(ACROSS_PROCESSES, tmp_path_factory)
+    with tp_groups(fam[0], LAYOUTS) as started:
+        yield fam, started
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_every_expert_placement_matches_single_node_across_processes(groups, family, layout):
-    ex = groups[layout]
+def test_every_expert_placement_matches_single_node_across_processes(groups, layout):
+    family, started = groups
+    ex = started[layout]
     moe = LAYOUTS[layout][1].get("moe", "tp")
     assert ex.layout.moe == moe
     assert_single_node(ex, family[2])
@@ -64,34 +81,6 @@ def test_every_expert_placement_matches_single_node_across_processes(groups, fam
         assert [s["experts"][0] for s in shards] == sorted(s["experts"][0] for s in shards)
         assert shards[0]["experts"][0] == 0 and shards[-1]["experts"][1] == 8
     assert_each_rank_shows_the_experts_it_loaded(ex, family[0], moe)
-
-
-def assert_each_rank_shows_the_experts_it_loaded(ex, model_dir, moe: str) -> None:
-    """Each rank's `experts` entry (what /v1/cluster shows) against what its process loaded
-    (`held_experts`, gathered from every rank's modules): the same experts and rows of each;
-    whole experts tile [0, 8), rows of every expert tile the width; the bytes it holds are its
-    loaded expert tensors' (float32 as stored; gpt-oss's biases, which the entry leaves out,
-    aside); over the ranks the held bytes are the checkpoint's experts and the expected reads
-    2 / 8 of them."""
-    md = open_model(model_dir)
-    cfg, spec = md.config, md.config.moe
-    x = [r["experts"] for r in ex.describe()["ranks"]]
-    for e in x:
-        loaded = e["loaded"]
-        assert loaded["experts"] == e["experts"] and e["moe"] == moe
-        assert loaded["rows"] == e["expert_rows"][1] - e["expert_rows"][0]
-        assert loaded["sparse_layers"] == sum(map(spec.is_sparse, range(cfg.num_hidden_layers)))
-        if not spec.expert_bias:
-            assert loaded["bytes"] == e["held_expert_bytes"]
-    tiles = [e["experts"] if moe == "experts" else e["expert_rows"] for e in x]
-    assert tiles[0][0] == 0 and all(a[1] == b[0] for a, b in zip(tiles, tiles[1:]))
-    assert tiles[-1][1] == (spec.num_experts if moe == "experts" else spec.intermediate_size)
-    file = sum(
-        md.info(f"model.layers.{i}.mlp.experts.{p}_proj.weight").nbytes
-        for i in range(cfg.num_hidden_layers) if spec.is_sparse(i) for p in ("gate", "up", "down")
-    )  # fmt: skip
-    assert sum(e["held_expert_bytes"] for e in x) == file
-    assert sum(e["active_bytes"]["experts"] for e in x) == pytest.approx(file * 2 / 8, abs=len(x))
 
 
 def test_a_pipeline_and_a_grid_hold_whole_sparse_layers_and_match_single_node(family):
@@ -157,8 +146,7 @@ def assert_tp2_and_experts2_match_single_node(file, prompt: list[int]) -> None:
         for name, ex in groups.items():
             assert_matches(ref, greedy_steps(ex, prompt, 16), name)
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())
 
 
 def test_a_k_quant_moe_file_at_tp2_and_on_whole_experts_matches_single_node(width_768_gguf):
@@ -224,5 +212,4 @@ def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_n
                 assert [s["experts"] for s in shards] == [[0, 4], [4, 8]]
             assert all("MXFP4" in r["weight_format"] for r in ex.describe()["ranks"])
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tp_support import greedy_steps, launch_concurrently
+from tp_support import close_concurrently, greedy_steps, launch_concurrently
 
 from tandem.engine.executor import Step, StepResult, StepSequence
 from tandem.engine.pp.launch import launch_pipeline
@@ -156,8 +156,7 @@ def smol_groups():
             groups[name] = launch_pipeline(SMOL, spec, kernels=k[name], **common)
         yield groups
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())
 
 
 class SmolReference:
@@ -276,8 +275,7 @@ def odd_groups(odd_files):
     try:
         yield groups
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())
 
 
 @pytest.mark.parametrize("qtype,tp,split,kernels", ODD_CASES)

@@ -1,20 +1,16 @@
-"""Heterogeneous ranks: rank 0 computes in bfloat16, rank 1 in float16 (as an AMD and an NVIDIA box
-might), and the group still follows single-node bfloat16's greedy ids; the same for a pipeline whose
-stage 0 computes in bfloat16 and stage 1 in float16, and for a (TP=2, TP=1) grid whose TP stage has
-a bfloat16 rank and a float16 rank.
-
-16-bit rounding legitimately flips near-ties. Over these presets the logits of a bfloat16 run differ
-from float32 by at most ~0.24 (float16: ~0.03), so two 16-bit runs can disagree only where the
-float32 top-1 minus top-2 gap is below about twice that: GAP_THRESHOLD = 0.5. Each comparison runs up
-to the first step whose float32 gap is below it and reports how many tokens that covered. The prompt
-is the first of a fixed list of seeded prompts whose float32 run covers at least MIN_COVERED tokens
-(a prompt that walks into a near-tie early says nothing about TP)."""
+"""Heterogeneous ranks across processes: rank 0 computes in bfloat16, rank 1 in float16 (as an AMD
+and an NVIDIA box might), and the group still follows single-node bfloat16's greedy ids; the same
+for a pipeline whose stage 0 computes in bfloat16 and stage 1 in float16, and for a (TP=2, TP=1)
+grid whose TP stage has a bfloat16 rank and a float16 rank. The comparison (up to the first
+float32 near-tie) is `mixed_dtype_support`'s. Across processes: a dense preset with a sliding
+window (the first) and the hybrid MoE (the last), and a real-size qwen3-0.6b; every tiny preset
+runs the same group setup on in-process ranks (tests/unit/test_tp_mixed_dtype_in_process.py)."""
 
 import re
 
 import pytest
-import torch
-from tp_support import SingleNode, greedy_with_gaps, launch_concurrently
+from mixed_dtype_support import MIN_COVERED, compare_to_single_node_bf16, covered_prefix
+from tp_support import close_concurrently, launch_concurrently
 
 from tandem.engine.pp.launch import launch_pipeline
 from tandem.engine.pp.layout import StageSpec, plan_stages
@@ -23,51 +19,16 @@ from tandem.loaders.source import open_model
 from tandem.models.presets import PRESETS
 from tandem.parallel.partition import LayerRange
 
-GAP_THRESHOLD = 0.5
-MIN_COVERED = 16
-N_NEW = 20
 TINY = sorted(p for p in PRESETS if p.startswith("tiny-"))
-
-
-def covered_prefix(gaps: list[float], threshold: float = GAP_THRESHOLD) -> int:
-    """Tokens before the first step whose float32 top-2 gap is below `threshold`."""
-    return next((i for i, g in enumerate(gaps) if g < threshold), len(gaps))
-
-
-def pick_prompt(model_dir, n_new: int, tries: int, high: int) -> tuple[list[int], int]:
-    """The first of a fixed sequence of seeded prompts (8 ids in [3, high)) whose float32 greedy
-    run stays clear of near-ties for MIN_COVERED tokens; else the one that got furthest."""
-    ref = SingleNode(model_dir, torch.float32, 1, 64)
-    g = torch.Generator().manual_seed(0)
-    best: tuple[list[int], int] = ([], -1)
-    for _ in range(tries):
-        prompt = torch.randint(3, min(high, ref.vocab_size), (8,), generator=g).tolist()
-        _, gaps = greedy_with_gaps(ref, prompt, n_new)
-        n = covered_prefix(gaps)
-        if n >= MIN_COVERED:
-            return prompt, n
-        best = max(best, (prompt, n), key=lambda x: x[1])
-    return best
-
-
-def _compare(
-    model_dir, ex, record_property, n_new=N_NEW, tries=40, high=512, dtypes=("bfloat16", "float16")
-):
-    prompt, n = pick_prompt(model_dir, n_new, tries, high)
-    want, _ = greedy_with_gaps(SingleNode(model_dir, torch.bfloat16, 1, 64), prompt, n_new)
-    assert [r["dtype"] for r in ex.describe()["ranks"]] == list(dtypes)
-    got, _ = greedy_with_gaps(ex, prompt, n_new)
-    record_property("tokens_covered", n)
-    print(f"\n{model_dir.name}: compared {n} of {n_new} tokens (f32 top-2 gap >= {GAP_THRESHOLD})")
-    assert got[:n] == want[:n]
-    assert n >= MIN_COVERED, f"only {n} tokens before a near-tie on every candidate prompt"
+ACROSS_PROCESSES = [TINY[0], TINY[-1]]
+_compare = compare_to_single_node_bf16
 
 
 @pytest.fixture(scope="module")
 def tiny_groups(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixed")
     dirs = {}
-    for preset in TINY:
+    for preset in ACROSS_PROCESSES:
         dirs[preset] = root / preset
         make_model_dir(dirs[preset], preset, seed=0)
     groups = launch_concurrently(
@@ -78,13 +39,12 @@ def tiny_groups(tmp_path_factory):
         threads=1,
     )
     try:
-        yield {p: (dirs[p], groups[p]) for p in TINY}
+        yield {p: (dirs[p], groups[p]) for p in ACROSS_PROCESSES}
     finally:
-        for ex in groups.values():
-            ex.close()
+        close_concurrently(groups.values())
 
 
-@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize("preset", ACROSS_PROCESSES)
 def test_bf16_and_f16_ranks_follow_single_node_bf16_on_tiny_presets(
     tiny_groups, record_property, preset
 ):

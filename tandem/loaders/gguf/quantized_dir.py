@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tandem.loaders.gguf.names import gguf_name
-from tandem.loaders.gguf.tensor_types import K_MIX, tensor_type
+from tandem.loaders.gguf.quantize_choices import QTYPES
+from tandem.loaders.gguf.tensor_types import tensor_type
 from tandem.loaders.safetensors_dir import ModelDir, TensorShapeError
 from tandem.models.quant.blocks import BY_ID, BY_NAME, QUANTIZED
 from tandem.models.quant.quantize import quantize
@@ -28,8 +29,6 @@ from tandem.models.quant.quantize import quantize
 if TYPE_CHECKING:
     import torch
 
-# the --quantize / --type choices -> the writer's qtype
-QTYPES: dict[str, str] = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "q4_k_m": K_MIX}
 _FLOAT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # torch dtype names
 
 

@@ -6,9 +6,9 @@ choice of a model source is checked before anything is read."""
 
 from __future__ import annotations
 
+from tandem.loaders.gguf.quantize_choices import K_MIX as K_MIX  # the mix's name, defined there
 from tandem.models.quant.blocks import BY_NAME
 
-K_MIX = "K_MIX"
 _MIX = {
     "attn_v": "Q6_K",
     "attn_qkv": "Q5_K",  # llama-quantize's Q4_K_M choice for a fused q/k/v

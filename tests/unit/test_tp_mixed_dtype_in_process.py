@@ -1,0 +1,48 @@
+"""Heterogeneous ranks on every tiny preset: rank 0 computes in bfloat16, rank 1 in float16, and the
+TP=2 group follows single-node bfloat16's greedy ids up to the first float32 near-tie
+(`mixed_dtype_support`). The ranks run the group's own setup (`tp.setup.start_head` /
+`run_worker`: the probe that splits them by dtype, the decode at join, each rank's shard in its
+own dtype) on threads over the reference communicator; the same across real processes, on two of
+these presets and a real-size qwen3-0.6b: tests/distributed/test_tp_mixed_dtype.py."""
+
+import pytest
+import torch
+from mixed_dtype_support import compare_to_single_node_bf16
+
+import tandem.engine.tp.setup as tp_setup
+from tandem.comm.metered import MeteredCommunicator
+from tandem.comm.reference import ReferenceCommunicator, run_ranks
+from tandem.loaders.make import make_model_dir
+from tandem.models.presets import PRESETS
+
+TINY = sorted(p for p in PRESETS if p.startswith("tiny-"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The ranks are threads of this process computing side by side: one torch thread each, as
+    outside tests/unit (tests/conftest.py says why: spin-waiting OpenMP threads beside other work
+    stall every op on 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("preset", TINY)
+def test_bf16_and_f16_ranks_follow_single_node_bf16_in_process(tmp_path, record_property, preset):
+    model_dir = tmp_path / preset
+    make_model_dir(model_dir, preset, seed=0)
+
+    def rank(comm):
+        if comm.rank != 0:
+            return tp_setup.run_worker(model_dir, comm, dtype="float16", device="cpu")
+        ex = tp_setup.start_head(
+            model_dir, MeteredCommunicator(comm), max_batch=1, max_seq_len=64, dtype="bfloat16"
+        )
+        try:
+            compare_to_single_node_bf16(model_dir, ex, record_property)
+        finally:
+            ex.close()
+
+    run_ranks(ReferenceCommunicator.group(2), rank)
