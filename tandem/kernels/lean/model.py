@@ -64,6 +64,7 @@ from tandem.config import ModelConfig
 from tandem.kernels import library, variant_choice
 from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
+from tandem.kernels.lean.deltanet import DeltaNetMixer
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import Tables, partial_order
@@ -103,10 +104,16 @@ class Layer:
         order = None if c.rotary_dim == c.head_dim else partial_order(c.head_dim, c.rotary_dim)
 
         def heads(a: np.ndarray, n: str) -> np.ndarray:
-            """q/k rows (heads hd, ...) -> each head's rows in `order` (a copy); others as are."""
+            """q/k rows (heads hd, ...) -> each head's rows in `order` (a copy); others as are.
+            A gated q_proj (Qwen3.5: per head hd query rows, then hd gate rows) reorders only
+            its query rows."""
             if order is None or not n.startswith(("self_attn.q_", "self_attn.k_")):
                 return a
             hd = c.head_dim
+            if c.attn_output_gate and n.startswith("self_attn.q_proj"):
+                g = a.reshape(-1, 2, hd, *a.shape[1:]).copy()  # (H, query / gate, hd, ...)
+                g[:, 0] = g[:, 0][:, order]
+                return np.ascontiguousarray(g.reshape(a.shape))
             return np.ascontiguousarray(a.reshape(-1, hd, *a.shape[1:])[:, order].reshape(a.shape))
 
         def parts(*names: str) -> list[tuple[np.ndarray, int]]:
@@ -125,6 +132,10 @@ class Layer:
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         gu = ("mlp.gate_proj", "mlp.up_proj")
         self.in_norm = _norm(src, p + "input_layernorm.weight", c)
+        # a hybrid's DeltaNet layer (`lean.deltanet`) in place of attention; gated attention
+        # (Qwen3.5) has 2 H hd q rows: per head the query, then its output gate
+        self.deltanet = DeltaNetMixer(src, i, c, self.in_norm) if c.is_linear(i) else None
+        self.q_rows = c.num_attention_heads * c.head_dim * (2 if c.attn_output_gate else 1)
         # sandwich (Gemma): post_attention_layernorm normalizes the attention's output and
         # pre_feedforward_layernorm the MLP's input; else the former is the MLP's input norm
         self.attn_out_norm = self.mlp_out_norm = None
@@ -135,7 +146,7 @@ class Layer:
         else:
             self.post_norm = _norm(src, p + "post_attention_layernorm.weight", c)
         self.q_norm = self.k_norm = None  # (hd,), one per head shared by all heads
-        if c.qk_norm:
+        if c.qk_norm and self.deltanet is None:
             self.q_norm, self.k_norm = (
                 heads(_norm(src, p + f"self_attn.{x}_norm.weight", c), f"self_attn.{x}_")
                 for x in ("q", "k")
@@ -143,16 +154,18 @@ class Layer:
         self.window = c.window(i) or 0  # 0: every earlier key
         self.sinks = _vec(src, p + "self_attn.sinks") if c.attn_sinks else None  # (H,)
         self.rope_local = c.rope_local(i)  # this layer rotates by the local (windowed) table
-        self.qkv = Linear(
-            parts(*(n + ".weight" for n in qkv)),
-            D,
-            bias(c.qkv_bias, *(n + ".bias" for n in qkv)),
-            p + "qkv",
-        )
-        self.o = Linear(
-            parts("self_attn.o_proj.weight"), c.num_attention_heads * c.head_dim,
-            bias(c.o_bias, "self_attn.o_proj.bias"), p + "o_proj",
-        )  # fmt: skip
+        self.qkv = self.o = None
+        if self.deltanet is None:
+            self.qkv = Linear(
+                parts(*(n + ".weight" for n in qkv)),
+                D,
+                bias(c.qkv_bias, *(n + ".bias" for n in qkv)),
+                p + "qkv",
+            )
+            self.o = Linear(
+                parts("self_attn.o_proj.weight"), c.num_attention_heads * c.head_dim,
+                bias(c.o_bias, "self_attn.o_proj.bias"), p + "o_proj",
+            )  # fmt: skip
         self.moe = self.gate_up = self.down = None
         if c.is_sparse(i):
             self.moe = MoEBlock(src, i, self.post_norm)
@@ -167,6 +180,13 @@ class Layer:
             parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
             p + "down_proj",
         )  # fmt: skip
+
+
+def _mixer_projections(L) -> list[Linear]:
+    """A layer's token-mixer projections: q/k/v and o, or a DeltaNet's in and out."""
+    if L.deltanet is not None:
+        return [L.deltanet.inp, L.deltanet.out]
+    return [L.qkv, L.o]
 
 
 def _sparse_projections(L) -> list[Linear]:
@@ -191,9 +211,9 @@ def _norm(src: WeightSource, name: str, c: ModelConfig) -> np.ndarray:
 
 def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
-    if config.deltanet is not None:
+    if config.deltanet is not None and config.moe is not None:
         raise LeanUnsupportedError(
-            "the Qwen3.5 hybrid's Gated DeltaNet and gated attention (the torch path runs them)"
+            "the Qwen3.5 hybrid with experts (qwen35moe; the torch path runs it)"
         )
     if is_gemma(config) and config.moe is not None:
         raise LeanUnsupportedError("Gemma's blocks with experts (the torch path runs them)")
@@ -231,11 +251,13 @@ class LeanModel:
             raise LeanUnsupportedError("q/k norms on q/k rows in llama.cpp's pair order")
         if self.pairs and c.rotary_dim != c.head_dim:  # nor both of these (llama, phi3)
             raise LeanUnsupportedError("partial rotary on q/k rows in llama.cpp's pair order")
-        ffn = ("mlp.gate", "mlp.up", "mlp.down")
+        ffn = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+        dnet = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj")
         projections = [
-            f"model.layers.{i}.{p}_proj.weight"
+            f"model.layers.{i}.{p}.weight"
             for i in range(c.num_hidden_layers)
-            for p in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o")
+            for p in (dnet if c.is_linear(i) else attn)
             + tuple(f.replace("mlp.", "mlp.experts.") if c.is_sparse(i) else f for f in ffn)
         ]
         if any(src.info(n).type_id == F32_TYPE for n in projections):
@@ -262,16 +284,28 @@ class LeanModel:
             )
             self.local_rope = Tables(local, self.pairs)
         self.scale = c.attention_scale
-        self.gemma = is_gemma(c)
+        self.gemma = c.mlp_activation == "gelu_tanh"  # the dense MLP's GeGLU (else SwiGLU)
         self.max_seq_len = max_seq_len
         shape = (c.num_hidden_layers, slots, self.G, max_seq_len, self.hd)
         self.k = np.zeros(shape, np.float32)  # (L, slots, G, S, hd); pages appear as written
         self.v = np.zeros(shape, np.float32)
+        # a hybrid's DeltaNet layers: each slot's conv window and matrices (`lean.deltanet`)
+        self.conv: dict[int, np.ndarray] = {}  # layer -> (slots, C, K - 1)
+        self.ssm: dict[int, np.ndarray] = {}  # layer -> (slots, Hv, dk, dv)
+        for i, L in enumerate(self.layers):
+            if L.deltanet is not None:
+                w, st = L.deltanet.state_shapes()
+                self.conv[i] = np.zeros((slots, *w), np.float32)
+                self.ssm[i] = np.zeros((slots, *st), np.float32)
         # one decode token in one native call, embedding to argmax; a shared expert (Qwen2-MoE)
-        # is not in the C layer table, so such a model decodes layer by layer (`_decode_layers`)
+        # is not in the C layer table, so such a model decodes layer by layer (`_decode_layers`);
+        # nor is the hybrid's DeltaNet or gated attention: it decodes op by op (`forward_steps`),
+        # each DeltaNet layer one native call
         shared = any(L.moe is not None and L.moe.shared is not None for L in self.layers)
-        self._decode = None if shared else self._decode_plan()
-        self.decode_token = None if shared else DecodeToken(self)
+        self.hybrid = c.deltanet is not None
+        whole = not (shared or self.hybrid)
+        self._decode = self._decode_plan() if whole else None
+        self.decode_token = DecodeToken(self) if whole else None
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
@@ -289,13 +323,15 @@ class LeanModel:
         are written by its next step before any row reads them."""
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        for held in (*self.conv.values(), *self.ssm.values()):  # a hybrid: n is the whole
+            held[dst] = held[src]  # sequence (`SequenceCache` refuses a partial copy)
 
     # ---- the forward pass -----------------------------------------------------------------
 
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1:
+        if len(rows) == 1 and len(rows[0][2]) == 1 and not self.hybrid:
             slot, pos, ids = rows[0]
             if self._decode is None:
                 return self._decode_layers(slot, pos, ids[0])
@@ -316,9 +352,18 @@ class LeanModel:
             x = x * np.float32(self.config.embed_scale)
         bounds = np.cumsum([0] + [len(tok) for _, _, tok in rows])
         for li, L in enumerate(self.layers):
+            if L.deltanet is not None:
+                x = x + self._deltanet(li, L, x, rows, bounds)
+                x = x + self._mlp(L, x)
+                continue
             h = ops.rmsnorm(x, L.in_norm, self.eps, th)
-            qkv = L.qkv(h, th)  # (N, (H + 2G) hd)
-            q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + G) * hd], qkv[:, (H + G) * hd :]
+            qkv = L.qkv(h, th)  # (N, (H + 2G) hd), or (N, (2H + 2G) hd) gated
+            qr = L.q_rows
+            q, k, v = qkv[:, :qr], qkv[:, qr : qr + G * hd], qkv[:, qr + G * hd :]
+            gate = None
+            if qr != H * hd:  # per head the query rows, then the gate's
+                qg = q.reshape(-1, H, 2, hd)
+                q, gate = (np.ascontiguousarray(qg[:, :, j].reshape(-1, H * hd)) for j in (0, 1))
             c_, s_ = local if L.rope_local else (cos, sin)
             ops.norm_rope_(q, H, L.q_norm, self.eps, c_, s_, th, self.pairs)
             ops.norm_rope_(k, G, L.k_norm, self.eps, c_, s_, th, self.pairs)
@@ -331,24 +376,50 @@ class LeanModel:
                 attn[r0:r1] = ops.prefill_attention(
                     q[r0:r1], kc, vc, p, self.scale, th, L.window, L.sinks
                 )
+            if gate is not None:  # attn * sigmoid(gate)
+                attn *= np.float32(1) / (np.float32(1) + np.exp(-gate))
             a = L.o(attn, th)
             if L.attn_out_norm is not None:
                 a = ops.rmsnorm(a, L.attn_out_norm, self.eps, th)
             x = x + a
-            if L.moe is not None:
-                x = x + L.moe(x, th)
-                continue
-            gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
-            act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu, th)
-            m = L.down(act, th)
-            if L.mlp_out_norm is not None:
-                m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
-            x = x + m
+            x = x + self._mlp(L, x)
         return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
+
+    def _mlp(self, L: Layer, x: np.ndarray) -> np.ndarray:
+        """A layer's feed-forward of x (N, D): the MoE block, or the dense MLP (Gemma's output
+        norm after it)."""
+        th = self.threads
+        if L.moe is not None:
+            return L.moe(x, th)
+        gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
+        act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu, th)
+        m = L.down(act, th)
+        if L.mlp_out_norm is not None:
+            m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
+        return m
+
+    def _deltanet(self, li: int, L: Layer, x: np.ndarray, rows, bounds: np.ndarray) -> np.ndarray:
+        """A DeltaNet layer's mixer output (N, D) for the step's rows, each through its slot's
+        conv window and matrices (zeroed for a row from position 0): one row of one token is
+        one native call (`DeltaNetMixer.step`), else `DeltaNetMixer.prefill`."""
+        states = []
+        for slot, pos, _ in rows:
+            window, state = self.conv[li][slot], self.ssm[li][slot]
+            if pos == 0:  # a new sequence, or a replay: from zeros
+                window.fill(0)
+                state.fill(0)
+            states.append((window, state))
+        if len(rows) == 1 and len(rows[0][2]) == 1:
+            return L.deltanet.step(np.ascontiguousarray(x), *states[0], self.threads)
+        xn = ops.rmsnorm(x, L.in_norm, self.eps, self.threads)
+        return L.deltanet.prefill(xn, bounds, states, self.threads)
 
     def projections(self) -> list[Linear]:
         """Every projection a token runs, in model order, the head last (the experts apart)."""
-        lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
+        lins = [
+            x for L in self.layers for x in (*_mixer_projections(L), L.gate_up, L.down)
+            if x is not None
+        ]  # fmt: skip
         return lins + [x for L in self.layers for x in _sparse_projections(L)] + [self.head]
 
     def weight_arrays(self) -> list[np.ndarray]:
@@ -357,7 +428,10 @@ class LeanModel:
         one row); of a sparse layer the router and top_k experts' blocks (the first k: what any k
         chosen experts read). For the benchmarks' roofline."""
         seen, out = set(), []
-        lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
+        lins = [
+            x for L in self.layers for x in (*_mixer_projections(L), L.gate_up, L.down)
+            if x is not None
+        ]  # fmt: skip
         lins += [x for L in self.layers for x in _sparse_projections(L)]
         arrays = [a for lin in lins + [self.head] for a in lin.arrays]
         arrays += [a[: L.moe.k] for L in self.layers if L.moe is not None for a in L.moe.arrays]
