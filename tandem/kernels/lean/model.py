@@ -321,10 +321,17 @@ class LeanModel:
         """Slot `dst` takes slot `src`'s first `n` positions of every layer's keys and values:
         k[:, dst, :, :n] = k[:, src, :, :n] (L, G, n, hd), v alike. Positions >= n of `dst`
         are written by its next step before any row reads them."""
-        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
-        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
-        for held in (*self.conv.values(), *self.ssm.values()):  # a hybrid: n is the whole
-            held[dst] = held[src]  # sequence (`SequenceCache` refuses a partial copy)
+        # a hybrid's DeltaNet layers hold no keys (their KV pages stay untouched) but a state:
+        # n is then the whole sequence (`SequenceCache` refuses a partial copy)
+        att = (
+            [i for i, L in enumerate(self.layers) if L.deltanet is None]
+            if self.conv
+            else slice(None)
+        )
+        self.k[att, dst, :, :n] = self.k[att, src, :, :n]
+        self.v[att, dst, :, :n] = self.v[att, src, :, :n]
+        for held in (*self.conv.values(), *self.ssm.values()):
+            held[dst] = held[src]
 
     # ---- the forward pass -----------------------------------------------------------------
 
