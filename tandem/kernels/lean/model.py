@@ -1,5 +1,5 @@
 """`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 /
-Phi-3 model's forward pass without torch, over GGUF blocks as stored. The same math as the
+Phi-3 / Qwen3.5 (dense) model's forward pass without torch, over GGUF blocks as stored. The same math as the
 reference model (`tandem.models.llama`) in float32:
 
     x = embed(ids)                                           (N, D), N new tokens of the step
@@ -29,6 +29,13 @@ Gemma 3's blocks (`models.gemma`): x = embed(ids) * embed_scale; every norm (off
 x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm(x))); the MLP
 gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
 own unscaled table (`rope_local_theta`).
+
+The Qwen3.5 hybrid's blocks (dense `qwen35`; `models.qwen35`): on its linear layers a Gated
+DeltaNet mixer in place of attention (`lean.deltanet`: x = x + mixer(x), its input norm inside,
+each slot's conv window and matrices held in `conv` / `ssm`, zeroed for a row from position 0);
+on the others gated attention: q_proj gives per head hd query rows then hd gate rows, and
+x = x + o_proj(attend(...) * sigmoid(gate)), partial rotary reordering the query rows only. Its
+decode runs `forward_steps` (each DeltaNet layer one native call for one row of one token).
 
 The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE,
 SwiGLU, Gemma's GeGLU and the causal attention the csrc/decode_ops.c calls, so no BLAS runs
