@@ -144,3 +144,52 @@ def test_a_whole_copy_carries_the_deltanet_state_and_a_partial_one_is_refused(
     a = lean.run(Step((StepSequence(0, (9,), 8),))).logits
     b = lean.run(Step((StepSequence(2, (9,), 8),))).logits
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+@torch.inference_mode()
+def test_the_native_recurrence_equals_the_torch_mixer_in_either_v_head_order(tiled) -> None:
+    """csrc tandem_deltanet_mix against `models.deltanet.GatedDeltaNet` (random float32 weights,
+    A_log stored, 2 q/k heads serving 6 v heads grouped as HF orders them or tiled as a GGUF
+    does): 25 tokens as 20 then 5 from the carried window and state equal the torch mixer's
+    chunked forward over all 25 within MIXER_ATOL."""
+    from tandem.kernels import library
+    from tandem.models.deltanet import GatedDeltaNet
+
+    c = get_preset("tiny-qwen35").config
+    spec = dataclasses.replace(c.deltanet, num_value_heads=6, v_tiled=tiled, a_log=True)
+    c = dataclasses.replace(c, deltanet=spec)
+    torch.manual_seed(1)
+    net = GatedDeltaNet(c, 0)
+    for prm in net.parameters():
+        prm.copy_(torch.randn_like(prm) * 0.3)
+    T, Hv, dv = 25, spec.num_value_heads, spec.value_head_dim
+    x = torch.randn(1, T, c.hidden_size)
+    from tandem.models.context import build_context
+    from tandem.models.rope import RotaryEmbedding
+
+    ctx = build_context(RotaryEmbedding(c), [0], [T], dtype=torch.float32)
+    want = net(x, ctx)[0].numpy()  # (T, D)
+
+    w = torch.cat([net.in_proj_qkv.weight, net.in_proj_z.weight, net.in_proj_b.weight,
+                   net.in_proj_a.weight])  # fmt: skip
+    proj = (x[0] @ w.T).numpy()  # (T, P)
+    conv_w = np.ascontiguousarray(net.conv1d.weight[:, 0].numpy())  # (C, K)
+    A = np.ascontiguousarray(-np.exp(net.A_log.numpy()))
+    dt, norm_w = net.dt_bias.numpy().copy(), net.norm.weight.numpy().copy()
+    window = np.zeros((spec.conv_dim, spec.conv_kernel - 1), np.float32)
+    state = np.zeros((Hv, spec.key_head_dim, dv), np.float32)
+    y = np.empty((T, Hv * dv), np.float32)
+    for r0, r1 in ((0, 20), (20, T)):
+        part = np.ascontiguousarray(proj[r0:r1])
+        out = np.empty((r1 - r0, Hv * dv), np.float32)
+        rc = library.library().tandem_deltanet_mix(
+            part.ctypes.data, part.shape[1], r1 - r0, conv_w.ctypes.data, A.ctypes.data,
+            dt.ctypes.data, norm_w.ctypes.data, c.rms_norm_eps, window.ctypes.data,
+            state.ctypes.data, out.ctypes.data, spec.num_key_heads, Hv, spec.key_head_dim, dv,
+            spec.conv_kernel, int(tiled), 2,
+        )  # fmt: skip
+        assert rc == 0
+        y[r0:r1] = out
+    got = y @ net.out_proj.weight.numpy().T
+    np.testing.assert_allclose(got, want, rtol=0, atol=MIXER_ATOL)
