@@ -14,8 +14,8 @@
  *          S_j (dk x dv): S <- e^g S;  d = beta (v_j - S^T k);  S <- S + k d^T;  o = S^T q
  *   norm   y_j = (w * (o / sqrt(mean(o^2) + eps))) * silu(z_j)          (plain w, dv)
  *
- * The v heads are independent (no reduction across them): threads split them. The state and
- * window are the sequence's own (read and written in place). tandem_deltanet_step is one decode
+ * The v heads are independent (no reduction across them): threads split them, and the conv's
+ * channels. The state and window are the sequence's own (read and written in place). tandem_deltanet_step is one decode
  * token of a whole layer in one call: rmsnorm(h) (the layer's input norm), the fused in
  * projection (one tq_linear over the four weights' parts), the mix above, out_proj; the caller
  * adds the residual, as csrc/decode_block.c's blocks leave it to it.
@@ -74,9 +74,15 @@ static void head_step(float *S, const float *q, const float *k, const float *v, 
     for (int64_t d = 0; d < dv; d++) y[d] = (norm_w[d] * (y[d] * inv)) * silu_f(z[d]);
 }
 
+#define DN_BLOCK 64 /* tokens per pass: m (DN_BLOCK x C floats) bounds the scratch */
+
 /* T tokens of one sequence (module comment): proj (T rows of P, row stride proj_stride floats)
  * -> y (T, Hv dv); conv_w (C, K), A and dt_bias (Hv), norm_w (dv) float32; window (C, K-1) and
- * state (Hv, dk, dv) float32, updated in place. 0, or -1 for a bad shape or no memory. */
+ * state (Hv, dk, dv) float32, updated in place. 0, or -1 for a bad shape or no memory.
+ * Three passes over a block of tokens, each split over threads by what is independent: the conv
+ * by channel (each its own window, its tokens in order), the l2 norms by (token, head), the
+ * delta rule and gated norm by v head (each its own state, its tokens in order); so a block
+ * costs three parallel regions however many tokens it holds. */
 int tandem_deltanet_mix(const float *proj, int64_t proj_stride, int64_t T, const float *conv_w,
                         const float *A, const float *dt_bias, const float *norm_w, float eps,
                         float *window, float *state, float *y, int64_t Hk, int64_t Hv,
@@ -84,37 +90,46 @@ int tandem_deltanet_mix(const float *proj, int64_t proj_stride, int64_t T, const
     if (T < 1 || Hk < 1 || Hv < 1 || Hv % Hk || dk < 1 || dv < 1 || K < 2) return -1;
     const int64_t C = 2 * Hk * dk + Hv * dv, W = K - 1, r = Hv / Hk;
     if (proj_stride < C + Hv * dv + 2 * Hv) return -1;
-    float *m = (float *)malloc((size_t)C * sizeof(float));
+    const int64_t nb = T < DN_BLOCK ? T : DN_BLOCK;
+    float *m = (float *)malloc((size_t)(nb * C) * sizeof(float)); /* (nb, C) */
     if (!m) return -1;
     const float qscale = 1.0f / sqrtf((float)dk);
-    for (int64_t t = 0; t < T; t++) {
-        const float *p = proj + t * proj_stride;
-        const float *z = p + C, *b = z + Hv * dv, *a = b + Hv;
-#pragma omp parallel for if (C * K >= 4096) num_threads(nthreads)
-        for (int64_t c = 0; c < C; c++) {
+    for (int64_t t0 = 0; t0 < T; t0 += nb) {
+        const int64_t n = T - t0 < nb ? T - t0 : nb;
+        const float *p0 = proj + t0 * proj_stride;
+#pragma omp parallel for if (n * C * K >= 4096) num_threads(nthreads)
+        for (int64_t c = 0; c < C; c++) { /* the conv, channel c over the block's tokens */
             float *win = window + c * W;
             const float *w = conv_w + c * K;
-            float s = 0.0f;
-            for (int64_t j = 0; j < W; j++) s += w[j] * win[j];
-            s += w[W] * p[c];
-            m[c] = silu_f(s);
-            for (int64_t j = 0; j + 1 < W; j++) win[j] = win[j + 1];
-            win[W - 1] = p[c];
+            for (int64_t t = 0; t < n; t++) {
+                const float x = p0[t * proj_stride + c];
+                float s = 0.0f;
+                for (int64_t j = 0; j < W; j++) s += w[j] * win[j];
+                s += w[W] * x;
+                m[t * C + c] = silu_f(s);
+                for (int64_t j = 0; j + 1 < W; j++) win[j] = win[j + 1];
+                win[W - 1] = x;
+            }
         }
-        for (int64_t h = 0; h < 2 * Hk; h++) { /* q heads then k heads, l2-normed in place */
-            float *x = m + h * dk;
+#pragma omp parallel for if (n * C >= 4096) num_threads(nthreads)
+        for (int64_t th = 0; th < n * 2 * Hk; th++) { /* q heads then k heads, l2-normed */
+            const int64_t t = th / (2 * Hk), h = th % (2 * Hk);
+            float *x = m + t * C + h * dk;
             const float s = inv_l2(x, dk) * (h < Hk ? qscale : 1.0f);
             for (int64_t i = 0; i < dk; i++) x[i] *= s;
         }
-        const float *q = m, *k = m + Hk * dk, *v = m + 2 * Hk * dk;
-        float *yt = y + t * Hv * dv;
-#pragma omp parallel for if (Hv * dk * dv >= 16384) num_threads(nthreads)
-        for (int64_t j = 0; j < Hv; j++) {
+#pragma omp parallel for if (n * Hv * dk * dv >= 16384) num_threads(nthreads)
+        for (int64_t j = 0; j < Hv; j++) { /* v head j over the block's tokens */
             const int64_t h = tiled ? j % Hk : j / r;
-            const float beta = 1.0f / (1.0f + expf(-b[j]));
-            const float g = A[j] * softplus_f(a[j] + dt_bias[j]);
-            head_step(state + j * dk * dv, q + h * dk, k + h * dk, v + j * dv, z + j * dv, g, beta,
-                      norm_w, eps, yt + j * dv, dk, dv);
+            for (int64_t t = 0; t < n; t++) {
+                const float *p = p0 + t * proj_stride, *mt = m + t * C;
+                const float *z = p + C, *b = z + Hv * dv, *a = b + Hv;
+                const float beta = 1.0f / (1.0f + expf(-b[j]));
+                const float g = A[j] * softplus_f(a[j] + dt_bias[j]);
+                head_step(state + j * dk * dv, mt + h * dk, mt + Hk * dk + h * dk,
+                          mt + 2 * Hk * dk + j * dv, z + j * dv, g, beta, norm_w, eps,
+                          y + (t0 + t) * Hv * dv + j * dv, dk, dv);
+            }
         }
     }
     free(m);
