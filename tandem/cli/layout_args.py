@@ -42,11 +42,19 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
     device, except that a GGUF file's weights are dequantized exactly and float32 keeps them so; a
     pipeline takes one dtype and device for every rank or one per rank in rank order (stage 0's
     ranks, then stage 1's, ...): each rank of a TP stage computes in its own dtype, the stage's
-    ring and links carrying float32, and a TP stage runs on its first rank's device."""
+    ring and links carrying float32, and a TP stage runs on its first rank's device. The GGUF rule
+    holds for every layout (one rank, a TP group, a pipeline), so `--tp 2` computes in the dtype
+    `--tp 1` does."""
     stage_tp = parse_layout(args.layout, args.pp, args.tp or 1)
     world = sum(stage_tp)
-    if len(stage_tp) == 1 and world > 1:  # a TP group: one dtype and one device per rank
+    if world > 1:  # one dtype and one device per rank
         dtypes, devices = resolve_ranks(args, world)
+    else:
+        dev = resolve_device(args.device)
+        dtypes, devices = [resolve_dtype(args.dtype, dev)], [str(dev)]
+    if gguf and args.dtype == "auto":
+        dtypes = [dtype_names()["float32"]] * len(dtypes)
+    if len(stage_tp) == 1 and world > 1:  # a TP group
         ring = os.environ.get("RING_CONFIG")
         return Layout(
             stage_tp=stage_tp,
@@ -65,14 +73,8 @@ def generate_layout(args: argparse.Namespace, gguf: bool) -> Layout:
             threads=args.threads or (None if ring else local_threads(world)),
             op_timeout=args.op_timeout,
         )
-    if world > 1:  # a pipeline: one dtype and device for all, or one per rank (each rank its
-        # own dtype; a stage on its first rank's device), e.g. a bfloat16 and a float16 TP rank
-        dtypes, devices = resolve_ranks(args, world)
-    else:
-        dev = resolve_device(args.device)
-        dtypes, devices = [resolve_dtype(args.dtype, dev)], [str(dev)]
-    if gguf and args.dtype == "auto":
-        dtypes = [dtype_names()["float32"]] * len(dtypes)
+    # a pipeline (one dtype and device for all, or one per rank: each rank its own dtype, a stage
+    # on its first rank's device, e.g. a bfloat16 and a float16 TP rank) or one rank
     return Layout(
         stage_tp=stage_tp,
         dtypes=tuple(dtypes),

@@ -123,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
             penalties["local"] = _probe_local(config, args.measure_local, nodes[0], link)
         nodes = [replace(n, lockstep_s=penalties.get(n.host, ())) if n.host else n for n in nodes]
         layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
-        preds = rank_layouts(config, nodes, link, layouts, args.moe)
-        placement = _placement(args, config, preds, nodes)
+        blocks = _file_blocks(args)
+        preds = rank_layouts(config, nodes, link, layouts, args.moe, blocks)
+        placement = _placement(args, config, preds, nodes, blocks)
     except PlanModelError as e:
         print(f"tandem plan: {e}", file=sys.stderr)
         return 2
@@ -156,12 +157,33 @@ def _pick_weights(pred: Prediction, nodes: list[NodeSpec]) -> tuple[float, ...] 
     return tuple(1.0 / n.s_per_token for n in fastest)
 
 
-def _placement(args: argparse.Namespace, config, preds: list[Prediction], nodes: list[NodeSpec]):
+def _file_blocks(args: argparse.Namespace) -> dict[str, int] | None:
+    """The model file's contraction block sizes (`parallel.plan.contraction_blocks`, what the
+    loader's `plan_for_source` plans with); None for a preset or a config.json without weights,
+    which have no file."""
+    if not args.model:
+        return None
+    from tandem.loaders.errors import MissingFileError
+    from tandem.loaders.source import open_model
+    from tandem.parallel.plan import contraction_blocks
+
+    try:
+        return contraction_blocks(open_model(args.model))
+    except MissingFileError:
+        return None
+
+
+def _placement(
+    args: argparse.Namespace,
+    config,
+    preds: list[Prediction],
+    nodes: list[NodeSpec],
+    blocks: dict[str, int] | None,
+):
     """(the pick's expert placement, how its bytes are counted) for a mixture of experts; None
     for a dense model or no pick. A file's bytes are its tensors' block types; a preset, which
     has none, is counted in bfloat16."""
     from tandem.parallel.moe_reads import source_bytes, uniform_bytes
-    from tandem.parallel.plan import contraction_blocks
     from tandem.plan.experts import place_experts
 
     if getattr(config, "moe", None) is None or not preds:
@@ -170,10 +192,9 @@ def _placement(args: argparse.Namespace, config, preds: list[Prediction], nodes:
     if args.model:
         from tandem.loaders.source import open_model
 
-        source = open_model(args.model)
-        nbytes, blocks, note = source_bytes(source), contraction_blocks(source), "as stored"
+        nbytes, note = source_bytes(open_model(args.model)), "as stored"
     else:
-        nbytes, blocks, note = uniform_bytes(2), None, "in bfloat16: a preset has no file"
+        nbytes, note = uniform_bytes(2), "in bfloat16: a preset has no file"
     placed = place_experts(
         config, pick.layout, pick.stage_layers, nodes, args.moe, nbytes, blocks
     )  # fmt: skip
@@ -202,12 +223,12 @@ def _run_from_probes(args: argparse.Namespace, config) -> int:
     rows = probe_rows(_snapshot(args))
     nodes = nodes_from_probes(config, rows)
     link = link_from_probes(rows, parse_duration(args.overhead))
-    preds = rank_layouts(
-        config, nodes, link, candidate_layouts(len(nodes), args.max_tp, args.max_pp), args.moe
-    )
+    blocks = _file_blocks(args)
+    layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
+    preds = rank_layouts(config, nodes, link, layouts, args.moe, blocks)
     if not preds:
         raise PlanModelError("no layout fits these ranks and this model")
-    placement = _placement(args, config, preds, nodes)
+    placement = _placement(args, config, preds, nodes, blocks)
     if args.json:
         print(json.dumps({"nodes": [asdict(n) for n in nodes], "link": asdict(link),
                           "predictions": [_row(p) for p in preds], "pick": preds[0].layout.name,

@@ -52,6 +52,7 @@ SOURCES = tuple(
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "decode_token.c", "qgemv.c",
         "qgemm.c", "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c", "build_info.c",
+        "deltanet.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
@@ -297,6 +298,19 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
 }
 
 
+# proj, proj_stride, T, conv_w, A, dt_bias, norm_w, eps, window, state, y, Hk, Hv, dk, dv, K,
+# tiled, threads (csrc/deltanet.c; tandem/kernels/lean/deltanet.py)
+_SIGNATURES["tandem_deltanet_mix"] = (
+    _INT,
+    (_P, _I64, _I64, _P, _P, _P, _P, _F32, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT),
+)
+# h, in_norm, eps, in (tq_linear*), out (tq_linear*), conv_w, A, dt_bias, norm_w, norm_eps,
+# window, state, out, D, Hk, Hv, dk, dv, K, tiled, threads
+_SIGNATURES["tandem_deltanet_step"] = (
+    _INT,
+    (_P, _P, _F32, _P, _P, _P, _P, _P, _P, _F32, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64)
+    + (_INT, _INT),
+)
 _SIGNATURES["tandem_qgemv_route"] = (_INT, (_INT, _I64, _P))  # class, ggml type, build's qgemv
 _SIGNATURES["tandem_qgemv_routed"] = (_P, (_INT, _I64))  # class, ggml type -> that build or NULL
 _SIGNATURES["tandem_build_features"] = (_INT, ())  # csrc/cpu_probe.c's bits this build uses

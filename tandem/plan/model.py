@@ -48,6 +48,7 @@ Communication, with `m(b) = rtt/2 + b/goodput + overhead` for one message of b b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import product
 from typing import Any
@@ -167,13 +168,19 @@ def allreduce_wire_bytes(n: int, nbytes: int) -> int:
 
 
 def layer_shares(
-    config: Any, tp: int, weights: tuple[float, ...] | None, moe: str = "tp"
+    config: Any,
+    tp: int,
+    weights: tuple[float, ...] | None,
+    moe: str = "tp",
+    blocks: Mapping[str, int] | None = None,
 ) -> tuple[float, ...]:
     """Each TP rank's fraction of the parameters one decoder layer reads per token under
-    `parallel.plan`'s tiling, a mixture of experts placed by `moe` (`_ffn_read`)."""
+    `parallel.plan`'s tiling, a mixture of experts placed by `moe` (`_ffn_read`). `blocks`: the
+    file's contraction block sizes (`parallel.plan.contraction_blocks`; None for a preset or a
+    dense checkpoint), so the split is the one the loader makes or refuses."""
     if tp == 1:
         return (1.0,)
-    plan = plan_for_config(config, tp, weights, moe=moe)
+    plan = plan_for_config(config, tp, weights, moe=moe, **(blocks or {}))
     d, L = config.hidden_size, config.num_hidden_layers
     total_attn = d * plan.head_dim * (plan.n_heads * 2 + plan.n_kv_heads * 2)
     total = total_attn + sum(_ffn_read(config, plan, None, i) for i in range(L)) / L
@@ -210,10 +217,15 @@ def _ffn_read(config: Any, plan: Any, rank: int | None, layer: int) -> float:
     return spec.num_experts * d + 3 * d * (experts * rows + shared) + gate
 
 
-def vocab_shares(config: Any, tp: int, weights: tuple[float, ...] | None) -> tuple[float, ...]:
+def vocab_shares(
+    config: Any,
+    tp: int,
+    weights: tuple[float, ...] | None,
+    blocks: Mapping[str, int] | None = None,
+) -> tuple[float, ...]:
     if tp == 1:
         return (1.0,)
-    plan = plan_for_config(config, tp, weights)
+    plan = plan_for_config(config, tp, weights, **(blocks or {}))
     return tuple(s.size / config.vocab_size for s in plan.vocab)
 
 
@@ -241,10 +253,16 @@ def lockstep_per_sync(nodes: list[NodeSpec]) -> float:
 
 
 def predict(
-    config: Any, layout: Layout, nodes: list[NodeSpec], link: LinkSpec, moe: str = "tp"
+    config: Any,
+    layout: Layout,
+    nodes: list[NodeSpec],
+    link: LinkSpec,
+    moe: str = "tp",
+    blocks: Mapping[str, int] | None = None,
 ) -> Prediction:
     """The predicted time per decode token of `layout` on `nodes[:tp*pp]` (stage-major order);
-    `moe`: a mixture of experts' placement in each TP stage ("tp" rows or "experts" whole)."""
+    `moe`: a mixture of experts' placement in each TP stage ("tp" rows or "experts" whole);
+    `blocks`: the file's contraction block sizes (`layer_shares`)."""
     if layout.tp < 1 or layout.pp < 1:
         raise PlanModelError(f"invalid layout {layout}")
     if len(nodes) < layout.n_ranks:
@@ -264,7 +282,7 @@ def predict(
     compute = sync = lockstep = 0.0
     wire = 0
     for i, st in enumerate(stages):
-        shares = layer_shares(config, layout.tp, tp_weights[i], moe)
+        shares = layer_shares(config, layout.tp, tp_weights[i], moe, blocks)
         per_layer = group_time([f * n.s_per_token * frac_layer for f, n in zip(shares, st)], st)
         compute += counts[i] * per_layer
         ar = allreduce_s(link, layout.tp, s_hidden)
@@ -273,7 +291,7 @@ def predict(
         if layout.tp > 1:  # every all-reduce, plus the head's embedding, control and argmax
             lockstep += (counts[i] * 2 + (3 if i == 0 else 0)) * lockstep_per_sync(st)
         if i == 0:
-            vs = vocab_shares(config, layout.tp, tp_weights[0])
+            vs = vocab_shares(config, layout.tp, tp_weights[0], blocks)
             compute += group_time([v * n.s_per_token * frac_head for v, n in zip(vs, st)], st)
             if layout.tp > 1:
                 pairs = WIRE_BYTES_PER_ELEMENT * 2 * layout.tp  # the argmax's (max, index) pairs
@@ -283,7 +301,7 @@ def predict(
     if layout.pp > 1:
         sync += layout.pp * link.message_s(s_hidden)
         wire += layout.pp * layout.tp * s_hidden
-    first_shares = layer_shares(config, layout.tp, tp_weights[0], moe)
+    first_shares = layer_shares(config, layout.tp, tp_weights[0], moe, blocks)
     return Prediction(layout, compute + sync + lockstep, compute, sync, wire, tuple(counts),
                       tuple(first_shares), lockstep)  # fmt: skip
 
@@ -307,9 +325,12 @@ def rank_layouts(
     link: LinkSpec,
     layouts: list[Layout] | None = None,
     moe: str = "tp",
+    blocks: Mapping[str, int] | None = None,
 ) -> list[Prediction]:
     """Predictions for every feasible layout, fastest first (ties: fewer ranks, then unweighted),
-    a mixture of experts placed by `moe` in every TP stage.
+    a mixture of experts placed by `moe` in every TP stage. With a file's `blocks`
+    (`parallel.plan.contraction_blocks`) a layout is feasible exactly where the loader's
+    `plan_for_source` plans it: the same `plan_for_config` with the same block sizes.
 
     Nodes are taken fastest first, so a layout of k ranks uses the k fastest nodes and the head
     (rank 0, which also runs the LM head) is the fastest."""
@@ -322,7 +343,7 @@ def rank_layouts(
         if lay.weighted and len({n.s_per_token for n in nodes[: lay.n_ranks]}) == 1:
             continue  # equal nodes: the weighted layout is the unweighted one
         try:
-            preds.append(predict(config, lay, nodes, link, moe))
+            preds.append(predict(config, lay, nodes, link, moe, blocks))
         except (TPPlanError, PartitionError):
             continue  # more TP ranks than kv heads, more stages than layers, an untileable split
     return sorted(

@@ -88,3 +88,19 @@ def test_build_executor_on_one_device_equals_the_local_executor(tmp_path) -> Non
     assert isinstance(ex, LocalExecutor) and ex.health() == (True, "ok") and ex.stats() == {}
     step = Step((StepSequence(0, (1, 2, 3), 0), StepSequence(1, (4,), 0)))
     torch.testing.assert_close(ex.run(step).logits, ref.run(step).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("flags", [[], ["--tp", "2"], ["--tp", "3"], ["--layout", "2,1"]])
+def test_dtype_auto_on_a_gguf_file_is_float32_on_every_layout(monkeypatch, flags) -> None:
+    """A GGUF file's weights dequantize exactly and float32 keeps them so: `--dtype auto` picks it
+    for a TP group as for one rank (a TP group once took the device's 16-bit dtype, and `--tp 2`
+    decoded other greedy ids than `--tp 1`). The device is made to prefer bfloat16 so the check
+    holds on any CPU."""
+    import tandem.devices as devices
+
+    monkeypatch.setattr(devices, "auto_dtype", lambda device: torch.bfloat16)
+    parse = build_parser().parse_args
+    lay = generate_layout(parse(["generate", *flags]), True)
+    assert set(lay.dtypes) == {torch.float32}
+    # a checkpoint that is not a GGUF file still takes the device's choice, on every layout
+    assert set(generate_layout(parse(["generate", *flags]), False).dtypes) == {torch.bfloat16}

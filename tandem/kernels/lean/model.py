@@ -1,5 +1,5 @@
 """`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 /
-Phi-3 model's forward pass without torch, over GGUF blocks as stored. The same math as the
+Phi-3 / Qwen3.5 (dense) model's forward pass without torch, over GGUF blocks as stored. The same math as the
 reference model (`tandem.models.llama`) in float32:
 
     x = embed(ids)                                           (N, D), N new tokens of the step
@@ -29,6 +29,13 @@ Gemma 3's blocks (`models.gemma`): x = embed(ids) * embed_scale; every norm (off
 x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm(x))); the MLP
 gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
 own unscaled table (`rope_local_theta`).
+
+The Qwen3.5 hybrid's blocks (dense `qwen35`; `models.qwen35`): on its linear layers a Gated
+DeltaNet mixer in place of attention (`lean.deltanet`: x = x + mixer(x), its input norm inside,
+each slot's conv window and matrices held in `conv` / `ssm`, zeroed for a row from position 0);
+on the others gated attention: q_proj gives per head hd query rows then hd gate rows, and
+x = x + o_proj(attend(...) * sigmoid(gate)), partial rotary reordering the query rows only. Its
+decode runs `forward_steps` (each DeltaNet layer one native call for one row of one token).
 
 The projections run csrc/qgemv.c on the mapped blocks (`linear.Linear`); the norms, RoPE,
 SwiGLU, Gemma's GeGLU and the causal attention the csrc/decode_ops.c calls, so no BLAS runs
@@ -66,6 +73,7 @@ from tandem.config import ModelConfig
 from tandem.kernels import library, variant_choice
 from tandem.kernels.cstructs import TqLayer
 from tandem.kernels.lean import ops
+from tandem.kernels.lean.deltanet import DeltaNetMixer
 from tandem.kernels.lean.linear import LeanWeightError, Linear
 from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import Tables, partial_order
@@ -106,10 +114,16 @@ class Layer:
         order = None if c.rotary_dim == c.head_dim else partial_order(c.head_dim, c.rotary_dim)
 
         def heads(a: np.ndarray, n: str) -> np.ndarray:
-            """q/k rows (heads hd, ...) -> each head's rows in `order` (a copy); others as are."""
+            """q/k rows (heads hd, ...) -> each head's rows in `order` (a copy); others as are.
+            A gated q_proj (Qwen3.5: per head hd query rows, then hd gate rows) reorders only
+            its query rows."""
             if order is None or not n.startswith(("self_attn.q_", "self_attn.k_")):
                 return a
             hd = c.head_dim
+            if c.attn_output_gate and n.startswith("self_attn.q_proj"):
+                g = a.reshape(-1, 2, hd, *a.shape[1:]).copy()  # (H, query / gate, hd, ...)
+                g[:, 0] = g[:, 0][:, order]
+                return np.ascontiguousarray(g.reshape(a.shape))
             return np.ascontiguousarray(a.reshape(-1, hd, *a.shape[1:])[:, order].reshape(a.shape))
 
         def parts(*names: str) -> list[tuple[np.ndarray, int]]:
@@ -128,6 +142,10 @@ class Layer:
         qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         gu = ("mlp.gate_proj", "mlp.up_proj")
         self.in_norm = _norm(src, p + "input_layernorm.weight", c)
+        # a hybrid's DeltaNet layer (`lean.deltanet`) in place of attention; gated attention
+        # (Qwen3.5) has 2 H hd q rows: per head the query, then its output gate
+        self.deltanet = DeltaNetMixer(src, i, c, self.in_norm) if c.is_linear(i) else None
+        self.q_rows = c.num_attention_heads * c.head_dim * (2 if c.attn_output_gate else 1)
         # sandwich (Gemma): post_attention_layernorm normalizes the attention's output and
         # pre_feedforward_layernorm the MLP's input; else the former is the MLP's input norm
         self.attn_out_norm = self.mlp_out_norm = None
@@ -138,7 +156,7 @@ class Layer:
         else:
             self.post_norm = _norm(src, p + "post_attention_layernorm.weight", c)
         self.q_norm = self.k_norm = None  # (hd,), one per head shared by all heads
-        if c.qk_norm:
+        if c.qk_norm and self.deltanet is None:
             self.q_norm, self.k_norm = (
                 heads(_norm(src, p + f"self_attn.{x}_norm.weight", c), f"self_attn.{x}_")
                 for x in ("q", "k")
@@ -146,16 +164,18 @@ class Layer:
         self.window = c.window(i) or 0  # 0: every earlier key
         self.sinks = _vec(src, p + "self_attn.sinks") if c.attn_sinks else None  # (H,)
         self.rope_local = c.rope_local(i)  # this layer rotates by the local (windowed) table
-        self.qkv = Linear(
-            parts(*(n + ".weight" for n in qkv)),
-            D,
-            bias(c.qkv_bias, *(n + ".bias" for n in qkv)),
-            p + "qkv",
-        )
-        self.o = Linear(
-            parts("self_attn.o_proj.weight"), c.num_attention_heads * c.head_dim,
-            bias(c.o_bias, "self_attn.o_proj.bias"), p + "o_proj",
-        )  # fmt: skip
+        self.qkv = self.o = None
+        if self.deltanet is None:
+            self.qkv = Linear(
+                parts(*(n + ".weight" for n in qkv)),
+                D,
+                bias(c.qkv_bias, *(n + ".bias" for n in qkv)),
+                p + "qkv",
+            )
+            self.o = Linear(
+                parts("self_attn.o_proj.weight"), c.num_attention_heads * c.head_dim,
+                bias(c.o_bias, "self_attn.o_proj.bias"), p + "o_proj",
+            )  # fmt: skip
         self.moe = self.gate_up = self.down = None
         if c.is_sparse(i):
             self.moe = MoEBlock(src, i, self.post_norm)
@@ -170,6 +190,13 @@ class Layer:
             parts("mlp.down_proj.weight"), c.intermediate_size, bias(c.mlp_bias, "mlp.down_proj.bias"),
             p + "down_proj",
         )  # fmt: skip
+
+
+def _mixer_projections(L) -> list[Linear]:
+    """A layer's token-mixer projections: q/k/v and o, or a DeltaNet's in and out."""
+    if L.deltanet is not None:
+        return [L.deltanet.inp, L.deltanet.out]
+    return [L.qkv, L.o]
 
 
 def _sparse_projections(L) -> list[Linear]:
@@ -194,9 +221,9 @@ def _norm(src: WeightSource, name: str, c: ModelConfig) -> np.ndarray:
 
 def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
-    if config.deltanet is not None:
+    if config.deltanet is not None and config.moe is not None:
         raise LeanUnsupportedError(
-            "the Qwen3.5 hybrid's Gated DeltaNet and gated attention (the torch path runs them)"
+            "the Qwen3.5 hybrid with experts (qwen35moe; the torch path runs it)"
         )
     if is_gemma(config) and config.moe is not None:
         raise LeanUnsupportedError("Gemma's blocks with experts (the torch path runs them)")
@@ -234,11 +261,13 @@ class LeanModel:
             raise LeanUnsupportedError("q/k norms on q/k rows in llama.cpp's pair order")
         if self.pairs and c.rotary_dim != c.head_dim:  # nor both of these (llama, phi3)
             raise LeanUnsupportedError("partial rotary on q/k rows in llama.cpp's pair order")
-        ffn = ("mlp.gate", "mlp.up", "mlp.down")
+        ffn = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+        dnet = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj")
         projections = [
-            f"model.layers.{i}.{p}_proj.weight"
+            f"model.layers.{i}.{p}.weight"
             for i in range(c.num_hidden_layers)
-            for p in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o")
+            for p in (dnet if c.is_linear(i) else attn)
             + tuple(f.replace("mlp.", "mlp.experts.") if c.is_sparse(i) else f for f in ffn)
         ]
         if any(src.info(n).type_id == F32_TYPE for n in projections):
@@ -265,14 +294,25 @@ class LeanModel:
             )
             self.local_rope = Tables(local, self.pairs)
         self.scale = c.attention_scale
-        self.gemma = is_gemma(c)
+        self.gemma = c.mlp_activation == "gelu_tanh"  # the dense MLP's GeGLU (else SwiGLU)
         self.max_seq_len = max_seq_len
         self.pages, self.k, self.v = kv_arrays(
             c.num_hidden_layers, slots, self.G, max_seq_len, self.hd
         )
-        # one decode token in one native call, embedding to argmax
-        self._decode = self._decode_plan()
-        self.decode_token = DecodeToken(self)
+        # a hybrid's DeltaNet layers: each slot's conv window and matrices (`lean.deltanet`)
+        self.conv: dict[int, np.ndarray] = {}  # layer -> (slots, C, K - 1)
+        self.ssm: dict[int, np.ndarray] = {}  # layer -> (slots, Hv, dk, dv)
+        for i, L in enumerate(self.layers):
+            if L.deltanet is not None:
+                w, st = L.deltanet.state_shapes()
+                self.conv[i] = np.zeros((slots, *w), np.float32)
+                self.ssm[i] = np.zeros((slots, *st), np.float32)
+        # one decode token in one native call, embedding to argmax; the hybrid's DeltaNet and
+        # gated attention are not in the C layer table: it decodes op by op (`forward_steps`),
+        # each DeltaNet layer one native call
+        self.hybrid = c.deltanet is not None
+        self._decode = None if self.hybrid else self._decode_plan()
+        self.decode_token = None if self.hybrid else DecodeToken(self)
         # each weight type multiplied by the ISA build that timed fastest on these weights
         self.kernel_choice = variant_choice.choose(self.projections(), threads)
 
@@ -291,15 +331,24 @@ class LeanModel:
         rest m..n-1 copied. Positions >= n of `dst` are written by its next step before any row
         reads them."""
         m = self.pages.share(src, dst, n) if self.pages is not None else 0
-        self.k[:, dst, :, m:n] = self.k[:, src, :, m:n]
-        self.v[:, dst, :, m:n] = self.v[:, src, :, m:n]
+        # a hybrid's DeltaNet layers hold no keys (their KV pages stay untouched) but a state:
+        # n is then the whole sequence (`SequenceCache` refuses a partial copy)
+        att = (
+            [i for i, L in enumerate(self.layers) if L.deltanet is None]
+            if self.conv
+            else slice(None)
+        )
+        self.k[att, dst, :, m:n] = self.k[att, src, :, m:n]
+        self.v[att, dst, :, m:n] = self.v[att, src, :, m:n]
+        for held in (*self.conv.values(), *self.ssm.values()):
+            held[dst] = held[src]
 
     # ---- the forward pass -----------------------------------------------------------------
 
     def forward(self, rows: Sequence[tuple[int, int, Sequence[int]]]) -> np.ndarray:
         """rows [(slot, start_pos, token_ids), ...] -> the final hidden state at each row's last
         token (B, D), normed: each row's tokens written into its slot's cache from start_pos on."""
-        if len(rows) == 1 and len(rows[0][2]) == 1:
+        if len(rows) == 1 and len(rows[0][2]) == 1 and not self.hybrid:
             slot, pos, ids = rows[0]
             return self._decode_one(slot, pos, ids[0])
         return self.forward_steps(rows)
@@ -318,9 +367,18 @@ class LeanModel:
             x = x * np.float32(self.config.embed_scale)
         bounds = np.cumsum([0] + [len(tok) for _, _, tok in rows])
         for li, L in enumerate(self.layers):
+            if L.deltanet is not None:
+                x = x + self._deltanet(li, L, x, rows, bounds)
+                x = x + self._mlp(L, x)
+                continue
             h = ops.rmsnorm(x, L.in_norm, self.eps, th)
-            qkv = L.qkv(h, th)  # (N, (H + 2G) hd)
-            q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + G) * hd], qkv[:, (H + G) * hd :]
+            qkv = L.qkv(h, th)  # (N, (H + 2G) hd), or (N, (2H + 2G) hd) gated
+            qr = L.q_rows
+            q, k, v = qkv[:, :qr], qkv[:, qr : qr + G * hd], qkv[:, qr + G * hd :]
+            gate = None
+            if qr != H * hd:  # per head the query rows, then the gate's
+                qg = q.reshape(-1, H, 2, hd)
+                q, gate = (np.ascontiguousarray(qg[:, :, j].reshape(-1, H * hd)) for j in (0, 1))
             c_, s_ = local if L.rope_local else (cos, sin)
             ops.norm_rope_(q, H, L.q_norm, self.eps, c_, s_, th, self.pairs)
             ops.norm_rope_(k, G, L.k_norm, self.eps, c_, s_, th, self.pairs)
@@ -333,24 +391,50 @@ class LeanModel:
                 attn[r0:r1] = ops.prefill_attention(
                     q[r0:r1], kc, vc, p, self.scale, th, L.window, L.sinks
                 )
+            if gate is not None:  # attn * sigmoid(gate)
+                attn *= np.float32(1) / (np.float32(1) + np.exp(-gate))
             a = L.o(attn, th)
             if L.attn_out_norm is not None:
                 a = ops.rmsnorm(a, L.attn_out_norm, self.eps, th)
             x = x + a
-            if L.moe is not None:
-                x = x + L.moe(x, th)
-                continue
-            gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
-            act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu, th)
-            m = L.down(act, th)
-            if L.mlp_out_norm is not None:
-                m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
-            x = x + m
+            x = x + self._mlp(L, x)
         return ops.rmsnorm(x[bounds[1:] - 1], self.norm, self.eps, th)  # (B, D)
+
+    def _mlp(self, L: Layer, x: np.ndarray) -> np.ndarray:
+        """A layer's feed-forward of x (N, D): the MoE block, or the dense MLP (Gemma's output
+        norm after it)."""
+        th = self.threads
+        if L.moe is not None:
+            return L.moe(x, th)
+        gu = L.gate_up(ops.rmsnorm(x, L.post_norm, self.eps, th), th)
+        act = ops.silu_mul(gu, th) if not self.gemma else ops.gelu_tanh_mul(gu, th)
+        m = L.down(act, th)
+        if L.mlp_out_norm is not None:
+            m = ops.rmsnorm(m, L.mlp_out_norm, self.eps, th)
+        return m
+
+    def _deltanet(self, li: int, L: Layer, x: np.ndarray, rows, bounds: np.ndarray) -> np.ndarray:
+        """A DeltaNet layer's mixer output (N, D) for the step's rows, each through its slot's
+        conv window and matrices (zeroed for a row from position 0): one row of one token is
+        one native call (`DeltaNetMixer.step`), else `DeltaNetMixer.prefill`."""
+        states = []
+        for slot, pos, _ in rows:
+            window, state = self.conv[li][slot], self.ssm[li][slot]
+            if pos == 0:  # a new sequence, or a replay: from zeros
+                window.fill(0)
+                state.fill(0)
+            states.append((window, state))
+        if len(rows) == 1 and len(rows[0][2]) == 1:
+            return L.deltanet.step(np.ascontiguousarray(x), *states[0], self.threads)
+        xn = ops.rmsnorm(x, L.in_norm, self.eps, self.threads)
+        return L.deltanet.prefill(xn, bounds, states, self.threads)
 
     def projections(self) -> list[Linear]:
         """Every projection a token runs, in model order, the head last (the experts apart)."""
-        lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
+        lins = [
+            x for L in self.layers for x in (*_mixer_projections(L), L.gate_up, L.down)
+            if x is not None
+        ]  # fmt: skip
         return lins + [x for L in self.layers for x in _sparse_projections(L)] + [self.head]
 
     def weight_arrays(self) -> list[np.ndarray]:
@@ -359,7 +443,10 @@ class LeanModel:
         one row); of a sparse layer the router and top_k experts' blocks (the first k: what any k
         chosen experts read). For the benchmarks' roofline."""
         seen, out = set(), []
-        lins = [x for L in self.layers for x in (L.qkv, L.o, L.gate_up, L.down) if x is not None]
+        lins = [
+            x for L in self.layers for x in (*_mixer_projections(L), L.gate_up, L.down)
+            if x is not None
+        ]  # fmt: skip
         lins += [x for L in self.layers for x in _sparse_projections(L)]
         arrays = [a for lin in lins + [self.head] for a in lin.arrays]
         arrays += [a[: L.moe.k] for L in self.layers if L.moe is not None for a in L.moe.arrays]
