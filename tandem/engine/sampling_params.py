@@ -215,7 +215,7 @@ def _kept(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, n
     return ids, w, total
 
 
-TOP_P_FLOOR = 1e-3  # first candidates: the weights >= this (the top token's weight is 1)
+TOP_P_FLOORS = (1e-3, 1e-5, 1e-7)  # first candidates: the weights >= each (the top's is 1)
 TOP_P_CANDIDATES = (1024, 16384, 65536)  # then the m largest: a full sort of 150k ids ~25 ms
 
 
@@ -223,14 +223,20 @@ def _top_p_ids(w: np.ndarray, mass: float) -> np.ndarray:
     """The smallest prefix of tokens by descending weight (ties by id) whose float64 running sum
     reaches `mass` (always at least the top token), as ids ascending.
 
-    Sorts only a candidate set once its mass reaches `mass`: every token outside it weighs less
-    than every token in it, so the prefix lies among them, in the order a full sort gives. The
-    candidates: the tokens of weight >= `TOP_P_FLOOR` (one compare pass; enough for a peaked
-    row), else the nonzero tokens at or above the m-th largest weight (m in `TOP_P_CANDIDATES`,
-    every tie of it included), else all tokens."""
-    ids = np.flatnonzero(w >= np.float32(TOP_P_FLOOR))
-    if w[ids].sum(dtype=np.float64) < mass:
-        ids = None
+    Sorts only a candidate set once its mass reaches `mass`: the tokens of weight >= some
+    threshold, so every token outside it weighs less than every token in it and the prefix lies
+    among them, in the order a full sort gives. The thresholds: each of `TOP_P_FLOORS` in turn
+    (one compare pass over the row each, ~15 us on 49k ids; a peaked row needs the first, a
+    flatter one a lower: thousands of candidates, which `_by_weight` sorts in ~15 us per 3000);
+    past them the nonzero tokens at or above the m-th largest weight (m in `TOP_P_CANDIDATES`,
+    every tie of it included; a partition, ~300 us on 49k ids), else all tokens."""
+    ids = None
+    for floor in TOP_P_FLOORS:
+        above = np.flatnonzero(w >= np.float32(floor))
+        if w[above].sum(dtype=np.float64) >= mass:
+            ids = above
+            break
+    if ids is None:
         for m in TOP_P_CANDIDATES:
             if len(w) <= m:
                 break
@@ -241,9 +247,22 @@ def _top_p_ids(w: np.ndarray, mass: float) -> np.ndarray:
                 break
         if ids is None:
             ids = np.arange(len(w))
-    order = ids[np.argsort(-w[ids], kind="stable")]  # ids ascending: ties by id
+    order = _by_weight(w, ids)
     sorted_w = w[order].astype(np.float64)
     return np.sort(order[np.cumsum(sorted_w) - sorted_w < mass])
+
+
+def _by_weight(w: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`ids` (ascending) by descending w[ids], ties by id: the order of a stable argsort of
+    -w[ids]. For float32 weights >= 0 (their bits order as the values do) one int64 sort of the
+    keys (~bits << 32) | id, ascending: descending bits, then ascending id (~7x a stable argsort
+    of 3000 floats, numpy's SIMD sort)."""
+    if w.dtype != np.float32 or len(w) >= 1 << 31:
+        return ids[np.argsort(-w[ids], kind="stable")]
+    keys = (~w[ids].view(np.int32)).astype(np.int64) << 32
+    keys |= ids
+    keys.sort()
+    return keys & 0xFFFFFFFF
 
 
 DRAW_BLOCK = 256  # ids per block of the whole-vocabulary draw

@@ -203,6 +203,7 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     # x, w, bias32, y, M, N, K, dtype, threads
     "tandem_gemv": (_INT, (_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT)),
     "tandem_stream_read": (ctypes.c_uint64, (_P, _I64, _INT)),
+    "tandem_evict": (None, (_P, _I64)),  # p, nbytes: out of every cache level (CLFLUSH)
     # x, parts, nparts, bias32, y, M, K, dtype, threads (csrc/quant.h; tandem/kernels/quant.py)
     "tandem_qgemv": (_INT, (_P, _P, _I64, _P, _P, _I64, _I64, _INT, _INT)),
     # choice: 1 the AVX2 prefill kernel for all-K-quant calls, 0 the AVX-512 one, else read only

@@ -9,6 +9,13 @@ variant the host runs (`library.variants()`) multiplies the model's own weights 
   DECODE_SAMPLE_BYTES (prefill: PREFILL_SAMPLE_BYTES) of blocks, the last one cut to its first
   rows; x random, float32;
 - a pass: one `tandem_qgemv` per projection in the sample, on the model's thread count;
+- where it reads them: a decode token reads every weight of the model once, so where those bytes
+  exceed the last-level cache (`llc_bytes`, sysfs) decode streams them from DRAM, and so does
+  each timed decode pass: its sample is evicted from every cache level (csrc/gemv.c
+  tandem_evict, CLFLUSH) before it, untimed. A model that fits the LLC is timed as decode reads
+  it, from the caches. (A sample timed from the caches rates the kernels by their arithmetic:
+  there AVX2 beat AVX-512 on Q8_0 blocks that AVX-512 reads ~8% faster from DRAM.) Prefill is
+  compute-bound and timed from the caches;
 - ROUNDS rounds, each timing one pass of every variant back to back in an order rotated each
   round (A B C, B C A, ...), after one warm pass each; a variant's figure is the median over the
   rounds of its pass time over AVX2's pass in the same round, so a noisy neighbour that stalls
@@ -21,7 +28,8 @@ variant the host runs (`library.variants()`) multiplies the model's own weights 
 
 The primary library then routes that type and class to the chosen build (`library.route`). The
 choice is cached in `$TANDEM_CACHE/native/choices.json`, keyed by the CPU model, the probed
-features, the kernels' source hash, the thread count and the sample's shapes, so the next run on
+features, the kernels' source hash, the thread count, the sample's shapes and where it was read
+from (DRAM or the caches), so the next run on
 this machine and model skips the timing. `TANDEM_KERNEL_VARIANT` forces one build for everything
 (no timing, no routing): the benchmarks compare variants with it.
 """
@@ -37,6 +45,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +64,8 @@ MIN_ROWS = 32  # csrc/qgemv.c's chunk of rows
 ROWS = {"decode": 1, "prefill": PREFILL_ROWS}
 BASELINE = "avx2"
 CHOICES_FILE = "choices.json"
+SYSFS_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+DEFAULT_LLC = 32 << 20  # where sysfs names no cache: a server's L3, so large models stream
 
 
 class Projection(Protocol):
@@ -93,6 +104,38 @@ def relative(passes: dict[str, Sequence[float]]) -> dict[str, float]:
     }
 
 
+def llc_bytes(caches: Path = SYSFS_CACHES) -> int:
+    """The size of the last-level cache cpu0 reads through (the highest `level` among its
+    data and unified caches in sysfs: index*/level, type, size such as "491520K"), or
+    DEFAULT_LLC where sysfs does not say."""
+    best = (0, DEFAULT_LLC)
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for d in caches.glob("index*"):
+        try:
+            level = int((d / "level").read_text())
+            kind = (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip()
+            nbytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except (OSError, ValueError, IndexError):
+            continue
+        if kind in ("Data", "Unified") and level > best[0]:
+            best = (level, nbytes)
+    return best[1]
+
+
+def weight_bytes(projections: Sequence[Projection]) -> int:
+    """The bytes of every part of `projections`: what one decode token reads of them."""
+    return sum(
+        pt.rows * layout(pt.type).row_bytes(p.in_features) for p in projections for pt in p.parts
+    )
+
+
+def decode_reads_dram(projections: Sequence[Projection], llc: int | None = None) -> bool:
+    """Whether a decode token's weight read (all of `projections`) exceeds the last-level cache,
+    so each token reads them from DRAM (module docstring)."""
+    return weight_bytes(projections) > (llc_bytes() if llc is None else llc)
+
+
 @dataclass(frozen=True)
 class Call:
     """One timed product: `parts` (TqPart * n, rows possibly cut short), K, the rows they add."""
@@ -124,10 +167,15 @@ def sample(projections: Sequence[Projection], type_id: int, budget: int) -> list
 
 
 def time_variants(
-    projections: Sequence[Call], rows: int, threads: int, names: Sequence[str]
+    projections: Sequence[Call],
+    rows: int,
+    threads: int,
+    names: Sequence[str],
+    dram: bool = False,
 ) -> dict[str, list[float]]:
     """{variant: [seconds of its pass in each round]} over the sampled calls at `rows` rows of X,
-    each variant's build called directly (unrouted), passes interleaved (module docstring)."""
+    each variant's build called directly (unrouted), passes interleaved (module docstring);
+    `dram`: the sample evicted from the caches before every pass, untimed."""
     rng = np.random.default_rng(0)
     xs = {k: rng.standard_normal((rows, k)).astype(np.float32) for k in
           {p.in_features for p in projections}}  # fmt: skip
@@ -137,9 +185,15 @@ def time_variants(
         for p, y in zip(projections, ys, strict=True)
     ]
     fns = {n: library.variant_library(n).tandem_qgemv for n in names}
+    evict = library.library().tandem_evict
+    spans = [(pt.w, pt.rows * layout(pt.type).row_bytes(p.in_features))
+             for p in projections for pt in p.parts]  # fmt: skip
 
     def one_pass(name: str) -> float:
         fn = fns[name]
+        if dram:
+            for w, nbytes in spans:
+                evict(w, nbytes)
         t0 = time.perf_counter()
         for parts, n, x, y, k in calls:
             if fn(x, parts, n, None, y, rows, k, 0, threads) != 0:
@@ -163,10 +217,13 @@ def _machine_key() -> str:
     return f"{cpu_isa.cpu_model()} | {','.join(cpu_isa.feature_names(feats))} | {src}"
 
 
-def _sample_key(type_id: int, cls: str, threads: int, projections: Sequence[Call]) -> str:
+def _sample_key(
+    type_id: int, cls: str, threads: int, projections: Sequence[Call], dram: bool
+) -> str:
     shapes = ",".join(f"{p.out_features}x{p.in_features}" for p in projections)
     digest = hashlib.sha256(shapes.encode()).hexdigest()[:12]
-    return f"{layout(type_id).name} {cls} threads={threads} shapes={digest}"
+    where = "dram" if dram else "cache"
+    return f"{layout(type_id).name} {cls} threads={threads} shapes={digest} from={where}"
 
 
 def _load_cache() -> dict[str, Any]:
@@ -200,7 +257,9 @@ def choose(
     the report `tandem generate --json` and `/v1/cluster` show:
 
         {"cpu": model, "features": [...], "primary": variant, "forced": variant | None,
+         "llc_mib": last-level cache, "weights_mib": a token's weight read,
          "kernels": {type name: {class: {"variant": v, "ms": {variant: median ms} | None,
+                                         "dram": whether timed from DRAM,
                                          "vs_avx2": {variant: median ratio} (timed only),
                                          "noisy": bool (timed only), "cached": bool}}}}
     """
@@ -209,8 +268,11 @@ def choose(
         "features": cpu_isa.feature_names(library.features()),
         "primary": library.primary(),
         "forced": library.forced(),
+        "llc_mib": round(llc_bytes() / (1 << 20), 1),
+        "weights_mib": round(weight_bytes(projections) / (1 << 20), 1),
         "kernels": {},
     }
+    streams = decode_reads_dram(projections)
     names = library.variants() if library.forced() is None else (library.forced(),)
     types = sorted({t for p in projections for t in p.types})
     doc = _load_cache() if use_cache else {}
@@ -219,20 +281,21 @@ def choose(
         per_class: dict[str, Any] = {}
         for cls, budget in (("decode", DECODE_SAMPLE_BYTES), ("prefill", PREFILL_SAMPLE_BYTES)):
             picked = sample(projections, t, budget)
+            dram = streams and cls == "decode"
             if len(names) == 1 or not picked:
                 per_class[cls] = {"variant": names[0] if len(names) == 1 else library.primary(),
-                                  "ms": None, "cached": False}  # fmt: skip
+                                  "ms": None, "dram": dram, "cached": False}  # fmt: skip
                 continue
-            key = _sample_key(t, cls, threads, picked)
+            key = _sample_key(t, cls, threads, picked, dram)
             hit = machine.get(key)
             cached = hit is not None
             if hit is None:
-                passes = time_variants(picked, ROWS[cls], threads, names)
+                passes = time_variants(picked, ROWS[cls], threads, names, dram)
                 ms = {n: round(statistics.median(ts) * 1e3, 4) for n, ts in passes.items()}
                 vs = {n: round(r, 4) for n, r in relative(passes).items()}
                 noisy = is_noisy(passes)
                 hit = {"variant": BASELINE if noisy else decide(passes), "ms": ms, "vs_avx2": vs,
-                       "noisy": noisy}  # fmt: skip
+                       "noisy": noisy, "dram": dram}  # fmt: skip
                 if not noisy:
                     machine[key] = hit
             per_class[cls] = {**hit, "cached": cached}

@@ -114,12 +114,13 @@ def _top_p_by_full_sort(w: np.ndarray, mass: float) -> np.ndarray:
     return np.sort(order[np.cumsum(sorted_w) - sorted_w < mass])
 
 
-@pytest.mark.parametrize("floor", [1e-3, 0.3, 2.0])  # 2.0: no weight reaches it (the top's is 1)
-def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch, floor) -> None:
+# 2.0: no weight reaches it (the top's is 1)
+@pytest.mark.parametrize("floors", [(1e-3, 1e-5, 1e-7), (0.3,), (2.0,), (0.5, 0.05, 2e-3)])
+def test_top_p_over_the_largest_candidates_equals_a_full_sort(monkeypatch, floors) -> None:
     from tandem.engine import sampling_params
 
     monkeypatch.setattr(sampling_params, "TOP_P_CANDIDATES", (16, 256))
-    monkeypatch.setattr(sampling_params, "TOP_P_FLOOR", floor)
+    monkeypatch.setattr(sampling_params, "TOP_P_FLOORS", floors)
     rng = np.random.default_rng(1)
     for trial in range(200):
         n = int(rng.integers(2, 3000))

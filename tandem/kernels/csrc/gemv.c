@@ -293,3 +293,18 @@ uint64_t tandem_stream_read(const void *p, int64_t nbytes, int nthreads) {
 #endif
     return out;
 }
+
+/* Evicts [p, p + nbytes) from every level of the cache hierarchy: CLFLUSH on each 64-byte line
+ * (SSE2, so every x86-64; a clean line is dropped, a dirty one written back first), then a fence,
+ * so the next read of those bytes comes from DRAM. What decode reads of a model larger than the
+ * last-level cache; tandem/kernels/variant_choice.py evicts its sample before each timed pass. */
+void tandem_evict(const void *p, int64_t nbytes) {
+#if defined(__x86_64__) || defined(__i386__)
+    const char *end = (const char *)p + (nbytes > 0 ? nbytes : 0);
+    for (const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63); c < end; c += 64)
+        _mm_clflush(c);
+    _mm_mfence();
+#else
+    (void)p; (void)nbytes;
+#endif
+}
