@@ -1,6 +1,7 @@
 """A fault drill against a running `tandem launch` / `tandem serve`: N concurrent streaming greedy
-completions, a signal to one worker process once every stream is under way, and the timeline of
-what the server said meanwhile (for `scripts/bench/recovery.py` and the e2e recovery test).
+completions, a signal to one worker process (or another fault: a blackholed link) once every
+stream is under way, and the timeline of what the server said meanwhile (for
+`scripts/bench/recovery.py` and the e2e recovery tests).
 
     t_fault      the signal was sent (monotonic seconds; every figure below is relative to it)
     detect_s     /health first answered 503
