@@ -1,6 +1,7 @@
 """A fault drill against a running `tandem launch` / `tandem serve`: N concurrent streaming greedy
-completions, a signal to one worker process once every stream is under way, and the timeline of
-what the server said meanwhile (for `scripts/bench/recovery.py` and the e2e recovery test).
+completions, a signal to one worker process (or another fault: a blackholed link) once every
+stream is under way, and the timeline of what the server said meanwhile (for
+`scripts/bench/recovery.py` and the e2e recovery tests).
 
     t_fault      the signal was sent (monotonic seconds; every figure below is relative to it)
     detect_s     /health first answered 503
@@ -18,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -166,10 +168,12 @@ def run_drill(
     after_chunks: int = 4,
     timeout_s: float = 300.0,
     poll_s: float = 0.05,
+    fault: Callable[[int], object] | None = None,
 ) -> DrillResult:
     """Streams `prompts` at once; when every stream has `after_chunks` chunks, sends `sig` to the
-    first worker below `server_pid` (None: no fault, the uninterrupted run); returns when every
-    stream has finished (or `timeout_s`)."""
+    first worker below `server_pid` (None: no fault, the uninterrupted run), or calls `fault`
+    with that worker's pid instead (a fault that is no signal: a blackholed link); returns when
+    every stream has finished (or `timeout_s`)."""
     streams = [StreamResult() for _ in prompts]
     model = served_model(base)
     threads = [
@@ -183,7 +187,8 @@ def run_drill(
         th.start()
     res = DrillResult(streams, [], t_start)
     deadline = time.monotonic() + timeout_s
-    while sig is not None and res.t_fault is None and time.monotonic() < deadline:
+    armed = sig is not None or fault is not None
+    while armed and res.t_fault is None and time.monotonic() < deadline:
         if all(len(s.times) >= after_chunks or s.done for s in streams):
             victims = worker_pids(server_pid)
             if not victims:
@@ -191,7 +196,10 @@ def run_drill(
             res.victim_pid = victims[0]
             res.in_flight_at_fault = sum(not s.done for s in streams)
             res.t_fault = time.monotonic()
-            os.kill(res.victim_pid, sig)
+            if fault is not None:
+                fault(res.victim_pid)
+            else:
+                os.kill(res.victim_pid, sig)
         time.sleep(0.01)
     t0 = res.t_fault or time.monotonic()
     while any(th.is_alive() for th in threads) and time.monotonic() < deadline:

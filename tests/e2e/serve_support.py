@@ -118,6 +118,25 @@ def running(args: list[str], env: dict | None = None):
         kill_tree(proc)
 
 
+@contextlib.contextmanager
+def relay_for_links(ranks: str):
+    """A `tcp_proxy.Relay` (tests/distributed) and the environment that routes the links of
+    `ranks` ("A" or "A-B", `tandem.transport.relay_seam`) through it, with same-host pairs kept
+    on TCP (TANDEM_SHM=0) so the ring's data crosses the relay too; yields (relay, env)."""
+    distributed = str(Path(__file__).parents[1] / "distributed")
+    if distributed not in sys.path:
+        sys.path.append(distributed)
+    from tcp_proxy import Relay
+
+    from tandem.transport.relay_seam import ENV
+
+    relay = Relay()
+    try:
+        yield relay, {ENV: relay.route(ranks), "TANDEM_SHM": "0"}
+    finally:
+        relay.close()
+
+
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())

@@ -2,9 +2,12 @@
 streaming greedy requests: the head starts a new worker, re-forms the group under a new epoch,
 replays the sequences in flight, and every stream completes with the text of an uninterrupted run;
 so does `tandem launch --pp 2` with its stage process SIGKILLed, then SIGSTOPped, and
-`tandem launch --tp 2 --pp 2` with one of its stage processes SIGSTOPped.
-The op timeout is 60 s, so the hung (SIGSTOPped) worker or stage is seen by its heartbeat
-(`--heartbeat-timeout 2`): /health turns 503 naming it within 5 s, far below the op timeout.
+`tandem launch --tp 2 --pp 2` with one of its stage processes SIGSTOPped, and `tandem launch
+--tp 2` whose worker's links are blackholed (a relay in the test keeps every connection open and
+forwards nothing, as a pulled cable or a firewall DROP rule would).
+The op timeout is 60 s, so the hung (SIGSTOPped) worker or stage, or the silent link, is seen by
+its heartbeat (`--heartbeat-timeout 2`): /health turns 503 naming it within 5 s, far below the op
+timeout.
 Real processes on loopback; timings are printed by scripts/bench/recovery.py; only that bound is
 asserted here."""
 
@@ -12,7 +15,7 @@ import signal
 import time
 
 import pytest
-from serve_support import make_model, metric, running
+from serve_support import make_model, metric, relay_for_links, running
 
 from tandem.bench.fault_drill import health, run_drill, worker_pids
 
@@ -28,10 +31,10 @@ def model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("recovery") / "model")
 
 
-def _launch(model, layout):
+def _launch(model, layout, env=None):
     args = ["launch", "--model", str(model), *layout, "--no-demo", "--max-batch", "4"]
     timeouts = ["--op-timeout", str(OP_TIMEOUT_S), "--heartbeat-timeout", str(HEARTBEAT_S)]
-    with running([*args, "--reform-timeout", "120", *timeouts]) as up:
+    with running([*args, "--reform-timeout", "120", *timeouts], env=env) as up:
         yield up
 
 
@@ -86,13 +89,24 @@ COUNTERS = (
 )
 
 
-def _drill_replays_every_stream(launched, quiet, sig, workers: int = 1):
+@pytest.fixture(scope="module")
+def relayed(model):
+    """`tandem launch --tp 2` whose worker's (rank 1's) links all run through a relay; yields
+    (relay, (proc, base))."""
+    with relay_for_links("1") as (relay, env):
+        for up in _launch(model, ["--tp", "2"], env):
+            yield relay, up
+
+
+def _drill_replays_every_stream(launched, quiet, sig, workers: int = 1, fault=None):
     proc, base = launched
     server = _server_pid(proc)
     before = worker_pids(server)
     counts = [metric(base, name) for name in COUNTERS]
 
-    drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=sig, timeout_s=240)
+    drill = run_drill(
+        base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=sig, timeout_s=240, fault=fault
+    )
 
     assert drill.victim_pid in before and drill.in_flight_at_fault == 4
     assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
@@ -124,6 +138,22 @@ def test_sigkilled_tp_worker_mid_stream_is_replaced_and_every_stream_equals_a_qu
 @pytest.mark.slow
 def test_sigstopped_tp_worker_mid_stream_is_seen_by_its_heartbeat_and_replaced(launched, quiet):
     drill, reasons = _drill_replays_every_stream(launched, quiet, signal.SIGSTOP)
+    assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
+    assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
+
+
+# ~50 s on 2 shared cores: its own `tandem launch` (ring on TCP through the relay), a quiet run,
+# the cut seen by the heartbeat, a new worker over a new (forwarded) connection
+@pytest.mark.slow
+def test_a_blackholed_tp_worker_link_mid_stream_is_seen_by_its_heartbeat_and_replaced(relayed):
+    relay, launched = relayed
+    assert len(relay.destinations) >= 4, relay.destinations  # ring links and heartbeats
+    cut: list[int] = []
+    drill, reasons = _drill_replays_every_stream(
+        launched, _quiet(launched), None, fault=lambda _pid: cut.append(relay.blackhole())
+    )
+    assert cut and cut[0] >= 4, cut
+    print(f"launch tp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
     assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
     assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
 

@@ -3,12 +3,14 @@ middle of 4 streaming greedy requests is started again, the group re-forms under
 /health says 503 "re-forming" meanwhile and 200 after, and every stream finishes with the text of
 an uninterrupted run. So does `tandem serve --pp 2` whose stage process is SIGSTOPped: seen by
 its heartbeat to the head (`--heartbeat-timeout 2`, op timeout 60 s), /health 503 naming it within
-5 s, replaced, every stream equal. Real processes on loopback."""
+5 s, replaced, every stream equal; and `tandem serve --tp 2` whose worker's links are blackholed (a
+relay in the test keeps every connection open and forwards nothing): seen the same way, the worker
+replaced over a new connection, every stream equal. Real processes on loopback."""
 
 import signal
 
 import pytest
-from serve_support import make_model, metric, running
+from serve_support import make_model, metric, relay_for_links, running
 
 from tandem.bench.fault_drill import health, run_drill, worker_pids
 
@@ -74,4 +76,45 @@ def test_serve_pp2_sees_a_sigstopped_stage_by_its_heartbeat_and_every_stream_equ
     assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
     assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
     assert health(base)[0] == 200 and proc.poll() is None
+    assert drill.victim_pid not in worker_pids(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def served_relayed(tmp_path_factory):
+    """`tandem serve --tp 2` (re-form by default) whose worker's (rank 1's) links all run through
+    a relay; yields (relay, (proc, base))."""
+    model = make_model(tmp_path_factory.mktemp("serve-recovery-relay") / "model")
+    args = ["serve", "--model", str(model), "--tp", "2", "--max-batch", "4"]
+    timeouts = ["--op-timeout", str(OP_TIMEOUT_S), "--heartbeat-timeout", "2"]
+    with relay_for_links("1") as (relay, env), running([*args, *timeouts], env=env) as up:
+        yield relay, up
+
+
+# ~50 s on 2 shared cores: serve --tp 2 with its ring on TCP through the relay, a quiet run, the
+# cut seen by the heartbeat, a new worker over a new (forwarded) connection
+@pytest.mark.slow
+def test_serve_tp2_sees_a_blackholed_worker_link_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
+    served_relayed,
+):
+    relay, (proc, base) = served_relayed
+    assert len(relay.destinations) >= 4, relay.destinations  # ring links and heartbeats
+    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in quiet.streams] == [None] * 4
+    reforms = metric(base, "tandem_group_reforms_total")
+    cut: list[int] = []
+
+    drill = run_drill(
+        base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None,
+        fault=lambda _pid: cut.append(relay.blackhole()),
+    )  # fmt: skip
+
+    assert cut and cut[0] >= 4 and drill.in_flight_at_fault == 4, cut
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
+    print(f"serve tp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
+    assert health(base)[0] == 200 and proc.poll() is None
+    assert metric(base, "tandem_group_reforms_total") == reforms + 1
     assert drill.victim_pid not in worker_pids(proc.pid)
