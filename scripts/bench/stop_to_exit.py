@@ -4,7 +4,8 @@ source trees side by side (e.g. a checkout before and after a change), rounds in
     .venv/bin/python scripts/bench/stop_to_exit.py --tree /path/to/old --tree . [--rounds 3]
                                                   [--preset tiny-qwen3]
 
-Each tree is put first on PYTHONPATH of every process started for it. Per round and tree:
+Every process started for a tree runs in it, with it on PYTHONPATH (a tree's `tandem/` is what
+`python -c` and `python -m tandem` import). Per round and tree:
   worker      a head (a fresh Python process) forms a local TP=2 group (`launch_local_tp`), runs
               nothing, and times `close()`: STOP sent to the `tandem worker` until it has exited
   serve       `tandem serve` (one device): SIGTERM until the process has exited
@@ -82,6 +83,7 @@ def time_worker(tree: Path, model: Path) -> tuple[float, float]:
     done = subprocess.run(
         [sys.executable, "-c", WORKER_CODE, str(model)],
         env=env_for(tree),
+        cwd=tree,
         capture_output=True,
         text=True,
         timeout=600,
@@ -98,7 +100,12 @@ def time_serve(tree: Path, model: Path, layout: list[str]) -> tuple[float, float
     argv += ["--port", str(free_port()), *layout]
     reaped = children_cpu()
     proc = subprocess.Popen(
-        argv, env=env_for(tree), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        argv,
+        env=env_for(tree),
+        cwd=tree,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
