@@ -9,6 +9,11 @@ again by the head, which re-forms the group under a new epoch and replays the re
 (`--reform-timeout`, `tandem.engine.recovery`); while it does, /health is 503 "re-forming ...".
 Ctrl-C, SIGTERM, a head that exits or a cluster that cannot re-form (/health 503 for any other
 reason) shut every process down: none is left behind and every port is freed.
+
+Run from the command line, the process ends with `os._exit` once `run` has returned and its cleanup
+has run (every process of the group ended; launch imports neither numpy nor torch)
+(`tandem.cli.main.LONG_LIVED`): the interpreter's teardown cost over a second of CPU at every
+shutdown and released nothing the kernel does not.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from tandem.cluster.launcher import (
     exit_cause,
     sigterm_as_keyboard_interrupt,
 )
-from tandem.engine.recovery import REFORMING
+from tandem.engine.group_state import REFORMING
 
 DEFAULT_DEMO_PROMPT = "Once upon a time"
 FALLBACK_PRESET = "tiny-qwen3"

@@ -6,6 +6,11 @@ exposes `register(subparsers)`, which adds its parser and sets `func=run`. A com
 names a command imports that command's module only (so `tandem generate` imports no other
 command's dependencies, torch among them, before it needs them); any other line (`--help`, a
 typo) builds the whole parser.
+
+The long-lived processes (`LONG_LIVED`: worker, stage, serve, launch) end with `os._exit` once their
+command has returned and its cleanup has run, when started from the command line: the
+interpreter's teardown cost each of them over a second of CPU at every shutdown and did nothing
+the kernel does not do at exit (`tandem.cli.exit_now`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bench",
     "stage",
 )
+
+# Commands whose process ends with `exit_now` (no interpreter teardown) when run from the command line.
+LONG_LIVED: frozenset[str] = frozenset({"worker", "stage", "serve", "launch"})
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -65,9 +73,28 @@ def command_named(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the command `argv` names (default: the command line's). From the command line, a
+    `LONG_LIVED` command's process ends here with its exit code (its return value, the code of
+    a `sys.exit` inside it, or 1 after the traceback of an uncaught exception) and no
+    interpreter teardown; `main(argv)` called from Python returns or raises as before."""
+    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(command_named(argv)).parse_args(argv)
-    return int(args.func(args) or 0)
+    command = command_named(argv)
+    args = build_parser(command).parse_args(argv)
+    if not (from_command_line and command in LONG_LIVED):
+        return int(args.func(args) or 0)
+    from tandem.cli.exit_now import exit_now
+
+    try:
+        code = int(args.func(args) or 0)
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)  # sys.exit("message"): Python prints it, exits 1
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:
+        sys.excepthook(*sys.exc_info())  # the traceback Python would print, then its exit code
+        code = 1
+    exit_now(code)
 
 
 if __name__ == "__main__":

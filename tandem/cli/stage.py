@@ -1,5 +1,10 @@
 """`tandem stage`: one TP rank of one pipeline stage, started by the pipeline launcher (internal:
-a person never runs it by hand)."""
+a person never runs it by hand).
+
+Run from the command line, the process ends with `os._exit` once `run` has returned and its cleanup
+has run (its links closed) (`tandem.cli.main.LONG_LIVED`): the interpreter's teardown cost over a
+second of CPU at every shutdown and released nothing the kernel does not.
+"""
 
 from __future__ import annotations
 

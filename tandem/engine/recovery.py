@@ -55,12 +55,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.engine.executor import Executor, Step, StepResult
+from tandem.engine.group_state import FAILED, REFORMING
 from tandem.loaders.errors import ModelFileChangedError
 
 log = logging.getLogger(__name__)
-
-REFORMING = "re-forming"
-FAILED = "failed"
 
 
 class ExecutorReformed(RuntimeError):

@@ -58,6 +58,20 @@ def test_the_head_imports_without_torch() -> None:
     )
 
 
+def test_the_launch_supervisor_imports_neither_numpy_nor_torch() -> None:
+    """`tandem launch` only starts, watches and stops processes: it pays for no array library."""
+    _run(
+        "import sys\n"
+        "from tandem.cli.main import build_parser, command_named\n"
+        "argv = ['launch', '--tp', '2']\n"
+        "args = build_parser(command_named(argv)).parse_args(argv)\n"
+        "import tandem.cli.launch, tandem.engine.group_state\n"
+        "assert args.tp == 2\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'torch'))\n"
+        "assert not heavy, heavy[:5]"
+    )
+
+
 def test_sampling_and_a_numpy_step_run_without_torch() -> None:
     _run(
         "import sys; import numpy as np\n"
