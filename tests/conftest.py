@@ -18,8 +18,9 @@ def one_torch_thread_beside_processes(request):
     20x (reference modules) to 60x (native kernels) slower at 2 threads than at 1 on the shared
     2-core machine. An in-process head then reports the threads of its `threads=1` workers, so a
     group given no weights is split by the facts its test sets (dtype, device), not by this
-    process's pool. Subprocesses keep OMP_NUM_THREADS."""
-    if UNIT in request.path.parents:
+    process's pool. Subprocesses keep OMP_NUM_THREADS. A tests/unit module marked
+    `ranks_in_process` (its ranks are threads of this process computing side by side) takes it too."""
+    if UNIT in request.path.parents and not request.node.get_closest_marker("ranks_in_process"):
         yield
         return
     import torch

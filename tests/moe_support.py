@@ -6,6 +6,15 @@ import pytest
 
 from tandem.loaders.source import open_model
 
+# the TP placements of a MoE group: layout -> (ranks, start_head keyword arguments)
+LAYOUTS = {
+    "tp2": (2, {}),
+    "tp3": (3, {}),
+    "tp2-weights-2:1": (2, {"weights": (2.0, 1.0)}),
+    "experts2": (2, {"moe": "experts"}),
+    "experts3": (3, {"moe": "experts"}),
+}
+
 
 def assert_each_rank_shows_the_experts_it_loaded(ex, model_dir, moe: str) -> None:
     """Each rank's `experts` entry (what /v1/cluster shows) against what its process loaded

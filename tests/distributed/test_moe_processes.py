@@ -21,7 +21,7 @@ from family_support import (
     expected_greedy,
     tp_groups,
 )
-from moe_support import assert_each_rank_shows_the_experts_it_loaded
+from moe_support import LAYOUTS, assert_each_rank_shows_the_experts_it_loaded
 from tp_support import SingleNode, close_concurrently, greedy_steps, launch_concurrently
 
 from tandem.loaders.gguf.writer import write_preset_gguf
@@ -29,15 +29,6 @@ from tandem.loaders.make import make_model_dir
 from tandem.loaders.source import open_model
 from tandem.models.presets import get_preset
 from tandem.parallel.plan import Span, plan_for_source
-
-LAYOUTS = {
-    "tp2": (2, {}),
-    "tp3": (3, {}),
-    "tp2-weights-2:1": (2, {"weights": (2.0, 1.0)}),
-    "experts2": (2, {"moe": "experts"}),
-    "experts3": (3, {"moe": "experts"}),
-}
-
 
 FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
 # Every placement across processes on the family with the most parts to place (a dense layer

@@ -8,9 +8,8 @@ communicator; the same placements across real processes run on Qwen2-MoE
 (tests/distributed/test_moe_processes.py)."""
 
 import pytest
-import torch
 from family_greedy import assert_single_node, expected_greedy
-from moe_support import assert_each_rank_shows_the_experts_it_loaded
+from moe_support import LAYOUTS, assert_each_rank_shows_the_experts_it_loaded
 from tp_support import SingleNode
 
 import tandem.engine.tp.setup as tp_setup
@@ -18,24 +17,8 @@ from tandem.comm.metered import MeteredCommunicator
 from tandem.comm.reference import ReferenceCommunicator, run_ranks
 from tandem.loaders.make import make_model_dir
 
-LAYOUTS = {
-    "tp2": (2, {}),
-    "tp3": (3, {}),
-    "tp2-weights-2:1": (2, {"weights": (2.0, 1.0)}),
-    "experts2": (2, {"moe": "experts"}),
-    "experts3": (3, {"moe": "experts"}),
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The ranks are threads of this process computing side by side: one torch thread each, as
-    outside tests/unit (tests/conftest.py says why: spin-waiting OpenMP threads beside other work
-    stall every op on 2 cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# the ranks are threads of this process: one torch thread each (tests/conftest.py)
+pytestmark = pytest.mark.ranks_in_process
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"])

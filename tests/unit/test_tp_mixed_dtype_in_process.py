@@ -6,7 +6,6 @@ own dtype) on threads over the reference communicator; the same across real proc
 these presets and a real-size qwen3-0.6b: tests/distributed/test_tp_mixed_dtype.py."""
 
 import pytest
-import torch
 from mixed_dtype_support import compare_to_single_node_bf16
 
 import tandem.engine.tp.setup as tp_setup
@@ -18,15 +17,8 @@ from tandem.models.presets import PRESETS
 TINY = sorted(p for p in PRESETS if p.startswith("tiny-"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The ranks are threads of this process computing side by side: one torch thread each, as
-    outside tests/unit (tests/conftest.py says why: spin-waiting OpenMP threads beside other work
-    stall every op on 2 cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# the ranks are threads of this process: one torch thread each (tests/conftest.py)
+pytestmark = pytest.mark.ranks_in_process
 
 
 @pytest.mark.parametrize("preset", TINY)
