@@ -9,7 +9,7 @@ typo) builds the whole parser.
 
 The long-lived processes (`LONG_LIVED`: worker, stage, serve, launch) end with `os._exit` once their
 command has returned and its cleanup has run, when started from the command line: the
-interpreter's teardown cost each of them over a second of CPU at every shutdown and did nothing
+interpreter's teardown cost each of them 0.35-0.9 s of CPU at every shutdown and did nothing
 the kernel does not do at exit (`tandem.cli.exit_now`).
 """
 
