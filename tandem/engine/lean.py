@@ -8,8 +8,8 @@ tok/s, qwen3-0.6b BF16, 2 threads).
 The step rule is `SequenceCache`'s, as every executor's; the forward pass is `LeanModel`'s
 (float32 activations, the native kernels on the mapped blocks), whose logits the equivalence
 tests hold against `LocalExecutor` on the same file (tests/unit/test_lean_executor.py).
-`from_file` raises `LeanUnsupportedError` for a model it does not run (Gemma with experts, the
-Qwen3.5 hybrid with experts, F32 layer weights, a tensor type the kernels lack, no native build); the caller
+`from_file` raises `LeanUnsupportedError` for a model it does not run (Gemma with experts,
+F32 layer weights, a tensor type the kernels lack, no native build); the caller
 then takes `LocalExecutor`. A longrope model (Phi-3) recomputes a sequence that crosses its
 switch, as `LocalExecutor` does (`engine.rope_rewind`).
 A KV cache (float32, at `max_batch` x `max_seq_len`) past the host's available RAM is refused
@@ -63,7 +63,7 @@ def lean_executor_for(
 ) -> LeanExecutor | None:
     """The executor a single-node run of `model` (a path or an opened model source) takes without
     torch, or None where it takes the torch path. It takes it where the model is GGUF and
-    `LeanModel` runs it (layer weights quantized or 16-bit, not the hybrid with experts; else
+    `LeanModel` runs it (layer weights quantized or 16-bit, not Gemma with experts; else
     `LeanUnsupportedError` is caught), the run is one node on the CPU (`device` cpu, or auto on a
     host with no accelerator, `devices.host_has_accelerator`) in float32 (`dtype` float32 or auto:
     llama.cpp's choice on the CPU too), and `TANDEM_LEAN` is not "0". The caller has checked the

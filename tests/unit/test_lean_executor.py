@@ -302,10 +302,6 @@ def test_gemma_experts_and_f32_models_take_the_torch_path(tmp_path_factory) -> N
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_rotary_frequencies_match_the_reference(name) -> None:
     c = PRESETS[name].config
-    if c.deltanet is not None and c.moe is not None:  # qwen35moe: the torch path
-        with pytest.raises(LeanUnsupportedError, match="hybrid with experts"):
-            check_supported(c)
-        return
     for config in (
         c,
         dataclasses.replace(

@@ -1,5 +1,7 @@
-"""The Qwen3.5 hybrid (dense, GGUF `qwen35`) on the torch-free path: its Gated DeltaNet layers on
-csrc/deltanet.c (`kernels.lean.deltanet`), its gated attention and (1 + w) norms in `LeanModel`.
+"""The Qwen3.5 hybrid (GGUF `qwen35`, and `qwen35moe`: every FFN the MoE block with its
+sigmoid-gated shared expert, `kernels.lean.moe`) on the torch-free path: its Gated DeltaNet
+layers on csrc/deltanet.c (`kernels.lean.deltanet`), its gated attention and (1 + w) norms in
+`LeanModel`.
 
 The mixer against the torch reference (`models.deltanet.GatedDeltaNet`) on an F32 file: both
 multiply the same float32 weights, so they differ only in summation order (the conv taps, the
@@ -40,6 +42,8 @@ SHAPES = {
         dict(hidden_size=256, intermediate_size=512),
     ),
 }
+# the dense hybrid in both shapes; with experts (qwen35moe) in Q8_0
+CASES = [(q, "tiny-qwen35") for q in SHAPES] + [("Q8_0", "tiny-qwen35-moe")]
 # prefills of two lengths, decode tokens of both, single-sequence decodes, a restart from 0
 STEPS = [
     Step((StepSequence(0, (5, 17, 42, 99, 3, 7, 250, 11), 0), StepSequence(1, (300, 1, 2), 0))),
@@ -52,12 +56,12 @@ STEPS = [
 ]
 
 
-def _file(tmp_path_factory, qtype: str, shape: str):
+def _file(tmp_path_factory, qtype: str, shape: str, preset: str = "tiny-qwen35"):
     deltanet, dims = SHAPES[shape]
-    c = get_preset("tiny-qwen35").config
+    c = get_preset(preset).config
     c = dataclasses.replace(c, deltanet=dataclasses.replace(c.deltanet, **deltanet), **dims)
-    out = tmp_path_factory.mktemp("lean-hybrid") / f"qwen35-{qtype}.gguf"
-    return write_preset_gguf(out, "tiny-qwen35", qtype, config=c, seed=5)[1][0]
+    out = tmp_path_factory.mktemp("lean-hybrid") / f"{preset}-{qtype}.gguf"
+    return write_preset_gguf(out, preset, qtype, config=c, seed=5)[1][0]
 
 
 @torch.inference_mode()
@@ -92,25 +96,32 @@ def test_the_native_deltanet_mixer_equals_the_torch_layer(tmp_path_factory) -> N
     np.testing.assert_allclose(s2, state, rtol=0, atol=MIXER_ATOL)
 
 
-@pytest.mark.parametrize("qtype", list(SHAPES))
-def test_a_qwen35_file_runs_torch_free_like_the_local_executor(tmp_path_factory, qtype) -> None:
+@pytest.mark.parametrize(("qtype", "preset"), CASES)
+def test_a_qwen35_file_runs_torch_free_like_the_local_executor(
+    tmp_path_factory, qtype, preset
+) -> None:
     """Batches of prefills and decode tokens, single-sequence decodes (a DeltaNet layer one
     native call) and a replay from 0, each step's logits within the lean bound of the torch
-    path's on the same file; a rewind elsewhere is refused as the torch path refuses it."""
-    f = _file(tmp_path_factory, qtype, qtype)
+    path's on the same file; a rewind elsewhere is refused as the torch path refuses it.
+    qwen35moe: every layer's FFN the MoE block with its sigmoid-gated shared expert."""
+    f = _file(tmp_path_factory, qtype, qtype, preset)
     lean = LeanExecutor.from_file(f, max_batch=2, max_seq_len=64, threads=2)
     assert lean.model.hybrid and lean.model.decode_token is None
     assert sum(L.deltanet is not None for L in lean.model.layers) == 3
+    sparse = [L.moe is not None and L.moe.shared is not None for L in lean.model.layers]
+    assert sparse == [preset == "tiny-qwen35-moe"] * len(sparse)
     _assert_like_local(f, lean, STEPS)
     with pytest.raises(RecurrentRewindError):
         lean.run(Step((StepSequence(0, (2,), 2),)))
 
 
+@pytest.mark.parametrize("preset", ["tiny-qwen35", "tiny-qwen35-moe"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_a_qwen35_file_decodes_the_torch_paths_greedy_ids(tmp_path_factory, batch) -> None:
+def test_a_qwen35_file_decodes_the_torch_paths_greedy_ids(tmp_path_factory, batch, preset) -> None:
     """32 greedy tokens after a prompt each, one sequence (the one-call DeltaNet step) and three
-    together (the batched form), torch-free and on the torch path: the same ids."""
-    f = _file(tmp_path_factory, "Q8_0", "Q8_0")
+    together (the batched form), torch-free and on the torch path: the same ids (dense and
+    with experts)."""
+    f = _file(tmp_path_factory, "Q8_0", "Q8_0", preset)
     prompts = [(5, 17, 42, 99, 3), (300, 1, 2, 8, 9, 10, 11), (7,)][:batch]
     got = []
     for ex in (

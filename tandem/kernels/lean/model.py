@@ -1,5 +1,5 @@
 """`LeanModel`: a Llama / Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Mixtral / gpt-oss / Gemma 3 /
-Phi-3 / Qwen3.5 (dense) model's forward pass without torch, over GGUF blocks as stored. The same math as the
+Phi-3 / Qwen3.5 (dense or MoE) model's forward pass without torch, over GGUF blocks as stored. The same math as the
 reference model (`tandem.models.llama`) in float32:
 
     x = embed(ids)                                           (N, D), N new tokens of the step
@@ -30,7 +30,8 @@ x = x + post_attn_norm(attend(...) Wo^T), x = x + post_ffn_norm(mlp(pre_ffn_norm
 gelu_tanh(g) * u; scores scaled by query_pre_attn_scalar^-1/2; its windowed layers rotate by their
 own unscaled table (`rope_local_theta`).
 
-The Qwen3.5 hybrid's blocks (dense `qwen35`; `models.qwen35`): on its linear layers a Gated
+The Qwen3.5 hybrid's blocks (`qwen35`, and `qwen35moe` whose every FFN is the MoE block with
+its sigmoid-gated shared expert; `models.qwen35`): on its linear layers a Gated
 DeltaNet mixer in place of attention (`lean.deltanet`: x = x + mixer(x), its input norm inside,
 each slot's conv window and matrices held in `conv` / `ssm`, zeroed for a row from position 0);
 on the others gated attention: q_proj gives per head hd query rows then hd gate rows, and
@@ -221,11 +222,9 @@ def _norm(src: WeightSource, name: str, c: ModelConfig) -> np.ndarray:
 
 def check_supported(config: ModelConfig) -> None:
     """Raises LeanUnsupportedError for a model shape this path lacks."""
-    if config.deltanet is not None and config.moe is not None:
-        raise LeanUnsupportedError(
-            "the Qwen3.5 hybrid with experts (qwen35moe; the torch path runs it)"
-        )
-    if is_gemma(config) and config.moe is not None:
+    # the MoE call norms its input by the weight it holds, so a (1 + w) norm folded into that
+    # weight (the Qwen3.5 hybrid's) is no difference to it; Gemma's others are
+    if config.moe is not None and is_gemma(dataclasses.replace(config, norm_weight_offset=None)):
         raise LeanUnsupportedError("Gemma's blocks with experts (the torch path runs them)")
     if config.head_dim % 2:  # RoPE pairs halves; ModelConfig bounds it by csrc's 1024
         raise LeanUnsupportedError(f"an odd head_dim {config.head_dim}")
