@@ -37,8 +37,8 @@ int tandem_step_attention(const void *q, const int64_t *qs, const void *k, const
                           int64_t window, const float *sinks, int64_t hd, float scale, int dt,
                           int nthreads);
 
-/* y (N) = L x (K) for one row, dense or quantized; -1 if L's parts do not make N rows. */
-static int linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_t K, int dt,
+/* quant.h: y (N) = L x (K) for one row, dense or quantized; -1 if L's parts do not make N rows. */
+int tandem_linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_t K, int dt,
                    int nthreads) {
     if (!L->parts) return tandem_gemv(x, L->w, L->bias, y, 1, N, K, dt, nthreads);
     int64_t rows = 0;
@@ -70,7 +70,7 @@ int tandem_attention_block_ws(const void *h, const void *norm_w, float eps,
     char *xn = buf, *qkv = xn + D * es, *att = qkv + width * es;
     char *q = qkv, *k = q + H * hd * es, *v = k + G * hd * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, 1, D, eps, dt, nthreads);
-    if (!rc) rc = linear1(qkv_l, xn, qkv, width, D, dt, nthreads);
+    if (!rc) rc = tandem_linear1(qkv_l, xn, qkv, width, D, dt, nthreads);
     if (!rc) rc = tandem_norm_rope(q, 1, H, hd, width, q_norm, qk_eps, cos, sin, pairs, dt, nthreads);
     if (!rc) rc = tandem_norm_rope(k, 1, G, hd, width, k_norm, qk_eps, cos, sin, pairs, dt, nthreads);
     if (!rc) {
@@ -89,7 +89,7 @@ int tandem_attention_block_ws(const void *h, const void *norm_w, float eps,
                                        lens, window, sinks, hd, scale, dt, nthreads);
         }
     }
-    if (!rc) rc = linear1(o_l, att, out, D, H * hd, dt, nthreads);
+    if (!rc) rc = tandem_linear1(o_l, att, out, D, H * hd, dt, nthreads);
     free(buf);
     return rc;
 }
@@ -117,11 +117,11 @@ int tandem_mlp_block_act(const void *h, const void *norm_w, float eps, const tq_
     if (!buf) return -1;
     char *xn = buf, *gu = xn + D * es, *a = gu + 2 * I * es;
     int rc = tandem_rmsnorm(h, D, norm_w, xn, 1, D, eps, dt, nthreads);
-    if (!rc) rc = linear1(gu_l, xn, gu, 2 * I, D, dt, nthreads);
+    if (!rc) rc = tandem_linear1(gu_l, xn, gu, 2 * I, D, dt, nthreads);
     if (!rc)
         rc = act ? tandem_gelu_tanh_mul(gu, a, 1, I, dt, nthreads)
                  : tandem_silu_mul(gu, a, 1, I, dt, nthreads);
-    if (!rc) rc = linear1(down_l, a, out, D, I, dt, nthreads);
+    if (!rc) rc = tandem_linear1(down_l, a, out, D, I, dt, nthreads);
     free(buf);
     return rc;
 }

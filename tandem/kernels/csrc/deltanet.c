@@ -31,8 +31,6 @@
 #include "dtypes.h"
 #include "quant.h"
 
-int tandem_gemv(const void *x, const void *w, const float *bias, void *y, int64_t M, int64_t N,
-                int64_t K, int dt, int nthreads);
 int tandem_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y, int64_t rows,
                    int64_t dim, float eps, int dt, int nthreads);
 
@@ -136,17 +134,6 @@ int tandem_deltanet_mix(const float *proj, int64_t proj_stride, int64_t T, const
     return 0;
 }
 
-/* y (N) = L x (K) for one float32 row, dense or GGUF parts; -1 if L's parts do not make N rows
- * (csrc/decode_block.c's linear1, float32). */
-static int dn_linear1(const tq_linear *L, const float *x, float *y, int64_t N, int64_t K,
-                      int nthreads) {
-    if (!L->parts) return tandem_gemv(x, L->w, L->bias, y, 1, N, K, DT_F32, nthreads);
-    int64_t rows = 0;
-    for (int64_t p = 0; p < L->nparts; p++) rows += L->parts[p].rows;
-    if (rows != N) return -1;
-    return tandem_qgemv(x, L->parts, L->nparts, L->bias, y, 1, K, DT_F32, nthreads);
-}
-
 /* One decode token through a whole DeltaNet mixer, float32: h (D) -> out (D) =
  * out_proj(mix(in_proj(rmsnorm(h) * in_norm))) (module comment); in_l: (C + Hv dv + 2 Hv, D),
  * out_l: (D, Hv dv), eps the input norm's, norm_eps the gated norm's. */
@@ -161,11 +148,11 @@ int tandem_deltanet_step(const float *h, const float *in_norm, float eps, const 
     if (!buf) return -1;
     float *xn = buf, *p = xn + D, *y = p + P;
     int rc = tandem_rmsnorm(h, D, in_norm, xn, 1, D, eps, DT_F32, nthreads);
-    if (!rc) rc = dn_linear1(in_l, xn, p, P, D, nthreads);
+    if (!rc) rc = tandem_linear1(in_l, xn, p, P, D, DT_F32, nthreads);
     if (!rc)
         rc = tandem_deltanet_mix(p, P, 1, conv_w, A, dt_bias, norm_w, norm_eps, window, state, y,
                                  Hk, Hv, dk, dv, K, tiled, nthreads);
-    if (!rc) rc = dn_linear1(out_l, y, out, D, Hv * dv, nthreads);
+    if (!rc) rc = tandem_linear1(out_l, y, out, D, Hv * dv, DT_F32, nthreads);
     free(buf);
     return rc;
 }

@@ -98,4 +98,9 @@ static inline float tq_e8m0_half(uint8_t e) {
  * once). Returns 0, or -1 for arguments it cannot run. */
 int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const float *bias, void *y,
                  int64_t M, int64_t K, int dt, int nthreads);
+
+/* y (N) = L x (K) for one row of dtype dt, dense (tandem_gemv) or GGUF parts (tandem_qgemv);
+ * -1 if L's parts do not make N rows (csrc/decode_block.c). */
+int tandem_linear1(const tq_linear *L, const void *x, void *y, int64_t N, int64_t K, int dt,
+                   int nthreads);
 #endif
