@@ -75,8 +75,9 @@ def command_named(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the command `argv` names (default: the command line's). From the command line, a
     `LONG_LIVED` command's process ends here with its exit code (its return value, the code of
-    a `sys.exit` inside it, or 1 after the traceback of an uncaught exception) and no
-    interpreter teardown; `main(argv)` called from Python returns or raises as before."""
+    a `sys.exit` inside it, or after the traceback of an uncaught exception 1, or
+    `PEER_LOST_EXIT` when a heartbeat loss caused it) and no interpreter teardown; `main(argv)`
+    called from Python returns or raises as before."""
     from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     command = command_named(argv)
@@ -91,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)  # sys.exit("message"): Python prints it, exits 1
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except Exception:
+    except Exception as e:
+        from tandem.cluster.exits import exit_code_for
+
         sys.excepthook(*sys.exc_info())  # the traceback Python would print, then its exit code
-        code = 1
+        code = exit_code_for(e)  # 1, or PEER_LOST_EXIT when a heartbeat loss ended it
     exit_now(code)
 
 

@@ -84,3 +84,58 @@ def test_a_worker_hung_mid_generation_fails_the_step_by_its_heartbeat(
     finally:
         _stop(worker)
         close()
+
+
+def test_a_worker_whose_head_hangs_exits_by_its_heartbeat_with_peer_lost_exit(tmp_path) -> None:
+    """The other direction, both ends real `tandem` processes: the head (`tandem serve
+    --ring-config`) is SIGSTOPped; the worker's heartbeat loses it and the worker exits with
+    PEER_LOST_EXIT (what a supervisor names as a heartbeat loss), within the bound plus its exit."""
+    from tandem.cluster.exits import PEER_LOST_EXIT
+    from tandem.cluster.launcher import free_ports
+
+    model = tmp_path / "m"
+    make_model_dir(model, "tiny-llama", seed=0)
+    ring0, ring1 = write_ring_configs(tmp_path, "beat", OP_TIMEOUT_S, heartbeat_timeout=HEARTBEAT_S)
+    env = {**os.environ, "TANDEM_SHM": "0"}
+    (port,) = free_ports(1)
+    serve = [sys.executable, "-m", "tandem", "serve", "--model", str(model), "--port", str(port)]
+    head = subprocess.Popen(
+        [*serve, "--ring-config", str(ring0), "--max-seq-len", "64"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tandem", "worker", "--model", str(model)],
+        env={**env, "RING_CONFIG": str(ring1)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the group is whole: the head answers /health 200
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert worker.poll() is None and head.poll() is None
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the group never came up")
+        head.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, stderr = worker.communicate(timeout=OP_TIMEOUT_S / 2)
+        gone = time.monotonic() - t0
+        assert worker.returncode == PEER_LOST_EXIT, (worker.returncode, stderr[-2000:])
+        assert "PeerLostError" in stderr and gone < BOUND_S + 10, (gone, stderr[-2000:])
+    finally:
+        head.send_signal(signal.SIGCONT)
+        head.kill()
+        head.wait(10)
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
