@@ -95,8 +95,8 @@ class StateDictReader:
     def __init__(self, state: dict[str, torch.Tensor]) -> None:
         self.state = state
 
-    def read(self, name, dim=None, start=None, end=None):
-        t = self.state[name]
+    def read(self, name, dim=None, start=None, end=None, experts=None):
+        t = self.state[name] if experts is None else self.state[name][experts[0] : experts[1]]
         return t if dim is None else t.narrow(dim, start, end - start).clone()
 
 

@@ -182,11 +182,14 @@ def tp_shard(
         "q_heads": [q.start, q.end],
         "mlp_rows": [mlp.start, mlp.end],
     }
-    if plan.experts:
-        e, rows = plan.experts[rank], plan.expert_rows[rank]
+    if plan.expert_groups:
+        e = plan.held_experts(rank)
         out["moe"] = plan.moe
         out["experts"] = [e.start, e.end]
-        out["expert_rows"] = [rows.start, rows.end]
+        out["expert_groups"] = [
+            {"experts": [g.experts.start, g.experts.end], "rows": [g.rows.start, g.rows.end]}
+            for g in plan.expert_groups[rank]
+        ]
     if plan.linear_k_heads:  # a hybrid's Gated DeltaNet heads (their state is this rank's)
         k, v = plan.linear_k_heads[rank], plan.linear_v_heads(rank)
         out["linear_k_heads"] = [k.start, k.end]

@@ -62,11 +62,15 @@ class View:
 
     def read(self, reader: Reader, shape: tuple[int, ...], dim: int | None, start, end):
         """The slice `[start, end)` of dimension `dim` (None: all) of the (E, out, in) tensor."""
-        import torch
-
         index = [slice(0, n) for n in shape]
         if dim is not None:
             index[dim] = slice(start, end)
+        return self.read_index(reader, tuple(index))
+
+    def read_index(self, reader: Reader, index: tuple[slice, ...]):
+        """`index` (one slice per dimension, steps of 1) of the (E, out, in) tensor."""
+        import torch
+
         if self.layout in ("t", "t2"):  # the source is (E, in, out) or (E, in, 2 out)
             o, step = index[1], 2 if self.layout == "t2" else 1
             cols = slice(step * o.start, step * o.stop)

@@ -157,10 +157,16 @@ class Mxfp4ModelDir:
         return info
 
     def blocks(
-        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+        self,
+        name: str,
+        dim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        experts: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """MXFP4 expert weight `name` (E, out, in) as ggml blocks uint8 (E', out', in' / 32 * 17):
-        the whole of it, or the slice `[start, end)` of dimension `dim` (module docstring)."""
+        the whole of it, or the slice `[start, end)` of dimension `dim` (module docstring), of
+        experts [e0, e1) only where `experts` says so."""
         import torch
 
         src = self._experts.get(name)
@@ -184,6 +190,11 @@ class Mxfp4ModelDir:
                     f"MXFP4 blocks"
                 )
             index[dim] = slice(start // align, end // align)
+        if experts is not None:
+            e0, e1 = experts
+            if dim == 0 or not 0 <= e0 < e1 <= info.shape[0]:
+                raise Mxfp4SliceError(f"{info.file}: experts [{e0}, {e1}) of {name!r} {info.shape}")
+            index[0] = slice(e0, e1)
         r = index[1]
         rows = slice(src.step * r.start, src.step * r.stop)  # gate/up: both halves' rows
         b = self.md.read_source(src.blocks, (index[0], rows, index[2], slice(0, PACKED)))
@@ -192,15 +203,20 @@ class Mxfp4ModelDir:
         return torch.from_numpy(ggml_from_openai(b, s))
 
     def read(
-        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+        self,
+        name: str,
+        dim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        experts: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Tensor `name` as values: an MXFP4 expert weight (or its slice) dequantized to float32,
         anything else as `ModelDir.read` gives it."""
         if name not in self._experts:
-            return self.md.read(name, dim, start, end)
+            return self.md.read(name, dim, start, end, experts)
         from tandem.models.quant.dequant import dequantize
 
-        q = self.blocks(name, dim, start, end)  # (E', out', row_bytes)
+        q = self.blocks(name, dim, start, end, experts)  # (E', out', row_bytes)
         cols = q.shape[-1] // BY_ID[MXFP4].block_bytes * BLOCK
         return dequantize(q.reshape(-1, q.shape[-1]), MXFP4).view(*q.shape[:-1], cols)
 

@@ -244,10 +244,18 @@ class ModelDir:
         return info
 
     def read(
-        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+        self,
+        name: str,
+        dim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        experts: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """Tensor `name`, or its slice [start, end) along `dim`, in its stored dtype on the CPU."""
+        """Tensor `name`, or its slice [start, end) along `dim`, in its stored dtype on the CPU;
+        `experts`: of stacked experts (E, ...) only experts [e0, e1) (dim 0), with any slice."""
         info = self.info(name)
+        if experts is not None:
+            return self._read_experts(name, info, dim, start, end, experts)
         rows = self._rows.get(name)
         if rows is not None:  # a part of a fused projection: only its rows of the source
             index = list(self._index(info.shape, dim, start, end))
@@ -296,6 +304,25 @@ class ModelDir:
             return handle.get_slice(name)[index]
         except SafetensorError as e:
             raise CorruptFileError(f"{info.file}: reading tensor {name!r} failed ({e})") from e
+
+    def _read_experts(self, name: str, info, dim, start, end, experts) -> torch.Tensor:
+        """`read` of experts [e0, e1) of a stacked (E, ...) tensor, sliced along `dim` (1 or 2;
+        None: whole): reads only those experts' bytes of the slice."""
+        e0, e1 = experts
+        if len(info.shape) < 2 or not 0 <= e0 < e1 <= info.shape[0] or dim == 0:
+            raise TensorShapeError(
+                f"{info.file}: experts [{e0}, {e1}) with dim {dim} of {name!r} {info.shape}"
+            )
+        index = list(self._index(info.shape, dim, start, end))
+        if dim is not None and not 0 <= index[dim].start <= index[dim].stop <= info.shape[dim]:
+            raise TensorShapeError(
+                f"{info.file}: slice [{start}, {end}) of dim {dim} outside {name!r} {info.shape}"
+            )
+        index[0] = slice(e0, e1)
+        view = self._views.get(name)
+        if view is not None:
+            return view.read_index(self.read_source, tuple(index))
+        return self.read_source(self._renames.get(name, name), tuple(index))
 
     @staticmethod
     def _index(shape: tuple[int, ...], dim: int | None, start, end) -> tuple[slice, ...]:

@@ -141,13 +141,17 @@ class MoE(nn.Module):
             w = w / w.sum(dim=-1, keepdim=True)
         return w.to(x.dtype), ids
 
+    def expert_sum(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x (N, D) routed to `ids` with `weights` (N, k) -> (N, D): the held experts' sum."""
+        return self.experts(x, weights, ids)
+
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> this block's share of y (..., D): every token routed on the full x, the
         held experts' (and shared expert's) rows applied."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, D)
         weights, ids = self.route(flat)
-        y = self.experts(flat, weights, ids)
+        y = self.expert_sum(flat, weights, ids)
         if self.shared_expert is not None:
             y = y + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return y.view(shape)

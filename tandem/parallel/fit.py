@@ -11,12 +11,12 @@ the embedding and the LM head are separate matrices), B the batch slots and S th
 length. F_r is the feed-forward it holds (`ffn_elements`), summed over the layers:
 
     dense layer        3 D m_r                      (m_r its MLP rows)
-    sparse layer       E D + n_r 3 D w_r + 3 D s_r + [s > 0] D          (`moe_ffn_elements`)
+    sparse layer       E D + 3 D h_r + 3 D s_r + [s > 0] D              (`moe_ffn_elements`)
 
 A sparse (mixture-of-experts) layer holds the router (E x D, on every rank: each routes the full
-token), n_r experts of w_r rows each (under `--moe tp` every expert, n_r = E, and its row slice
-w_r = `plan.expert_rows[r]` of the width w; under `--moe experts` its whole experts,
-n_r = `plan.experts[r].size`, w_r = w) and its rows s_r of the shared expert (width s) with the
+token), h_r expert rows (`plan.held_expert_rows(r)`, over its groups of experts: under `--moe tp`
+its rows of every expert, about E w / N by weight; under `--moe experts` its n_r whole experts,
+n_r w) and its rows s_r of the shared expert (width s) with the
 shared expert's gate (D) where the family has one. Qwen3-MoE's dense layers among sparse ones
 (`mlp_only_layers`, `decoder_sparse_step`) are dense layers of `intermediate_size`. A pipeline
 stage holds whole layers, dense or sparse, weighed by `partition.layer_held_params`.
@@ -70,7 +70,7 @@ def moe_ffn_elements(config: Any, plan: Any, rank: int) -> int:
     docstring: router, its experts' gate/up/down at its rows, its shared-expert rows and gate)."""
     spec, D = config.moe, config.hidden_size
     held = spec.num_experts * D  # the router, replicated
-    held += plan.experts[rank].size * 3 * D * plan.expert_rows[rank].size
+    held += 3 * D * plan.held_expert_rows(rank)
     if spec.shared_intermediate_size:
         held += 3 * D * plan.shared_rows[rank].size + D
     return held

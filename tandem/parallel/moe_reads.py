@@ -17,13 +17,15 @@ every expert, for a single node or a pipeline stage without TP) reads per token,
                   shared  s_r D (b(sg) + b(su) + b(sd)) + D b(shared_expert_gate)
     dense layer   F_r D (b(g) + b(u) + b(d))                      its MLP rows F_r
 
-with E experts, k active per token, n_r experts held (`plan.experts[r]`), w_r rows of each
-(`plan.expert_rows[r]`), s_r rows of the shared expert. Under `--moe tp` a rank holds every expert
-(n_r = E) and reads its w_r rows of each of the k chosen ones: exactly k w_r D. Under
-`--moe experts` it holds n_r whole experts (w_r = w) and a token's k experts land on it k n_r / E
-times on average (routing taken as uniform over experts; a real router's preferences move it),
-so that term is an expectation, not a bound. It holds every one of its experts:
-`held_expert_bytes` = sum over sparse layers of n_r w_r D (b(gate_e) + b(up_e) + b(down_e)).
+with E experts, k active per token, s_r rows of the shared expert, and the rank's expert rows
+per sparse layer h_r = sum over its groups g (`plan.expert_groups[r]`: experts [f_g, l_g), rows
+[a_g, b_g) of each) of (l_g - f_g)(b_g - a_g), written n_r w_r: under `--moe experts` its n_r
+whole experts of w_r = w rows; under `--moe tp` every expert (n_r = E) at w_r = h_r / E rows on
+average (exactly its rows of each where the width divides evenly; `parallel.expert_split`
+otherwise). A token's k experts land on its groups in proportion to their experts (routing taken
+as uniform over experts; a real router's preferences move it), so it reads k h_r / E expert rows:
+exactly k w_r under an even `tp` cut, an expectation otherwise. It holds every one of its
+experts: `held_expert_bytes` = sum over sparse layers of h_r D (b(gate_e) + b(up_e) + b(down_e)).
 Norms, biases, attention sinks, the embedding and the LM head are left out (the LM head is in
 `work_share`).
 """
@@ -79,10 +81,11 @@ class RankReads:
     """One rank's placement of the experts and its bytes per token (module docstring)."""
 
     moe: str  # "tp" (rows of every expert) or "experts" (whole experts)
-    experts: tuple[int, int]  # held, half-open
-    expert_rows: tuple[int, int]  # rows of each held expert, half-open
-    row_share: float  # w_r / w
-    active_experts: float  # experts a token reads here per sparse layer: k (n_r / E) w_r / w
+    experts: tuple[int, int]  # held (whole or in part), first to last, half-open
+    n_experts: int  # how many of them it holds
+    groups: tuple[tuple[tuple[int, int], tuple[int, int]], ...]  # (experts, rows of each)
+    row_share: float  # w_r / w: rows held over the held experts' rows
+    active_experts: float  # experts a token reads here per sparse layer: k h_r / (E w)
     attention_bytes: float
     router_bytes: float
     expert_bytes: float  # expected, per token
@@ -104,8 +107,8 @@ class RankReads:
         return {
             "moe": self.moe,
             "experts": list(self.experts),
-            "n_experts": self.experts[1] - self.experts[0],
-            "expert_rows": list(self.expert_rows),
+            "n_experts": self.n_experts,
+            "expert_groups": [{"experts": list(e), "rows": list(r)} for e, r in self.groups],
             "row_share": self.row_share,
             "active_experts": self.active_experts,
             "active_bytes_per_token": round(self.active_bytes),
@@ -129,10 +132,10 @@ def rank_reads(
     if spec is None:
         return None
     D, E, w = config.hidden_size, spec.num_experts, spec.intermediate_size
-    ex, rows = plan.experts[rank], plan.expert_rows[rank]
+    ex, groups = plan.held_experts(rank), plan.expert_groups[rank]
     q, kv, o = plan.q_proj_rows(rank).size, plan.kv_rows(rank).size, plan.o_columns(rank).size
-    held_share = ex.size * rows.size  # n_r w_r: expert rows held per sparse layer
-    active = spec.top_k * ex.size / E * rows.size  # k (n_r / E) w_r
+    held_share = plan.held_expert_rows(rank)  # h_r = n_r w_r: expert rows held per sparse layer
+    active = spec.top_k * held_share / E  # k h_r / E
     shared = plan.shared_rows[rank].size if plan.shared_rows else 0
     attn = router = experts = held = shared_b = dense = 0.0
     for i in range(*layers):
@@ -160,8 +163,11 @@ def rank_reads(
     return RankReads(
         moe=plan.moe,
         experts=(ex.start, ex.end),
-        expert_rows=(rows.start, rows.end),
-        row_share=rows.size / w,
+        n_experts=plan.n_held_experts(rank),
+        groups=tuple(
+            ((g.experts.start, g.experts.end), (g.rows.start, g.rows.end)) for g in groups
+        ),
+        row_share=held_share / (plan.n_held_experts(rank) * w),
         active_experts=active / w,
         attention_bytes=attn,
         router_bytes=router,

@@ -36,17 +36,23 @@ boundary of that tensor's type (`down_block`, `o_block`: 32 elements, or 256 for
     rank r contracts o_proj's columns `o_cols[r]`, a weighted split of `[0, H hd)` in blocks of
     `o_block`, followed by the usual all-reduce. Same math; only the summation order differs.
 
-Mixture-of-experts layers (`config.moe`) are placed one of two ways (`moe`):
-  - "tp" (the default): every rank holds rows `expert_rows[r]` of every expert's gate/up and the
-    matching columns of its down projection, in blocks of `expert_align` (as the MLP: the largest
-    of 64, 32, ... dividing the expert width, lcm'd with the down_exps block size). Each rank
+Mixture-of-experts layers (`config.moe`) are placed one of two ways (`moe`); either way rank r
+holds `expert_groups[r]`, a tuple of `ExpertGroup`s (experts `[f, l)`, rows `[a, b)` of each):
+  - "tp" (the default): every expert's gate/up rows and the matching columns of its down
+    projection are cut over the ranks in blocks of `expert_align` (as the MLP: the largest of
+    64, 32, ... dividing the expert width w, lcm'd with the down_exps block size), u = w / align
+    blocks an expert. The blocks are dealt so that each rank's total over all E experts follows
+    its weight, `apportion(E u, weights)`, within one block (`expert_split`): where u divides
+    evenly every expert is cut alike (one group per rank); where it does not, consecutive experts
+    are cut differently, at most N groups of uniform width. Qwen3-30B-A3B's width 768 in K-quant
+    superblocks of 256 is u = 3: at TP=2 experts [0, E/2) give rank 0 rows [0, 512) and rank 1
+    [512, 768), experts [E/2, E) give rank 0 [0, 256) and rank 1 [256, 768): 3E/2 blocks each.
+    At TP=4 each expert goes to 3 of the 4 ranks, one block each, 3E/4 blocks a rank. Each rank
     routes the full token, applies its rows of the chosen experts, and one all-reduce sums them.
-    Qwen3-30B-A3B's width 768 in K-quant superblocks of 256 is 3 units: 512 / 256 at TP=2. Where
-    the width cannot give every rank a block (768 at TP=4 in K-quants), the plan falls back to
-    "experts" and says so in `moe_fallback`.
-  - "experts": rank r holds whole experts `experts[r]`, their count apportioned by the ranks'
-    weights (the measured speeds) over the E experts; every rank routes, computes only its
-    experts' contributions, and one all-reduce sums them. A shared expert is row-split as in "tp".
+  - "experts": rank r holds whole experts `[f_r, l_r)` (one group, rows `[0, w)`), their count
+    apportioned by the ranks' weights (the measured speeds) over the E experts; every rank
+    routes, computes only its experts' contributions, and one all-reduce sums them.
+A shared expert is row-split as a dense MLP under both (`shared_rows`).
 Attention stays split by kv heads either way.
 
 A hybrid (Qwen3.5) also splits its Gated DeltaNet layers by heads: rank r owns q/k heads
@@ -92,6 +98,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tandem.parallel.apportion import Span, apportion, spans
+from tandem.parallel.expert_split import ExpertGroup, deal_expert_rows
 
 DEFAULT_ALIGN = 64
 
@@ -183,11 +190,9 @@ class TPPlan:
     down_block: int = 1
     attn_ranks: int = 0  # ranks [0, attn_ranks) hold attention; 0 means every rank
     moe: str = "tp"  # "tp" or "experts" (module docstring); "tp" for a dense model
-    experts: tuple[Span, ...] = ()  # experts held per rank (all of them under "tp")
-    expert_rows: tuple[Span, ...] = ()  # rows of each held expert per rank (all under "experts")
+    expert_groups: tuple[tuple[ExpertGroup, ...], ...] = ()  # per rank; () for a dense model
     shared_rows: tuple[Span, ...] = ()  # rows of the shared expert per rank
     expert_align: int = 1
-    moe_fallback: str = ""  # why "tp" was asked for and "experts" is the placement
     q_gate: bool = False  # q_proj holds per head hd query rows then hd gate rows (Qwen3.5)
     # Gated DeltaNet layers (Qwen3.5): each rank's q/k heads, and (Hk, Hv, dk, dv)
     linear_k_heads: tuple[Span, ...] = ()
@@ -203,6 +208,20 @@ class TPPlan:
     def attention_ranks(self) -> int:
         """A: how many ranks (the first A) hold attention heads."""
         return self.attn_ranks or self.world_size
+
+    def held_expert_rows(self, rank: int) -> int:
+        """Expert rows `rank` holds per sparse layer: sum over its groups of n_g (b_g - a_g)."""
+        return sum(g.expert_rows for g in self.expert_groups[rank])
+
+    def held_experts(self, rank: int) -> Span:
+        """The experts `rank` holds (whole or in part), its first group's first to its last
+        group's last; between them a gap where it holds none (4 ranks on 3 blocks)."""
+        groups = self.expert_groups[rank]
+        return Span(groups[0].experts.start, groups[-1].experts.end)
+
+    def n_held_experts(self, rank: int) -> int:
+        """How many experts `rank` holds (whole or in part): its groups share none."""
+        return sum(g.experts.size for g in self.expert_groups[rank])
 
     def holds_attention(self, rank: int) -> bool:
         return rank < self.attention_ranks
@@ -363,34 +382,26 @@ def _place_experts(
         raise TPPlanError(f"--moe {moe!r}: choose one of {', '.join(MOE_PLACEMENTS)}")
     if n_experts == 0:
         return {}
-    fallback = ""
     align = math.lcm(choose_align(width, n), down_block)
-    if moe == "tp" and (width % align or width // align < n):
-        fallback = (
-            f"the expert width {width} is {width // align} blocks of {align}, fewer than the "
-            f"{n} ranks: experts are placed whole instead"
-        )
-        moe = "experts"
     shared = ()
     if shared_width:
         shared_align = math.lcm(choose_align(shared_width, n), down_block)
         shared = split_by_weights(shared_width, weights, shared_align, "shared expert")
     if moe == "experts":
-        return dict(
-            moe=moe,
-            experts=split_by_weights(n_experts, weights, 1, "experts"),
-            expert_rows=(Span(0, width),) * n,
-            shared_rows=shared,
-            expert_align=1,
-            moe_fallback=fallback,
+        whole = split_by_weights(n_experts, weights, 1, "experts")
+        groups = tuple((ExpertGroup(s, Span(0, width)),) for s in whole)
+        return dict(moe=moe, expert_groups=groups, shared_rows=shared, expert_align=1)
+    if width % align:
+        raise DegeneratePlanError(f"expert width {width} cannot be tiled in blocks of {align}")
+    groups = deal_expert_rows(n_experts, width // align, weights, align)
+    empty = [r for r, g in enumerate(groups) if not g]
+    if empty:
+        raise DegeneratePlanError(
+            f"{n_experts} experts of {width // align} blocks of {align} rows leave rank(s) "
+            f"{empty} with no expert rows at weights {weights}; use fewer ranks or less skewed "
+            "weights"
         )
-    return dict(
-        moe=moe,
-        experts=(Span(0, n_experts),) * n,
-        expert_rows=split_by_weights(width, weights, align, "expert width"),
-        shared_rows=shared,
-        expert_align=align,
-    )
+    return dict(moe=moe, expert_groups=groups, shared_rows=shared, expert_align=align)
 
 
 def _split_attention(

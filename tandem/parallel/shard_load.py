@@ -12,17 +12,21 @@ materialized on a rank:
     gate_proj, up_proj .{w,b}       dim 0, the rank's intermediate rows
     down_proj.weight                dim 1, the rank's intermediate columns
     embed_tokens.weight, lm_head    dim 0, the rank's vocabulary rows
-    mlp.experts.{gate,up}_proj      (E, out, in): "tp" dim 1, the rank's rows of every expert;
-                                    "experts" dim 0, the rank's experts (`TPPlan.moe`)
-    mlp.experts.down_proj           (E, D, width): "tp" dim 2, the same rows as columns;
-                                    "experts" dim 0
-    mlp.experts.{gate,up}_proj.bias (E, width): "tp" dim 1, "experts" dim 0; the down bias (E, D)
-                                    "experts" dim 0, "tp" whole (on the rank that adds it)
+    mlp.experts.{gate,up}_proj      (E, out, in), per group g of the rank (`TPPlan.expert_groups`,
+    (and mlp.expert_groups.<g>.*)   experts [f, l), rows [a, b)): "tp" dim 1 [a, b) of experts
+                                    [f, l); "experts" dim 0 [f, l), the rank's whole experts
+    mlp.experts.down_proj           (E, D, width): "tp" dim 2 [a, b) (the same rows as columns)
+                                    of experts [f, l); "experts" dim 0
+    mlp.experts.{gate,up}_proj.bias (E, width): as the weights' rows; the down bias (E, D) dim 0
+                                    [f, l), in the group that adds it (`holds_down_bias`)
     self_attn.sinks                 dim 0, the rank's query heads
     mlp.shared_expert.*             as gate/up/down over `plan.shared_rows`
     linear_attn.*                   the rank's Gated DeltaNet heads' rows (out_proj: columns),
                                     `plan` docstring; several runs concatenated (`linear_ranges`)
     everything else (norms, o/down biases, the MoE router)   replicated
+
+A slice of experts [f, l) along another dim is `(dim, start, end, (f, l))`: the readers' `experts`
+argument, reading only those experts' bytes of the slice.
 
 A GGUF source's quantized tensors fill the layers' `quant` modules with the same slices, read as
 blocks (`GGUFModel.blocks(name, dim, start, end)`: a row slice is a view of the mapped file, a
@@ -41,7 +45,10 @@ import torch
 from torch import nn
 
 from tandem.models.quant.linear import QuantEmbedding, QuantExpertLinear, QuantLinear
+from tandem.parallel.moe import expert_group_of
 from tandem.parallel.plan import TPPlan
+
+SliceSpec = tuple[int, int, int] | tuple[int, int, int, tuple[int, int]]
 
 
 class ShardLoadError(RuntimeError):
@@ -52,23 +59,35 @@ class SliceReader(Protocol):
     """What `load_shard` needs from a checkpoint (`ModelDir`)."""
 
     def read(
-        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+        self,
+        name: str,
+        dim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        experts: tuple[int, int] | None = None,
     ) -> torch.Tensor: ...
 
 
-def slice_spec(param_name: str, plan: TPPlan, rank: int) -> tuple[int, int, int] | None:
-    """`(dim, start, end)` of the checkpoint tensor behind `param_name` owned by `rank`."""
+def source_name(model: nn.Module, param_name: str) -> str:
+    """The checkpoint tensor behind a parameter (or module) name of the sharded model: a tied
+    head's embedding, a group of experts' `mlp.experts.*` (`parallel.moe`)."""
+    return model.checkpoint_name(expert_group_of(param_name)[0])
+
+
+def slice_spec(param_name: str, plan: TPPlan, rank: int) -> SliceSpec | None:
+    """`(dim, start, end)` of the checkpoint tensor behind `param_name` owned by `rank`, or
+    `(dim, start, end, (f, l))` for a group of experts' rows (module docstring)."""
+    param_name, group = expert_group_of(param_name)
     parts = param_name.split(".")
     leaf, module = parts[-1], parts[-2] if len(parts) >= 2 else ""
     owner = parts[-3] if len(parts) >= 3 else ""
     if owner == "experts":
-        if plan.moe == "experts":
-            s = plan.experts[rank]
-            return (0, s.start, s.end)
-        s = plan.expert_rows[rank]
-        if module == "down_proj":
-            return None if leaf == "bias" else (2, s.start, s.end)
-        return (1, s.start, s.end)
+        g = plan.expert_groups[rank][group]
+        e, rows = g.experts, g.rows
+        if plan.moe == "experts" or module == "down_proj" and leaf == "bias":
+            return (0, e.start, e.end)
+        dim = 2 if module == "down_proj" else 1
+        return (dim, rows.start, rows.end, (e.start, e.end))
     if owner == "shared_expert":
         s = plan.shared_rows[rank]
         if module == "down_proj":
@@ -153,16 +172,16 @@ def quant_types(source: object) -> dict[str, int]:
 def _load_quant(model: nn.Module, reader, plan: TPPlan, rank: int) -> int:
     """Fills every layer's `quant` module with this rank's blocks; returns the bytes read."""
     device = next(p.device for p in model.parameters() if not p.is_meta)
-    shared: dict[str, torch.Tensor] = {}  # checkpoint name -> blocks (a tied head: once)
+    shared: dict[tuple, torch.Tensor] = {}  # (checkpoint name, slice) -> blocks (a tied head: once)
     nbytes = 0
     for mname, mod in model.named_modules():
         q = mod if isinstance(mod, QuantExpertLinear) else getattr(mod, "quant", None)
         if not isinstance(q, (QuantLinear, QuantEmbedding, QuantExpertLinear)):
             continue
-        source = model.checkpoint_name(mname + ".weight")
+        source = source_name(model, mname + ".weight")
         spec = slice_spec(mname + ".weight", plan, rank)
         runs = linear_ranges(mname + ".weight", plan, rank) if plan.linear_k_heads else None
-        blocks = shared.get(source)
+        blocks = shared.get((source, spec))
         if blocks is None:
             info = reader.info(source)
             if info.type_id != q.qtype:
@@ -173,7 +192,7 @@ def _load_quant(model: nn.Module, reader, plan: TPPlan, rank: int) -> int:
                 blocks = reader.blocks(source)
             else:
                 blocks = reader.blocks(source, *spec)
-            blocks = shared[source] = blocks.to(device)
+            blocks = shared[(source, spec)] = blocks.to(device)
             nbytes += blocks.numel()
         if tuple(blocks.shape) != tuple(q.qweight.shape):
             raise ShardLoadError(
@@ -192,7 +211,7 @@ def load_shard(model: nn.Module, reader: SliceReader, plan: TPPlan, rank: int) -
     nbytes = _load_quant(model, reader, plan, rank) if quantized else 0
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied parameters are listed once
-            source = model.checkpoint_name(name)
+            source = source_name(model, name)
             spec = slice_spec(name, plan, rank)
             ranges = linear_ranges(name, plan, rank) if plan.linear_k_heads else None
             if ranges is not None:  # several runs of one tensor (DeltaNet's q, k, v; tiled v)

@@ -32,16 +32,11 @@ class PlacedRank:
 
 @dataclass(frozen=True)
 class Placement:
-    moe: str  # asked for
-    fallback: str  # why "tp" became whole experts, "" when it did not
+    moe: str
     ranks: tuple[PlacedRank, ...]
 
     def entry(self) -> dict[str, Any]:
-        return {
-            "moe": self.moe,
-            "fallback": self.fallback,
-            "ranks": [r.entry() for r in self.ranks],
-        }
+        return {"moe": self.moe, "ranks": [r.entry() for r in self.ranks]}
 
 
 def place_experts(
@@ -58,19 +53,18 @@ def place_experts(
     if getattr(config, "moe", None) is None:
         return None
     nodes = sorted(nodes, key=lambda n: n.s_per_token)
-    out, fallback, start = [], "", 0
+    out, start = [], 0
     for k, count in enumerate(stage_layers):
         stage = nodes[k * layout.tp : (k + 1) * layout.tp]
         weights = tuple(1.0 / n.s_per_token for n in stage) if layout.weighted else None
         plan = plan_for_config(config, layout.tp, weights, moe=moe, **(blocks or {}))
-        fallback = fallback or plan.moe_fallback
         layers = (start, start + count)
         for r, node in enumerate(stage):
             reads = rank_reads(config, plan, r, layers, nbytes)
             assert reads is not None  # config.moe is set
             out.append(PlacedRank(k * layout.tp + r, node.name, k, r, layers, reads))
         start += count
-    return Placement(moe, fallback, tuple(out))
+    return Placement(moe, tuple(out))
 
 
 def render_placement(config: Any, placement: Placement, bytes_note: str) -> str:
@@ -84,17 +78,15 @@ def render_placement(config: Any, placement: Placement, bytes_note: str) -> str:
         f"experts: {spec.num_experts}, {spec.top_k} active per token; placed as {placed} "
         f"(bytes {bytes_note})"
     ]
-    if placement.fallback:
-        lines.append(f"  fallback: {placement.fallback}")
     staged = len({p.stage for p in placement.ranks}) > 1
     for p in placement.ranks:
         r = p.reads
-        e, rows = r.experts, r.expert_rows
+        held = ", ".join(f"[{e[0]}, {e[1]}) rows [{w[0]}, {w[1]})" for e, w in r.groups)
         stage = f"stage {p.stage} layers [{p.layers[0]}, {p.layers[1]}) " if staged else ""
         lines.append(
-            f"  rank {p.rank} ({p.node}): {stage}experts [{e[0]}, {e[1]}) ({e[1] - e[0]}), rows "
-            f"[{rows[0]}, {rows[1]}) of each ({100 * r.row_share:.0f} %); holds "
-            f"{r.held_expert_bytes / 1e6:.1f} MB of experts"
+            f"  rank {p.rank} ({p.node}): {stage}experts {held} ({r.n_experts} experts, "
+            f"{100 * r.row_share:.0f} % of their rows); holds {r.held_expert_bytes / 1e6:.1f} MB "
+            "of experts"
         )
         lines.append(
             f"    reads {r.active_bytes / 1e6:.2f} MB/token: experts {r.expert_bytes / 1e6:.2f} "

@@ -195,9 +195,11 @@ def _ffn_read(config: Any, plan: Any, rank: int | None, layer: int) -> float:
     """Feed-forward parameters of `layer` rank `rank` reads per token (None: the whole layer's).
     A sparse layer of E experts, k active, width w, hidden D: the router E D (every rank), then
 
-        --moe tp        k w_r D 3       the k chosen experts at the rank's rows w_r
-        --moe experts   k (n_r / E) w D 3   its n_r whole experts: the k chosen land on it
-                                        k n_r / E times on average (routing taken as uniform)
+        k (h_r / E) D 3     h_r the rank's expert rows (`TPPlan.held_expert_rows`):
+                            --moe tp: E w_r (its w_r rows of each chosen expert, on average
+                            where the cut differs by expert); --moe experts: n_r w, its n_r
+                            whole experts that the k chosen land on k n_r / E times on
+                            average (routing taken as uniform)
 
     and its rows of the shared expert (`partition.layer_read_params` for the whole layer). Under
     whole experts the ranks' shares follow their expert counts, not their rows."""
@@ -208,11 +210,8 @@ def _ffn_read(config: Any, plan: Any, rank: int | None, layer: int) -> float:
     if rank is None:
         experts, rows, shared = spec.top_k, spec.intermediate_size, spec.shared_intermediate_size
     else:
-        experts = spec.top_k * plan.experts[rank].size / spec.num_experts
-        rows, shared = (
-            plan.expert_rows[rank].size,
-            plan.shared_rows[rank].size if plan.shared_rows else 0,
-        )
+        experts, rows = spec.top_k / spec.num_experts, plan.held_expert_rows(rank)
+        shared = plan.shared_rows[rank].size if plan.shared_rows else 0
     gate = d if spec.shared_intermediate_size else 0
     return spec.num_experts * d + 3 * d * (experts * rows + shared) + gate
 

@@ -27,6 +27,13 @@ KEEP = 240  # samples: two minutes at the page's one-second poll
 State = Literal["forming", "whole", "re-forming", "failed"]
 
 
+class ExpertGroup(BaseModel):
+    """Experts [start, end) of which a rank holds rows [start, end) of each (`TPPlan.expert_groups`)."""
+
+    experts: list[int]
+    rows: list[int]
+
+
 class Shard(BaseModel):
     """What a rank holds. Ranges are half-open `[start, end)`; absent fields do not apply."""
 
@@ -49,8 +56,12 @@ class Shard(BaseModel):
     moe: Literal["tp", "experts"] | None = Field(
         default=None, description="a TP rank's expert placement: rows of every expert or whole"
     )
-    experts: list[int] | None = Field(default=None, description="experts held [start, end)")
-    expert_rows: list[int] | None = Field(default=None, description="rows of each held expert")
+    experts: list[int] | None = Field(
+        default=None, description="experts held (whole or in part) [start, end)"
+    )
+    expert_groups: list[ExpertGroup] | None = Field(
+        default=None, description="its groups of experts and the rows it holds of each"
+    )
 
 
 class ActiveBytes(BaseModel):
@@ -66,8 +77,9 @@ class ActiveBytes(BaseModel):
 class LoadedExperts(BaseModel):
     """What the rank's process holds, read from its modules once the shards loaded (TP groups)."""
 
-    experts: list[int] = Field(description="experts held [start, end)")
-    rows: int = Field(description="rows of each held expert")
+    groups: list[list[int]] = Field(
+        description="per group of experts: [first, end, rows of each] as its modules hold them"
+    )
     sparse_layers: int
     bytes: int = Field(description="its expert tensors' bytes as loaded (biases included)")
 
@@ -76,10 +88,13 @@ class RankExperts(BaseModel):
     """A mixture of experts' placement on one rank (`parallel.moe_reads`)."""
 
     moe: Literal["tp", "experts"]
-    experts: list[int] = Field(description="experts held [start, end)")
+    experts: list[int] = Field(description="experts held (whole or in part) [start, end)")
     n_experts: int
-    expert_rows: list[int] = Field(description="rows of each held expert [start, end)")
-    row_share: float
+    expert_groups: list[ExpertGroup] = Field(
+        description="its groups of experts and the rows it holds of each (one unless the "
+        "expert width's blocks do not divide evenly over the ranks)"
+    )
+    row_share: float = Field(description="its rows over the held experts' rows")
     active_experts: float = Field(description="experts' worth read per token per sparse layer")
     active_bytes_per_token: int = Field(description="decoder weights read per token, bytes")
     active_bytes: ActiveBytes

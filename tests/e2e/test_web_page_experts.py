@@ -39,8 +39,8 @@ def test_v1_cluster_reports_the_experts_each_rank_loaded(served):
     ranks = httpx.get(base + "/v1/cluster", timeout=10).json()["ranks"]
     x = [r["experts"] for r in ranks]
     assert [e["experts"] for e in x] == [[0, 4], [4, 8]]
-    assert [e["loaded"]["experts"] for e in x] == [[0, 4], [4, 8]]
-    assert [e["loaded"]["rows"] for e in x] == [64, 64] and {e["moe"] for e in x} == {"experts"}
+    assert [e["loaded"]["groups"] for e in x] == [[[0, 4, 64]], [[4, 8, 64]]]
+    assert {e["moe"] for e in x} == {"experts"}
     assert [e["held_expert_bytes"] for e in x] == [HELD, HELD]
     assert [e["loaded"]["bytes"] for e in x] == [HELD, HELD]
     md = open_model(model)

@@ -100,11 +100,14 @@ def test_plan_shows_each_ranks_experts_and_the_expert_bytes_it_reads_per_token(t
     out = _run(nodes, capsys)[1].out
     assert "pick: TP=2" in out
     assert "experts: 8, 2 active per token; placed as rows of every expert" in out
-    assert "rank 1 (b): experts [0, 8) (8), rows [32, 64) of each (50 %)" in out
+    assert "rank 1 (b): experts [0, 8) rows [32, 64) (8 experts, 50 % of their rows)" in out
     assert "reads 0.23 MB/token: experts 0.10 (1.00 experts' worth)" in out
     out = _run([*nodes, "--moe", "experts"], capsys)[1].out
     assert "placed as whole experts" in out
-    assert "rank 1 (b): experts [4, 8) (4), rows [0, 64) of each (100 %); holds 0.4 MB" in out
+    assert (
+        "rank 1 (b): experts [4, 8) rows [0, 64) (4 experts, 100 % of their rows); holds 0.4 MB"
+        in out
+    )
     rc, js = _run([*nodes, "--moe", "experts", "--json"], capsys)
     ranks = json.loads(js.out)["experts"]["ranks"]
     assert [r["experts"] for r in ranks] == [[0, 4], [4, 8]]
@@ -113,5 +116,6 @@ def test_plan_shows_each_ranks_experts_and_the_expert_bytes_it_reads_per_token(t
     # a single node holds and reads them all; a preset is counted in bfloat16
     rc, js = _run(["--node", "a:50ms", "--preset", "tiny-qwen3-moe", "--json"], capsys)
     one = json.loads(js.out)["experts"]["ranks"]
-    assert len(one) == 1 and one[0]["experts"] == [0, 8] and one[0]["expert_rows"] == [0, 64]
+    assert len(one) == 1 and one[0]["experts"] == [0, 8]
+    assert one[0]["expert_groups"] == [{"experts": [0, 8], "rows": [0, 64]}]
     assert one[0]["active_bytes"]["experts"] == 2 * 64 * 3 * 64 * 2 * 2

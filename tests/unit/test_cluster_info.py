@@ -191,7 +191,8 @@ def test_a_moe_ranks_entry_shows_its_experts_and_bytes_single_node_and_in_a_grid
     (layer 1 is dense) and the last stage all of layer 2's; dense models carry no entry."""
     md = ModelDir(moe_dir)
     one = LocalExecutor.from_dir(moe_dir).describe()["ranks"][0]["experts"]
-    assert one["experts"] == [0, 8] and one["expert_rows"] == [0, 64] and one["moe"] == "tp"
+    assert one["experts"] == [0, 8] and one["moe"] == "tp"
+    assert one["expert_groups"] == [{"experts": [0, 8], "rows": [0, 64]}]
     assert one["held_expert_bytes"] == _expert_bytes(md, (0, 2))
     assert one["active_bytes"]["experts"] == _expert_bytes(md, (0, 2)) * 2 / 8
     assert one["active_bytes"]["dense_mlp"] == sum(
@@ -200,7 +201,11 @@ def test_a_moe_ranks_entry_shows_its_experts_and_bytes_single_node_and_in_a_grid
     stages = [StageSpec(LayerRange(0, 2), tp=2), StageSpec(LayerRange(2, 3), tp=1)]
     facts = ci.pipeline_facts(md.config, "safetensors F32", stages, [[0, 1], [2]], {}, {}, md)
     x = [f.entry()["experts"] for f in facts]
-    assert [e["expert_rows"] for e in x] == [[0, 32], [32, 64], [0, 64]]
+    assert [[g["rows"] for g in e["expert_groups"]] for e in x] == [
+        [[0, 32]],
+        [[32, 64]],
+        [[0, 64]],
+    ]
     assert x[0]["held_expert_bytes"] + x[1]["held_expert_bytes"] == _expert_bytes(md, (0,))
     assert x[2]["held_expert_bytes"] == _expert_bytes(md, (2,))
     assert x[2]["active_bytes"]["dense_mlp"] == 0  # the dense layer is stage 0's

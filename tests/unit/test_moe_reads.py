@@ -54,7 +54,9 @@ def test_the_ranks_bytes_add_up_to_the_files_tensors(q8_file, moe, weights):
     assert all(r.router_bytes == pytest.approx(router, rel=1e-12) for r in reads)
     assert [r.moe for r in reads] == [moe] * tp
     if moe == "experts":
-        assert [tuple(r.expert_rows) for r in reads] == [(0, 64)] * tp
+        assert [r.groups for r in reads] == [
+            (((e0, e1), (0, 64)),) for e0, e1 in (r.experts for r in reads)
+        ]
         want = [(0, 4), (4, 8)] if weights is None else [(0, 5), (5, 8)]
         assert [r.experts for r in reads] == want
     dense = [f"model.layers.{i}.mlp.{p}_proj.weight" for i in layers if not spec.is_sparse(i)
@@ -109,8 +111,9 @@ def test_the_predictor_weighs_whole_experts_by_the_experts_a_rank_holds():
     """At 3:1 under whole experts the layer's read splits as the expert counts do: rank 0
     ATTN 3/4 + ROUTER + 6 EXPERT against rank 1's ATTN / 4 + ROUTER + 2 EXPERT (attention by kv
     heads at 3:1: 3 and 1 of the 4), over the whole layer ATTN + ROUTER + 8 EXPERT. An equal
-    split is the rows' 0.5023 each (the router read on both). tiny-mixtral at 2:1: 5 / 3 whole experts against rows 32 / 32 (64 wide
-    in blocks of 32), so the predicted shares differ by placement."""
+    split is the rows' 0.5023 each (the router read on both). tiny-mixtral at 2:1: 5 / 3 whole
+    experts against 11 / 5 blocks of rows (8 experts of 2 blocks of 32, dealt by weight), so the
+    predicted shares differ by placement."""
     cfg = qwen3_30b_a3b()
     total = ATTN + ROUTER + 8 * EXPERT
     want = ((ATTN * 3 / 4 + ROUTER + 6 * EXPERT) / total, (ATTN / 4 + ROUTER + 2 * EXPERT) / total)
@@ -119,7 +122,7 @@ def test_the_predictor_weighs_whole_experts_by_the_experts_a_rank_holds():
     assert layer_shares(cfg, 2, None, "experts") == pytest.approx((half, half), rel=1e-12)
     tiny = open_model_config("tiny-mixtral")
     whole, rows = (layer_shares(tiny, 2, (2.0, 1.0), m) for m in ("experts", "tp"))
-    assert whole[0] > rows[0] and whole[1] < rows[1]
+    assert whole[0] < rows[0] and whole[1] > rows[1]
 
 
 def open_model_config(preset: str) -> ModelConfig:
@@ -141,7 +144,9 @@ def test_place_experts_follows_the_stages_and_the_weights():
     assert [r.reads.experts for r in p.ranks] == [(0, 5), (5, 8), (0, 5), (5, 8)]
     text = render_placement(cfg, p, "in float32")
     assert "placed as whole experts" in text
-    assert "rank 3 (slow): stage 1 layers [1, 3) experts [5, 8) (3)" in text
+    assert (
+        "rank 3 (slow): stage 1 layers [1, 3) experts [5, 8) rows [0, 64) (3 experts, 100 %" in text
+    )
     dense = place_experts(
         open_model_config("tiny-llama"), Layout(), (2,), nodes, "tp", uniform_bytes(2)
     )

@@ -208,8 +208,8 @@ def test_tandem_plan_shows_an_mxfp4_checkpoints_expert_placement(mxfp4_dir):
     every = [f"model.layers.{i}.mlp.experts.{p}_proj.weight"
              for i in range(cfg.num_hidden_layers) for p in ("gate", "up", "down")]  # fmt: skip
     for moe, line in (
-        ("tp", "rank 1 (b): experts [0, 8) (8), rows [32, 64)"),
-        ("experts", "rank 1 (b): experts [4, 8) (4), rows [0, 64)"),
+        ("tp", "rank 1 (b): experts [0, 8) rows [32, 64) (8 experts, 50 %"),
+        ("experts", "rank 1 (b): experts [4, 8) rows [0, 64) (4 experts, 100 %"),
     ):
         placed = place_experts(
             cfg, Layout(2), (cfg.num_hidden_layers,), nodes, moe, source_bytes(src)

@@ -18,9 +18,9 @@ class RecordingReader:
     def __init__(self, md):
         self.md, self.reads = md, []
 
-    def read(self, name, dim=None, start=None, end=None):
+    def read(self, name, dim=None, start=None, end=None, experts=None):
         self.reads.append((name, dim, start, end))
-        return self.md.read(name, dim, start, end)
+        return self.md.read(name, dim, start, end, experts)
 
 
 @pytest.fixture(scope="module")

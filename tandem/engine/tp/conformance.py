@@ -21,9 +21,9 @@ rank with `ConformanceError`, naming the rank, its device and dtype, the error a
 
 A sparse (mixture-of-experts) layer is probed through its experts without the router (whose top-k
 could pick other experts in another dtype): each rank sends every probe token to two experts it
-holds, the first and the last of its `TPPlan.experts` span, with weights PROBE_WEIGHTS, through
-its rows of them (`TPPlan.expert_rows`), and all-gathers that local partial; the head computes the
-same from the file in float64.
+holds, the first and the last of its first group of experts (`TPPlan.expert_groups`, the module
+`mlp.experts`), with weights PROBE_WEIGHTS, through its rows of them, and all-gathers that local
+partial; the head computes the same from the file in float64.
 """
 
 from __future__ import annotations
@@ -196,14 +196,15 @@ def judge(
         getattr(md.info(f"{pre}{n}.weight"), "quantized", False)
         for n in ("gate_proj", "up_proj", "down_proj")
     )
-    widths = plan.expert_rows if sparse else plan.intermediate
+    firsts = [g[0] for g in plan.expert_groups] if sparse else []
+    widths = [g.rows for g in firsts] if sparse else plan.intermediate
     k = max(md.config.hidden_size, max(s.size for s in widths))
     verdicts = []
     for r, y in enumerate(got):
         s = widths[r]
         if sparse:
-            e = plan.experts[r]
-            span, own_bias = (e.start, e.end), holds_down_bias(plan, r)
+            e = firsts[r].experts
+            span, own_bias = (e.start, e.end), holds_down_bias(firsts[r])
             ref = reference_experts(md, layer, span, (s.start, s.end), x, own_bias)
         else:
             ref = reference_partial(md, layer, (s.start, s.end), x)

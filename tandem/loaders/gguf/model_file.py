@@ -330,7 +330,12 @@ class GGUFModel:
         return permuted_heads(name, c.num_attention_heads, c.num_key_value_heads)
 
     def blocks(
-        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+        self,
+        name: str,
+        dim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        experts: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Quantized parameter `name` as uint8 blocks (rows, row_bytes), HF row order: a view
         of the mapped file, or an un-permuted copy for a llama q/k (module docstring).
@@ -347,7 +352,16 @@ class GGUFModel:
         Never the whole tensor: a shard reads only its own blocks.
 
         Stacked experts (E, rows, cols) take dim 0 (experts: whole matrices, one read), dim 1
-        (rows of every expert) and dim 2 (columns of every row), returned as (E', rows', bytes')."""
+        (rows of every expert) and dim 2 (columns of every row), returned as (E', rows', bytes');
+        `experts` = (e0, e1) keeps only experts [e0, e1) of a dim 1 or 2 slice."""
+        if experts is not None:
+            info = self.info(name)
+            if len(info.shape) != 3 or dim not in (1, 2):
+                raise GGUFSliceError(
+                    f"{info.gguf_name!r}: experts {experts} with slice dimension {dim} (1 or 2 "
+                    "of stacked experts)"
+                )
+            return self._expert_blocks(info, dim, start, end, experts)
         if dim is None:
             import torch
 
@@ -381,11 +395,16 @@ class GGUFModel:
             return part if heads is None else unpermute_rows(part, heads)
         raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0 or 1)")
 
-    def _expert_blocks(self, info: GGUFTensorInfo, dim: int, start, end) -> torch.Tensor:
-        """`blocks` of stacked experts (E, rows, cols): the matrices as one (E rows, cols) tensor."""
+    def _expert_blocks(
+        self, info: GGUFTensorInfo, dim: int, start, end, experts: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """`blocks` of stacked experts (E, rows, cols): the matrices as one (E rows, cols) tensor;
+        of a row or column slice only experts [e0, e1) where `experts` says so."""
         import torch
 
         e, rows, cols = info.shape
+        e0, e1 = (0, e) if experts is None else experts
+        self._check_range(info, e0, e1, e, 1, "experts")
         flat = replace(info, shape=(e * rows, cols))
         rb = info.nbytes // (e * rows)
         if dim == 0:
@@ -394,13 +413,16 @@ class GGUFModel:
             return torch.from_numpy(part.reshape(end - start, rows, rb))
         if dim == 1:
             self._check_range(info, start, end, rows, 1, "rows")
-            parts = [_pread_array(flat, x * rows + start, x * rows + end, 0, rb) for x in range(e)]
+            parts = [
+                _pread_array(flat, x * rows + start, x * rows + end, 0, rb) for x in range(e0, e1)
+            ]
             return torch.from_numpy(np.stack(parts))
         if dim == 2:
             t = BY_ID[info.type_id]
             self._check_range(info, start, end, cols, t.block_size, "columns")
             b0, b1 = start // t.block_size * t.block_bytes, end // t.block_size * t.block_bytes
-            return torch.from_numpy(_pread_array(flat, 0, e * rows, b0, b1).reshape(e, rows, -1))
+            part = _pread_array(flat, e0 * rows, e1 * rows, b0, b1)
+            return torch.from_numpy(part.reshape(e1 - e0, rows, -1))
         raise GGUFSliceError(f"{info.gguf_name!r}: slice dimension {dim} (0, 1 or 2)")
 
     @staticmethod
@@ -439,16 +461,26 @@ class GGUFModel:
         return dequantize(raw.reshape(-1, raw.shape[-1]), info.type_id).view(info.shape)
 
     def read(
-        self, name: str, dim: int | None = None, start: int | None = None, end: int | None = None
+        self,
+        name: str,
+        dim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        experts: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Parameter `name` as values, HF row order: F32/F16/BF16 as stored (a view unless
         un-permuted), a quantized tensor dequantized to float32 (a new tensor). With `dim`, the
-        slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized)."""
+        slice `[start, end)` of that dimension only (a quantized one: its blocks, dequantized);
+        `experts` = (e0, e1): of stacked experts only those (`blocks`)."""
         info = self.info(name)
+        if experts is not None and not info.quantized:
+            e0, e1 = experts
+            self._check_range(info, e0, e1, info.shape[0], 1, "experts")
+            return self.read(name, dim, start, end)[e0:e1]
         if dim is not None and info.quantized:
             from tandem.models.quant.dequant import dequantize
 
-            b = self.blocks(name, dim, start, end)
+            b = self.blocks(name, dim, start, end, experts)
             cols = b.shape[-1] // BY_ID[info.type_id].block_bytes * BY_ID[info.type_id].block_size
             return dequantize(b.reshape(-1, b.shape[-1]), info.type_id).view(*b.shape[:-1], cols)
         heads = self._heads(name)

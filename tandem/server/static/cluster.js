@@ -52,14 +52,17 @@ export function shardLines(s) {
 }
 
 // A mixture of experts' placement on one rank (`experts` in /v1/cluster; null for a dense model):
-// the experts it holds and its rows of each, the bytes it reads per token (the expert part an
+// the experts it holds and its rows of each (per group where the cut differs by expert), the bytes it reads per token (the expert part an
 // expectation under whole experts) and the expert bytes it holds.
 export function expertLines(x) {
   if (x === null || x === undefined) return [];
   const how = x.moe === "experts" ? "whole experts" : "rows of every expert";
-  const rows = x.expert_rows[1] - x.expert_rows[0];
+  const g = x.expert_groups;
+  const rows = g.length === 1
+    ? `${g[0].rows[1] - g[0].rows[0]} rows of each`
+    : g.map((p) => `rows ${range(p.rows)} of ${range(p.experts)}`).join(", ");
   return [
-    `experts ${range(x.experts)} (${x.n_experts}) · ${rows} rows of each · ${how}`,
+    `experts ${range(x.experts)} (${x.n_experts}) · ${rows} · ${how}`,
     `reads ${bytes(x.active_bytes_per_token)}/token · holds ${bytes(x.held_expert_bytes)} of experts`,
   ];
 }
