@@ -1,7 +1,8 @@
 """`FastExperts`: the reference `models.moe.Experts` whose forward runs every chosen expert of every
 token in one native call (csrc/moe.c): each held expert's tokens gathered into one product over its
 stacked weights as stored (GGUF blocks, or dense f32/bf16/f16), so only the chosen experts' weights
-are read, once per step however many tokens chose them.
+are read, once per step however many tokens chose them. A TP rank whose expert cut differs by
+expert (`parallel.expert_split`) holds one `Experts` per group of uniform width: one call each.
 
 Taken once `prepare` has put the model on a kernel other than "torch" (`install_expert_kernels`
 sets `native`; the reference modules stay the plain math otherwise, even where a runner swapped

@@ -6,7 +6,8 @@ on Qwen2-MoE, and a pipeline and a (TP=2, TP=1) grid of every family, give the s
 greedy ids for 32 tokens at batch 1 and 3, and its first logits within 1e-4 (the same placements
 of the other families run the same group setup in process:
 tests/unit/test_moe_placements_in_process.py). A GGUF file with Qwen3-30B-A3B's expert width 768
-in K-quants runs at TP=2 on uneven expert rows (512 / 256) and with whole experts. gpt-oss in
+in K-quants runs at TP=2 on its 3 superblocks an expert dealt evenly (half the experts 512 / 256,
+the other half 256 / 512) and with whole experts. gpt-oss in
 OpenAI's MXFP4 safetensors layout runs at TP=2 and on whole experts with its experts kept in their
 blocks.
 """
@@ -28,7 +29,13 @@ from tandem.loaders.gguf.writer import write_preset_gguf
 from tandem.loaders.make import make_model_dir
 from tandem.loaders.source import open_model
 from tandem.models.presets import get_preset
+from tandem.parallel.expert_split import ExpertGroup
 from tandem.parallel.plan import Span, plan_for_source
+
+
+def G(e0: int, e1: int, r0: int, r1: int) -> ExpertGroup:
+    return ExpertGroup(Span(e0, e1), Span(r0, r1))
+
 
 FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
 # Every placement across processes on the family with the most parts to place (a dense layer
@@ -114,9 +121,13 @@ def width_768_gguf(tmp_path_factory):
     return write_preset_gguf(out, "tiny-qwen3-moe", "K_MIX", config=c)[1][0]
 
 
-def test_expert_width_768_in_k_quants_splits_512_256_at_tp2(width_768_gguf):
+def test_expert_width_768_in_k_quants_is_dealt_evenly_at_tp2(width_768_gguf):
+    """3 superblocks an expert: experts [0, 4) give rank 0 two, experts [4, 8) rank 1."""
     plan = plan_for_source(open_model(width_768_gguf), 2)
-    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 512), Span(512, 768))
+    assert plan.moe == "tp" and plan.expert_groups == (
+        (G(0, 4, 0, 512), G(4, 8, 0, 256)),
+        (G(0, 4, 512, 768), G(4, 8, 256, 768)),
+    )
 
 
 def assert_tp2_and_experts2_match_single_node(file, prompt: list[int]) -> None:
@@ -151,7 +162,7 @@ def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_match
 
     file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "gpt-oss-mxfp4_moe.gguf"
     plan = plan_for_source(open_model(file), 2)
-    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
+    assert plan.moe == "tp" and plan.expert_groups == ((G(0, 8, 0, 32),), (G(0, 8, 32, 64),))
     # 10 tokens + 16: past the sliding window of 8
     assert_tp2_and_experts2_match_single_node(file, PROMPTS[2])
 
@@ -164,7 +175,7 @@ def test_a_qwen2moe_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_si
 
     file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "qwen2-moe-q8_0.gguf"
     plan = plan_for_source(open_model(file), 2)
-    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
+    assert plan.moe == "tp" and plan.expert_groups == ((G(0, 8, 0, 32),), (G(0, 8, 32, 64),))
     assert plan.shared_rows == (Span(0, 64), Span(64, 128))
     assert_tp2_and_experts2_match_single_node(file, PROMPTS[0])
 
@@ -185,7 +196,7 @@ def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_n
     src = open_model(d)
     assert isinstance(src, Mxfp4ModelDir)
     plan = plan_for_source(src, 2)
-    assert plan.moe == "tp" and plan.expert_rows == (Span(0, 32), Span(32, 64))
+    assert plan.moe == "tp" and plan.expert_groups == ((G(0, 8, 0, 32),), (G(0, 8, 32, 64),))
     single = LocalExecutor(load_model(src), max_batch=4, max_seq_len=128, kernels="torch")
     expected = expected_greedy(single)
     groups = launch_concurrently(
