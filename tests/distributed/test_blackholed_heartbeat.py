@@ -167,3 +167,49 @@ def test_a_blackholed_link_to_a_tp_rank_of_the_next_stage_is_reported_and_named(
     finally:
         ex.close()
         relay.close()
+
+
+def test_a_stage_that_exits_behind_a_blackholed_link_does_not_hold_the_step_to_the_op_timeout(
+    tiny, monkeypatch
+) -> None:
+    """PP=2 with heartbeats off: the stage's links go dark, then the stage process exits (as one
+    whose own heartbeat lost the head does, before the head's heartbeat fires). The head sees the
+    exit and re-forms; closing the broken pipeline must wake the step still waiting on its dark
+    link (held open by the relay, as by a cut cable) instead of leaving it to the 60 s op timeout,
+    so the request is replayed and finishes with the uninterrupted text well inside that."""
+    import signal
+
+    import psutil
+
+    from tandem.cli.engine_factory import build_serving_engine
+
+    relay = Relay()
+    monkeypatch.setenv(ENV, relay.route("1"))
+    engine, close = build_serving_engine(
+        tiny, pp=2, max_seq_len=256, op_timeout=OP_TIMEOUT_S, heartbeat_timeout=0,
+        reform_timeout=OP_TIMEOUT_S,
+    )  # fmt: skip
+    try:
+        ref = _request(engine)
+        assert ref.wait(OP_TIMEOUT_S / 2), "the uninterrupted request hung"
+        want, error = ref.result["result"]
+        assert error is None, error
+        stages = [p for p in psutil.Process().children(recursive=True) if "stage" in p.cmdline()]
+        assert len(stages) == 1, stages
+
+        streamed: list = []
+        got = _request(engine, streamed)
+        while not streamed and not got.is_set():  # the generation is under way
+            time.sleep(0.005)
+        assert relay.blackhole() >= 2  # the head's link to the stage and the stage's link back
+        stages[0].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        assert got.wait(OP_TIMEOUT_S / 2), "the step waited on its dark link for the op timeout"
+        print(f"replayed and finished {time.monotonic() - t0:.2f} s after the stage exited")
+        completion, error = got.result["result"]
+        assert error is None, error
+        assert completion.token_ids == want.token_ids
+        assert engine.scheduler.executor.counts.reforms == 1
+    finally:
+        close()
+        relay.close()
