@@ -1,7 +1,8 @@
 """`tandem serve --tp 2` re-forms as `tandem launch` does, by default: a worker SIGKILLed in the
 middle of 4 streaming greedy requests is started again, the group re-forms under a new epoch,
 /health says 503 "re-forming" meanwhile and 200 after, and every stream finishes with the text of
-an uninterrupted run. So does `tandem serve --pp 2` whose stage process is SIGSTOPped: seen by
+an uninterrupted run; so does one SIGSTOPped, seen by its heartbeat (serve's defaults: heartbeat
+3 s, op timeout 60 s). So does `tandem serve --pp 2` whose stage process is SIGSTOPped: seen by
 its heartbeat to the head (`--heartbeat-timeout 2`, op timeout 60 s), /health 503 naming it within
 5 s, replaced, every stream equal; and `tandem serve --tp 2` whose worker's links are blackholed (a
 relay in the test keeps every connection open and forwards nothing): seen the same way, the worker
@@ -62,6 +63,30 @@ def test_serve_tp2_replaces_a_killed_worker_by_default_and_every_stream_equals_a
     _paused_no_longer_than_the_reform(drill, quiet, DEFAULT_HEARTBEAT_TIMEOUT_S)
     assert health(base)[0] == 200 and proc.poll() is None
     assert metric(base, "tandem_group_reforms_total") == reforms + 1
+    assert drill.victim_pid not in worker_pids(proc.pid)
+
+
+# ~25 s past the shared `serve --tp 2`: the hung worker is seen by its heartbeat (serve's
+# default timeout) under serve's default op timeout, then replaced as a killed one is
+@pytest.mark.slow
+def test_serve_tp2_sees_a_sigstopped_worker_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
+    served,
+):
+    proc, base = served
+    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in quiet.streams] == [None] * 4
+    before = worker_pids(proc.pid)
+
+    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGSTOP)
+
+    assert drill.victim_pid in before and drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
+    _paused_no_longer_than_the_reform(drill, quiet, DEFAULT_HEARTBEAT_TIMEOUT_S)
+    assert health(base)[0] == 200 and proc.poll() is None
     assert drill.victim_pid not in worker_pids(proc.pid)
 
 
