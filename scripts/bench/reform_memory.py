@@ -96,6 +96,7 @@ def main() -> None:
             print(line, flush=True)
     finally:
         close()
+    tracemalloc.stop()  # the diff's own objects untraced: reading two snapshots back is slow
     if len(snaps) == 2:
         keep = [tracemalloc.Filter(False, tracemalloc.__file__)]
         first, last = (tracemalloc.Snapshot.load(str(p)).filter_traces(keep) for p in snaps)
