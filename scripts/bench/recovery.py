@@ -11,7 +11,8 @@ once without a fault (the reference texts), then `cycles` times: the same stream
 has 4 chunks, the signal to one worker. Per cycle it prints, from the signal: when /health first
 said 503 (detect), when it said 200 again (re-formed: a new worker started, its shard loaded, the
 ring formed under a new epoch), when the first replayed token reached a client (resume), when
-every stream had finished, and whether every text equals the reference; and the run without a
+every stream had finished, each stream's longest silence against `fault_drill.pause_bound`, and
+whether every text equals the reference; and the run without a
 fault's time to first text (what a replay's prefill is to be compared with), and the CPU seconds
 the head (serve) process used over each cycle (its share of the re-form: a kept shard or a
 reloaded one, plus the same decode and replay either way). JSON on the last line.
@@ -35,8 +36,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tandem.bench.fault_drill import health, run_drill, worker_pids  # noqa: E402
+from tandem.bench.fault_drill import health, pause_bound, run_drill, worker_pids  # noqa: E402
 from tandem.cluster.launcher import ProcessGroup, RankProcess, free_ports  # noqa: E402
+from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello", "Numbers: 1 2 3"]
 
@@ -90,6 +92,11 @@ def main() -> int:
     )
     args = ap.parse_args()
     sig = getattr(signal, f"SIG{args.signal}")
+    # the bound a hung rank is seen within: the heartbeat timeout (launch's default where not
+    # given), or the op timeout where heartbeats are off (0)
+    heartbeat = DEFAULT_HEARTBEAT_TIMEOUT_S
+    if args.heartbeat_timeout is not None:
+        heartbeat = args.heartbeat_timeout or (args.op_timeout or 60.0)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-recovery-"))
     model = args.model
     if model is None:
@@ -142,6 +149,12 @@ def main() -> int:
                 "reformed_s": d.whole_s,
                 "resume_s": d.resume_s,
                 "done_s": d.done_s,
+                # each stream's longest silence across the fault, and what it may be: the
+                # heartbeat's bound + this re-form + a replay (`fault_drill.pause_bound`)
+                "max_pause_s": round(max(d.pauses), 2) if d.pauses else None,
+                "pause_bound_s": round(pause_bound(d, quiet, heartbeat), 2)
+                if d.detect_s is not None and d.whole_s is not None
+                else None,
                 "texts_equal": [s.text for s in d.streams] == ref,
                 "errors": [s.error for s in d.streams if s.error],
                 "head_rss_mb": round(psutil.Process(server).memory_info().rss / 2**20, 1),

@@ -8,6 +8,15 @@ stream is under way, and the timeline of what the server said meanwhile (for
     whole_s      /health answered 200 again (the group re-formed)
     resume_s     the first text of any stream after /health said 503 (the replay's first token)
     done_s       every stream finished
+    pauses       per stream, its longest silence across the fault (the gap between two chunks, the
+                 later one after the signal)
+
+`pause_bound` is how long the fault may silence a stream: the heartbeat's detection bound (the
+heartbeat timeout and one beat interval, or the 503 as measured if later), the re-form this drill
+measured (from the first 503 to the next 200), and, from an uninterrupted run under the same load,
+what a replay costs before its first new token (the longest time to first text: a prefill of the
+batch) and two steps (the one in flight when the fault came, the replay's first decode), plus the
+/health poll interval twice.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
+
+from tandem.transport.heartbeat import BEATS_PER_TIMEOUT
 
 
 @dataclass
@@ -75,9 +86,51 @@ class DrillResult:
         return min(after) if after else None
 
     @property
+    def pauses(self) -> list[float]:
+        """Each stream's longest gap between two chunks whose later one came after the fault
+        (0.0 for a stream that had finished by then)."""
+        if self.t_fault is None:
+            return []
+        return [
+            max((b - a for a, b in zip(s.times, s.times[1:]) if b > self.t_fault), default=0.0)
+            for s in self.streams
+        ]
+
+    @property
+    def longest_gap_s(self) -> float:
+        """The longest gap between two chunks of any stream (of a run without a fault: a step
+        under this load, at its slowest)."""
+        gaps = [b - a for s in self.streams for a, b in zip(s.times, s.times[1:])]
+        return max(gaps, default=0.0)
+
+    @property
+    def slowest_first_s(self) -> float | None:
+        """From the requests to the first text of the last stream to get one (the batch's
+        prefill)."""
+        firsts = [s.times[0] - self.t_start for s in self.streams if s.times]
+        return max(firsts) if firsts else None
+
+    @property
     def done_s(self) -> float | None:
         ends = [s.times[-1] - self.t_fault for s in self.streams if s.times and self.t_fault]
         return max(ends) if ends else None
+
+
+def pause_bound(
+    drill: DrillResult, quiet: DrillResult, heartbeat_timeout: float, poll_s: float = 0.05
+) -> float:
+    """The longest a stream of `drill` may be silent: the detection, heartbeat timeout x (1 + 1 /
+    beats per timeout) (a hung peer is declared lost within that of its last beat; the measured
+    503 where a loaded machine saw it later, which a caller bounds on its own) + the measured
+    re-form (`whole_s - detect_s`) + `quiet`'s slowest first text (the replay's prefill) + 2 x
+    `quiet`'s longest gap (the step in flight at the fault, the replay's first decode) + 2 poll
+    intervals (the 503 and the 200 are each seen up to one poll late). Needs a drill that saw
+    both the 503 and the 200."""
+    if drill.detect_s is None or drill.whole_s is None or quiet.slowest_first_s is None:
+        raise ValueError("the drill saw no 503 and 200, or the quiet run no text")
+    detect = max(heartbeat_timeout * (1 + 1 / BEATS_PER_TIMEOUT), drill.detect_s)
+    reform = drill.whole_s - drill.detect_s
+    return detect + reform + quiet.slowest_first_s + 2 * quiet.longest_gap_s + 2 * poll_s
 
 
 def health(base: str) -> tuple[int, str]:

@@ -38,6 +38,7 @@ from tandem.engine.prefix_cache import BlockSize, PrefixCache
 from tandem.engine.recovery import with_recovery
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.serving import ServingEngine
+from tandem.loaders.chat_template import TemplateLimits
 from tandem.loaders.errors import ChatTemplateError, TemplateLimitError
 from tandem.loaders.file_identity import ModelFiles
 from tandem.loaders.gguf.quantized_dir import QuantizedModelDir
@@ -148,6 +149,7 @@ def build_serving_engine(
     pp_weights: str | None = None,
     prefix_cache: bool = True,
     cache_mem: int | None = None,
+    template_limits: TemplateLimits | None = None,
 ) -> tuple[ServingEngine, Callable[[], None]]:
     """A started engine and the function that stops it (scheduler first, then the executor).
     `quantize` ("q8_0", "q4_0", "q4_k"): a safetensors model's matrices quantized as it loads.
@@ -164,7 +166,8 @@ def build_serving_engine(
     `prefix_cache`: keep finished sequences in the executor's idle slots for prompts that
     continue them (`tandem.engine.prefix_cache`); `cache_mem`: at most that many bytes of KV
     blocks only they hold, a block shared with another sequence counted once (`cache_block`;
-    None: as many as idle slots)."""
+    None: as many as idle slots). `template_limits`: the chat template's render bounds (None: the
+    defaults), checked by a probe render before any weight loads."""
     console = console or Console(stderr=True)
     source = open_model(model_dir, quantize)
     files = ModelFiles.of_source(source)  # what every re-form checks before it starts a rank
@@ -173,6 +176,8 @@ def build_serving_engine(
     tokenizer = source.tokenizer()
     if tokenizer is None:
         raise LayoutUnavailable(f"{model_dir}: no tokenizer; the server needs a tokenizer")
+    if template_limits is not None:
+        tokenizer.template_limits = template_limits
     check_template(tokenizer, console)
     name = name or model_dir.resolve().name.removesuffix(".gguf")
     # one node on the CPU over a GGUF the torch-free executor runs: no layout, no torch

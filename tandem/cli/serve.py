@@ -28,6 +28,7 @@ from tandem.cluster.ring_config import (
     check_heartbeat_timeout,
     load_ring_config,
 )
+from tandem.loaders.chat_template import TemplateLimits
 from tandem.loaders.gguf.quantize_choices import QTYPES
 
 DEFAULT_PORT = 8000
@@ -69,6 +70,69 @@ def parse_bytes(text: str) -> int:
     if not digits.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a byte count (e.g. 512M, 2G, 1048576)")
     return int(digits) * _UNITS[unit]
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _positive_bytes(text: str) -> int:
+    value = parse_bytes(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive byte count")
+    return value
+
+
+_TEMPLATE = TemplateLimits()  # the documented defaults
+
+
+def add_template_args(p: argparse.ArgumentParser) -> None:
+    """The chat template's render bounds (`loaders.chat_template.TemplateLimits`): a render past
+    one is answered 400 naming it; a template past one at the start's probe render is refused."""
+    p.add_argument(
+        "--template-time-limit",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"wall seconds one chat-template render may take (default {_TEMPLATE.seconds:g})",
+    )
+    p.add_argument(
+        "--template-output-limit",
+        type=_positive_int,
+        default=None,
+        metavar="CHARS",
+        help=f"characters a rendered chat prompt may have (default {_TEMPLATE.output_chars})",
+    )
+    p.add_argument(
+        "--template-memory-limit",
+        type=_positive_bytes,
+        default=None,
+        metavar="BYTES",
+        help="address space of the process that renders the chat template (K, M, G: powers of "
+        f"1024; Linux) (default {_TEMPLATE.memory_bytes >> 20}M)",
+    )
+
+
+def template_limits(args: argparse.Namespace) -> TemplateLimits:
+    """The render bounds the flags give, each flag left out at its default."""
+    given = {
+        "seconds": args.template_time_limit,
+        "output_chars": args.template_output_limit,
+        "memory_bytes": args.template_memory_limit,
+    }
+    return TemplateLimits(**{k: v for k, v in given.items() if v is not None})
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -126,6 +190,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "dtype), least recently used going first (default: as many as there are idle slots)",
     )
     p.add_argument("--served-model-name", default=None, help="the model id clients use")
+    add_template_args(p)
     add_reasoning_argument(p)
     p.add_argument(
         "--tool-call-parser",
@@ -288,6 +353,7 @@ def _serve(args: argparse.Namespace) -> int:
                 pp_weights=args.pp_weights,
                 prefix_cache=args.prefix_cache,
                 cache_mem=args.cache_mem,
+                template_limits=template_limits(args),
             )
             switch.app = create_app(
                 engine,

@@ -16,6 +16,9 @@ whose links run through a userspace relay (`tcp_proxy.Relay`; the dialing side i
 The relay forwards the connections made after the cut (the re-formed group's), as over a new cable.
 And in a grid (stages of TP 1, 1, 2 through `launch_pipeline`, idle): the link from stage 1 to
 the second TP rank of stage 2, which has no other link to stage 1, is watched the same way.
+Both ends of a cut go silent at once, so the loss may be named by the rank's own heartbeat: it
+exits with PEER_LOST_EXIT, which the head names (a stage's exit code is tested on its own below).
+Below too: a stage that exits behind a dark link does not hold the head's step to the op timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import replace
 import pytest
 from tcp_proxy import Relay
 
+from tandem.cluster.exits import PEER_LOST_EXIT
 from tandem.engine.executor import Step, StepSequence
 from tandem.engine.pp.head import PipelineFailedError
 from tandem.engine.pp.launch import launch_pipeline
@@ -126,7 +130,10 @@ def test_a_blackholed_link_is_seen_by_the_heartbeat_and_the_replay_gives_the_sam
         after, why = seen[0]
         print(f"{cut}: unhealthy {after:.2f} s after the cut: {why}")
         assert after <= BOUND_S < OP_TIMEOUT_S / 10, (after, why)
-        assert all(n in why for n in names), why
+        # both ends of a cut link go silent at once: the head's heartbeat names the loss, or the
+        # rank's own loses the head first and it exits with PEER_LOST_EXIT, which the head names
+        by_rank = f"code {PEER_LOST_EXIT} (its heartbeat lost" in why
+        assert all(n in why for n in names) or by_rank, why
         # the replay: the same tokens and text as the uninterrupted run
         assert completion.token_ids == want.token_ids
         assert completion.text == want.text
@@ -164,6 +171,79 @@ def test_a_blackholed_link_to_a_tp_rank_of_the_next_stage_is_reported_and_named(
         ), why
         with pytest.raises(PipelineFailedError, match="heartbeat"):
             ex.run(Step((StepSequence(0, (4,), 3),)))
+    finally:
+        ex.close()
+        relay.close()
+
+
+def test_a_stage_that_exits_behind_a_blackholed_link_does_not_hold_the_step_to_the_op_timeout(
+    tiny, monkeypatch
+) -> None:
+    """PP=2 with heartbeats off: the stage's links go dark, then the stage process exits (as one
+    whose own heartbeat lost the head does, before the head's heartbeat fires). The head sees the
+    exit and re-forms; closing the broken pipeline must wake the step still waiting on its dark
+    link (held open by the relay, as by a cut cable) instead of leaving it to the 60 s op timeout,
+    so the request is replayed and finishes with the uninterrupted text well inside that."""
+    import signal
+
+    import psutil
+
+    from tandem.cli.engine_factory import build_serving_engine
+
+    relay = Relay()
+    monkeypatch.setenv(ENV, relay.route("1"))
+    engine, close = build_serving_engine(
+        tiny, pp=2, max_seq_len=256, op_timeout=OP_TIMEOUT_S, heartbeat_timeout=0,
+        reform_timeout=OP_TIMEOUT_S,
+    )  # fmt: skip
+    try:
+        ref = _request(engine)
+        assert ref.wait(OP_TIMEOUT_S / 2), "the uninterrupted request hung"
+        want, error = ref.result["result"]
+        assert error is None, error
+        stages = [p for p in psutil.Process().children(recursive=True) if "stage" in p.cmdline()]
+        assert len(stages) == 1, stages
+
+        streamed: list = []
+        got = _request(engine, streamed)
+        while not streamed and not got.is_set():  # the generation is under way
+            time.sleep(0.005)
+        assert relay.blackhole() >= 2  # the head's link to the stage and the stage's link back
+        stages[0].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        assert got.wait(OP_TIMEOUT_S / 2), "the step waited on its dark link for the op timeout"
+        print(f"replayed and finished {time.monotonic() - t0:.2f} s after the stage exited")
+        completion, error = got.result["result"]
+        assert error is None, error
+        assert completion.token_ids == want.token_ids
+        assert engine.scheduler.executor.counts.reforms == 1
+    finally:
+        close()
+        relay.close()
+
+
+def test_a_stage_whose_head_falls_silent_exits_by_its_heartbeat_with_peer_lost_exit(
+    tiny, monkeypatch
+) -> None:
+    """The stage's side of a cut: PP=2 through `launch_pipeline`, every link of stage 1 through
+    the relay; the relay goes dark and the head's heartbeat watcher is closed (its close does not
+    cross the dark relay), so only the stage's heartbeat can see the silence. The stage declares
+    the head lost, leaves, and exits with PEER_LOST_EXIT (what a supervisor names as a heartbeat
+    loss, so a head that sees the exit before its own heartbeat fires still reports one), not 1."""
+    relay = Relay()
+    monkeypatch.setenv(ENV, relay.route("1"))
+    cfg = replace(get_preset("tiny-llama").config, num_hidden_layers=3)
+    ex = launch_pipeline(
+        tiny, plan_stages(cfg, (1, 1)), timeout=OP_TIMEOUT_S, heartbeat_timeout=HEARTBEAT_S,
+        max_seq_len=64,
+    )  # fmt: skip
+    try:
+        ex.run(Step((StepSequence(0, (1, 2, 3), 0),)))
+        (stage,) = ex.worker_procs
+        assert relay.blackhole() >= 3  # the head's link to the stage, its link back, its beat
+        ex._heartbeat.close()  # the head stops watching: the stage's heartbeat sees it first
+        stage.wait(OP_TIMEOUT_S / 2)
+        assert stage.returncode == PEER_LOST_EXIT, stage.returncode
     finally:
         ex.close()
         relay.close()

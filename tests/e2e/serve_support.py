@@ -119,10 +119,11 @@ def running(args: list[str], env: dict | None = None):
 
 
 @contextlib.contextmanager
-def relay_for_links(ranks: str):
+def relay_for_links(ranks: str, tcp_ring: bool = True):
     """A `tcp_proxy.Relay` (tests/distributed) and the environment that routes the links of
     `ranks` ("A" or "A-B", `tandem.transport.relay_seam`) through it, with same-host pairs kept
-    on TCP (TANDEM_SHM=0) so the ring's data crosses the relay too; yields (relay, env)."""
+    on TCP (TANDEM_SHM=0) so the ring's data crosses the relay too (`tcp_ring=False`: the rings
+    keep shared memory, for a cut of pipeline links only); yields (relay, env)."""
     distributed = str(Path(__file__).parents[1] / "distributed")
     if distributed not in sys.path:
         sys.path.append(distributed)
@@ -132,7 +133,7 @@ def relay_for_links(ranks: str):
 
     relay = Relay()
     try:
-        yield relay, {ENV: relay.route(ranks), "TANDEM_SHM": "0"}
+        yield relay, {ENV: relay.route(ranks), **({"TANDEM_SHM": "0"} if tcp_ring else {})}
     finally:
         relay.close()
 

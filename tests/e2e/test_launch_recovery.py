@@ -1,15 +1,21 @@
 """`tandem launch --tp 2` survives a SIGKILLed (then a SIGSTOPped) worker in the middle of 4
 streaming greedy requests: the head starts a new worker, re-forms the group under a new epoch,
 replays the sequences in flight, and every stream completes with the text of an uninterrupted run;
-so does `tandem launch --pp 2` with its stage process SIGKILLed, then SIGSTOPped, and
+so does `tandem launch --pp 2` with its stage process SIGKILLed, then SIGSTOPped, then its links
+blackholed, and
 `tandem launch --tp 2 --pp 2` with one of its stage processes SIGSTOPped, and `tandem launch
 --tp 2` whose worker's links are blackholed (a relay in the test keeps every connection open and
 forwards nothing, as a pulled cable or a firewall DROP rule would).
 The op timeout is 60 s, so the hung (SIGSTOPped) worker or stage, or the silent link, is seen by
 its heartbeat (`--heartbeat-timeout 2`): /health turns 503 naming it within 5 s, far below the op
 timeout.
-Real processes on loopback; timings are printed by scripts/bench/recovery.py; only that bound is
-asserted here."""
+A blackholed link of the pipeline's stage process, and of the grid's stage 1 TP rank 1, the same.
+Every drill also bounds each stream's silence across the fault by the heartbeat's detection bound
+plus the re-form it measured plus a replay's prefill and two steps of the quiet run
+(`fault_drill.pause_bound`): the streams waited for the loss to be seen and the group to re-form,
+not longer.
+Real processes on loopback; timings are printed by scripts/bench/recovery.py; only those bounds
+are asserted here."""
 
 import signal
 import time
@@ -17,7 +23,7 @@ import time
 import pytest
 from serve_support import make_model, metric, relay_for_links, running
 
-from tandem.bench.fault_drill import health, run_drill, worker_pids
+from tandem.bench.fault_drill import health, pause_bound, run_drill, worker_pids
 from tandem.cluster.exits import PEER_LOST_EXIT
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
@@ -45,8 +51,17 @@ def launched(model):
 
 
 @pytest.fixture(scope="module")
-def launched_pp(model):
-    yield from _launch(model, ["--tp", "1", "--pp", "2"])
+def relayed_pp(model):
+    """`tandem launch --pp 2` whose stage process's (rank 1's) links all run through a relay
+    (forwarding until a test blackholes them); yields (relay, (proc, base))."""
+    with relay_for_links("1") as (relay, env):
+        for up in _launch(model, ["--tp", "1", "--pp", "2"], env):
+            yield relay, up
+
+
+@pytest.fixture(scope="module")
+def launched_pp(relayed_pp):
+    return relayed_pp[1]
 
 
 def _server_pid(proc):
@@ -60,12 +75,16 @@ def _server_pid(proc):
 
 
 def _quiet(launched):
-    """The uninterrupted run's streams."""
+    """The uninterrupted run (its texts, and its step and prefill times under this load)."""
     proc, base = launched
     res = run_drill(base, _server_pid(proc), PROMPTS, max_tokens=MAX_TOKENS, sig=None)
     assert [s.error for s in res.streams] == [None] * 4
     assert all(s.finish_reason == "length" for s in res.streams)
-    return [s.text for s in res.streams]
+    return res
+
+
+def _texts(drill):
+    return [s.text for s in drill.streams]
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +93,18 @@ def quiet(launched):
 
 
 @pytest.fixture(scope="module")
-def launched_grid(model):
-    yield from _launch(model, ["--tp", "2", "--pp", "2"])
+def relayed_grid(model):
+    """`tandem launch --tp 2 --pp 2` whose stage 1 TP rank 1's (global rank 3's) pipeline links
+    (from stage 0, its beat to the head) run through a relay; its ring with stage 1's rank 0 keeps
+    shared memory. Yields (relay, (proc, base))."""
+    with relay_for_links("3", tcp_ring=False) as (relay, env):
+        for up in _launch(model, ["--tp", "2", "--pp", "2"], env):
+            yield relay, up
+
+
+@pytest.fixture(scope="module")
+def launched_grid(relayed_grid):
+    return relayed_grid[1]
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +140,15 @@ def _drill_replays_every_stream(launched, quiet, sig, workers: int = 1, fault=No
 
     assert drill.victim_pid in before and drill.in_flight_at_fault == 4
     assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
-    assert [s.text for s in drill.streams] == quiet
+    assert _texts(drill) == _texts(quiet)
     assert all(s.finish_reason == "length" for s in drill.streams)
     # /health: 503 saying why while the group re-formed, 200 once it had
     assert drill.detect_s is not None and drill.whole_s is not None
+    # the streams paused for the detection and the re-form (and the replay's prefill), no longer
+    bound = pause_bound(drill, quiet, HEARTBEAT_S)
+    print(f"pauses {[round(p, 2) for p in drill.pauses]} s, bound {bound:.2f} s (503 at "
+          f"{drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s)")  # fmt: skip
+    assert 0 < max(drill.pauses) <= bound, (drill.pauses, bound, drill.detect_s, drill.whole_s)
     reasons = {detail for _, code, detail in drill.health if code == 503}
     assert all(r.startswith("re-forming") for r in reasons), reasons
     assert health(base)[0] == 200 and proc.poll() is None
@@ -149,18 +183,9 @@ def test_sigstopped_tp_worker_mid_stream_is_seen_by_its_heartbeat_and_replaced(l
 def test_a_blackholed_tp_worker_link_mid_stream_is_seen_by_its_heartbeat_and_replaced(relayed):
     relay, launched = relayed
     assert len(relay.destinations) >= 4, relay.destinations  # ring links and heartbeats
-    cut: list[int] = []
-    drill, reasons = _drill_replays_every_stream(
-        launched, _quiet(launched), None, fault=lambda _pid: cut.append(relay.blackhole())
-    )
-    assert cut and cut[0] >= 4, cut
+    drill, reasons = _blackhole_drill(relay, launched, links=4, workers=1)
     print(f"launch tp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
-    # both ends of a cut link go silent at once: the head's heartbeat loses rank 1, or rank 1's
-    # loses the head first and the worker exits with PEER_LOST_EXIT, which the head names
-    by_head = any("rank 1 is lost" in r and "heartbeat" in r for r in reasons)
-    by_worker = any(f"code {PEER_LOST_EXIT} (its heartbeat lost" in r for r in reasons)
-    assert by_head or by_worker, reasons
+    assert _lost_by_a_heartbeat(reasons, 1, ""), reasons
 
 
 # ~70 s on 2 shared cores: its own `tandem launch` (a head and a stage process), then a new stage
@@ -190,6 +215,51 @@ def test_a_sigstopped_grid_rank_mid_stream_is_seen_by_its_heartbeat_and_replaced
     drill, reasons = _drill_replays_every_stream(launched_grid, quiet, signal.SIGSTOP, workers=3)
     assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
     assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
+
+
+def _lost_by_a_heartbeat(reasons, rank: int, where: str) -> bool:
+    """Both ends of a cut link go silent at once: the head's heartbeat loses `rank`, or a rank's
+    own heartbeat loses its peer first and it exits with PEER_LOST_EXIT, which the head names."""
+    by_head = any(f"rank {rank} is lost" in r and "heartbeat" in r and where in r for r in reasons)
+    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat lost" in r for r in reasons)
+    return by_head or by_rank
+
+
+def _blackhole_drill(relay, launched, links: int, workers: int):
+    cut: list[int] = []
+    drill, reasons = _drill_replays_every_stream(
+        launched, _quiet(launched), None, workers=workers,
+        fault=lambda _pid: cut.append(relay.blackhole()),
+    )  # fmt: skip
+    assert cut and cut[0] >= links, (cut, relay.destinations)
+    assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
+    return drill, reasons
+
+
+# ~25 s past the shared `launch --pp 2`: a quiet run, the cut seen by a heartbeat, a new stage
+# over new (forwarded) connections
+@pytest.mark.slow
+def test_a_blackholed_pipeline_stage_link_mid_stream_is_seen_by_its_heartbeat_and_replaced(
+    relayed_pp,
+):
+    relay, launched = relayed_pp
+    # the head's link to the stage, the stage's link back, the stage's beat to the head
+    drill, reasons = _blackhole_drill(relay, launched, links=3, workers=1)
+    print(f"launch pp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
+    assert _lost_by_a_heartbeat(reasons, 1, "(stage 1)"), reasons
+
+
+# ~30 s past the shared grid: stage 1's TP rank 1 cut off from stage 0 and the head, the grid
+# re-formed over new (forwarded) connections
+@pytest.mark.slow
+def test_a_blackholed_grid_rank_link_mid_stream_is_seen_by_its_heartbeat_and_replaced(
+    relayed_grid,
+):
+    relay, launched = relayed_grid
+    # stage 0's link to rank 3 and rank 3's beat to the head
+    drill, reasons = _blackhole_drill(relay, launched, links=2, workers=3)
+    print(f"launch grid blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
+    assert _lost_by_a_heartbeat(reasons, 3, "(stage 1, TP"), reasons
 
 
 # ~15 s past the shared launch: the attack is held through one HTTP request-read deadline (10 s)
@@ -222,7 +292,7 @@ def test_slow_drip_on_every_port_and_a_flood_leave_the_generation_and_the_memory
     t_attack = time.monotonic()
     drill = run_drill(base, server, PROMPTS, max_tokens=MAX_TOKENS, sig=None, timeout_s=120)
     assert [s.error for s in drill.streams] == [None] * 4
-    assert [s.text for s in drill.streams] == quiet
+    assert _texts(drill) == _texts(quiet)
     assert {code for _, code, _ in drill.health} == {200}  # /health answered throughout
     # the HTTP flood is held within its cap, then cut at the request-read deadline, as are drips
     held = floods[http_port].open_count()

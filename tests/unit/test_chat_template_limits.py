@@ -146,3 +146,44 @@ def test_the_api_answers_a_template_past_its_limit_with_a_400_naming_it():
     finally:
         sched.stop()
         r.close()
+
+
+def test_limits_given_to_launch_reach_serve_bound_the_render_and_the_400_names_the_set_value():
+    """`launch --template-output-limit 4000 --template-time-limit 2` reaches the `tandem serve` it
+    runs; there a template writing 5,000 characters (within the default 8 Mi) is answered 400
+    naming the limit as set, and the probe at start refuses it too. Flags left out keep their
+    documented defaults; a non-positive one is refused by the parser."""
+    from tandem.cli.launch import serve_argv
+    from tandem.cli.main import build_parser
+    from tandem.cli.serve import template_limits
+
+    parser = build_parser()
+    given = ["--template-output-limit", "4000", "--template-time-limit", "2"]
+    launched = parser.parse_args(["launch", *given])
+    served = parser.parse_args(serve_argv(launched, Path("m.gguf"))[3:])
+    limits = template_limits(served)
+    assert limits == TemplateLimits(seconds=2.0, output_chars=4000)  # memory at its default
+    assert template_limits(parser.parse_args(["serve"])) == TemplateLimits()
+    for flag, bad in (("--template-time-limit", "0"), ("--template-output-limit", "-5")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", flag, bad])
+
+    five_thousand = "{% for i in range(1000) %}{{ '12345' }}{% endfor %}"
+    tok = Tokenizer(build_byte_bpe(64), {"chat_template": five_thousand}, Path("model"))
+    assert len(tok.apply_chat_template(HI)) == 5000  # the default output limit lets it through
+    tok.template_limits = limits
+    with pytest.raises(TemplateLimitError, match=r"output limit \(4000 characters\)"):
+        tok.check_chat_template()
+    sched = Scheduler(HistoryExecutor(vocab=128, span=26, offset=97))
+    sched.start()
+    engine = ServingEngine(sched, CharTokenizer(), "m", chat_template=tok.apply_chat_template)
+    try:
+        with TestClient(create_app(engine)) as c:
+            resp = c.post("/v1/chat/completions", json={"model": "m", "messages": HI})
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["code"] == "chat_template_limit" and err["param"] == "messages"
+            assert "output limit (4000 characters)" in err["message"]
+    finally:
+        sched.stop()
+        tok.close()

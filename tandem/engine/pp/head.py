@@ -263,11 +263,16 @@ class PipelineExecutor:
         ).as_dict()  # fmt: skip
 
     def close(self) -> None:
-        """Stops every stage (STOP travels the whole ring and back) and closes the links."""
+        """Stops every stage (STOP travels the whole ring and back) and closes the links. A
+        pipeline that is not whole (a stage process exited, a rank was lost) gets no STOP, which
+        would wait on a ring that cannot carry it, and its links are shut down before they close,
+        so a step still waiting on one wakes now: a link held open and silent (a cut cable whose
+        far end exited) would otherwise hold that step until the op timeout."""
         if self._heartbeat is not None:
             self._heartbeat.close()  # a closed heartbeat connection is not a loss to a stage
+        whole = self._state()[0] == "whole"
         try:
-            if self._failed is None and self._lost is None and self.to_next:
+            if whole and self.to_next:
                 stop = pp.encode(StageMessage(pp.KIND_STOP))
                 pp.send_to_all(self.to_stage0_peers, stop)
                 pp.send_to_all(self.to_next, stop)
@@ -279,9 +284,13 @@ class PipelineExecutor:
         except (StageLinkError, pp.StageMessageError):
             pass
         finally:
-            for link in (*self.to_stage0_peers, *self.to_next, self.from_last):
-                if link is not None:
-                    link.close()
+            links = [x for x in (*self.to_stage0_peers, *self.to_next, self.from_last) if x]
+            for link in links:
+                shutdown = getattr(link, "shutdown", None)
+                if shutdown is not None:
+                    shutdown()  # wakes a thread waiting on it, which close() alone does not
+            for link in links:
+                link.close()
             if self._on_close is not None:
                 self._on_close()
 

@@ -116,15 +116,17 @@ def _secret() -> bytes | None:
     return s.encode() if s else None
 
 
-def _cut(links: StageLinks, e: PeerLostError) -> None:
-    """A peer is lost (on the heartbeat thread). The head: shut every link down, so the stage loop
-    wakes from its wait and leaves (`serve_stage` raises StageLinkError). A neighbour stage: the
-    heartbeat has reported it to the head, which ends the group; the links stay as they are, so
-    the head's reason is the loss, not this stage leaving."""
+def _cut(links: StageLinks, e: PeerLostError, lost: list[PeerLostError]) -> None:
+    """A peer is lost (on the heartbeat thread). The head: noted in `lost`, and every link shut
+    down, so the stage loop wakes from its wait and leaves (`serve_stage` raises StageLinkError,
+    raised again with the loss as its cause). A neighbour stage: the heartbeat has reported it to the head,
+    which ends the group; the links stay as they are, so the head's reason is the loss, not this
+    stage leaving."""
     if e.rank != 0:
         logging.getLogger(__name__).error("reported to the head: %s", e)
         return
     logging.getLogger(__name__).error("the head is lost, leaving: %s", e)
+    lost.append(e)
     for link in (links.upstream, *links.downstream):
         shutdown = getattr(link, "shutdown", None)
         if shutdown is not None:
@@ -215,16 +217,25 @@ def run_stage(args: StageOptions) -> int:
         raise box["err"]
     links = StageLinks(upstream=box["up"], downstream=downstream, to_head=args.last)
     beat = None
+    lost: list[PeerLostError] = []  # the head, lost by this process's heartbeat (`_cut`)
     if args.beat and args.heartbeat_timeout > 0:
         channels = [dial_beat(terms, args.rank, args.beat)]
         channels += _link_beats(args, terms, host, links, addrs)
         beat = Heartbeat(
-            args.rank, channels, args.heartbeat_timeout, lambda e: _cut(links, e), report_to=0
+            args.rank,
+            channels,
+            args.heartbeat_timeout,
+            lambda e: _cut(links, e, lost),
+            report_to=0,
         )
     try:
         serve_stage(
             runner, links, name=name, wire_dtype=args.wire_dtype, idle_timeout=args.idle_timeout
         )
+    except Exception as err:
+        if lost:  # the heartbeat cut the links: the loss is why this stage leaves, and its exit
+            raise err from lost[0]  # code says so (PEER_LOST_EXIT, `cluster.exits`)
+        raise
     finally:
         if beat is not None:
             beat.close()
