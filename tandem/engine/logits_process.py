@@ -173,10 +173,11 @@ class SequenceSampler:
         p = self.params
         return not p.greedy or p.shapes_logits or p.logprobs is not None or self.mask is not None
 
-    def process(self, row: np.ndarray) -> np.ndarray:
-        """`row` with the mask, the bias and the penalties applied: a float64 copy, or `row`
-        itself when none applies."""
-        allowed = self.mask.allowed() if self.mask is not None else None
+    def process(self, row: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+        """`row` with the mask (`allowed`, else asked of the mask now), the bias and the
+        penalties applied: a float64 copy, or `row` itself when none applies."""
+        if allowed is None and self.mask is not None:
+            allowed = self.mask.allowed()
         if allowed is None and not self.params.shapes_logits:
             return row
         if allowed is not None:
@@ -197,7 +198,13 @@ class SequenceSampler:
             token, logprobs = int(result.token_ids[row]), None
         else:
             assert result.logits is not None
-            x = self.process(float_row(result.logits[row]))
+            raw = float_row(result.logits[row])
+            allowed = self.mask.allowed() if self.mask is not None else None
+            token = self._greedy_allowed(raw, allowed)
+            if token is not None:
+                self.accept(token)
+                return token, None
+            x = self.process(raw, allowed)
             token = sample_row(x, self.params, self.generator)
             logprobs = None
             if self.params.logprobs is not None:
@@ -206,6 +213,20 @@ class SequenceSampler:
                 logprobs = TokenLogprobs(token, float(lp[token]), top)
         self.accept(token)
         return token, logprobs
+
+    def _greedy_allowed(self, row: np.ndarray, allowed: np.ndarray | None) -> int | None:
+        """The greedy choice under a mask alone (no bias, penalty or logprobs), read without
+        the masked float64 copy of the row: the row's argmax t (its lowest id among ties) where
+        the mask allows it, which is the masked row's argmax too (an allowed id below t would
+        hold a smaller logit). None, for the whole path, where the mask rules t out or the
+        logit is not finite."""
+        p = self.params
+        if allowed is None or not p.greedy or p.shapes_logits or p.logprobs is not None:
+            return None
+        t = int(np.argmax(row))
+        if t < len(allowed) and allowed[t] and np.isfinite(row[t]):
+            return t
+        return None
 
     def accept(self, token: int) -> None:
         """Records `token` as this sequence's next (history and mask)."""

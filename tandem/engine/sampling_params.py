@@ -43,7 +43,7 @@ class SamplingParams:
     the output holds, times its count / once. `repetition_penalty` (transformers', llama.cpp's):
     the logit of each token among the last `repetition_window` tokens of prompt + output (0: all of
     them) divided by it where positive, multiplied by it where negative. `logit_bias`: (token id,
-    bias) pairs added to the logits. `logprobs`: None, or how many of the most likely tokens to
+    bias) pairs added to the logits (-inf: the token is never drawn, llama.cpp's `false`). `logprobs`: None, or how many of the most likely tokens to
     report beside the chosen one (0..20). `choice`: which of the n choices of one request this is;
     each draws from its own stream of the same seed."""
 
@@ -112,9 +112,9 @@ class SamplingParams:
             )
         lo, hi = LOGIT_BIAS_RANGE
         for token, bias in self.logit_bias:
-            if token < 0 or not lo <= bias <= hi:
+            if token < 0 or not (lo <= bias <= hi or bias == -math.inf):
                 raise SamplingParamsError(
-                    f"logit_bias {{{token}: {bias}}}: ids are >= 0, biases in [{lo}, {hi}]"
+                    f"logit_bias {{{token}: {bias}}}: ids are >= 0, biases in [{lo}, {hi}] or -inf"
                 )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise SamplingParamsError(

@@ -342,15 +342,18 @@ def _params(
 
 
 def _usage(done: list[Completion]) -> dict[str, Any]:
-    """OpenAI's usage object: the prompt once, every choice's tokens; `cached_tokens`: the prompt
-    tokens the prefix cache held (not prefilled) for the first choice."""
+    """OpenAI's usage object, one per request whatever `n`: the prompt once, every choice's
+    tokens. `cached_tokens`: the prompt positions no choice of the request prefilled. Choice i
+    prefills positions [cached_i, P) (the rest it took from the prefix cache or copied from a
+    sibling that prefilled them), so the request prefilled their union [min_i cached_i, P) and
+    reused the first min_i cached_i from earlier requests."""
     prompt = done[0].prompt_tokens
     completion = sum(c.completion_tokens for c in done)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": done[0].cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": min(c.cached_tokens for c in done)},
     }
 
 

@@ -49,17 +49,13 @@ def add_llamacpp(app: FastAPI, engine: ServingEngine) -> None:
     """Registers llama.cpp's native routes on `app`."""
 
     async def completion(body: LlamaCompletionRequest):
-        if body.model is not None and body.model != engine.model_name:
-            raise APIError(
-                404, f"this server serves `{engine.model_name}`", param="model", code="not_found"
-            )
         body.refuse_unsupported()
         prompt = body.prompt_text_or_ids()
         if isinstance(prompt, list):
             prompt_ids = prompt
         else:  # off the event loop, as the OpenAI routes tokenize
             prompt_ids = await asyncio.to_thread(engine.encode, prompt)
-        params = body.sampling_params(len(prompt_ids), engine.max_seq_len)
+        params = body.sampling_params(len(prompt_ids), engine.max_seq_len, engine.tokenizer.encode)
         if body.stream and body.return_tokens and params.logprobs is None:
             # a piece's ids travel with its logprobs: ask for none beside the chosen token
             params = dataclasses.replace(params, logprobs=0)

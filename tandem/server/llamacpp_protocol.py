@@ -14,7 +14,11 @@ mapped onto tandem's `SamplingParams`, with llama.cpp's defaults where a field i
     repeat_last_n      repetition_window (-1: all, 0: off)         64
     presence_penalty, frequency_penalty  as OpenAI's              0.0
     logit_bias         [[id, bias], ...] or {"id": bias}, bias in [-100, 100] (added to the
-                       logit, as OpenAI's); llama.cpp's `false` (never) and text keys: a 400
+                       logit, as OpenAI's) or `false` (the token never drawn: -inf, as
+                       llama.cpp); an id given as text biases each token of the text (tokenized
+                       without special tokens, as llama.cpp); `true`, which llama.cpp skips, and
+                       an id outside the vocabulary, which it drops, are a 400
+    model              ignored, as llama-server ignores it (the answer names the served model)
     ignore_eos, stream, grammar (GBNF), json_schema, n_probs (top logprobs per token),
     cache_prompt (false: the whole prompt is prefilled), return_tokens
 
@@ -26,6 +30,7 @@ naming them unless given their off value; any other field llama.cpp does not def
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -133,8 +138,11 @@ class LlamaCompletionRequest(BaseModel):
             )
         return tuple(items)
 
-    def sampling_params(self, prompt_tokens: int, max_seq_len: int) -> SamplingParams:
-        """The request as SamplingParams; a 400 naming the field for a value out of range."""
+    def sampling_params(
+        self, prompt_tokens: int, max_seq_len: int, encode: Callable[[str], list[int]]
+    ) -> SamplingParams:
+        """The request as SamplingParams (`encode`: text to token ids without special tokens, for
+        `logit_bias`'s text ids); a 400 naming the field for a value out of range."""
         if prompt_tokens >= max_seq_len:
             raise APIError(
                 400,
@@ -165,34 +173,39 @@ class LlamaCompletionRequest(BaseModel):
                 presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty,
                 logprobs=self.n_probs or None,
-                logit_bias=self.bias_pairs(),
+                logit_bias=self.bias_pairs(encode),
             )
         except SamplingParamsError as e:
             field = str(e).split(" ", 1)[0]
             names = {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"}
             raise APIError(400, str(e), param=names.get(field, field)) from e
 
-    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
-        """`logit_bias` as (id, bias) pairs, a later entry for an id replacing an earlier; a 400
-        for what is not an id and a number (llama.cpp's `false` included)."""
+    def bias_pairs(self, encode: Callable[[str], list[int]]) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (id, bias) pairs, a later entry for an id replacing an earlier: a
+        number is added to the logit, `false` bans the token (-inf); a text id (not digits) is
+        `encode`d and each of its tokens takes the bias. A 400 for anything else."""
         v = self.logit_bias
         items = list(v.items()) if isinstance(v, dict) else [tuple(x) for x in v or []]
         if len(items) > MAX_LOGIT_BIAS:
             raise APIError(400, f"logit_bias: at most {MAX_LOGIT_BIAS} tokens", param="logit_bias")
         out: dict[int, float] = {}
         for item in items:
-            ok = len(item) == 2 and not isinstance(item[1], bool)
             token, bias = item if len(item) == 2 else (None, None)
+            if bias is False:
+                bias = -math.inf
             if isinstance(token, str) and token.isascii() and token.isdigit():
                 token = int(token)
-            if not ok or not isinstance(token, int) or not isinstance(bias, (int, float)):
+            ids = encode(token) if isinstance(token, str) and token else [token]
+            if not all(isinstance(t, int) for t in ids) or not _a_bias(bias):
                 raise APIError(
                     400,
-                    f"logit_bias entries are [token id, bias] with a number in [-100, 100] "
-                    f"(tandem takes no `false` and no text), got {list(item)!r}",
+                    f"logit_bias entries are [token id or text, bias] with a number in "
+                    f"[-100, 100] or false, got {list(item)!r}",
                     param="logit_bias",
                 )
-            out[token] = float(bias)
+            out.update((t, float(bias)) for t in ids)
+        if len(out) > MAX_LOGIT_BIAS:
+            raise APIError(400, f"logit_bias: at most {MAX_LOGIT_BIAS} tokens", param="logit_bias")
         return tuple(out.items())
 
     def settings(self) -> dict[str, Any]:
@@ -202,6 +215,11 @@ class LlamaCompletionRequest(BaseModel):
         out = {k: getattr(self, k) for k in keep}
         out.update(stop=list(self.stop_strings()), stream=self.stream)
         return out
+
+
+def _a_bias(b: Any) -> bool:
+    """A number (not a bool: `true` has no meaning in llama.cpp, which skips it) or -inf."""
+    return (isinstance(b, (int, float)) and not isinstance(b, bool)) or b == -math.inf
 
 
 class TokenizeRequest(BaseModel):

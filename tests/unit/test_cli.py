@@ -105,14 +105,20 @@ def test_cache_mem_counts_the_kv_blocks_of_the_executors_dtype():
     cfg = get_preset("tiny-qwen3").config
 
     class Ex:  # what cache_block reads of an executor
-        def __init__(self, dtype):
-            self.dtype = dtype
+        def __init__(self, *dtypes):
+            self.dtypes = dtypes
 
         def describe(self):
-            return {"ranks": [{"dtype": self.dtype}]}
+            return {"ranks": [{"dtype": d} for d in self.dtypes]}
 
     f32, bf16 = cache_block(Ex("float32"), cfg), cache_block(Ex("bfloat16"), cfg)
     assert f32.tokens * cfg.head_dim * 4 % 4096 == 0  # a block is whole pages of one head
     assert bf16.tokens == 2 * f32.tokens  # the same page, half the bytes a position
     assert f32.bytes == sequence_cache_bytes(cfg, f32.tokens, 4)["kv"] == bf16.bytes
     assert f32.entry_bytes == 0  # no recurrent layer
+    # a float32 head beside a bf16 rank: the bf16 rank's longer blocks at float32's bytes, so
+    # a block counted shared is shared on both and the count bounds what they hold
+    mixed = cache_block(Ex("float32", "bfloat16"), cfg)
+    assert mixed == cache_block(Ex("bfloat16", "float32"), cfg)
+    assert mixed.tokens == bf16.tokens
+    assert mixed.bytes == sequence_cache_bytes(cfg, bf16.tokens, 4)["kv"] == 2 * f32.bytes

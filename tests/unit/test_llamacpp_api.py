@@ -2,7 +2,8 @@
 the serving stack on a history-driven executor: the same greedy text as /v1/completions, streamed
 or not; why it stopped (eos, word, limit); the grammar and JSON schema constraining it; the top
 logprobs; `cache_prompt: false` prefilling the whole prompt; `logit_bias` in both of llama.cpp's
-forms; every field tandem does not honour a 400 naming it; and the routes behind the API key."""
+forms, `false` and text ids too; another model's name ignored; every field tandem does not
+honour a 400 naming it; and the routes behind the API key."""
 
 import json
 
@@ -110,6 +111,21 @@ def test_logit_bias_in_either_of_llama_cpp_s_forms_moves_the_greedy_choice(clien
         assert r["content"] == "zzzz"
 
 
+def test_logit_bias_false_bans_a_token_and_text_ids_bias_each_of_their_tokens(client):
+    """llama.cpp's `false` (never) takes the greedy token's place; a text key biases every token
+    of the text, so "zy" at +100 writes only z and y; another model's name is ignored."""
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "model": "not-this-one"}
+    plain = client.post("/completion", json=body).json()
+    assert plain["model"] == MODEL
+    first = ord(plain["content"][0])
+    for bias in ([[first, False]], {str(first): False}):
+        banned = client.post("/completion", json={**body, "logit_bias": bias}).json()["content"]
+        assert chr(first) not in banned and len(banned) == 6
+    for bias in ([["zy", 100]], {"zy": 100}):
+        text = client.post("/completion", json={**body, "logit_bias": bias}).json()["content"]
+        assert set(text) <= {"z", "y"} and len(text) == 6
+
+
 def test_cache_prompt_false_prefills_the_whole_prompt():
     sched, engine = _engine()
     with TestClient(create_app(engine)) as c:
@@ -137,9 +153,10 @@ def test_cache_prompt_false_prefills_the_whole_prompt():
         ({"json_schema": {"type": "no-such"}}, "json_schema"),
         ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
         ({"prompt": [1, "two"]}, "prompt"),
-        ({"logit_bias": [[65, False]]}, "logit_bias"),
+        ({"logit_bias": [[65, True]]}, "logit_bias"),
         ({"logit_bias": [[65, 500]]}, "logit_bias"),
-        ({"logit_bias": {"A": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"A": "up"}}, "logit_bias"),
+        ({"logit_bias": [[300, False]]}, "logit_bias"),
         ({"prompt": [300]}, None),
     ],
 )

@@ -261,6 +261,29 @@ def test_a_mask_sets_minus_inf_exactly_where_it_disallows_sparse_or_dense(seed, 
     assert got.dtype == np.float64 and np.array_equal(got, want)
 
 
+@settings(max_examples=200, deadline=None)
+@given(row=arrays(np.float32, VOCAB, elements=st.sampled_from([-np.inf, -1.0, 0.0, 7.0, np.nan])),
+       keep=arrays(np.bool_, st.integers(1, VOCAB)))  # fmt: skip
+def test_a_masked_greedy_choice_is_the_argmax_of_the_masked_row(row, keep):
+    # few distinct values: ties everywhere, -inf and NaN, a mask shorter than the row; the
+    # quick read of an allowed argmax and the masked copy's argmax give one token, or one error
+    class Fixed(OnlyMask):
+        def allowed(self):
+            return keep
+
+    def choose(sampler):
+        try:
+            return sampler.choose(_logits(row), 0)[0]
+        except SamplingError as e:
+            return type(e)
+
+    greedy = SequenceSampler(SamplingParams(temperature=0), [0], Fixed([]))
+    masked = row.astype(np.float64)
+    masked[np.flatnonzero(~np.concatenate([keep, np.zeros(VOCAB - len(keep), bool)]))] = -np.inf
+    want = int(np.argmax(masked)) if keep.any() else SamplingError
+    assert choose(greedy) == want
+
+
 def test_greedy_ids_are_refused_for_a_row_that_needs_its_logits():
     ids = StepResult(token_ids=np.array([3]))
     assert SequenceSampler(SamplingParams(temperature=0.0), [0]).choose(ids, 0) == (3, None)

@@ -219,3 +219,32 @@ def test_without_a_prefix_cache_metrics_leave_its_series_out_and_usage_says_zero
     assert r["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert "tandem_prefix_cache" not in client.get("/metrics").text
     assert client.get("/v1/cluster").json()["prefix_cache"] is None
+
+
+@pytest.mark.parametrize("whole_only", [False, True])
+def test_n_choices_report_one_usage_whose_cached_tokens_no_choice_prefilled(whole_only):
+    """n=3 continuing a kept entry: choice 0 takes it over (`held` positions cached); choices 1
+    and 2 copy choice 0's prompt, or, where the executor copies only whole sequences (a hybrid's
+    rule), prefill it all again. The request reports the positions none of them prefilled."""
+    from tandem.engine.prefix_cache import BlockSize, PrefixCache
+
+    ex = HistoryExecutor(vocab=128, span=26, offset=97, max_seq_len=256, rewind=True,
+                         whole_only=whole_only)  # fmt: skip
+    sched = Scheduler(ex, prefix_cache=PrefixCache(min_tokens=16, block=BlockSize(16, 1000)))
+    sched.start()
+    engine = ServingEngine(sched, CharTokenizer(), MODEL)
+    prompt = "a system prompt of some forty characters."
+    try:
+        with TestClient(create_app(engine)) as c:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0}
+            first = c.post("/v1/completions", json=body).json()
+            held = len(prompt) + 4  # the fifth generated token was never fed
+            body["prompt"] = prompt + first["choices"][0]["text"] + " next"
+            three = c.post("/v1/completions", json={**body, "n": 3}).json()
+            assert len({ch["text"] for ch in three["choices"]}) == 1
+            usage = three["usage"]
+            assert usage["prompt_tokens"] == len(body["prompt"])  # once, not per choice
+            assert usage["completion_tokens"] == 3 * 5
+            assert usage["prompt_tokens_details"] == {"cached_tokens": 0 if whole_only else held}
+    finally:
+        sched.stop()
