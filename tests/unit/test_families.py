@@ -56,6 +56,39 @@ def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_pat
     assert got == want
 
 
+def test_a_qwen35_files_layer_pattern_is_a_bool_per_layer_as_llama_cpp_reads_it(tmp_path):
+    """llama.cpp's converter writes `qwen35.attention.recurrent_layers` (a bool per layer, from
+    layer_types) and llama.cpp reads it before `full_attention_interval`: tandem writes it for
+    every pattern (the interval too where the pattern is one) and reads it first, so a pattern
+    that is not every n-th layer round-trips; a list of the wrong length is refused."""
+    import gguf
+
+    config = PRESETS["tiny-qwen35"].config
+    for linear, interval in (((0, 1, 2), 4), ((0, 2, 3), None)):
+        c = replace(config, deltanet=replace(config.deltanet, linear_layers=linear))
+        _, (file,) = write_preset_gguf(tmp_path / f"{linear}.gguf", "tiny-qwen35", "F32", config=c)
+        fields = gguf.GGUFReader(file).fields
+        assert fields["qwen35.attention.recurrent_layers"].contents() == [
+            i in linear for i in range(4)
+        ]
+        stated = fields.get("qwen35.full_attention_interval")
+        assert (stated.contents() if stated else None) == interval
+        assert GGUFModel(file).config.deltanet.linear_layers == linear
+    w = gguf.GGUFWriter(tmp_path / "short.gguf", "qwen35")
+    _, (good,) = write_preset_gguf(tmp_path / "good.gguf", "tiny-qwen35", "F32")
+    reader = gguf.GGUFReader(good)
+    for k, f in reader.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        value = [True, False] if k == "qwen35.attention.recurrent_layers" else f.contents()
+        w.add_key_value(k, value, f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(ConfigError, match="recurrent_layers has 2 values for 4 layers"):
+        GGUFModel(tmp_path / "short.gguf")
+
+
 def test_a_qwen2moe_file_renormalises_the_top_k_only_where_it_says_so(tmp_path):
     """llama.cpp never renormalises qwen2moe's top k, so a file stating no expert_weights_norm
     reads with it off; a Qwen2-MoE with norm_topk_prob on is written saying so."""
