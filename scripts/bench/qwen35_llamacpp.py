@@ -1,5 +1,5 @@
 """The Qwen3.5 hybrid (GGUF `qwen35`, `qwen35moe`) against llama.cpp on files llama.cpp's own
-converter wrote: tandem's greedy ids against llama.cpp's (`llama-simple`) on the same file.
+converter wrote: tandem's greedy ids against llama.cpp's (`llama-completion`) on the same file.
 
     PYTHONSAFEPATH=1 PYTHONPATH=. .venv/bin/python scripts/bench/qwen35_llamacpp.py \\
         [--shapes qwen35,qwen35moe] [--types F32,Q8_0,Q4_K_M] [--tokens 32] [--prompts 5,23,64]
@@ -13,14 +13,17 @@ prompt of ids passes llama.cpp's tokenizer as those ids), then `llama-quantize`d
 Q4_K_M. `--writer-check` also writes the HF folder with tandem's writer (F32) and names the
 tensors and keys where that file and the converter's differ. The same files serve `vs_llamacpp.py --qwen35 --qwen35moe` (decode and prefill speed).
 
-Per file and prompt (`--prompts`: random ids, by default 5, 23 and 64 long): llama-simple's greedy
+Per file and prompt (`--prompts`: random ids, by default 5, 23 and 64 long): llama.cpp's greedy
 continuation of `--tokens` ids, then tandem (the executor `tandem generate --device cpu` takes:
 the torch-free path for a quantized file, the torch path for F32) stepped along llama.cpp's
-sequence, one token a step after the prompt's prefill, taking its logits. Prints how many leading
-ids tandem's greedy choice equals llama.cpp's (a free-running tandem decode would give exactly
-those), and for each step where they part, the gap in tandem's logits between its choice and
-llama.cpp's: a divergence where that gap is within the two engines' rounding of the same
-weights (quantized activations, summation order) is a near-tie, not a layout error.
+sequence, one token a step after the prompt's prefill, taking its logits; for a quantized file
+also the exact path along it (tandem's torch path on its reference modules: the file's blocks
+dequantized, float32 products, no int8 activations). Prints how many leading ids tandem's greedy
+choice equals llama.cpp's (a free-running tandem decode would give exactly those), how often each
+engine's choice is the exact path's argmax, tandem's largest logit distance from the exact path
+(the rounding its int8 activations add: llama.cpp's q8 activations add their own), and, where
+tandem and llama.cpp part, the exact logits' gap from tandem's choice to llama.cpp's: a gap
+within that rounding is a near-tie, not a layout error.
 """
 
 from __future__ import annotations
@@ -81,50 +84,82 @@ def qwen35_files(work: Path, cpp: Path, shape: str, types) -> dict:
                       convert_args=("--no-mtp",), vocab="ids")  # fmt: skip
 
 
-def llama_greedy(cpp: Path, f: Path, prompt: list[int], tokens: int) -> list[int]:
-    """llama-simple's greedy continuation of `prompt` (ids) on `f`, as ids."""
+def llama_greedy(cpp: Path, f: Path, prompt: list[int], tokens: int, threads: int) -> list[int]:
+    """llama.cpp's greedy continuation of `prompt` (ids) on `f`, as ids: `llama-completion` at
+    temperature 0 (the argmax), weights not repacked (the repacked AMX paths die with SIGILL /
+    SIGSEGV on this VM, as llama-bench's prefill does)."""
     text = "".join(f"<|{i}|>" for i in prompt)
     out = subprocess.run(
-        [str(cpp / "bin" / "llama-simple"), "-m", str(f), "-n", str(tokens), text],
+        [str(cpp / "bin" / "llama-completion"), "-m", str(f), "-p", text, "-n", str(tokens),
+         "--temp", "0", "--no-repack", "-t", str(threads), "-c", str(len(prompt) + tokens + 8),
+         "-no-cnv", "--no-warmup", "--ignore-eos"],
         capture_output=True, text=True, env=dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin")),
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
     if out.returncode != 0:
-        raise SystemExit(f"llama-simple failed ({out.returncode}) on {f}: {out.stderr[-800:]}")
+        raise SystemExit(f"llama-completion failed ({out.returncode}) on {f}: {out.stderr[-800:]}")
     ids = [int(x) for x in re.findall(r"<\|(\d+)\|>", out.stdout)]
     if ids[: len(prompt)] != prompt:  # it echoes the prompt as it tokenized it
         raise SystemExit(f"llama.cpp tokenized the prompt as {ids[: len(prompt) + 1]}")
     return ids[len(prompt) :]
 
 
-def tandem_along(f: Path, prompt: list[int], theirs: list[int], threads: int):
-    """tandem's logits along prompt + `theirs`: per step, (its argmax, its logit gap from that
-    choice to theirs' id), and the executor's path."""
+def tandem_along(f: Path, prompt: list[int], theirs: list[int], threads: int, exact: bool):
+    """tandem's logits (float64, one row a step) along prompt + `theirs`, and the executor's
+    path: the one `tandem generate --device cpu` takes, or with `exact` the torch path on its
+    reference modules (the file's blocks dequantized, float32 products: no activation rounding)."""
     import numpy as np
 
     from tandem.engine.executor import Step, StepSequence
     from tandem.engine.lean import lean_executor_for
 
     n = len(prompt) + len(theirs) + 1
-    ex = lean_executor_for(f, device="cpu", max_batch=1, max_seq_len=n, threads=threads)
-    path = "lean"
+    ex, path = None, "exact"
+    if not exact:
+        ex, path = (
+            lean_executor_for(f, device="cpu", max_batch=1, max_seq_len=n, threads=threads),
+            "lean",
+        )
     if ex is None:
         import torch
 
         from tandem.engine.local import LocalExecutor
 
         torch.set_num_threads(threads)
-        ex, path = (
-            LocalExecutor.from_dir(f, dtype=torch.float32, max_batch=1, max_seq_len=n),
-            "torch",
+        kernels = "torch" if exact else "auto"
+        ex = LocalExecutor.from_dir(
+            f, dtype=torch.float32, max_batch=1, max_seq_len=n, kernels=kernels
         )
-    steps, feed, pos = [], tuple(prompt), 0
+        path = "exact" if exact else "torch"
+    rows, feed, pos = [], tuple(prompt), 0
     for tok in theirs:
-        logits = np.asarray(ex.run(Step((StepSequence(0, feed, pos),))).logits[0], np.float64)
-        mine = int(logits.argmax())
-        steps.append((mine, float(logits[mine] - logits[tok])))
+        rows.append(np.asarray(ex.run(Step((StepSequence(0, feed, pos),))).logits[0], np.float64))
         pos, feed = pos + len(feed), (tok,)
     ex.release([0])
-    return steps, path
+    return np.stack(rows), path
+
+
+def compare(theirs: list[int], ours, ref) -> str:
+    """The line for one prompt: how many leading ids tandem's greedy choice equals llama.cpp's,
+    how often each equals the exact path's (`ref`, None for an F32 file), and where tandem and
+    llama.cpp part, the exact logits' gap from tandem's choice to llama.cpp's (a near-tie when it
+    is within the rounding both engines add: tandem's measured distance from the exact logits)."""
+    import numpy as np
+
+    mine, t = ours.argmax(1), np.asarray(theirs)
+    same = int(np.argmin(mine == t)) if (mine != t).any() else len(t)
+    line = f"{same} of {len(t)} leading ids equal llama.cpp's"
+    if ref is None:
+        parts = [
+            f"{i} (gap {ours[i, m] - ours[i, t[i]]:.3f})" for i, m in enumerate(mine) if m != t[i]
+        ]
+        return f"{line}; they part at {', '.join(parts) or 'no step'}"
+    best, rows = ref.argmax(1), np.arange(len(t))
+    gap = ref[rows, mine] - ref[rows, t]  # exact: tandem's choice over llama.cpp's
+    part = [f"{i}:{gap[i]:+.3f}" for i in np.flatnonzero(mine != t)]
+    return (f"{line}; equal the exact path's argmax: tandem {int((mine == best).sum())}, llama.cpp "
+            f"{int((t == best).sum())} of {len(t)}; tandem's max |logit - exact| "
+            f"{np.abs(ours - ref).max():.3f}; exact gaps where they part: {' '.join(part) or '-'}")  # fmt: skip
 
 
 def writer_check(f32: Path, hf: Path) -> str:
@@ -169,9 +204,9 @@ def main() -> int:
     import numpy as np
 
     cpp = llamacpp()
-    if not (cpp / "bin" / "llama-simple").exists():
-        raise SystemExit(f"build llama-simple: cmake --build {cpp}/build --target llama-simple, "
-                         f"then copy build/bin/llama-simple to {cpp}/bin")  # fmt: skip
+    if not (cpp / "bin" / "llama-completion").exists():
+        raise SystemExit(f"build llama-completion: cmake --build {cpp}/build --target "
+                         f"llama-completion, then copy build/bin/llama-completion to {cpp}/bin")  # fmt: skip
     rng = np.random.default_rng(7)
     for shape in a.shapes.split(","):
         vocab = SHAPES[shape][2]["vocab_size"]
@@ -183,13 +218,13 @@ def main() -> int:
             print(f"{shape}: tandem's writer against the converter: {writer_check(f32, hf)}")
         for name, f in files.items():
             for prompt in prompts:
-                theirs = llama_greedy(cpp, f, prompt, a.tokens)
-                steps, path = tandem_along(f, prompt, theirs, a.threads)
-                same = next((i for i, (m, t) in enumerate(zip(steps, theirs)) if m[0] != t),
-                            len(theirs))  # fmt: skip
-                parts = [f"{i}: gap {g:.4f}" for i, (m, g) in enumerate(steps) if m != theirs[i]]
-                print(f"{name} [{path}] prompt {len(prompt)}: {same} of {len(theirs)} ids equal "
-                      f"llama.cpp's; they part at {', '.join(parts) or 'no step'}", flush=True)  # fmt: skip
+                theirs = llama_greedy(cpp, f, prompt, a.tokens, a.threads)
+                ours, path = tandem_along(f, prompt, theirs, a.threads, exact=False)
+                ref = None
+                if not name.endswith("F32"):
+                    ref = tandem_along(f, prompt, theirs, a.threads, exact=True)[0]
+                print(f"{name} [{path}] prompt {len(prompt)}: {compare(theirs, ours, ref)}",
+                      flush=True)  # fmt: skip
     return 0
 
 

@@ -67,7 +67,7 @@ WORK = Path.home() / ".cache" / "tandem-bench-gguf"
 # size (tokens t0..tN, one merge; vocab "none" would give llama.cpp n_vocab = 0 and a shape error).
 # Neither engine tokenizes text here. With TANDEM_BENCH_VOCAB=ids each token i is the user-defined
 # token "<|i|>" instead, so a text of such tokens is exactly those ids to llama.cpp's tokenizer
-# (llama-simple reads a prompt of ids and prints its output as ids), and the end-of-text id is
+# (llama-completion reads a prompt of ids and prints its output as ids), and the end-of-text id is
 # the last one rather than 2.
 CONVERT = """
 import os, sys
