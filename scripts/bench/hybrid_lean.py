@@ -2,9 +2,9 @@
 node, per GGUF type: tandem's torch-free path (`LeanExecutor`: each DeltaNet layer one native
 call a decode token, csrc/deltanet.c) against tandem's torch path on the same file
 (`LocalExecutor`) and transformers in float32 on the same random weights, the same threads,
-interleaved round by round in one process (a busy machine shifts all alike). The vendored
-llama.cpp does not read `qwen35` files, so transformers (its PyTorch path: no
-flash-linear-attention or causal-conv1d kernels on a CPU) is the outside peer.
+interleaved round by round in one process (a busy machine shifts all alike). transformers (its
+PyTorch path: no flash-linear-attention or causal-conv1d kernels on a CPU) is the outside peer
+here; against llama.cpp on its own converter's files: `vs_llamacpp.py --qwen35 --qwen35moe`.
 
     PYTHONSAFEPATH=1 PYTHONPATH=. .venv/bin/python scripts/bench/hybrid_lean.py \
         [--types Q4_K_M,Q8_0] [--threads 2] [--rounds 3] [--prompt 128] [--tokens 16]

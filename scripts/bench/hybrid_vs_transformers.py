@@ -1,8 +1,8 @@
 """Prefill and decode of a Qwen3.5-shaped hybrid (Gated DeltaNet on 3 of every 4 layers) on one
 node: tandem's single-node executor against transformers on the same random weights, the same
 dtype and the same threads, interleaved round by round in one process (a busy machine shifts both
-alike). The vendored llama.cpp does not read `qwen35` files, so transformers (its PyTorch reference path: no flash-linear-attention or causal-conv1d kernels
-on a CPU) is the peer.
+alike). transformers (its PyTorch reference path: no flash-linear-attention or causal-conv1d
+kernels on a CPU) is the peer here; against llama.cpp: `vs_llamacpp.py --qwen35 --qwen35moe`.
 
     PYTHONSAFEPATH=1 PYTHONPATH=. .venv/bin/python scripts/bench/hybrid_vs_transformers.py \
         [--threads 2] [--rounds 3] [--prompt 128] [--tokens 16] [--dtype float32] [--kernels auto]

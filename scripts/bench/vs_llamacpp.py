@@ -4,7 +4,7 @@ in one run (interleaved rounds: the machine may be shared; every figure is a med
     .venv/bin/python scripts/bench/vs_llamacpp.py [--threads 2] [--repeats 3] [--prompt 64] [--decode 32]
                                            [--only Q4_0,SmolLM2] [--work DIR] [--llama-args ...]
                                            [--tandem-only] [--extra NAME=FILE.gguf ...] [--large] [--moe] [--gpt-oss]
-                                           [--gemma3] [--qwen2-moe]
+                                           [--gemma3] [--qwen2-moe] [--qwen35] [--qwen35moe]
                                            [--variants chosen,avx2,avx512]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): the `qwen3-0.6b` preset
@@ -19,7 +19,9 @@ scaled to ~1.0 B parameters (`gpt_oss_bench_config`) in llama-quantize's MXFP4_M
 Q8_0 elsewhere: what llama.cpp's gpt-oss files hold); with `--gemma3`, gemma-3-1b's layers with a
 smaller vocabulary and fewer layers (`gemma3_bench_config`, ~0.52 B) in Q4_K_M; with `--qwen2-moe`,
 Qwen1.5-MoE-A2.7B's layers scaled to ~0.55 B (`qwen2_moe_bench_config`: 32 experts, 4 active, a
-gated shared expert) in Q4_K_M. llama.cpp comes from /work/shared/tools/llamacpp.sh (or
+gated shared expert) in Q4_K_M; with `--qwen35` / `--qwen35moe`, the Qwen3.5 hybrid's layers
+(Gated DeltaNet on 3 of 4, gated attention; dense ~0.53 B, MoE ~0.75 B with 48 experts, 8 active
+and a gated shared expert) from transformers in Q4_K_M (qwen35_llamacpp.py's `SHAPES`). llama.cpp comes from /work/shared/tools/llamacpp.sh (or
 $LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
@@ -63,23 +65,27 @@ WORK = Path.home() / ".cache" / "tandem-bench-gguf"
 
 # convert_hf_to_gguf.py for a model without a tokenizer: a placeholder vocabulary of the model's
 # size (tokens t0..tN, one merge; vocab "none" would give llama.cpp n_vocab = 0 and a shape error).
-# Neither engine tokenizes text here.
+# Neither engine tokenizes text here. With TANDEM_BENCH_VOCAB=ids each token i is the user-defined
+# token "<|i|>" instead, so a text of such tokens is exactly those ids to llama.cpp's tokenizer
+# (llama-completion reads a prompt of ids and prints its output as ids), and the end-of-text id is
+# the last one rather than 2.
 CONVERT = """
-import sys
+import os, sys
 sys.path[:0] = [sys.argv[1] + "/gguf-py", sys.argv[1]]  # llama.cpp's own gguf-py, not tandem's pin
 sys.argv = [sys.argv[1] + "/convert_hf_to_gguf.py", *sys.argv[2:]]
 import convert_hf_to_gguf as c
 find = c.get_model_class
+IDS = os.environ.get("TANDEM_BENCH_VOCAB") == "ids"
 def set_vocab(self):
     n = self.hparams["vocab_size"]
     w = self.gguf_writer
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
-    w.add_token_list([f"t{i}" for i in range(n)])
-    w.add_token_types([1] * n)
+    w.add_token_list([f"<|{i}|>" if IDS else f"t{i}" for i in range(n)])
+    w.add_token_types([4 if IDS else 1] * n)  # 4: user-defined, matched whole in a text
     w.add_token_merges(["t0 t1"])  # llama.cpp wants the key; an empty list is not written
     w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_eos_token_id(n - 1 if IDS else 2)
 def keep_every_row(cls):
     # Gemma 3's cuts the embedding to tokenizer.json's vocabulary (its OOV rows); the placeholder
     # vocabulary is vocab_size tokens, so every row stays (the parent's modify_tensors)
@@ -191,14 +197,26 @@ def gemma3_bench_config():
 
 
 def make_files(
-    work: Path, cpp: Path, preset: str = "qwen3-0.6b", types=QWEN_TYPES, config=None, name=None
+    work: Path,
+    cpp: Path,
+    preset: str = "qwen3-0.6b",
+    types=QWEN_TYPES,
+    config=None,
+    name=None,
+    make_hf=None,
+    convert_args=(),
+    vocab="plain",
 ) -> dict:
-    """name -> GGUF file of `preset` (its shape, or `config`'s, files named `name`) in each of
-    `types`, each made once."""
+    """name -> GGUF file of `preset` (its shape, or `config`'s, files named `name`; or the HF
+    folder `make_hf(path)` writes) in each of `types`, each made once. `convert_args`: more
+    arguments to convert_hf_to_gguf.py; `vocab`: the placeholder vocabulary ("ids": CONVERT's
+    `<|i|>` tokens)."""
     work.mkdir(parents=True, exist_ok=True)
     name = name or preset
     hf, files = work / f"{name}-hf", {}
-    if not (hf / "config.json").exists():
+    if not (hf / "config.json").exists() and make_hf is not None:
+        make_hf(hf)
+    elif not (hf / "config.json").exists():
         import torch
 
         from tandem.loaders.make import make_model_dir
@@ -209,7 +227,8 @@ def make_files(
     if not f32.exists():
         subprocess.run(
             [sys.executable, "-c", CONVERT, str(cpp / "src"), str(hf), "--outfile", str(f32),
-             "--outtype", "f32"], check=True,
+             "--outtype", "f32", *convert_args], check=True,
+            env=dict(os.environ, TANDEM_BENCH_VOCAB=vocab),
         )  # fmt: skip
     env = dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin"))
     for t in types:
@@ -401,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="also a ~0.55 B Qwen1.5-MoE-like model in Q4_K_M")  # fmt: skip
     p.add_argument("--gemma3", action="store_true",
                    help="also a ~0.52 B gemma-3-1b-like model in Q4_K_M")  # fmt: skip
+    p.add_argument("--qwen35", action="store_true",
+                   help="also a ~0.53 B Qwen3.5-like hybrid (qwen35) in Q4_K_M")  # fmt: skip
+    p.add_argument("--qwen35moe", action="store_true",
+                   help="also a ~0.75 B Qwen3.5-MoE-like hybrid (qwen35moe) in Q4_K_M")  # fmt: skip
     p.add_argument("--variants", default="chosen",
                    help="comma-separated: chosen (timed per type) and/or forced builds")  # fmt: skip
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -428,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.gemma3:
             files.update(make_files(a.work, cpp, "tiny-gemma3", ("Q4_K_M",),
                                     gemma3_bench_config(), "gemma3-0.5b"))  # fmt: skip
+        for shape in ("qwen35", "qwen35moe") if a.qwen35 or a.qwen35moe else ():
+            if getattr(a, shape):
+                sys.path.insert(0, str(Path(__file__).resolve().parent))
+                from qwen35_llamacpp import qwen35_files
+
+                files.update(qwen35_files(a.work, cpp, shape, ("Q4_K_M",)))
     files.update(dict(e.split("=", 1) for e in a.extra))
     files = {n: Path(f) for n, f in files.items()}
     if a.only:

@@ -12,8 +12,10 @@ dense and MoE, against transformers (which does not read these files):
            other GGUF equivalence tests: the native kernels' int8 activations have their own
            bound and tests).
 
-The vendored llama.cpp predates `qwen35` and cannot run these files, so there is no llama.cpp
-greedy comparison here."""
+llama.cpp is not run here (CI has none): scripts/bench/qwen35_llamacpp.py compares tandem's greedy
+ids with llama.cpp's on files its own converter wrote, and checks tandem's writer against that
+converter. (llama.cpp takes the DeltaNet v head width from ssm.state_size, i.e. dv = dk, so it
+refuses these tiny files, whose dv is not dk.)"""
 
 import gguf
 import numpy as np

@@ -56,6 +56,61 @@ def test_gguf_metadata_round_trips_through_the_familys_declaration(name, tmp_pat
     assert got == want
 
 
+def _rewritten(src, dst, arch: str, edit: dict):
+    """GGUF `src` copied to `dst` with the keys in `edit` replaced by its values (None: dropped)."""
+    import gguf
+
+    reader, w = gguf.GGUFReader(src), gguf.GGUFWriter(dst, arch)
+    for k, f in reader.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture" or edit.get(k, 0) is None:
+            continue
+        sub = f.types[-1] if len(f.types) > 1 else None
+        w.add_key_value(k, edit.get(k, f.contents()), f.types[0], sub_type=sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return dst
+
+
+def test_a_qwen35_files_layer_pattern_is_a_bool_per_layer_as_llama_cpp_reads_it(tmp_path):
+    """llama.cpp's converter writes `qwen35.attention.recurrent_layers` (a bool per layer, from
+    layer_types) and llama.cpp reads it before `full_attention_interval`: tandem writes it for
+    every pattern (the interval too where the pattern is one) and reads it first, so a pattern
+    that is not every n-th layer round-trips; a list of the wrong length is refused."""
+    import gguf
+
+    config = PRESETS["tiny-qwen35"].config
+    for linear, interval in (((0, 1, 2), 4), ((0, 2, 3), None)):
+        c = replace(config, deltanet=replace(config.deltanet, linear_layers=linear))
+        _, (file,) = write_preset_gguf(tmp_path / f"{linear}.gguf", "tiny-qwen35", "F32", config=c)
+        fields = gguf.GGUFReader(file).fields
+        assert fields["qwen35.attention.recurrent_layers"].contents() == [
+            i in linear for i in range(4)
+        ]
+        stated = fields.get("qwen35.full_attention_interval")
+        assert (stated.contents() if stated else None) == interval
+        assert GGUFModel(file).config.deltanet.linear_layers == linear
+    short = {"qwen35.attention.recurrent_layers": [True, False]}
+    bad = _rewritten(file, tmp_path / "short.gguf", "qwen35", short)
+    with pytest.raises(ConfigError, match="recurrent_layers has 2 values for 4 layers"):
+        GGUFModel(bad)
+
+
+def test_a_qwen35moe_file_without_a_dense_ffn_width_reads_as_the_converter_writes_it(tmp_path):
+    """llama.cpp's converter writes no `feed_forward_length` for qwen35moe (every layer sparse:
+    Qwen3.5-MoE's config has no dense width): such a file reads as the one stating it; a dense
+    qwen35 file without it is still refused by the key's name."""
+    for name, arch in (("tiny-qwen35-moe", "qwen35moe"), ("tiny-qwen35", "qwen35")):
+        _, (file,) = write_preset_gguf(tmp_path / f"{name}.gguf", name, "F32")
+        drop = {f"{arch}.feed_forward_length": None}
+        bare = _rewritten(file, tmp_path / f"{name}-bare.gguf", arch, drop)
+        if arch == "qwen35moe":
+            assert GGUFModel(bare).config == GGUFModel(file).config
+        else:
+            with pytest.raises(ConfigError, match="feed_forward_length"):
+                GGUFModel(bare)
+
+
 def test_a_qwen2moe_file_renormalises_the_top_k_only_where_it_says_so(tmp_path):
     """llama.cpp never renormalises qwen2moe's top k, so a file stating no expert_weights_norm
     reads with it off; a Qwen2-MoE with norm_topk_prob on is written saying so."""

@@ -2,7 +2,8 @@
 
     GGUF key ({arch}.)                   ModelConfig field
     embedding_length                     hidden_size
-    feed_forward_length                  intermediate_size
+    feed_forward_length                  intermediate_size (absent where every layer is sparse,
+                                         as llama.cpp's converter writes qwen35moe: the experts')
     block_count                          num_hidden_layers
     attention.head_count / head_count_kv num_attention_heads / num_key_value_heads
     attention.key_length                 head_dim (else rope.dimension_count, else hidden / heads)
@@ -190,11 +191,17 @@ def config_from_gguf(
             eos.append(t)
     layers = _layers(meta, a, tensors)
     try:
+        moe = _moe(meta, a, tensors, family.gguf_norm_topk_prob)
+        ffn = meta.get(a + "feed_forward_length", int, None)
+        if ffn is None and moe is not None and not moe.dense_layers:
+            ffn = (
+                moe.intermediate_size
+            )  # every layer sparse: no dense width (qwen35moe's converter)
         fields: dict[str, Any] = dict(
             architecture=family.architecture,
             vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=meta.get(a + "feed_forward_length", int),
+            intermediate_size=ffn or meta.get(a + "feed_forward_length", int),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv,
@@ -213,7 +220,7 @@ def config_from_gguf(
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id", int, None),
             eos_token_ids=tuple(eos),
             torch_dtype="float32",
-            moe=_moe(meta, a, tensors, family.gguf_norm_topk_prob),
+            moe=moe,
         )
         got = GGUFFields(meta, a, tensors, layers, head_dim, values or {})
         fields.update(family.gguf_fields(got))

@@ -21,17 +21,27 @@ Tiled: v heads reordered from HF's grouped order (q/k head g's r = Hv / Hk v hea
 (`DeltaNetSpec.v_tiled`); tandem reads the file in that order without reordering it back.
 
 Keys (`qwen35.`): ssm.conv_kernel K, ssm.state_size dk, ssm.group_count Hk, ssm.time_step_rank Hv,
-ssm.inner_size Hv dv, full_attention_interval n (layer i full when (i + 1) % n == 0),
-rope.dimension_count (the rotary width), rope.dimension_sections (M-RoPE's split of it, which text
-does not feel: written as all on the first section).
+ssm.inner_size Hv dv, attention.recurrent_layers (a bool per layer, true for DeltaNet; the
+converter writes it from layer_types, and llama.cpp reads it before the interval),
+full_attention_interval n (layer i full when (i + 1) % n == 0: where recurrent_layers is absent;
+written only where the pattern is one), rope.dimension_count (the rotary width),
+rope.dimension_sections (M-RoPE's split of it, which text does not feel: written as all on the
+first section). Past those, tandem's writer and the converter write the same tensors byte for
+byte (scripts/bench/qwen35_llamacpp.py --writer-check).
+
+llama.cpp's loader takes both DeltaNet head widths from ssm.state_size (dv = dk), as every released
+checkpoint has them, so it refuses a file with dv != dk (`attn_qkv has wrong shape`) whichever
+writer made it; tandem reads dv from ssm.inner_size / Hv and runs such a file.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tandem.config import ConfigError
 from tandem.deltanet_config import DEFAULT_FULL_INTERVAL, DeltaNetSpec
 
+RECURRENT_LAYERS = "attention.recurrent_layers"  # gguf-py's Keys.Attention.RECURRENT_LAYERS
 GGUF_NAMES: dict[str, str] = {  # HF module -> GGUF, where qwen35 differs from the shared table
     "linear_attn.in_proj_qkv": "attn_qkv",
     "linear_attn.in_proj_z": "attn_gate",
@@ -80,20 +90,19 @@ def gguf_store(c: Any, hf: str, x: Any) -> Any:
 
 
 def gguf_write(w: Any, c: Any) -> None:
-    """The `qwen35.*` keys beyond the shared ones (module docstring); ValueError for a layer
-    pattern the file cannot state (not every n-th layer full)."""
+    """The `qwen35.*` keys beyond the shared ones (module docstring)."""
     s = c.deltanet
     n = c.num_hidden_layers
     full = [i for i in range(n) if i not in s.linear_layers]
     interval = full[0] + 1 if full else n + 1
-    if [i for i in range(n) if (i + 1) % interval == 0] != full:
-        raise ValueError(f"full-attention layers {full} are not every n-th layer")
     w.add_ssm_conv_kernel(s.conv_kernel)
     w.add_ssm_state_size(s.key_head_dim)
     w.add_ssm_group_count(s.num_key_heads)
     w.add_ssm_time_step_rank(s.num_value_heads)
     w.add_ssm_inner_size(s.num_value_heads * s.value_head_dim)
-    w.add_full_attention_interval(interval)
+    w.add_array(f"{w.arch}.{RECURRENT_LAYERS}", [i in s.linear_layers for i in range(n)])
+    if [i for i in range(n) if (i + 1) % interval == 0] == full:
+        w.add_full_attention_interval(interval)
     w.add_rope_dimension_count(c.rotary_dim)
     w.add_rope_dimension_sections([c.rotary_dim // 2, 0, 0, 0])
 
@@ -106,12 +115,20 @@ def gguf_fields(g: Any) -> dict[str, Any]:
     hv = get(a + "ssm.time_step_rank", int)
     inner = get(a + "ssm.inner_size", int)
     interval = get(a + "full_attention_interval", int, DEFAULT_FULL_INTERVAL)
+    linear = tuple(i for i in range(g.layers) if (i + 1) % max(interval, 1))
+    if a + RECURRENT_LAYERS in g.meta:  # a bool per layer: what llama.cpp reads first
+        flags = get(a + RECURRENT_LAYERS, list)
+        if len(flags) != g.layers:
+            raise ConfigError(
+                f"{g.meta.file}: {a}{RECURRENT_LAYERS} has {len(flags)} values for {g.layers} layers"
+            )
+        linear = tuple(i for i in range(g.layers) if flags[i])
     rotary = get(a + "rope.dimension_count", int, g.head_dim)
     partial = rotary / g.head_dim if g.head_dim else 1.0
     while g.head_dim and int(g.head_dim * partial) < rotary:  # int() must give rotary back
         partial = math.nextafter(partial, 2.0)
     spec = DeltaNetSpec(
-        linear_layers=tuple(i for i in range(g.layers) if (i + 1) % max(interval, 1)),
+        linear_layers=linear,
         num_key_heads=get(a + "ssm.group_count", int),
         num_value_heads=hv,
         key_head_dim=get(a + "ssm.state_size", int),
