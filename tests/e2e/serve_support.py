@@ -119,6 +119,25 @@ def running(args: list[str], env: dict | None = None):
 
 
 @contextlib.contextmanager
+def running_all(*argss: list[str]):
+    """Starts `tandem <args> --port P` for each `args` at once, waits for every /health 200,
+    yields [(proc, base URL), ...] in the order given. The servers' start-ups (imports, model
+    loads) overlap instead of following one another; each is the process `running` starts."""
+    ports = free_ports(len(argss))
+    procs = [
+        spawn([*TANDEM, *args, "--port", str(p)]) for args, p in zip(argss, ports, strict=True)
+    ]
+    bases = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for proc, base in zip(procs, bases, strict=True):
+            wait_healthy(proc, base)
+        yield list(zip(procs, bases, strict=True))
+    finally:
+        for proc in procs:
+            kill_tree(proc)
+
+
+@contextlib.contextmanager
 def relay_for_links(ranks: str):
     """A `tcp_proxy.Relay` (tests/distributed) and the environment that routes the links of
     `ranks` ("A" or "A-B", `tandem.transport.relay_seam`) through it, with same-host pairs kept
