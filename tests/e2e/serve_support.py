@@ -94,15 +94,23 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    procs = [*descendants(proc.pid)]
-    with contextlib.suppress(psutil.NoSuchProcess):
-        procs.append(psutil.Process(proc.pid))
+    kill_trees([proc])
+
+
+def kill_trees(roots: list[subprocess.Popen]) -> None:
+    """SIGKILLs every process of every tree first, then waits for them all (not tree by tree)."""
+    procs = []
+    for proc in roots:
+        procs += descendants(proc.pid)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(proc.pid))
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(procs, timeout=10)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
+    for proc in roots:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
 
 
 @contextlib.contextmanager
@@ -133,8 +141,7 @@ def running_all(*argss: list[str]):
             wait_healthy(proc, base)
         yield list(zip(procs, bases, strict=True))
     finally:
-        for proc in procs:
-            kill_tree(proc)
+        kill_trees(procs)
 
 
 @contextlib.contextmanager
