@@ -94,15 +94,23 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    procs = [*descendants(proc.pid)]
-    with contextlib.suppress(psutil.NoSuchProcess):
-        procs.append(psutil.Process(proc.pid))
+    kill_trees([proc])
+
+
+def kill_trees(roots: list[subprocess.Popen]) -> None:
+    """SIGKILLs every process of every tree first, then waits for them all (not tree by tree)."""
+    procs = []
+    for proc in roots:
+        procs += descendants(proc.pid)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(proc.pid))
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(procs, timeout=10)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
+    for proc in roots:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
 
 
 @contextlib.contextmanager
@@ -116,6 +124,24 @@ def running(args: list[str], env: dict | None = None):
         yield proc, base
     finally:
         kill_tree(proc)
+
+
+@contextlib.contextmanager
+def running_all(*argss: list[str]):
+    """Starts `tandem <args> --port P` for each `args` at once, waits for every /health 200,
+    yields [(proc, base URL), ...] in the order given. The servers' start-ups (imports, model
+    loads) overlap instead of following one another; each is the process `running` starts."""
+    ports = free_ports(len(argss))
+    procs = [
+        spawn([*TANDEM, *args, "--port", str(p)]) for args, p in zip(argss, ports, strict=True)
+    ]
+    bases = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for proc, base in zip(procs, bases, strict=True):
+            wait_healthy(proc, base)
+        yield list(zip(procs, bases, strict=True))
+    finally:
+        kill_trees(procs)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from serve_support import running
+from serve_support import running_all
 
 from tandem.builtin import smollm2_file
 
@@ -40,13 +40,21 @@ def _ask(base: str, question: str) -> str:
     return r.choices[0].message.content
 
 
-@pytest.mark.parametrize("layout", [[], ["--tp", "2"]], ids=["single-node", "tp2"])
-def test_eight_concurrent_greedy_chats_write_their_one_at_a_time_texts(layout):
-    with running(["serve", "--model", str(SMOL), "--max-batch", "8", *layout]) as (_, base):
-        alone = [_ask(base, q) for q in QUESTIONS]
-        for _ in range(2):
-            with ThreadPoolExecutor(len(QUESTIONS)) as pool:  # staggered: prefills beside decodes
-                futures = [pool.submit(_ask, base, q) for q in QUESTIONS if not time.sleep(0.05)]
-                together = [f.result() for f in futures]
-            assert together == alone
+@pytest.fixture(scope="module")
+def servers():
+    """{layout: base URL}: the single-node server and the `--tp 2` one, started together."""
+    args = ["serve", "--model", str(SMOL), "--max-batch", "8"]
+    with running_all(args, [*args, "--tp", "2"]) as ((_, single), (_, tp2)):
+        yield {"single-node": single, "tp2": tp2}
+
+
+@pytest.mark.parametrize("layout", ["single-node", "tp2"])
+def test_eight_concurrent_greedy_chats_write_their_one_at_a_time_texts(servers, layout):
+    base = servers[layout]
+    alone = [_ask(base, q) for q in QUESTIONS]
+    for _ in range(2):
+        with ThreadPoolExecutor(len(QUESTIONS)) as pool:  # staggered: prefills beside decodes
+            futures = [pool.submit(_ask, base, q) for q in QUESTIONS if not time.sleep(0.05)]
+            together = [f.result() for f in futures]
+        assert together == alone
     assert len(set(alone)) == len(alone)  # eight different answers: the rows really differ

@@ -4,7 +4,7 @@ greedy completion (float32 ranks)."""
 
 import openai
 import pytest
-from serve_support import running
+from serve_support import running_all
 
 from tandem.loaders.gguf.writer import write_preset_gguf
 
@@ -26,10 +26,11 @@ def _complete(base: str) -> openai.types.Completion:
 
 def test_serve_a_gguf_file_at_tp2_and_pp2_answers_the_openai_client_alike(gguf):
     texts = []
-    for layout in (["--tp", "2", "--dtype", "float32"], ["--pp", "2"]):
-        with running(["serve", "--model", str(gguf), *layout]) as (_, base):
+    layouts = (["--tp", "2", "--dtype", "float32"], ["--pp", "2"])
+    with running_all(*(["serve", "--model", str(gguf), *layout] for layout in layouts)) as up:
+        for _, base in up:
             r = _complete(base)
-        assert r.choices[0].finish_reason in ("stop", "length")
-        assert 1 <= r.usage.completion_tokens <= 8
-        texts.append(r.choices[0].text)
+            assert r.choices[0].finish_reason in ("stop", "length")
+            assert 1 <= r.usage.completion_tokens <= 8
+            texts.append(r.choices[0].text)
     assert texts[0] == texts[1]

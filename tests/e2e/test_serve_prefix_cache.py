@@ -12,7 +12,7 @@ import random
 
 import openai
 import pytest
-from serve_support import get_json, metric, running
+from serve_support import get_json, metric, running_all
 
 from tandem.builtin import smollm2_file
 from tandem.loaders.gguf.writer import write_preset_gguf
@@ -71,15 +71,15 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(tiny):
-    """(cached, fresh): the same model with the prefix cache (the default) and without."""
-    with running(["serve", "--model", str(tiny), "--max-batch", "4"]) as (_, cached_base):
-        fresh_args = ["serve", "--model", str(tiny), "--max-batch", "4", "--no-prefix-cache"]
-        with running(fresh_args) as (_, fresh_base):
-            yield cached_base, fresh_base
+    """(cached, fresh, small): the same model with the prefix cache (the default) and without,
+    over 4 slots, and with the cache over 2 slots; started together."""
+    args = ["serve", "--model", str(tiny), "--max-batch"]
+    with running_all([*args, "4"], [*args, "4", "--no-prefix-cache"], [*args, "2"]) as up:
+        yield tuple(base for _, base in up)
 
 
 def test_turn_two_reuses_the_system_prompt_and_writes_the_fresh_servers_text(servers):
-    cached_base, fresh_base = servers
+    cached_base, fresh_base, _ = servers
     cached, fresh = client(cached_base), client(fresh_base)
     history = [
         {"role": "system", "content": system_prompt(280)},
@@ -111,7 +111,7 @@ def test_turn_two_reuses_the_system_prompt_and_writes_the_fresh_servers_text(ser
 
 
 def test_text_completions_report_cached_tokens_too(servers):
-    cached_base, _ = servers
+    cached_base, _, _ = servers
     c = client(cached_base)
     name = c.models.list().data[0].id
     prompt = system_prompt(100, seed=5)
@@ -121,28 +121,26 @@ def test_text_completions_report_cached_tokens_too(servers):
     assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
 
 
-def test_eviction_over_two_slots_keeps_every_answer_right(tiny, servers):
+def test_eviction_over_two_slots_keeps_every_answer_right(servers):
     """Three chats over a server of two slots: the third evicts the least recently used; each
     turn writes what the server without a cache writes."""
-    _, fresh_base = servers
-    fresh = client(fresh_base)
-    with running(["serve", "--model", str(tiny), "--max-batch", "2"]) as (_, base):
-        small = client(base)
-        chats = [[{"role": "system", "content": system_prompt(120, seed=10 + k)}] for k in range(3)]
-        reused = []
-        for k, c in enumerate([0, 1, 0, 2, 0, 1]):  # 2 evicts 1, then 1 evicts 2
-            chats[c].append({"role": "user", "content": f"Question {k}?"})
-            got = chat(small, chats[c], max_tokens=8)
-            want = chat(fresh, chats[c], max_tokens=8)
-            assert got.choices[0].message.content == want.choices[0].message.content, (k, c)
-            # a chat's own next turn reuses most of its prompt; another chat's at most the
-            # shared template header and first sentence, copied
-            cached = got.usage.prompt_tokens_details.cached_tokens
-            reused.append(cached >= 0.5 * got.usage.prompt_tokens)
-            chats[c].append({"role": "assistant", "content": got.choices[0].message.content})
-        assert reused == [False, False, True, False, True, False]
-        assert metric(base, "tandem_prefix_cache_evictions_total") == 2
-        assert metric(base, "tandem_prefix_cache_entries") == 2
+    _, fresh_base, small_base = servers
+    fresh, small = client(fresh_base), client(small_base)
+    chats = [[{"role": "system", "content": system_prompt(120, seed=10 + k)}] for k in range(3)]
+    reused = []
+    for k, c in enumerate([0, 1, 0, 2, 0, 1]):  # 2 evicts 1, then 1 evicts 2
+        chats[c].append({"role": "user", "content": f"Question {k}?"})
+        got = chat(small, chats[c], max_tokens=8)
+        want = chat(fresh, chats[c], max_tokens=8)
+        assert got.choices[0].message.content == want.choices[0].message.content, (k, c)
+        # a chat's own next turn reuses most of its prompt; another chat's at most the
+        # shared template header and first sentence, copied
+        cached = got.usage.prompt_tokens_details.cached_tokens
+        reused.append(cached >= 0.5 * got.usage.prompt_tokens)
+        chats[c].append({"role": "assistant", "content": got.choices[0].message.content})
+    assert reused == [False, False, True, False, True, False]
+    assert metric(small_base, "tandem_prefix_cache_evictions_total") == 2
+    assert metric(small_base, "tandem_prefix_cache_entries") == 2
 
 
 @pytest.fixture(scope="module", params=[["--tp", "2"], ["--pp", "2"]], ids=["tp2", "pp2"])
@@ -154,16 +152,14 @@ def parallel_turn_two(request, tiny):
         {"role": "user", "content": "What is a slot?"},
     ]
     args = ["serve", "--model", str(tiny), "--max-batch", "2", *request.param]
-    with running(args) as (_, base):
+    with running_all(args, [*args, "--no-prefix-cache"]) as ((_, base), (_, fresh_base)):
         c = client(base)
         one = chat(c, history)
         history += [
             {"role": "assistant", "content": one.choices[0].message.content},
             {"role": "user", "content": "And a cache?"},
         ]
-        cached = chat(c, history)
-    with running([*args, "--no-prefix-cache"]) as (_, base):
-        return cached, chat(client(base), history)
+        return chat(c, history), chat(client(fresh_base), history)
 
 
 def test_tp_and_pp_servers_continue_the_kept_sequence_on_every_rank(parallel_turn_two):
@@ -193,7 +189,8 @@ def smollm2_turn_two():
         {"role": "user", "content": "Which words come up most often above?"},
     ]
     out = {}
-    with running(["serve", "--max-batch", "2"]) as (_, cached_base):
+    args = ["serve", "--max-batch", "2"]
+    with running_all(args, [*args, "--no-prefix-cache"]) as ((_, cached_base), (_, fresh_base)):
         cached = client(cached_base)
         chat(cached, [{"role": "user", "content": "Hello"}], max_tokens=2)  # warm up
         one = chat(cached, history, max_tokens=24)
@@ -202,7 +199,6 @@ def smollm2_turn_two():
             {"role": "user", "content": "Say it in one word."},
         ]
         out["cached"] = streamed(cached, history)
-    with running(["serve", "--max-batch", "2", "--no-prefix-cache"]) as (_, fresh_base):
         fresh = client(fresh_base)
         chat(fresh, [{"role": "user", "content": "Hello"}], max_tokens=2)
         out["fresh"] = streamed(fresh, history)

@@ -8,7 +8,7 @@ Q4_1)."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from serve_support import metric, running
+from serve_support import metric, running, running_all
 from test_serve_prefix_cache import chat, client, system_prompt
 
 from tandem.builtin import smollm2_file
@@ -24,17 +24,17 @@ def _questions(system: str) -> list[list[dict]]:
 
 
 def _shared_then_cold(args: list[str], system: str, max_tokens: int):
-    """The N requests at once on a server with the cache, then each alone on one without:
-    (responses, cold texts, copies counted)."""
+    """The N requests at once on a server with the cache, then each alone on one without (the
+    two started together): (responses, cold texts, copies counted)."""
     histories = _questions(system)
-    with running([*args, "--max-batch", str(N)]) as (_, base):
+    args = [*args, "--max-batch", str(N)]
+    with running_all(args, [*args, "--no-prefix-cache"]) as ((_, base), (_, cold_base)):
         c = client(base)
         chat(c, [{"role": "user", "content": "Hello"}], max_tokens=2)  # warm up, unrelated
         with ThreadPoolExecutor(N) as pool:
             shared = list(pool.map(lambda h: chat(c, h, max_tokens), histories))
         copies = metric(base, "tandem_prefix_cache_copies_total")
-    with running([*args, "--max-batch", str(N), "--no-prefix-cache"]) as (_, base):
-        c = client(base)
+        c = client(cold_base)
         cold = [chat(c, h, max_tokens).choices[0].message.content for h in histories]
     return shared, cold, copies
 

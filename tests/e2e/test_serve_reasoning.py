@@ -16,7 +16,7 @@ import ollama
 import openai
 import pytest
 from reasoning_models import harmony_model, think_model
-from serve_support import running
+from serve_support import running_all
 from tokenizers import Tokenizer
 
 NUMBER = {
@@ -51,17 +51,30 @@ def steering(model, closing: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gpt_oss(tmp_path_factory):
-    model = harmony_model(tmp_path_factory.mktemp("harmony") / "gpt-oss-harmony")
-    with running(["serve", "--model", str(model)]) as (_, base):
-        yield openai_client(base), steering(model, "<|end|>")
+def served(tmp_path_factory):
+    """The three servers this module asks, started together: gpt-oss's harmony model, Qwen3's
+    `<think>` model, and the latter under `--reasoning-parser none`; (models, base URLs)."""
+    harmony = harmony_model(tmp_path_factory.mktemp("harmony") / "gpt-oss-harmony")
+    think = think_model(tmp_path_factory.mktemp("think") / "qwen3-think")
+    args = (
+        ["serve", "--model", str(harmony)],
+        ["serve", "--model", str(think)],
+        ["serve", "--model", str(think), "--reasoning-parser", "none"],
+    )
+    with running_all(*args) as up:
+        yield (harmony, think), [base for _, base in up]
 
 
 @pytest.fixture(scope="module")
-def qwen_think(tmp_path_factory):
-    model = think_model(tmp_path_factory.mktemp("think") / "qwen3-think")
-    with running(["serve", "--model", str(model)]) as (_, base):
-        yield base, openai_client(base), steering(model, "</think>"), model
+def gpt_oss(served):
+    (model, _), (base, _, _) = served
+    return openai_client(base), steering(model, "<|end|>")
+
+
+@pytest.fixture(scope="module")
+def qwen_think(served):
+    (_, model), (_, base, _) = served
+    return base, openai_client(base), steering(model, "</think>"), model
 
 
 def streamed(client, **kw) -> tuple[str, str, list, str]:
@@ -177,13 +190,12 @@ def test_ollama_thinking_is_the_openai_reasoning_and_think_false_turns_it_off(qw
         o.generate(model=name, prompt="x", raw=True, think=True)
 
 
-def test_reasoning_parser_none_leaves_the_text_as_the_model_wrote_it(qwen_think):
-    _, _, _, model = qwen_think
-    with running(["serve", "--model", str(model), "--reasoning-parser", "none"]) as (_, base):
-        client = openai_client(base)
-        kw = dict(model=client.models.list().data[0].id, messages=ASK, temperature=0)
-        choice = client.chat.completions.create(**kw, max_tokens=12, logprobs=True).choices[0]
-        assert choice.message.content == written(choice)
-        assert getattr(choice.message, "reasoning_content", None) is None
-        with pytest.raises(ollama.ResponseError, match="does not support thinking"):
-            ollama.Client(host=base, timeout=120).chat(model=kw["model"], messages=ASK, think=True)
+def test_reasoning_parser_none_leaves_the_text_as_the_model_wrote_it(served):
+    _, (_, _, base) = served  # the think model under `--reasoning-parser none`
+    client = openai_client(base)
+    kw = dict(model=client.models.list().data[0].id, messages=ASK, temperature=0)
+    choice = client.chat.completions.create(**kw, max_tokens=12, logprobs=True).choices[0]
+    assert choice.message.content == written(choice)
+    assert getattr(choice.message, "reasoning_content", None) is None
+    with pytest.raises(ollama.ResponseError, match="does not support thinking"):
+        ollama.Client(host=base, timeout=120).chat(model=kw["model"], messages=ASK, think=True)
