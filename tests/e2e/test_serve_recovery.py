@@ -7,7 +7,8 @@ its heartbeat to the head (`--heartbeat-timeout 2`, op timeout 60 s), /health 50
 5 s, replaced, every stream equal; and `tandem serve --tp 2` whose worker's links are blackholed (a
 relay in the test keeps every connection open and forwards nothing): seen the same way, the worker
 replaced over a new connection, every stream equal; and `tandem serve --pp 2` whose stage's links
-are blackholed, the same. Every drill bounds each stream's silence across the fault by the
+are blackholed, the same; and `tandem serve --tp 2 --pp 2` with one stage process SIGSTOPped, then
+the links of stage 1's TP rank 1 blackholed. Every drill bounds each stream's silence across the fault by the
 heartbeat's detection bound plus the re-form it measured plus a replay's prefill and two steps of
 the quiet run (`fault_drill.pause_bound`). Real processes on loopback."""
 
@@ -214,3 +215,69 @@ def test_serve_tp2_sees_a_blackholed_worker_link_by_its_heartbeat_and_every_stre
     assert health(base)[0] == 200 and proc.poll() is None
     assert metric(base, "tandem_group_reforms_total") == reforms + 1
     assert drill.victim_pid not in worker_pids(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def served_grid_relayed(tmp_path_factory):
+    """`tandem serve --tp 2 --pp 2` (re-form by default) whose stage 1 TP rank 1's (global rank
+    3's) pipeline links (from stage 0, its beat to the head) run through a relay; its ring with
+    stage 1's rank 0 keeps shared memory. Yields (relay, (proc, base))."""
+    model = make_model(tmp_path_factory.mktemp("serve-recovery-grid") / "model")
+    args = ["serve", "--model", str(model), "--tp", "2", "--pp", "2", "--max-batch", "4"]
+    timeouts = ["--op-timeout", str(OP_TIMEOUT_S), "--heartbeat-timeout", str(HEARTBEAT_S)]
+    with relay_for_links("3", tcp_ring=False) as (relay, env):
+        with running([*args, *timeouts], env=env) as up:
+            yield relay, up
+
+
+def _grid_drill(served, fault_kw):
+    """A quiet run, then the same 4 streams with the fault: every stream equal, 503 within the
+    bound, a pause no longer than the re-form, one re-form, the victim gone. Returns the 503
+    reasons."""
+    proc, base = served
+    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in quiet.streams] == [None] * 4
+    reforms = metric(base, "tandem_group_reforms_total")
+
+    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, **fault_kw)
+
+    assert drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    _paused_no_longer_than_the_reform(drill, quiet, HEARTBEAT_S)
+    assert health(base)[0] == 200 and proc.poll() is None
+    assert metric(base, "tandem_group_reforms_total") == reforms + 1
+    assert drill.victim_pid not in worker_pids(proc.pid)
+    return reasons
+
+
+# ~60 s on 2 shared cores: serve's grid (a head and three stage processes), a quiet run, one
+# stage process stopped, seen by its heartbeat, the grid re-formed
+@pytest.mark.slow
+def test_serve_grid_sees_a_sigstopped_rank_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
+    served_grid_relayed,
+):
+    reasons = _grid_drill(served_grid_relayed[1], {"sig": signal.SIGSTOP})
+    assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
+
+
+# ~30 s past the shared grid: stage 1's TP rank 1 cut off from stage 0 and the head, the grid
+# re-formed over new (forwarded) connections
+@pytest.mark.slow
+def test_serve_grid_sees_a_blackholed_rank_link_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
+    served_grid_relayed,
+):
+    relay, served = served_grid_relayed
+    cut: list[int] = []
+    reasons = _grid_drill(
+        served, {"sig": None, "fault": lambda _pid: cut.append(relay.blackhole())}
+    )
+    # stage 0's link to rank 3 and rank 3's beat to the head
+    assert cut and cut[0] >= 2, (cut, relay.destinations)
+    by_head = any(
+        "rank 3 is lost" in r and "heartbeat" in r and "(stage 1, TP" in r for r in reasons
+    )
+    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat lost" in r for r in reasons)
+    assert by_head or by_rank, reasons
