@@ -7,10 +7,10 @@ its heartbeat to the head (`--heartbeat-timeout 2`, op timeout 60 s), /health 50
 5 s, replaced, every stream equal; and `tandem serve --tp 2` whose worker's links are blackholed (a
 relay in the test keeps every connection open and forwards nothing): seen the same way, the worker
 replaced over a new connection, every stream equal; and `tandem serve --pp 2` whose stage's links
-are blackholed, the same; and `tandem serve --tp 2 --pp 2` with one stage process SIGSTOPped, then
-the links of stage 1's TP rank 1 blackholed. Every drill bounds each stream's silence across the fault by the
-heartbeat's detection bound plus the re-form it measured plus a replay's prefill and two steps of
-the quiet run (`fault_drill.pause_bound`). Real processes on loopback."""
+are blackholed, the same; and `tandem serve --tp 2 --pp 2` with one stage process SIGSTOPped,
+then the links of stage 1's TP rank 1 blackholed. Every drill bounds each stream's silence across
+the fault by the heartbeat's detection bound plus the re-form it measured plus a replay's prefill
+and two steps of the quiet run (`fault_drill.pause_bound`). Real processes on loopback."""
 
 import signal
 
