@@ -486,9 +486,12 @@ static inline __attribute__((always_inline)) void dot_q8_0x(const uint8_t *wr, c
             const int64_t nh = n - 8 * h < 8 ? n - 8 * h : 8;
             if (nh <= 0) break;
             const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nh), lane);
-            uint16_t sh[8] = {0};
-            memcpy(sh, wr + 2 * (b0 + 8 * h), (size_t)(2 * nh));
-            const __m256 sd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sh));
+            __m128i sh = _mm_setzero_si128();
+            if (nh == 8)
+                sh = _mm_loadu_si128((const __m128i *)(wr + 2 * (b0 + 8 * h)));
+            else
+                memcpy(&sh, wr + 2 * (b0 + 8 * h), (size_t)(2 * nh));
+            const __m256 sd = _mm256_cvtph_ps(sh);
             __m256i u[8];
             for (int k = 0; k < 8; k++) {
                 const uint8_t *p = qg + 4 * n * k + 32 * h;
