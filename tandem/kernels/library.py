@@ -90,6 +90,12 @@ REPACKED = {60: ("Q8_0X", "Q8_0")}
 MAX_PARTS = 16  # csrc/qgemv.c: weights per call
 
 
+def type_id_of(name: str) -> int:
+    """The type id of a kernel type's name: a GGUF type's, or one of tandem's REPACKED."""
+    own = [t for t, (n, _) in REPACKED.items() if n == name]
+    return own[0] if own else BY_NAME[name].type_id
+
+
 def kernel_row_bytes(type_id: int, in_features: int) -> tuple[str, int]:
     """(type name, bytes per row) of a weight of ggml type `type_id`, `in_features` columns wide,
     as csrc/qgemv.c multiplies it; `NativeError` for a type it lacks or a width that is not whole
