@@ -15,6 +15,9 @@ fraction of the read, the median of the per-round new/old ratios and the best ro
 (on a busy machine the best rounds are the ones it ran alone).
 `--shape N,K` replaces the file by one random (N, K) matrix of each of `--types`, called
 `--calls` times per round: a small one stays in cache and shows the kernels' arithmetic rate.
+`--repack`: the new build multiplies each Q8_0 weight repacked (a Q8_0X copy,
+tandem/kernels/repack.py), the old one the file's rows, as a decode after load-time repacking
+would; the read is of the repacked copy (the same bytes).
 """
 
 from __future__ import annotations
@@ -118,8 +121,11 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=1)
     p.add_argument("--old-flags", default="", help="extra compiler flags, e.g. -DQPREFETCH=2048")
     p.add_argument("--new-flags", default="")
+    p.add_argument("--repack", action="store_true", help="new: Q8_0 weights as Q8_0X")
     a = p.parse_args()
     import torch  # the OpenMP runtime the kernels share, loaded first as in tandem
+
+    from tandem.kernels import native, repack
 
     del torch
     tmp = Path(tempfile.mkdtemp(prefix="qgemv-ab-"))
@@ -135,18 +141,28 @@ def main() -> None:
     for tname, ws in groups.items():
         ws = ws * a.calls
         total = sum(w.nbytes for w, _, _ in ws)
-        calls = []
+        calls, packed = [], {}
         for w, tid, k in ws:
             x = rng.standard_normal((a.rows, k)).astype(np.float32)
             y = np.empty((a.rows, w.shape[0]), np.float32)
             parts = (Part * 1)(Part(w.ctypes.data, w.shape[0], tid))
-            calls.append((x, y, parts, k, w))
+            wn, pn = w, parts
+            if a.repack and tid == repack.Q8_0:
+                if id(w) not in packed:  # one copy per weight (`--calls` repeats the same)
+                    packed[id(w)] = np.empty_like(w)
+                    pack = libs["new"].tandem_q8x_pack
+                    pack.restype, pack.argtypes = native._SIGNATURES["tandem_q8x_pack"]
+                    assert pack(w.ctypes.data, packed[id(w)].ctypes.data, w.shape[0], k, 2) == 0
+                wn = packed[id(w)]
+                pn = (Part * 1)(Part(wn.ctypes.data, w.shape[0], repack.Q8_0X))
+            calls.append((x, y, {"old": parts, "new": pn}, k, wn))
         for nt in map(int, a.threads.split(",")):
 
-            def gemv(lib, nt=nt, calls=calls):
+            def gemv(side, nt=nt, calls=calls):
+                lib = libs[side]
                 for x, y, parts, k, _ in calls:
                     rc = lib.tandem_qgemv(
-                        x.ctypes.data, parts, 1, None, y.ctypes.data, a.rows, k, 0, nt
+                        x.ctypes.data, parts[side], 1, None, y.ctypes.data, a.rows, k, 0, nt
                     )
                     assert rc == 0
                 return calls[-1][1].copy()
@@ -155,9 +171,9 @@ def main() -> None:
                 for *_, w in calls:
                     libs["new"].tandem_stream_read(w.ctypes.data, w.nbytes, nt)
 
-            ys = {n: gemv(lib) for n, lib in libs.items()}  # warm-up, and the two agree
+            ys = {n: gemv(n) for n in libs}  # warm-up, and the two agree
             diff = float(np.abs(ys["new"] - ys["old"]).max() / (np.abs(ys["old"]).max() + 1e-30))
-            fns = {"old": lambda: gemv(libs["old"]), "new": lambda: gemv(libs["new"]), "read": read}
+            fns = {"old": lambda: gemv("old"), "new": lambda: gemv("new"), "read": read}
             times: dict[str, list[float]] = {n: [] for n in fns}
             for _ in range(a.rounds):
                 for n, f in fns.items():

@@ -43,6 +43,9 @@ with the one llama-bench run of that round: `chosen` the build each weight type 
 (TANDEM_KERNEL_VARIANT); the "kernels" column says which build each type's decode / prefill GEMV
 ran (d: / p:).
 
+`--llama-prompt 0` runs llama-bench's decode alone (`-p 0`; its prefill column then nan): with
+its default repacking, whose prefill dies with SIGILL on some VMs, decode still interleaves.
+
 `--extra NAME=FILE` adds a file (e.g. one written by `tandem quantize`, which llama.cpp must load
 too). `--tandem-only` runs without llama.cpp: the files already under --work, the extras and
 SmolLM2, tandem's columns only (for a machine where llama.cpp is not built yet).
@@ -258,13 +261,14 @@ def run_proc(cmd: list[str], env: dict | None = None) -> tuple[str, str, int, in
 
 
 def llama_round(cpp: Path, f: Path, a: argparse.Namespace) -> dict:
+    lp = a.prompt if a.llama_prompt is None else a.llama_prompt
     cmd = [str(cpp / "bin" / "llama-bench"), "-m", str(f), "-t", str(a.threads), "-p",
-           str(a.prompt), "-n", str(a.decode), "-r", "1", "-o", "json", *a.llama_args.split()]  # fmt: skip
+           str(lp), "-n", str(a.decode), "-r", "1", "-o", "json", *a.llama_args.split()]  # fmt: skip
     out, err, rc, rss = run_proc(cmd, dict(os.environ, LD_LIBRARY_PATH=str(cpp / "bin")))
     if rc != 0:
         raise SystemExit(f"llama-bench failed ({rc}) on {f}: {err[-800:]}")
     rows = json.loads(out)
-    pre = next(r["avg_ts"] for r in rows if r["n_prompt"] == a.prompt and r["n_gen"] == 0)
+    pre = next((r["avg_ts"] for r in rows if r["n_prompt"] == lp and r["n_gen"] == 0), float("nan"))
     dec = next(r["avg_ts"] for r in rows if r["n_gen"] == a.decode and r["n_prompt"] == 0)
     return dict(pre=pre, dec=dec, rss=rss)
 
@@ -410,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated substrings of the file names")
     p.add_argument("--work", type=Path, default=WORK)
     p.add_argument("--llama-args", default="", help="extra llama-bench arguments")
+    p.add_argument("--llama-prompt", type=int, default=None,
+                   help="llama-bench's -p (default --prompt); 0: its decode alone (its default "
+                   "repacking, whose prefill dies with SIGILL on some VMs)")  # fmt: skip
     p.add_argument("--extra", action="append", default=[], help="NAME=FILE.gguf, another file")
     p.add_argument("--tandem-only", action="store_true", help="no llama.cpp: tandem's columns")
     p.add_argument("--large", action="store_true", help="also the qwen3-1.7b preset in Q4_K_M")

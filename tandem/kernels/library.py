@@ -52,7 +52,7 @@ SOURCES = tuple(
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "decode_token.c", "qgemv.c",
         "qgemm.c", "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c", "build_info.c",
-        "deltanet.c",
+        "deltanet.c", "q8x.c",
     )
 )  # fmt: skip
 HEADERS = tuple(
@@ -84,7 +84,16 @@ KERNEL_NAMES = (
 )
 KERNEL_TYPES = frozenset(BY_NAME[n].type_id for n in KERNEL_NAMES)  # what csrc/qgemv.c multiplies
 DENSE_TYPES = frozenset(BY_NAME[n].type_id for n in ("F32", "F16", "BF16"))
+# tandem's own layouts, never in a file: type id -> (name, the file type whose bytes it repacks
+# row by row into the same row bytes). Q8_0X: csrc/quant.h, made by tandem/kernels/repack.py.
+REPACKED = {60: ("Q8_0X", "Q8_0")}
 MAX_PARTS = 16  # csrc/qgemv.c: weights per call
+
+
+def type_id_of(name: str) -> int:
+    """The type id of a kernel type's name: a GGUF type's, or one of tandem's REPACKED."""
+    own = [t for t, (n, _) in REPACKED.items() if n == name]
+    return own[0] if own else BY_NAME[name].type_id
 
 
 def kernel_row_bytes(type_id: int, in_features: int) -> tuple[str, int]:
@@ -92,6 +101,10 @@ def kernel_row_bytes(type_id: int, in_features: int) -> tuple[str, int]:
     as csrc/qgemv.c multiplies it; `NativeError` for a type it lacks or a width that is not whole
     blocks (of 32 too, the activations' quantization group). Each caller checks its own array
     (torch or numpy) against the row bytes."""
+    if type_id in REPACKED:
+        name, of = REPACKED[type_id]
+        cols = kernel_row_bytes(BY_NAME[of].type_id, in_features)[1]
+        return name, cols
     try:
         t = layout(type_id)
     except UnsupportedTypeError as e:
@@ -204,6 +217,9 @@ _SIGNATURES = {  # C function -> (return type, argument types); see csrc/ for th
     "tandem_gemv": (_INT, (_P, _P, _P, _P, _I64, _I64, _I64, _INT, _INT)),
     "tandem_stream_read": (ctypes.c_uint64, (_P, _I64, _INT)),
     "tandem_evict": (None, (_P, _I64)),  # p, nbytes: out of every cache level (CLFLUSH)
+    # src, dst (may be src), rows, K, threads: Q8_0 rows to GT_Q8_0X (csrc/q8x.c) and back
+    "tandem_q8x_pack": (_INT, (_P, _P, _I64, _I64, _INT)),
+    "tandem_q8x_unpack": (_INT, (_P, _P, _I64, _I64, _INT)),
     # x, parts, nparts, bias32, y, M, K, dtype, threads (csrc/quant.h; tandem/kernels/quant.py)
     "tandem_qgemv": (_INT, (_P, _P, _I64, _P, _P, _I64, _I64, _INT, _INT)),
     # choice: 1 the AVX2 prefill kernel for all-K-quant calls, 0 the AVX-512 one, else read only

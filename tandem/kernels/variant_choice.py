@@ -123,11 +123,18 @@ def llc_bytes(caches: Path = SYSFS_CACHES) -> int:
     return best[1]
 
 
+def _row_bytes(type_id: int, in_features: int) -> int:
+    """Bytes a row of `type_id` takes (tandem's repacked types too, library.REPACKED)."""
+    return library.kernel_row_bytes(type_id, in_features)[1]
+
+
+def _name(type_id: int) -> str:
+    return library.REPACKED[type_id][0] if type_id in library.REPACKED else layout(type_id).name
+
+
 def weight_bytes(projections: Sequence[Projection]) -> int:
     """The bytes of every part of `projections`: what one decode token reads of them."""
-    return sum(
-        pt.rows * layout(pt.type).row_bytes(p.in_features) for p in projections for pt in p.parts
-    )
+    return sum(pt.rows * _row_bytes(pt.type, p.in_features) for p in projections for pt in p.parts)
 
 
 def decode_reads_dram(projections: Sequence[Projection], llc: int | None = None) -> bool:
@@ -155,7 +162,7 @@ def sample(projections: Sequence[Projection], type_id: int, budget: int) -> list
             break
         if set(p.types) != {type_id}:
             continue
-        rb = layout(type_id).row_bytes(p.in_features)
+        rb = _row_bytes(type_id, p.in_features)
         parts = []
         for pt in p.parts:
             rows = max(min(pt.rows, left // rb), min(pt.rows, MIN_ROWS))
@@ -186,7 +193,7 @@ def time_variants(
     ]
     fns = {n: library.variant_library(n).tandem_qgemv for n in names}
     evict = library.library().tandem_evict
-    spans = [(pt.w, pt.rows * layout(pt.type).row_bytes(p.in_features))
+    spans = [(pt.w, pt.rows * _row_bytes(pt.type, p.in_features))
              for p in projections for pt in p.parts]  # fmt: skip
 
     def one_pass(name: str) -> float:
@@ -223,7 +230,7 @@ def _sample_key(
     shapes = ",".join(f"{p.out_features}x{p.in_features}" for p in projections)
     digest = hashlib.sha256(shapes.encode()).hexdigest()[:12]
     where = "dram" if dram else "cache"
-    return f"{layout(type_id).name} {cls} threads={threads} shapes={digest} from={where}"
+    return f"{_name(type_id)} {cls} threads={threads} shapes={digest} from={where}"
 
 
 def _load_cache() -> dict[str, Any]:
@@ -300,7 +307,7 @@ def choose(
                     machine[key] = hit
             per_class[cls] = {**hit, "cached": cached}
             library.route(t, cls, hit["variant"])
-        report["kernels"][layout(t).name] = per_class
+        report["kernels"][_name(t)] = per_class
     if use_cache and len(names) > 1:
         _store_cache(doc)
     _current.clear()

@@ -261,7 +261,7 @@ def test_the_executor_describes_the_isa_build_each_weight_type_took(tmp_path_fac
         for cls in library.SHAPE_CLASSES:
             chosen = classes[cls]["variant"]
             assert chosen in library.variants()
-            assert library.routed(BY_NAME[name].type_id, cls) == chosen
+            assert library.routed(library.type_id_of(name), cls) == chosen
 
 
 def test_the_torch_path_times_and_describes_its_gguf_types_too(tmp_path_factory) -> None:

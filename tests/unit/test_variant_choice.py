@@ -238,7 +238,7 @@ def test_on_smollm2_the_chosen_build_is_at_least_as_fast_as_avx2_by_the_same_tim
         dram = variant_choice.decode_reads_dram(model.projections())
         assert dram == (llc != "sysfs" or report["weights_mib"] > report["llc_mib"])
         for name, classes in report["kernels"].items():
-            t = BY_NAME[name].type_id
+            t = library.type_id_of(name)
             chosen = classes["decode"]["variant"]
             assert classes["decode"]["dram"] == dram and not classes["prefill"]["dram"]
             calls = variant_choice.sample(
@@ -250,4 +250,4 @@ def test_on_smollm2_the_chosen_build_is_at_least_as_fast_as_avx2_by_the_same_tim
     finally:
         for name in report["kernels"]:
             for cls in library.SHAPE_CLASSES:
-                library.route(BY_NAME[name].type_id, cls, None)
+                library.route(library.type_id_of(name), cls, None)

@@ -16,7 +16,7 @@
  * The embedding row, float32 as gguf-py's `dequantize` gives it (numpy float32, one rounding per
  * operation; this file builds with -ffp-contract=off, so no fused multiply-add):
  *   F32 as stored;  F16, BF16 widened (exact);
- *   Q8_0  (34 B / 32):  q_j * d
+ *   Q8_0  (34 B / 32):  q_j * d      (GT_Q8_0X, quant.h: the same numbers, repacked)
  *   Q4_0  (18 B / 32):  d * (float)(nib_j - 8)          nib_j: byte j's low nibble (j < 16),
  *   Q4_1  (20 B / 32):  (d * (float)nib_j) + m          byte j - 16's high nibble (j >= 16)
  */
@@ -56,8 +56,8 @@ typedef struct {
 
 /* 1 where `embed_row` dequantizes type t. */
 int tandem_embed_type_native(int64_t t) {
-    return t == GT_F32 || t == GT_F16 || t == GT_BF16 || t == GT_Q8_0 || t == GT_Q4_0 ||
-           t == GT_Q4_1;
+    return t == GT_F32 || t == GT_F16 || t == GT_BF16 || t == GT_Q8_0 || t == GT_Q8_0X ||
+           t == GT_Q4_0 || t == GT_Q4_1;
 }
 
 static inline float half(const uint8_t *p) {
@@ -85,6 +85,13 @@ static int embed_row(const uint8_t *row, int64_t t, int64_t D, float *y) {
             uint16_t u;
             memcpy(&u, row + 2 * i, 2);
             y[i] = bf16_to_f32(u);
+        }
+        return 0;
+    case GT_Q8_0X:
+        for (int64_t b = 0; b < D / 32; b++) {
+            const float d = half(row + 2 * b);
+            for (int j = 0; j < 32; j++)
+                y[b * 32 + j] = (float)(int8_t)(row[tq_q8x_at(D / 32, b, j)] ^ 0x80) * d;
         }
         return 0;
     case GT_Q8_0:

@@ -463,6 +463,73 @@ static inline __attribute__((always_inline)) void dot_mxfp4(const uint8_t *wr, c
     dot_b32_any(GT_MXFP4, 1, wr, X, out, M);
 }
 
+/* GT_Q8_0X (quant.h) against X's t16 layout, 256 bits at a time: per group of 16 blocks its
+ * halves (blocks 0-7 into lo, 8-15 into hi, canon.h's lanes), each 8 integer dots over 32-byte
+ * vectors whose lane i is block i alone, so the chain leaves block i's exact dot in lane i: with
+ * VPDPBUSD U = sum (w + 128) q and I = U - 128 sum q; without, w = byte XOR 0x80 signed and
+ * VPMADDUBSW of |w| against q with w's signs (pairs <= 2 128 127, exact) then VPMADDWD, I =
+ * sum w q. Then acc = fma(I, s dx, acc): the same bits as dot_b32 on the rows before repacking. A
+ * half of nh < 8 live blocks loads its runs (4 n bytes apart) masked; a half with none adds
+ * nothing and is skipped, as dot_b32_any skips it. */
+static inline __attribute__((always_inline)) void dot_q8_0x(const uint8_t *wr, const xq_t *X,
+                                                            float *out, const int M) {
+    const int64_t nb = X->K / 32, nbp = X->nbp, T = QX_T16(X->K);
+    const __m256i z = _mm256_setzero_si256(), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 acc[2][QMAX_ROWS];
+    for (int m = 0; m < M; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int64_t n = nb - b0 < 16 ? nb - b0 : 16;
+        const uint8_t *qg = wr + 2 * nb + 32 * b0;
+        prefetch_span(wr + 34 * b0, 34 * n); /* the row's share: every line once */
+        for (int h = 0; h < 2; h++) {
+            const int64_t nh = n - 8 * h < 8 ? n - 8 * h : 8;
+            if (nh <= 0) break;
+            const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nh), lane);
+            __m128i sh = _mm_setzero_si128();
+            if (nh == 8)
+                sh = _mm_loadu_si128((const __m128i *)(wr + 2 * (b0 + 8 * h)));
+            else
+                memcpy(&sh, wr + 2 * (b0 + 8 * h), (size_t)(2 * nh));
+            const __m256 sd = _mm256_cvtph_ps(sh);
+            __m256i u[8];
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *p = qg + 4 * n * k + 32 * h;
+                u[k] = nh == 8 ? _mm256_loadu_si256((const __m256i *)p)
+                               : _mm256_maskload_epi32((const int *)p, live);
+#if !HAVE_DPBUSD
+                u[k] = _mm256_xor_si256(u[k], flip); /* signed w */
+#endif
+            }
+            for (int m = 0; m < M; m++) {
+                const int8_t *xt = X->t16 + m * T + 32 * b0 + 32 * h;
+                __m256i a0 = z, a1 = z;
+                for (int k = 0; k < 8; k += 2) {
+                    const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xt + 64 * k));
+                    const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xt + 64 * k + 64));
+#if HAVE_DPBUSD
+                    a0 = DPBUSD(a0, u[k], x0), a1 = DPBUSD(a1, u[k + 1], x1);
+#else
+                    const __m256i one = _mm256_set1_epi16(1);
+                    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                        _mm256_abs_epi8(u[k]), _mm256_sign_epi8(x0, u[k])), one));
+                    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                        _mm256_abs_epi8(u[k + 1]), _mm256_sign_epi8(x1, u[k + 1])), one));
+#endif
+                }
+                __m256i I = _mm256_add_epi32(a0, a1);
+#if HAVE_DPBUSD
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(X->q32 + m * nbp + b0 + 8 * h));
+                I = _mm256_sub_epi32(I, _mm256_slli_epi32(q, 7));
+#endif
+                acc[h][m] = canon_fma(acc[h][m], I, sd, _mm256_loadu_ps(X->d + m * nbp + b0 + 8 * h));
+            }
+        }
+    }
+    (void)flip;
+    for (int m = 0; m < M; m++) out[m] = canon_reduce16(acc[0][m], acc[1][m]);
+}
+
 /* Q4_K / Q5_K superblock sb (one group of 8 sub-blocks, lane j: sub-block j) into acc of each
  * row of X: the 32 qs bytes of sub-blocks 2j (low nibbles) and 2j + 1 (high) rearranged, by two
  * 128-bit lane swaps, into [2j elements 0-15 | 2j+1 elements 0-15] and [elements 16-31 of

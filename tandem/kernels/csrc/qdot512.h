@@ -290,6 +290,49 @@ static inline __attribute__((always_inline)) void dot_q8_0_512(const uint8_t *w0
         for (int m = 0; m < M; m++) out[r * QMAX_ROWS + m] = canon_reduce512(acc[r][m]);
 }
 
+/* GT_Q8_0X (quant.h), NR <= QMAX_NR consecutive rows of W (rb bytes apart) against X's t16
+ * layout: per group of 16 blocks and row, one 32-byte load of the 16 scales and 8 VPDPBUSD over
+ * 64-byte vectors whose lane i is block i alone, so the chain leaves U (w + 128 against q) of
+ * block i in lane i with no horizontal sums; I = U - 128 sum q and acc = fma(I, s dx, acc) as
+ * canon.h orders it, the same bits as dot_q8_0_512 on the rows before repacking. A last partial
+ * group of n blocks: its runs are 4 n bytes, loaded masked (lanes >= n: w, s 0; X's t16 0). */
+static inline __attribute__((always_inline)) void dot_q8_0x_512(const uint8_t *w0, int64_t rb,
+                                                                const int NR, const xq_t *X,
+                                                                float *out, const int M) {
+    const int64_t nb = X->K / 32, nbp = X->nbp, T = QX_T16(X->K);
+    const __m512i z = _mm512_setzero_si512();
+    __m512 acc[QMAX_NR][QMAX_ROWS];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) acc[r][m] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int64_t n = nb - b0 < 16 ? nb - b0 : 16;
+        const __mmask16 live = live16(n);
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *row = w0 + r * rb, *qg = row + 2 * nb + 32 * b0;
+            prefetch_span(row + 34 * b0, 34 * n); /* the row's share: every line once */
+            const __m512 sd = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, row + 2 * b0));
+            __m512i u[8];
+            for (int k = 0; k < 8; k++)
+                u[k] = n == 16 ? _mm512_loadu_si512(qg + 64 * k)
+                               : _mm512_maskz_loadu_epi32(live, qg + 4 * n * k);
+            for (int m = 0; m < M; m++) {
+                const int8_t *xt = X->t16 + m * T + 32 * b0;
+                __m512i a0 = z, a1 = z;
+                for (int k = 0; k < 8; k += 2) {
+                    a0 = _mm512_dpbusd_epi32(a0, u[k], _mm512_loadu_si512(xt + 64 * k));
+                    a1 = _mm512_dpbusd_epi32(a1, u[k + 1], _mm512_loadu_si512(xt + 64 * k + 64));
+                }
+                const __m512i sq = _mm512_slli_epi32(_mm512_loadu_si512(X->q32 + m * nbp + b0), 7);
+                const __m512i I = _mm512_sub_epi32(_mm512_add_epi32(a0, a1), sq);
+                const __m512 sc = _mm512_mul_ps(sd, _mm512_loadu_ps(X->d + m * nbp + b0));
+                acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), sc, acc[r][m]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < M; m++) out[r * QMAX_ROWS + m] = canon_reduce512(acc[r][m]);
+}
+
 /* Q4_K / Q5_K over the ik layout, per group of two superblocks (16 sub-blocks): per 128 elements
  * one 64-byte load of qs, sub-blocks 4c and 4c + 2 in its low nibbles, 4c + 1 and 4c + 3 in its
  * high ones; each row's 8 VPDPBUSD summed per sub-block (sum8x2). */

@@ -92,6 +92,16 @@ static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
         const int64_t n = nb - g * GB < GB ? nb - g * GB : GB;
         const __mmask16 live = (__mmask16)((1u << n) - 1);
         wgroup *o = out + g;
+        if (t == GT_Q8_0X) { /* transposed already (quant.h): u = w + 128, o = -128 d */
+            const uint8_t *qg = w + 2 * nb + 512 * g;
+            const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, w + 2 * GB * g));
+            o->s0 = o->s1 = d;
+            for (int k = 0; k < 8; k++)
+                o->q[k] = n == GB ? _mm512_loadu_si512(qg + 64 * k)
+                                  : _mm512_maskz_loadu_epi32(live, qg + 4 * n * k);
+            o->o0 = _mm512_mul_ps(d, _mm512_set1_ps(-128.0f));
+            continue;
+        }
         if (t == GT_MXFP4) { /* u = kv[code] + 12 by a byte shuffle, s = 2^(e - 128), o = -12 s */
             const uint8_t *base = w + g * GB * 17;
             const __m512i ix = _mm512_mullo_epi32(lane, _mm512_set1_epi32(17));
@@ -329,7 +339,8 @@ static char *prepare(const void *x, int64_t M, int64_t K, int dt, int nthreads, 
 static inline int qgemm_takes(int64_t t) { (void)t; return 1; }
 static inline void qgemm_dot(const wgroup *wg, const xt_t *X, int64_t m0, float *out, int mt,
                              int64_t t) {
-    const int kind = t == GT_Q4_0 ? K_SYM8 : t == GT_Q5_0 ? K_SYM16 : t == GT_Q8_0 ? K_SYM128
+    const int kind = t == GT_Q4_0 ? K_SYM8 : t == GT_Q5_0 ? K_SYM16
+                     : t == GT_Q8_0 || t == GT_Q8_0X ? K_SYM128
                      : t == GT_MXFP4 ? K_SYM12 : t == GT_Q6_K ? K_Q6K : K_OFFSET;
     dot_rows(wg, X, m0, out, mt, kind);
 }

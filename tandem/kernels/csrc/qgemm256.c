@@ -157,6 +157,23 @@ static void decode_group(int64_t t, const uint8_t *w, int64_t g, int64_t n, __m2
 static void decode_row(int64_t t, const uint8_t *w, int64_t nb, wgroup *out) {
     for (int64_t g = 0; g * GB < nb; g++) {
         const int64_t n = nb - g * GB < GB ? nb - g * GB : GB;
+        if (t == GT_Q8_0X) { /* transposed already (quant.h): half g % 2 of group g / 2, signed */
+            const int64_t n16 = nb - 16 * (g / 2) < 16 ? nb - 16 * (g / 2) : 16;
+            const uint8_t *qg = w + 2 * nb + 512 * (g / 2) + 32 * (g % 2);
+            const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n),
+                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *p = qg + 4 * n16 * k;
+                const __m256i v = n == 8 ? _mm256_loadu_si256((const __m256i *)p)
+                                         : _mm256_maskload_epi32((const int *)p, live);
+                out[g].q[k] = _mm256_and_si256(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), live);
+            }
+            uint16_t sh[8] = {0};
+            memcpy(sh, w + 2 * GB * g, (size_t)(2 * n));
+            out[g].s0 = out[g].s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sh));
+            out[g].o = _mm256_setzero_ps();
+            continue;
+        }
         __m256i u[8];
         float s0[8] = {0}, s1[8] = {0}, o[8] = {0};
         for (int i = 0; i < 8; i++) u[i] = _mm256_setzero_si256();
@@ -290,7 +307,7 @@ static dot_fn dot_for(int64_t t) {
     case GT_Q5_1: case GT_Q5_K: return dot_rows_q5_1;
     case GT_MXFP4: return dot_rows_mxfp4;
     case GT_Q6_K: return dot_rows_q6_k;
-    case GT_Q8_0: return dot_rows_q8_0;
+    case GT_Q8_0: case GT_Q8_0X: return dot_rows_q8_0;
     default: return NULL;
     }
 }

@@ -15,7 +15,9 @@
  * order of the prefill kernels too: a row's output is the same bits at any row count. The result differs from X . W^T only by the activation rounding,
  * |x_i - x'_i| <= dx / 2 per element, and float32 rounding (tests/unit/test_quant_gemv.py
  * states and checks the bound). The dense types (F32, F16, BF16) are widened to float32 in
- * registers and multiplied by X as given (exact up to float32 rounding).
+ * registers and multiplied by X as given (exact up to float32 rounding). Q8_0 rows repacked at
+ * load (GT_Q8_0X, quant.h) run against X's t16 layout (qx.h): the same integer dots, scales and
+ * order, so the same bits as the rows before repacking, with no horizontal sums.
  *
  * Partition: each part's rows split into blocks of QCHUNK_ROWS contiguous rows, numbered across
  * the parts; decode gives each of torch's OpenMP threads one contiguous run of them (a thread
@@ -127,8 +129,10 @@ DEFINE_ROWS(rows_q5_0, DOT_Q5_0)
 DEFINE_ROWS(rows_q5_1, DOT_Q5_1)
 #if HAVE_Q512
 DEFINE_ROWS_N(rows_q8_0, dot_q8_0_512, Q8_NR)
+DEFINE_ROWS_N(rows_q8_0x, dot_q8_0x_512, Q8_NR)
 #else
 DEFINE_ROWS(rows_q8_0, DOT_Q8_0)
+DEFINE_ROWS(rows_q8_0x, dot_q8_0x)
 #endif
 DEFINE_ROWS(rows_q4_k, DOT_Q4_K)
 DEFINE_ROWS(rows_q5_k, DOT_Q5_K)
@@ -148,6 +152,7 @@ static rows_fn rows_for(int64_t t) {
     case GT_Q5_0: return rows_q5_0;
     case GT_Q5_1: return rows_q5_1;
     case GT_Q8_0: return rows_q8_0;
+    case GT_Q8_0X: return rows_q8_0x;
     case GT_Q4_K: return rows_q4_k;
     case GT_Q5_K: return rows_q5_k;
     case GT_Q6_K: return rows_q6_k;
@@ -163,13 +168,14 @@ static rows_fn rows_for(int64_t t) {
  * parts' kernels read, rows quantized in parallel when there are many. One allocation, freed by
  * the caller; NULL on failure. */
 static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, int il32, int ilk,
-                       int nthreads, xq_t *X) {
+                       int it16, int nthreads, xq_t *X) {
     const int64_t nbp = QX_NBP(K);
     const size_t xf = dt == DT_F32 ? 0 : (size_t)(M * K) * 4;
     /* d s d16 s16 d4 s4: 1 1 2 2 4 4 floats per nbp; q32 q16: 1 2 ints */
     const size_t fl = quant ? (size_t)(M * nbp) * 4 * (QX_FLOATS + QX_INTS) : 0;
     const size_t q = quant ? (size_t)(M * K) * (1 + (il32 != 0) + (ilk != 0)) : 0;
-    char *buf = (char *)aligned_alloc(64, (xf + fl + q + 64) / 64 * 64);
+    const size_t t16 = quant && it16 ? (size_t)(M * QX_T16(K)) : 0;
+    char *buf = (char *)aligned_alloc(64, (xf + fl + q + t16 + 64) / 64 * 64);
     if (!buf) return NULL;
     *X = (xq_t){.xf = (const float *)x, .K = K, .nbp = nbp};
     float *xfb = xf ? (float *)buf : NULL;
@@ -182,6 +188,7 @@ static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, i
         X->nat = qb;
         X->i32 = il32 ? qb + M * K : NULL;
         X->ik = ilk ? qb + M * K * (1 + (il32 != 0)) : NULL;
+        X->t16 = t16 ? (int8_t *)(buf + xf + fl + q) : NULL;
     }
     if (xfb) X->xf = xfb;
     const int T = M >= 16 && nthreads > 1 ? nthreads : 1;
@@ -199,6 +206,7 @@ static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, i
                         X->s4 + 4 * m * nbp, X->q32 + m * nbp, X->q16 + 2 * m * nbp);
         qx_interleave_row(X->nat + m * K, K, il32 ? X->i32 + m * K : NULL,
                           ilk ? X->ik + m * K : NULL);
+        if (X->t16) qx_t16_row(X->nat + m * K, K, X->t16 + m * QX_T16(K));
     }
     return buf;
 }
@@ -212,6 +220,7 @@ static xq_t x_rows(const xq_t *X, int64_t g) {
         v.nat = X->nat + g * K;
         v.i32 = X->i32 ? X->i32 + g * K : NULL;
         v.ik = X->ik ? X->ik + g * K : NULL;
+        v.t16 = X->t16 ? X->t16 + g * QX_T16(K) : NULL;
         v.d = X->d + g * nbp, v.s = X->s + g * nbp;
         v.d16 = X->d16 + 2 * g * nbp, v.s16 = X->s16 + 2 * g * nbp;
         v.d4 = X->d4 + 4 * g * nbp, v.s4 = X->s4 + 4 * g * nbp;
@@ -352,7 +361,7 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
         if (rc != -2) return rc;
     }
     int64_t N = 0, first_chunk[17], off[16];
-    int quant = 0, il32 = 0, ilk = 0;
+    int quant = 0, il32 = 0, ilk = 0, it16 = 0;
     first_chunk[0] = 0;
     for (int64_t p = 0; p < nparts; p++) {
         const int64_t t = parts[p].type, bs = tq_block_size(t);
@@ -361,13 +370,14 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
         il32 |= t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1 || t == GT_MXFP4 ||
                 (!HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K)); /* the pair kernels */
         ilk |= HAVE_Q512 && (t == GT_Q4_K || t == GT_Q5_K);
+        it16 |= t == GT_Q8_0X;
         off[p] = N;
         N += parts[p].rows;
         first_chunk[p + 1] = first_chunk[p] + (parts[p].rows + QCHUNK_ROWS - 1) / QCHUNK_ROWS;
     }
     if (quant && K % 32) return -1;
     xq_t X;
-    char *buf = prepare_x(x, M, K, dt, quant, il32, ilk, nthreads, &X);
+    char *buf = prepare_x(x, M, K, dt, quant, il32, ilk, it16, nthreads, &X);
     if (!buf) return -1;
     const int64_t chunks = first_chunk[nparts];
     int T = nthreads < 1 ? 1 : nthreads;

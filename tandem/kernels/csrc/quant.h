@@ -10,7 +10,20 @@
 enum {
     GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8,
     GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_BF16 = 30, GT_MXFP4 = 39,
+    GT_Q8_0X = 60, /* tandem's own: Q8_0 rows repacked at load (tq_q8x_at, csrc/q8x.c) */
 };
+
+/* GT_Q8_0X, never in a file: a Q8_0 row of nb blocks repacked in place into the same 34 nb bytes,
+ * the nb float16 scales first, then per group g of n = min(16, nb - 16 g) blocks 8 runs of 4 n
+ * bytes: run k, bytes 4 i .. 4 i + 3 = elements 4 k .. 4 k + 3 of block 16 g + i, each stored as
+ * the unsigned w + 128 (w XOR 0x80). A group of 16 blocks is 8 64-byte vectors whose 32-bit lane i
+ * belongs to block i alone, so one VPDPBUSD chain of 8 gives the 16 blocks' integer dots with no
+ * horizontal sums (the transposed form qgemm.c decodes every type into), and the 16 scales are
+ * one 32-byte load. Byte j of block b of a row sits at tq_q8x_at(nb, b, j). */
+static inline int64_t tq_q8x_at(int64_t nb, int64_t b, int64_t j) {
+    const int64_t g = b / 16, n = nb - 16 * g < 16 ? nb - 16 * g : 16;
+    return 2 * nb + 512 * g + 4 * n * (j >> 2) + 4 * (b % 16) + (j & 3);
+}
 
 /* One weight of a (possibly fused) linear layer: `rows` rows of ggml type `type`, row-major,
  * each row K / block_size whole blocks. A layer's parts stack their rows: part p's outputs are
@@ -48,7 +61,8 @@ typedef struct {
 static inline int64_t tq_block_size(int64_t t) {
     switch (t) {
     case GT_F32: case GT_F16: case GT_BF16: return 1;
-    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: case GT_MXFP4: return 32;
+    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: case GT_Q8_0: case GT_MXFP4: case GT_Q8_0X:
+        return 32;
     case GT_Q4_K: case GT_Q5_K: case GT_Q6_K: return 256;
     default: return 0;
     }
@@ -63,7 +77,7 @@ static inline int64_t tq_block_bytes(int64_t t) {
     case GT_Q4_1: return 20;
     case GT_Q5_0: return 22;
     case GT_Q5_1: return 24;
-    case GT_Q8_0: return 34;
+    case GT_Q8_0: case GT_Q8_0X: return 34;
     case GT_MXFP4: return 17;
     case GT_Q4_K: return 144;
     case GT_Q5_K: return 176;

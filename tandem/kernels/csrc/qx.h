@@ -14,7 +14,10 @@
  *        laid side by side. A row's last K/32 % 4 blocks stay in natural order;
  *   ik   per 128 elements (half a K-quant superblock), the sub-blocks of 32 in order 0, 2, 1, 3:
  *        a 64-byte load of Q4_K / Q5_K `qs` holds sub-blocks 0 and 2 in its low nibbles and 1, 3
- *        in its high ones.
+ *        in its high ones;
+ *   t16  per group of 16 blocks, 8 vectors of 64 bytes: vector k, bytes 4 i .. 4 i + 3 = elements
+ *        4 k .. 4 k + 3 of block i (GT_Q8_0X's order, quant.h); a last partial group padded
+ *        with zeros to 16 blocks (QX_T16 bytes a row).
  * A block with a NaN or an infinity gets dx = NaN (every output it touches is NaN, as the
  * float product's would be); an all-zero block dx = 0.
  */
@@ -27,7 +30,7 @@
 
 typedef struct {
     const float *xf; /* (M, K) float32 activations (the dense kernels read these) */
-    int8_t *nat, *i32, *ik;
+    int8_t *nat, *i32, *ik, *t16;
     float *d, *s;     /* (M, nbp): dx and dx * sum(q) per block of 32 */
     float *d16, *s16; /* (M, 2 nbp): the same per 16 */
     float *d4, *s4;   /* (M, 4 nbp): dx of each block repeated 4 times, s / 4 likewise */
@@ -38,6 +41,8 @@ typedef struct {
 /* blocks of 32 a row's arrays hold: K / 32 and at least 16 more (a full 16-block load past the
  * last block reads zeros), a multiple of 16 */
 #define QX_NBP(K) ((((K) / 32 + 15) / 16 + 1) * 16)
+/* bytes a row's t16 layout takes: 512 per group of 16 blocks, the last one padded */
+#define QX_T16(K) (((K) / 32 + 15) / 16 * 512)
 /* the floats, then the int32s, one row's scale arrays take, in units of nbp */
 enum { QX_FLOATS = 14, QX_INTS = 3 };
 
@@ -112,5 +117,14 @@ static inline void qx_interleave_row(const int8_t *nat, int64_t K, int8_t *i32, 
         for (int64_t h = 0; h + 4 <= nb; h += 4)
             for (int j = 0; j < 4; j++) memcpy(ik + 32 * (h + j), nat + 32 * (h + order[j]), 32);
     }
+}
+
+/* The t16 layout from the natural one (module comment). */
+static inline void qx_t16_row(const int8_t *nat, int64_t K, int8_t *t16) {
+    const int64_t nb = K / 32;
+    memset(t16, 0, (size_t)QX_T16(K));
+    for (int64_t b = 0; b < nb; b++)
+        for (int k = 0; k < 8; k++)
+            memcpy(t16 + 512 * (b / 16) + 64 * k + 4 * (b % 16), nat + 32 * b + 4 * k, 4);
 }
 #endif

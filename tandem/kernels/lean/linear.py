@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tandem.kernels import library
+from tandem.kernels import library, repack
 from tandem.kernels.cstructs import TqLinear, TqPart
 from tandem.kernels.lean import ops
 
@@ -61,6 +61,22 @@ class Linear:
         )
         self.desc = TqLinear(None, None if bias is None else bias.ctypes.data, 0, len(parts))
         self.desc.parts = ctypes.addressof(self.parts)
+
+    def repack_q8_0(self, done: dict[int, np.ndarray], threads: int) -> None:
+        """Its Q8_0 parts as Q8_0X copies (tandem/kernels/repack.py: the same products bit for
+        bit; the file's pages released). `done` maps the first byte of each weight repacked so
+        far to its copy, so a weight two projections share is repacked once."""
+        arrays, types = list(self.arrays), list(self.types)
+        for i, (w, t) in enumerate(zip(self.arrays, self.types, strict=True)):
+            if t != repack.Q8_0:
+                continue
+            at = w.ctypes.data
+            if at not in done or done[at].shape != w.shape:
+                done[at] = repack.packed_copy(w, self.in_features, threads)
+            arrays[i] = done[at]
+            types[i] = repack.Q8_0X
+            self.parts[i] = TqPart(arrays[i].ctypes.data, arrays[i].shape[0], repack.Q8_0X)
+        self.arrays, self.types = tuple(arrays), tuple(types)
 
     def __call__(self, x: np.ndarray, threads: int) -> np.ndarray:
         """x (M, in) -> (M, out)."""

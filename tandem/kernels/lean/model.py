@@ -284,6 +284,11 @@ class LeanModel:
             )
         except LeanWeightError as e:
             raise LeanUnsupportedError(str(e)) from None
+        # every Q8_0 projection repacked for the GEMV (tandem/kernels/repack.py), the mapped
+        # file's pages released; the embedding reads its rows from the file as stored
+        done: dict[int, np.ndarray] = {}
+        for lin in self.projections():
+            lin.repack_q8_0(done, threads)
         self.norm = _vec(src, "model.norm.weight")
         self.rope = Tables(c, self.pairs)
         self.local_rope = None  # the windowed layers' own table (Gemma 3), unscaled
