@@ -45,6 +45,30 @@ def _paused_no_longer_than_the_reform(drill, quiet, heartbeat_s):
     )
 
 
+def _heartbeat_drill(served, fault_kw):
+    """A quiet run, then the same 4 streams with the fault (`run_drill`'s `sig` / `fault`; a
+    SIGSTOP or a blackhole, seen by a heartbeat of `--heartbeat-timeout` HEARTBEAT_S): every
+    stream equal, 503 within SEEN_WITHIN_S, a pause no longer than the re-form, one re-form, the
+    victim gone. Returns the drill and its 503 reasons."""
+    proc, base = served
+    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
+    assert [s.error for s in quiet.streams] == [None] * 4
+    reforms = metric(base, "tandem_group_reforms_total")
+
+    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, **fault_kw)
+
+    assert drill.in_flight_at_fault == 4
+    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
+    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
+    reasons = {detail for _, code, detail in drill.health if code == 503}
+    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    _paused_no_longer_than_the_reform(drill, quiet, HEARTBEAT_S)
+    assert health(base)[0] == 200 and proc.poll() is None
+    assert metric(base, "tandem_group_reforms_total") == reforms + 1
+    assert drill.victim_pid not in worker_pids(proc.pid)
+    return drill, reasons
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     model = make_model(tmp_path_factory.mktemp("serve-recovery") / "model")
@@ -120,21 +144,8 @@ def served_pp(served_pp_relayed):
 def test_serve_pp2_sees_a_sigstopped_stage_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
     served_pp,
 ):
-    proc, base = served_pp
-    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
-    assert [s.error for s in quiet.streams] == [None] * 4
-
-    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=signal.SIGSTOP)
-
-    assert drill.in_flight_at_fault == 4
-    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
-    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
-    reasons = {detail for _, code, detail in drill.health if code == 503}
-    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    _, reasons = _heartbeat_drill(served_pp, {"sig": signal.SIGSTOP})
     assert any("rank 1 is lost" in r and "heartbeat" in r for r in reasons), reasons
-    _paused_no_longer_than_the_reform(drill, quiet, HEARTBEAT_S)
-    assert health(base)[0] == 200 and proc.poll() is None
-    assert drill.victim_pid not in worker_pids(proc.pid)
 
 
 # ~25 s past the shared `serve --pp 2`: a quiet run, the cut seen by a heartbeat, a new stage
@@ -143,33 +154,19 @@ def test_serve_pp2_sees_a_sigstopped_stage_by_its_heartbeat_and_every_stream_equ
 def test_serve_pp2_sees_a_blackholed_stage_link_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
     served_pp_relayed,
 ):
-    relay, (proc, base) = served_pp_relayed
-    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
-    assert [s.error for s in quiet.streams] == [None] * 4
-    reforms = metric(base, "tandem_group_reforms_total")
+    relay, served = served_pp_relayed
     cut: list[int] = []
-
-    drill = run_drill(
-        base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None,
-        fault=lambda _pid: cut.append(relay.blackhole()),
-    )  # fmt: skip
-
+    drill, reasons = _heartbeat_drill(
+        served, {"sig": None, "fault": lambda _pid: cut.append(relay.blackhole())}
+    )
     # the head's link to the stage, the stage's link back, the stage's beat to the head
-    assert cut and cut[0] >= 3 and drill.in_flight_at_fault == 4, (cut, relay.destinations)
-    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
-    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
-    reasons = {detail for _, code, detail in drill.health if code == 503}
-    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    assert cut and cut[0] >= 3, (cut, relay.destinations)
     # the head's heartbeat loses the stage, or the stage's loses the head first and it exits
     # with PEER_LOST_EXIT, which the head names
     by_head = any("rank 1 is lost" in r and "heartbeat" in r and "(stage 1)" in r for r in reasons)
     by_stage = any(f"code {PEER_LOST_EXIT} (its heartbeat lost" in r for r in reasons)
     assert by_head or by_stage, reasons
     print(f"serve pp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    _paused_no_longer_than_the_reform(drill, quiet, HEARTBEAT_S)
-    assert health(base)[0] == 200 and proc.poll() is None
-    assert metric(base, "tandem_group_reforms_total") == reforms + 1
-    assert drill.victim_pid not in worker_pids(proc.pid)
 
 
 @pytest.fixture(scope="module")
@@ -189,32 +186,18 @@ def served_relayed(tmp_path_factory):
 def test_serve_tp2_sees_a_blackholed_worker_link_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
     served_relayed,
 ):
-    relay, (proc, base) = served_relayed
+    relay, served = served_relayed
     assert len(relay.destinations) >= 4, relay.destinations  # ring links and heartbeats
-    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
-    assert [s.error for s in quiet.streams] == [None] * 4
-    reforms = metric(base, "tandem_group_reforms_total")
     cut: list[int] = []
-
-    drill = run_drill(
-        base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None,
-        fault=lambda _pid: cut.append(relay.blackhole()),
-    )  # fmt: skip
-
-    assert cut and cut[0] >= 4 and drill.in_flight_at_fault == 4, cut
-    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
-    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
-    reasons = {detail for _, code, detail in drill.health if code == 503}
-    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
+    drill, reasons = _heartbeat_drill(
+        served, {"sig": None, "fault": lambda _pid: cut.append(relay.blackhole())}
+    )
+    assert cut and cut[0] >= 4, cut
     # the head's heartbeat loses rank 1, or rank 1's loses the head first (PEER_LOST_EXIT)
     by_head = any("rank 1 is lost" in r and "heartbeat" in r for r in reasons)
     by_worker = any(f"code {PEER_LOST_EXIT} (its heartbeat lost" in r for r in reasons)
     assert by_head or by_worker, reasons
     print(f"serve tp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    _paused_no_longer_than_the_reform(drill, quiet, HEARTBEAT_S)
-    assert health(base)[0] == 200 and proc.poll() is None
-    assert metric(base, "tandem_group_reforms_total") == reforms + 1
-    assert drill.victim_pid not in worker_pids(proc.pid)
 
 
 @pytest.fixture(scope="module")
@@ -230,36 +213,13 @@ def served_grid_relayed(tmp_path_factory):
             yield relay, up
 
 
-def _grid_drill(served, fault_kw):
-    """A quiet run, then the same 4 streams with the fault: every stream equal, 503 within the
-    bound, a pause no longer than the re-form, one re-form, the victim gone. Returns the 503
-    reasons."""
-    proc, base = served
-    quiet = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, sig=None)
-    assert [s.error for s in quiet.streams] == [None] * 4
-    reforms = metric(base, "tandem_group_reforms_total")
-
-    drill = run_drill(base, proc.pid, PROMPTS, max_tokens=MAX_TOKENS, **fault_kw)
-
-    assert drill.in_flight_at_fault == 4
-    assert [s.error for s in drill.streams] == [None] * 4, drill.health[-3:]
-    assert [s.text for s in drill.streams] == [s.text for s in quiet.streams]
-    reasons = {detail for _, code, detail in drill.health if code == 503}
-    assert drill.detect_s is not None and drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, reasons
-    _paused_no_longer_than_the_reform(drill, quiet, HEARTBEAT_S)
-    assert health(base)[0] == 200 and proc.poll() is None
-    assert metric(base, "tandem_group_reforms_total") == reforms + 1
-    assert drill.victim_pid not in worker_pids(proc.pid)
-    return reasons
-
-
 # ~60 s on 2 shared cores: serve's grid (a head and three stage processes), a quiet run, one
 # stage process stopped, seen by its heartbeat, the grid re-formed
 @pytest.mark.slow
 def test_serve_grid_sees_a_sigstopped_rank_by_its_heartbeat_and_every_stream_equals_a_quiet_run(
     served_grid_relayed,
 ):
-    reasons = _grid_drill(served_grid_relayed[1], {"sig": signal.SIGSTOP})
+    _, reasons = _heartbeat_drill(served_grid_relayed[1], {"sig": signal.SIGSTOP})
     assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
 
 
@@ -271,7 +231,7 @@ def test_serve_grid_sees_a_blackholed_rank_link_by_its_heartbeat_and_every_strea
 ):
     relay, served = served_grid_relayed
     cut: list[int] = []
-    reasons = _grid_drill(
+    _, reasons = _heartbeat_drill(
         served, {"sig": None, "fault": lambda _pid: cut.append(relay.blackhole())}
     )
     # stage 0's link to rank 3 and rank 3's beat to the head
