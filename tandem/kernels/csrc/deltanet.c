@@ -49,25 +49,36 @@ static inline float inv_l2(const float *x, int64_t n) {
     return 1.0f / sqrtf(s + DN_L2_EPS);
 }
 
-/* One v head's delta rule and gated norm for one token: S (dk x dv) in place, y (dv). */
+/* One v head's delta rule and gated norm for one token: S (dk x dv) in place, y (dv), ks (dv)
+ * scratch. Two passes over S's rows, each vectorized along its dv columns: S <- e^g S while
+ * ks = S^T k accumulates row by row; then S <- S + k d^T while o = S^T q accumulates. Every
+ * element's arithmetic and every sum's order over i (0 to dk - 1) are the column-at-a-time
+ * form's, so the result is the same bits, read at unit stride. */
 static void head_step(float *S, const float *q, const float *k, const float *v, const float *z,
-                      float g, float beta, const float *norm_w, float eps, float *y, int64_t dk,
-                      int64_t dv) {
+                      float g, float beta, const float *norm_w, float eps, float *y, float *ks,
+                      int64_t dk, int64_t dv) {
     const float decay = expf(g);
-    for (int64_t i = 0; i < dk * dv; i++) S[i] *= decay;
-    for (int64_t d = 0; d < dv; d++) { /* d = beta (v - S^T k), then S += k d^T, column d */
-        float ks = 0.0f;
-        for (int64_t i = 0; i < dk; i++) ks += k[i] * S[i * dv + d];
-        const float delta = (v[d] - ks) * beta;
-        for (int64_t i = 0; i < dk; i++) S[i * dv + d] += k[i] * delta;
+    for (int64_t d = 0; d < dv; d++) ks[d] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) { /* S <- e^g S; ks = S^T k */
+        float *Si = S + i * dv;
+        const float ki = k[i];
+        for (int64_t d = 0; d < dv; d++) {
+            Si[d] *= decay;
+            ks[d] += ki * Si[d];
+        }
+    }
+    for (int64_t d = 0; d < dv; d++) ks[d] = (v[d] - ks[d]) * beta; /* d = beta (v - S^T k) */
+    for (int64_t d = 0; d < dv; d++) y[d] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) { /* S += k d^T; o = S^T q, kept in y */
+        float *Si = S + i * dv;
+        const float ki = k[i], qi = q[i];
+        for (int64_t d = 0; d < dv; d++) {
+            Si[d] += ki * ks[d];
+            y[d] += qi * Si[d];
+        }
     }
     float ms = 0.0f;
-    for (int64_t d = 0; d < dv; d++) { /* o = S^T q, kept in y */
-        float o = 0.0f;
-        for (int64_t i = 0; i < dk; i++) o += q[i] * S[i * dv + d];
-        y[d] = o;
-        ms += o * o;
-    }
+    for (int64_t d = 0; d < dv; d++) ms += y[d] * y[d];
     const float inv = 1.0f / sqrtf(ms / (float)dv + eps);
     for (int64_t d = 0; d < dv; d++) y[d] = (norm_w[d] * (y[d] * inv)) * silu_f(z[d]);
 }
@@ -89,8 +100,10 @@ int tandem_deltanet_mix(const float *proj, int64_t proj_stride, int64_t T, const
     const int64_t C = 2 * Hk * dk + Hv * dv, W = K - 1, r = Hv / Hk;
     if (proj_stride < C + Hv * dv + 2 * Hv) return -1;
     const int64_t nb = T < DN_BLOCK ? T : DN_BLOCK;
-    float *m = (float *)malloc((size_t)(nb * C) * sizeof(float)); /* (nb, C) */
+    /* m (nb, C), then ks (Hv, dv): each v head's S^T k */
+    float *m = (float *)malloc((size_t)(nb * C + Hv * dv) * sizeof(float));
     if (!m) return -1;
+    float *ks = m + nb * C;
     const float qscale = 1.0f / sqrtf((float)dk);
     for (int64_t t0 = 0; t0 < T; t0 += nb) {
         const int64_t n = T - t0 < nb ? T - t0 : nb;
@@ -126,7 +139,7 @@ int tandem_deltanet_mix(const float *proj, int64_t proj_stride, int64_t T, const
                 const float g = A[j] * softplus_f(a[j] + dt_bias[j]);
                 head_step(state + j * dk * dv, mt + h * dk, mt + Hk * dk + h * dk,
                           mt + 2 * Hk * dk + j * dv, z + j * dv, g, beta, norm_w, eps,
-                          y + (t0 + t) * Hv * dv + j * dv, dk, dv);
+                          y + (t0 + t) * Hv * dv + j * dv, ks + j * dv, dk, dv);
             }
         }
     }
