@@ -1,6 +1,7 @@
 """Shared by the batch-invariance tests (tests/unit/test_batch_invariance.py, tests/distributed/
-test_batch_invariance_processes.py): step compositions, running one through any `Executor`, the
-same sequences run alone, and the bit-for-bit comparison."""
+test_batch_invariance_processes.py): step compositions (seeded, or drawn by Hypothesis), running
+one through any `Executor`, the same sequences run alone, the bit-for-bit comparison, and the
+property run over drawn compositions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
 
 from tandem.engine.executor import Step, StepSequence
 from tandem.loaders.gguf.writer import write_preset_gguf
@@ -133,3 +136,39 @@ def check_invariant(mixed_ex, alone_ex, seqs: list[Seq], rnd: random.Random) -> 
                 f"sequence {s.seq_id} after {end} tokens: max |diff| "
                 f"{float(np.abs(got - want).max()):.3g}"
             )
+
+
+@st.composite
+def compositions(draw, max_seqs: int = 16, max_prompt: int = 20):
+    """(sequences, rnd): rnd decides, step by step, which live sequences sit the step out and
+    the order of the step's rows."""
+    n = draw(st.integers(1, max_seqs))
+    tok = st.integers(0, VOCAB - 1)
+    seqs = []
+    for i in range(n):
+        prompt = draw(st.lists(tok, min_size=1, max_size=max_prompt))
+        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(prompt) - 1)), max_size=2)))
+        cuts = [c for c in cuts if c < len(prompt)]
+        bounds = [0, *cuts, len(prompt)]
+        chunks = tuple(tuple(prompt[a:b]) for a, b in zip(bounds, bounds[1:]))
+        decode = tuple(draw(st.lists(tok, max_size=4)))
+        seqs.append(Seq(i, chunks, decode, draw(st.integers(0, 3))))
+    return seqs, draw(st.randoms(use_true_random=False))
+
+
+def property_run(
+    mixed_ex, alone_ex, examples: int, shrink: bool = True, explicit: tuple = (), max_seqs: int = 16
+) -> None:
+    """Hypothesis over `compositions(max_seqs)`: `examples` drawn ones (shrunk on a failure when
+    `shrink`), after the `explicit` cases ((sequences, rnd) each), which always run."""
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
+
+    @settings(max_examples=examples, deadline=None, phases=phases, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    @given(compositions(max_seqs))
+    def prop(case) -> None:
+        check_invariant(mixed_ex, alone_ex, *case)
+
+    for case in explicit:
+        prop = example(case)(prop)
+    prop()

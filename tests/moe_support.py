@@ -1,6 +1,5 @@
-"""What a mixture-of-experts TP group must show about the experts each rank loaded, checked in
-process (tests/unit/test_moe_placements_in_process.py) and across processes
-(tests/distributed/test_moe_processes.py)."""
+"""What a mixture-of-experts TP group must show about the experts each rank loaded, checked across
+processes (tests/distributed/test_moe_processes.py)."""
 
 import pytest
 

@@ -2,10 +2,9 @@
 shared expert, Mixtral, gpt-oss with its biased experts, sinks and sliding-window layers) across
 real processes on loopback, against the single-node reference in float32: every expert placement
 of a TP group (rows of every expert at TP=2, TP=3 and weights 2:1; whole experts at 2 and 3 ranks)
-on Qwen2-MoE, and a pipeline and a (TP=2, TP=1) grid of every family, give the single node's
-greedy ids for 32 tokens at batch 1 and 3, and its first logits within 1e-4 (the same placements
-of the other families run the same group setup in process:
-tests/unit/test_moe_placements_in_process.py). A GGUF file with Qwen3-30B-A3B's expert width 768
+and a pipeline and a (TP=2, TP=1) grid, of every family, give the single node's greedy ids for 32
+tokens at batch 1 and 3, and its first logits within 1e-4; each rank's experts in the cluster view
+are the ones its process loaded. A GGUF file with Qwen3-30B-A3B's expert width 768
 in K-quants runs at TP=2 on its 3 superblocks an expert dealt evenly (half the experts 512 / 256,
 the other half 256 / 512) and with whole experts. gpt-oss in
 OpenAI's MXFP4 safetensors layout runs at TP=2 and on whole experts with its experts kept in their
@@ -38,10 +37,6 @@ def G(e0: int, e1: int, r0: int, r1: int) -> ExpertGroup:
 
 
 FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
-# Every placement across processes on the family with the most parts to place (a dense layer
-# among sparse ones, q/k/v biases, the sigmoid-gated shared expert split by rows under either
-# placement); the other families' placements run the same setup in process.
-ACROSS_PROCESSES = "tiny-qwen2-moe"
 _MADE: dict = {}
 
 
@@ -59,9 +54,11 @@ def family(request, tmp_path_factory):
     return _family(request.param, tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def groups(tmp_path_factory):
-    fam = _family(ACROSS_PROCESSES, tmp_path_factory)
+@pytest.fixture(scope="module", params=FAMILIES)
+def groups(request, tmp_path_factory):
+    """One family's five TP groups, started side by side (12 processes), closed before the next
+    family's start."""
+    fam = _family(request.param, tmp_path_factory)
     with tp_groups(fam[0], LAYOUTS) as started:
         yield fam, started
 

@@ -28,15 +28,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 from invariance_support import (
     QTYPES,
     SHAPE,
     VOCAB,
-    Seq,
     as_numpy,
-    check_invariant,
+    property_run,
     write_tiny_gguf,
 )
 from tp_support import random_reference, tiny_config
@@ -52,24 +49,6 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=f"no native: {nat
 
 MAX_BATCH, MAX_LEN = 16, 40
 KINDS = ["lean", "local-f32", "local-bf16"]
-
-
-@st.composite
-def compositions(draw, max_seqs: int = 16, max_prompt: int = 20):
-    """(sequences, rnd): rnd decides, step by step, which live sequences sit the step out and
-    the order of the step's rows."""
-    n = draw(st.integers(1, max_seqs))
-    tok = st.integers(0, VOCAB - 1)
-    seqs = []
-    for i in range(n):
-        prompt = draw(st.lists(tok, min_size=1, max_size=max_prompt))
-        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(prompt) - 1)), max_size=2)))
-        cuts = [c for c in cuts if c < len(prompt)]
-        bounds = [0, *cuts, len(prompt)]
-        chunks = tuple(tuple(prompt[a:b]) for a, b in zip(bounds, bounds[1:]))
-        decode = tuple(draw(st.lists(tok, max_size=4)))
-        seqs.append(Seq(i, chunks, decode, draw(st.integers(0, 3))))
-    return seqs, draw(st.randoms(use_true_random=False))
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +69,6 @@ def executor(kind: str, f):
         return LeanExecutor.from_file(f, max_batch=MAX_BATCH, max_seq_len=MAX_LEN, threads=2)
     dtype = {"local-f32": torch.float32, "local-bf16": torch.bfloat16}[kind]
     return LocalExecutor.from_dir(f, max_batch=MAX_BATCH, max_seq_len=MAX_LEN, dtype=dtype)
-
-
-def property_run(mixed_ex, alone_ex, examples: int, shrink: bool = True) -> None:
-    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
-
-    @settings(max_examples=examples, deadline=None, phases=phases, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
-    @given(compositions())
-    def prop(case) -> None:
-        check_invariant(mixed_ex, alone_ex, *case)
-
-    prop()
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
