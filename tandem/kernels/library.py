@@ -51,8 +51,8 @@ SOURCES = tuple(
     CSRC / c
     for c in (
         "gemv.c", "decode_ops.c", "decode_block.c", "decode_model.c", "decode_token.c", "qgemv.c",
-        "qgemm.c", "qgemm256.c", "gemm_dense512.c", "moe.c", "sigbus.c", "build_info.c",
-        "deltanet.c", "q8x.c",
+        "qgemm.c", "qgemm256.c", "gemm_dense256.c", "gemm_dense512.c", "moe.c", "sigbus.c",
+        "build_info.c", "deltanet.c", "q8x.c",
     )
 )  # fmt: skip
 HEADERS = tuple(

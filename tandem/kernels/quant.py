@@ -22,8 +22,9 @@ result is cast once to x's dtype; bf16/f16 x is widened to float32 first (exact)
 Prefill quantizes X the same way, once per call. Where every part is block-quantized and X has
 enough rows (5 with AVX-512 VNNI, csrc/qgemm.c; 16 on AVX2, csrc/qgemm256.c, which also takes
 K-quant-only calls first on an AMD AVX-512 CPU), each thread decodes a chunk of W's rows once
-into a transposed form and multiplies it against tiles of X's rows; dense parts on AVX-512 run
-csrc/gemm_dense512.c's register tiles (4 rows of W by 6 of X);
+into a transposed form and multiplies it against tiles of X's rows; dense parts run register
+tiles, csrc/gemm_dense512.c's (4 rows of W by 6 of X) on AVX-512, gemm_dense256.c's (2 by 6) on
+AVX2;
 otherwise each thread takes a cache-resident block of W's rows and runs the decode kernels over
 every group of 4 rows of X. Either way W streams from memory once per call, and the same bound
 holds.

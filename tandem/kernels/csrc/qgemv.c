@@ -164,13 +164,16 @@ static rows_fn rows_for(int64_t t) {
     }
 }
 
-/* The activations for these parts: float32 (when X is not), and quantized in the layouts the
+/* The activations for these parts: float32 on a 64-byte boundary (copied when X is another
+ * dtype, or float32 off that boundary: the dense kernels' 32-byte loads of X then split cache
+ * lines, 1.35x slower for the AVX2 prefill tiles on a Zen 3), and quantized in the layouts the
  * parts' kernels read, rows quantized in parallel when there are many. One allocation, freed by
  * the caller; NULL on failure. */
 static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, int il32, int ilk,
                        int it16, int nthreads, xq_t *X) {
     const int64_t nbp = QX_NBP(K);
-    const size_t xf = dt == DT_F32 ? 0 : (size_t)(M * K) * 4;
+    const int aligned = dt == DT_F32 && ((uintptr_t)x & 63) == 0;
+    const size_t xf = aligned ? 0 : (size_t)(M * K) * 4;
     /* d s d16 s16 d4 s4: 1 1 2 2 4 4 floats per nbp; q32 q16: 1 2 ints */
     const size_t fl = quant ? (size_t)(M * nbp) * 4 * (QX_FLOATS + QX_INTS) : 0;
     const size_t q = quant ? (size_t)(M * K) * (1 + (il32 != 0) + (ilk != 0)) : 0;
@@ -275,6 +278,8 @@ int tandem_qgemm(const void *x, const tq_part *parts, int64_t nparts, const floa
 int tandem_qgemm256(const void *x, const tq_part *parts, int64_t nparts, const float *bias,
                     void *y, int64_t M, int64_t K, int dt, int nthreads);
 int tandem_dense_gemm512(const float *x, const tq_part *parts, int64_t nparts, const float *bias,
+                         void *y, int64_t M, int64_t K, int dt, int nthreads);
+int tandem_dense_gemm256(const float *x, const tq_part *parts, int64_t nparts, const float *bias,
                          void *y, int64_t M, int64_t K, int dt, int nthreads);
 
 /* Which prefill kernel takes a call whose parts are all K-quants: 1 the AVX2 one (qgemm256.c),
@@ -382,8 +387,10 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
     const int64_t chunks = first_chunk[nparts];
     int T = nthreads < 1 ? 1 : nthreads;
     if (N * K * M < (1 << 15) || chunks < 2) T = 1;
-    if (!quant && M > QMAX_ROWS) { /* prefill over dense parts: gemm_dense512.c's tiles */
-        const int rc = tandem_dense_gemm512(X.xf, parts, nparts, bias, y, M, K, dt, T);
+    if (!quant && M > QMAX_ROWS) { /* prefill over dense parts: gemm_dense512.c's tiles, else
+                                    * (no AVX-512 in this build) gemm_dense256.c's */
+        int rc = tandem_dense_gemm512(X.xf, parts, nparts, bias, y, M, K, dt, T);
+        if (rc == -2) rc = tandem_dense_gemm256(X.xf, parts, nparts, bias, y, M, K, dt, T);
         if (rc != -2) {
             free(buf);
             return rc;
