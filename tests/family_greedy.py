@@ -1,6 +1,7 @@
 """The comparison every layout of a model family must pass against its single node, in process or
 across processes: greedy ids for N_NEW tokens at batch 1 and 3 equal, first (prefill) logits within
-1e-4. Shared by tests/distributed/family_support.py and the in-process placement tests."""
+1e-4 (a family whose recurrence carries one step's rounding into every later state may state a
+wider bound, with its reason). Shared by tests/distributed/family_support.py and the in-process placement tests."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ def expected_greedy(ex) -> dict:
     return {b: greedy(ex, PROMPTS[:b], N_NEW) for b in BATCHES}
 
 
-def assert_single_node(ex, expected: dict) -> None:
+def assert_single_node(ex, expected: dict, atol: float = 1e-4) -> None:
     for batch in BATCHES:
         ids, first = greedy(ex, PROMPTS[:batch], N_NEW)
         want_ids, want_first = expected[batch]
-        assert (first - want_first).abs().max().item() < 1e-4
+        worst = (first - want_first).abs().max().item()
+        assert worst < atol, f"batch {batch}: first logits {worst:.3g} from single node's"
         assert ids == want_ids, f"batch {batch}"

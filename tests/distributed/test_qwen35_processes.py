@@ -4,13 +4,13 @@ Gated DeltaNet on 0-2, gated attention with partial rotary on 3; 3 DeltaNet q/k 
 6 v heads of 12; 6 query heads on 3 kv heads; the MoE with a shared expert) at TP=2 (DeltaNet and
 kv heads split 2/1), TP=3 (1/1/1), a pipeline of two stages cut inside the DeltaNet layers and a
 (TP=2, TP=1) grid gives the single node's greedy ids for 32 tokens at batch 1 and 3 and its first
-logits within 1e-4; the single node's batch-1 ids are transformers' own. Each rank's DeltaNet
+logits within ATOL; the single node's batch-1 ids are transformers' own. Each rank's DeltaNet
 state is its own heads' (the shard description names them).
 
 The same models as `qwen35` / `qwen35moe` GGUF files (tandem's writer in llama.cpp's converter
 layout), whose DeltaNet v heads are stored tiled, at TP=2 and TP=3: each rank reads its q/k heads'
 v heads as r = 2 runs of the file (`TPPlan.linear_v_spans`), and the groups give the single
-node's greedy ids and first logits within 1e-4 on the same file. In F32; and in Q8_0 (v heads
+node's greedy ids and first logits within ATOL on the same file. In F32; and in Q8_0 (v heads
 of 16, so out_proj's 32-element blocks span two: the q/k heads go in pairs), where every rank
 holds its DeltaNet in_proj rows and out_proj column runs as the file's blocks, on the reference
 quantized modules as the single node it is held to, the bound of
@@ -38,6 +38,10 @@ from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
 
 LAYOUTS = {"tp2": (2, {}), "tp3": (3, {})}
+# The recurrence carries each step's rounding into every later token's state: a TP group's other
+# partial-sum order moves these first logits by up to 1.8e-4 on an AMD EPYC (AVX2 build: the Q8_0
+# file at TP=2, the MoE's grid), within 1e-4 on a Sapphire Rapids; the greedy ids stay equal.
+ATOL = 5e-4
 SHAPE = dict(
     vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
     num_attention_heads=6, num_key_value_heads=3, head_dim=16, max_position_embeddings=256,
@@ -77,11 +81,11 @@ def test_tp2_and_tp3_match_single_node(qwen35):
             shards = [r["shard"] for r in ex.describe()["ranks"]]
             want = [[0, 2], [2, 3]] if name == "tp2" else [[0, 1], [1, 2], [2, 3]]
             assert [s["linear_k_heads"] for s in shards] == want, name
-            assert_single_node(ex, expected)
+            assert_single_node(ex, expected, ATOL)
 
 
 def test_a_pipeline_and_a_grid_match_single_node(qwen35):
-    assert_pipeline_and_grid_match(qwen35[0], qwen35[1], cut=2, layers=4)
+    assert_pipeline_and_grid_match(qwen35[0], qwen35[1], cut=2, layers=4, atol=ATOL)
 
 
 def test_tp2_and_tp3_of_a_gguf_with_tiled_v_heads_match_single_node(qwen35):
@@ -94,7 +98,7 @@ def test_tp2_and_tp3_of_a_gguf_with_tiled_v_heads_match_single_node(qwen35):
             shards = [r["shard"] for r in ex.describe()["ranks"]]
             want = [[0, 2], [2, 3]] if name == "tp2" else [[0, 1], [1, 2], [2, 3]]
             assert [s["linear_k_heads"] for s in shards] == want, name
-            assert_single_node(ex, expected)
+            assert_single_node(ex, expected, ATOL)
 
 
 Q8_SHAPE = dict(linear_num_key_heads=6, linear_num_value_heads=12, linear_value_head_dim=16)
@@ -121,4 +125,4 @@ def test_tp2_and_tp3_of_a_q8_0_gguf_hold_deltanet_blocks_and_match_single_node(m
             shards = [r["shard"] for r in ex.describe()["ranks"]]
             want = [[0, 4], [4, 6]] if name == "tp2" else [[0, 2], [2, 4], [4, 6]]
             assert [s["linear_k_heads"] for s in shards] == want, name
-            assert_single_node(ex, expected)
+            assert_single_node(ex, expected, ATOL)

@@ -296,11 +296,16 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
             limit = 2e-6 * k**0.5 if dtype == torch.float32 else 2**-7
             assert err.max().item() <= limit, (dtype, rows, n, k, err.max().item())
     # batch invariance: a row's product is the same bits alone, in a decode group or a prefill
-    w = torch.randn(70, 1030, generator=g).to(dtype)
+    # (tiles of 2 rows of W by 6 of X in blocks of 256 columns: an odd row count of W, a K % 32
+    # tail, partial tiles of X, a bias)
+    w = torch.randn(71, 1030, generator=g).to(dtype)
     x = torch.randn(37, 1030, generator=g).to(dtype)
-    whole = native.gemv_unchecked(x, w, None)
-    for a, b in ((0, 1), (3, 7), (5, 37), (1, 6)):
-        assert torch.equal(native.gemv_unchecked(x[a:b], w, None), whole[a:b]), (dtype, a, b)
+    b32 = torch.randn(71, generator=g)
+    for bias in (None, b32):
+        whole = native.gemv_unchecked(x, w, bias)
+        for a, b in ((0, 1), (3, 7), (5, 37), (1, 6), (0, 4)):
+            part = native.gemv_unchecked(x[a:b], w, bias)
+            assert torch.equal(part, whole[a:b]), (dtype, a, b)
 """
 
 
@@ -308,8 +313,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
 @pytest.mark.usefixtures(each_variant.__name__)
 def test_the_native_kernel_is_batch_invariant_in_this_build():
     """PORTABLE_CHECK's checks (products within rounding, each row the same bits at any row
-    count) in every ISA variant's build (AVX-512 BF16's bf16 dot; AVX2's in-lane unpack with X
-    permuted to match)."""
+    count: the decode row kernel at 1-4 rows, the prefill tiles past 4) in every ISA variant's
+    build (AVX-512 BF16's bf16 dot; AVX2's in-lane unpack with X permuted to match)."""
     exec(PORTABLE_CHECK, {})
 
 
