@@ -70,10 +70,26 @@ def qwen2_moe_config():
     return replace(c, moe=replace(c.moe, dense_layers=()))
 
 
+def qwen3_moe_config():
+    """tiny-qwen3-moe as llama.cpp's qwen3moe graph runs it (every layer sparse, the top-k
+    weights renormalized as Qwen3-30B-A3B's are), 256 wide so llama-quantize's Q4_K_M keeps
+    K-quant superblocks: 2 layers, 4 q / 2 kv heads of 256 (one superblock of o_proj's
+    contraction a head, so TP=2 and TP=3 cut it on whole blocks), 4 experts of width 256, top 2."""
+    from tandem.models.presets import get_preset
+
+    c = get_preset("tiny-qwen3-moe").config
+    return replace(
+        c, hidden_size=256, intermediate_size=256, num_hidden_layers=2, head_dim=256,
+        moe=replace(c.moe, num_experts=4, intermediate_size=256, dense_layers=(),
+                    norm_topk_prob=True),
+    )  # fmt: skip
+
+
 FIXTURES = {  # name -> (preset, config, llama-quantize types)
     "gpt-oss": ("tiny-gpt-oss", gpt_oss_config, ("Q8_0", "MXFP4_MOE")),
     "phi3": ("tiny-phi3", phi3_config, ("Q8_0",)),
     "qwen2-moe": ("tiny-qwen2-moe", qwen2_moe_config, ("Q8_0", "BF16")),
+    "qwen3-moe": ("tiny-qwen3-moe", qwen3_moe_config, ("Q4_K_M",)),
 }
 
 

@@ -12,8 +12,10 @@ blocks.
 """
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
 from family_support import (
     PROMPTS,
     assert_pipeline_and_grid_match,
@@ -175,6 +177,57 @@ def test_a_qwen2moe_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_si
     assert plan.moe == "tp" and plan.expert_groups == ((G(0, 8, 0, 32),), (G(0, 8, 32, 64),))
     assert plan.shared_rows == (Span(0, 64), Span(64, 128))
     assert_tp2_and_experts2_match_single_node(file, PROMPTS[0])
+
+
+def test_llamacpps_qwen3moe_q4_k_m_follows_transformers_reading_it_on_every_layout():
+    """llama.cpp's converter and llama-quantize's Q4_K_M of a 256-wide Qwen3-MoE (tests/fixtures/
+    gguf, `scripts/llamacpp_fixtures.py`): TP=2, TP=3, TP=2 at 2:1, whole experts at 2 and 3
+    ranks, PP=2 and a (TP=2, TP=1) grid, each across real processes on the reference quantized
+    modules, give the greedy ids of transformers reading the same file (`gguf_file=`) for 16
+    tokens, up to and including its first near-tie (top-2 gap under 1e-3)."""
+    import transformers
+
+    from tandem.engine.pp.launch import StageSpec, launch_pipeline
+    from tandem.loaders.gguf.model_file import GGUFModel
+    from tandem.parallel.partition import LayerRange
+
+    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "qwen3-moe-q4_k_m.gguf"
+    width = GGUFModel(file).metadata.get("qwen3moe.expert_feed_forward_length", int)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32, moe_intermediate_size=width
+    ).eval()
+    prompt, n = PROMPTS[0], 16
+    want, gaps = [], []
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True)
+        for _ in range(n):
+            top = out.logits[0, -1].topk(2)
+            want.append(int(top.indices[0]))
+            gaps.append(float(top.values[0] - top.values[1]))
+            step = torch.tensor([[want[-1]]])
+            out = hf(step, past_key_values=out.past_key_values, use_cache=True)
+    k = next((i + 1 for i, g in enumerate(gaps) if g < 1e-3), n)
+    assert k >= 4, gaps  # enough steps to compare
+
+    def ids(ex) -> list[int]:
+        return [t for t, _ in greedy_steps(ex, prompt, n)]
+
+    common = dict(max_batch=1, max_seq_len=64, threads=1, kernels="torch")
+    groups = launch_concurrently({k_: (file, tp, kw) for k_, (tp, kw) in LAYOUTS.items()}, **common)
+    try:
+        for name, ex in groups.items():
+            assert ids(ex)[:k] == want[:k], name
+    finally:
+        close_concurrently(groups.values())
+    for stages in (
+        [StageSpec(LayerRange(0, 1)), StageSpec(LayerRange(1, 2))],
+        [StageSpec(LayerRange(0, 1), tp=2), StageSpec(LayerRange(1, 2))],
+    ):
+        ex = launch_pipeline(file, stages, timeout=60, **common)
+        try:
+            assert ids(ex)[:k] == want[:k], [s.tp for s in stages]
+        finally:
+            ex.close()
 
 
 def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_node(

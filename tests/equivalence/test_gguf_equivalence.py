@@ -251,6 +251,35 @@ def test_a_qwen2moe_gguf_made_by_llamacpp_matches_transformers_reading_the_same_
     assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 
+def test_a_qwen3moe_q4_k_m_made_by_llamacpp_matches_transformers_reading_the_same_file():
+    """tiny-qwen3-moe 256 wide (4 experts of width 256, the top-k renormalized, q/k norms) by
+    llama.cpp's convert_hf_to_gguf.py and llama-quantize's Q4_K_M (`scripts/llamacpp_fixtures.py`:
+    Q4_K and Q6_K superblocks, experts stacked as `ffn_*_exps`, the router F32): tandem reads it
+    as transformers' `gguf_file=` loading does (both over gguf-py's dequantization of the same
+    blocks), logits within LOGIT_ATOL and the greedy ids of both prompts up to a near-tie."""
+    file = FIXTURES / "qwen3-moe-q4_k_m.gguf"
+    src = GGUFModel(file)
+    assert src.config.architecture == "Qwen3MoeForCausalLM" and src.config.qk_norm
+    moe = src.config.moe
+    assert (moe.num_experts, moe.top_k, moe.intermediate_size) == (4, 2, 256)
+    assert moe.norm_topk_prob and moe.dense_layers == ()
+    types = {src.manifest[f"model.layers.{i}.mlp.experts.{p}_proj.weight"].dtype
+             for i in range(2) for p in ("gate", "up", "down")}  # fmt: skip
+    assert types <= {"Q4_K", "Q6_K"} and "Q4_K" in types
+    assert src.manifest["model.layers.0.mlp.gate.weight"].dtype == "F32"
+    meta = src.metadata
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32,
+        moe_intermediate_size=meta.get("qwen3moe.expert_feed_forward_length", int),
+    ).eval()  # fmt: skip
+    assert isinstance(hf, transformers.Qwen3MoeForCausalLM) and hf.config.norm_topk_prob
+    model = load_model(src)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+
+
 def test_the_torch_free_path_runs_llamacpps_qwen2moe_file_as_transformers_does():
     """The BF16 file on LeanExecutor (float32 activations: no int8 rounding, so the bound is
     summation order's, as for the torch path): a 20-token prefill and 5 decode tokens each within
