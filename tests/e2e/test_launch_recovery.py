@@ -217,9 +217,9 @@ def test_a_sigstopped_grid_rank_mid_stream_is_seen_by_its_heartbeat_and_replaced
     quiet = _quiet(launched_grid)
     drill, reasons = _drill_replays_every_stream(launched_grid, quiet, signal.SIGSTOP, workers=3)
     assert drill.detect_s <= SEEN_WITHIN_S < OP_TIMEOUT_S, (drill.detect_s, reasons)
-    # the rank named by its heartbeat; /health cuts a long detail, so its place in the grid
-    # ("(stage k, TP rank r)") may be cut off
-    assert any("is lost" in r and "heartbeat" in r for r in reasons), reasons
+    # the rank named by its heartbeat, with its place in the grid right after the loss
+    # ("rank N is lost (stage k, TP rank r)"), early enough for /health's shortened detail
+    assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
 
 
 def _lost_by_a_heartbeat(reasons, rank: int, where: str) -> bool:

@@ -213,9 +213,9 @@ def test_serve_grid_sees_a_sigstopped_rank_by_its_heartbeat_and_every_stream_equ
     served_grid_relayed,
 ):
     _, reasons = _heartbeat_drill(served_grid_relayed[1], {"sig": signal.SIGSTOP})
-    # the rank named by its heartbeat; /health cuts a long detail, so its place in the grid
-    # ("(stage k, TP rank r)") may be cut off
-    assert any("is lost" in r and "heartbeat" in r for r in reasons), reasons
+    # the rank named by its heartbeat, with its place in the grid right after the loss
+    # ("rank N is lost (stage k, TP rank r)"), early enough for /health's shortened detail
+    assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
 
 
 # ~30 s past the shared grid: stage 1's TP rank 1 cut off from stage 0 and the head, the grid

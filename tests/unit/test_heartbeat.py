@@ -180,6 +180,20 @@ def test_a_pipeline_names_a_lost_rank_by_its_stage_and_its_tp_rank_in_a_grid() -
     assert place_of([[0], [1]], 5) == "not in the grid"
 
 
+def test_the_lost_ranks_place_comes_right_after_the_loss_where_health_keeps_it() -> None:
+    """/health shows an unauthenticated caller the first PUBLIC_DETAIL_CHARS of the reason: the
+    place rides right after "rank N is lost", ahead of the heartbeat's long explanation."""
+    from tandem.engine.pp.beats import named_loss
+    from tandem.server.app import PUBLIC_DETAIL_CHARS, public_detail
+
+    said = "rank 0: rank 3 is lost: no heartbeat for 2.0 s (" + "x" * 300 + ")"
+    named = named_loss(said, 3, [[0, 1], [2, 3]])
+    assert named.startswith("rank 0: rank 3 is lost (stage 1, TP rank 1): no heartbeat for 2.0 s")
+    shown = public_detail(f"re-forming (epoch 2): the pipeline failed during a step: {named}")
+    assert len(shown) == PUBLIC_DETAIL_CHARS and "rank 3 is lost (stage 1, TP rank 1)" in shown
+    assert named_loss("rank 1 stopped", 1, [[0], [1]]) == "rank 1 stopped (stage 1)"
+
+
 def test_tandem_stage_refuses_a_heartbeat_timeout_not_above_zero() -> None:
     from tandem.cli.stage import run
 

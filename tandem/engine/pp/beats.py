@@ -148,6 +148,14 @@ def dial_link_beat(terms: LinkTerms, rank: int, to_rank: int, host: str, link: C
         raise StageLinkError(f"rank {rank}: no heartbeat link to rank {to_rank}: {e}") from e
 
 
+def named_loss(said: str, rank: int, grid: Sequence[Sequence[int]]) -> str:
+    """A heartbeat's loss message with the lost rank's place right after the loss ("rank 3 is
+    lost (stage 1, TP rank 1): no heartbeat for ..."), early in the line, where /health's
+    shortened detail keeps it; at the end where the message does not say "rank N is lost"."""
+    lost, place = f"rank {rank} is lost", place_of(grid, rank)
+    return said.replace(lost, f"{lost} ({place})", 1) if lost in said else f"{said} ({place})"
+
+
 def place_of(grid: Sequence[Sequence[int]], rank: int) -> str:
     """Where global rank `rank` sits: "stage K" or "stage K, TP rank R" in a grid."""
     for k, ranks in enumerate(grid):

@@ -37,7 +37,7 @@ from tandem.cluster.exits import exit_cause
 from tandem.engine import cluster_info as ci
 from tandem.engine.executor import Step, StepResult, StepSequence, split_microbatches
 from tandem.engine.pp import frames as pp
-from tandem.engine.pp.beats import place_of
+from tandem.engine.pp.beats import named_loss
 from tandem.engine.pp.frames import StageLinkError, StageMessage, StageTransport
 from tandem.engine.pp.layout import StageSpec
 from tandem.engine.pp.stage import StageRunner
@@ -224,8 +224,9 @@ class PipelineExecutor:
 
     def _lose(self, e: PeerLostError) -> None:
         """The heartbeat declared rank `e.rank` lost (on the heartbeat thread): the pipeline is
-        failed from now, and its stage links are shut down so a step waiting on them wakes."""
-        self._lost = f"{e} ({place_of(self.grid, e.rank)})"
+        failed from now, and its stage links are shut down so a step waiting on them wakes. The
+        reason names the rank's place right after the loss (`named_loss`)."""
+        self._lost = named_loss(str(e), e.rank, self.grid)
         for link in (*self.to_stage0_peers, *self.to_next, self.from_last):
             shutdown = getattr(link, "shutdown", None)
             if shutdown is not None:
