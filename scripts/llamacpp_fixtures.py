@@ -85,11 +85,21 @@ def qwen3_moe_config():
     )  # fmt: skip
 
 
+def mixtral_config():
+    """tiny-mixtral with heads of 32 (4 q / 2 kv on a width of 128): o_proj's contraction is 4
+    Q8_0 blocks, one a head, so TP=3 cuts it on whole blocks (2/1/1 heads)."""
+    from tandem.models.presets import get_preset
+
+    c = get_preset("tiny-mixtral").config
+    return replace(c, hidden_size=128, head_dim=32)
+
+
 FIXTURES = {  # name -> (preset, config, llama-quantize types)
     "gpt-oss": ("tiny-gpt-oss", gpt_oss_config, ("Q8_0", "MXFP4_MOE")),
     "phi3": ("tiny-phi3", phi3_config, ("Q8_0",)),
     "qwen2-moe": ("tiny-qwen2-moe", qwen2_moe_config, ("Q8_0", "BF16")),
     "qwen3-moe": ("tiny-qwen3-moe", qwen3_moe_config, ("Q4_K_M",)),
+    "mixtral": ("tiny-mixtral", mixtral_config, ("Q8_0",)),
 }
 
 

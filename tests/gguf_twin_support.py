@@ -1,6 +1,8 @@
 """Hugging Face twins of GGUF files, for the equivalence tests: every tensor as gguf-py
 dequantizes it, and transformers' GptOssForCausalLM over a gpt-oss file's tensors (transformers'
-own GGUF reader does not take gpt-oss: `gpt_oss_twin`)."""
+own GGUF reader does not take gpt-oss: `gpt_oss_twin`), its MixtralForCausalLM over a Mixtral
+file's (`mixtral_state`, `mixtral_twin`: a `llama` file with experts, which it does not take
+either)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,38 @@ def gguf_py_tensors(file: Path) -> dict[str, torch.Tensor]:
         t.name: torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
         for t in GGUFReader(file).tensors
     }
+
+
+def mixtral_state(file: Path, config) -> dict[str, torch.Tensor]:
+    """A Mixtral file's tensors as gguf-py dequantizes them, under transformers' names: q/k
+    rows un-permuted (llama.cpp's rotary order), each layer's experts' gate and up fused
+    (E, 2I, D) and down (E, D, I) as transformers holds them."""
+    from tandem.loaders.gguf.names import hf_name, unpermute_rows
+
+    state = {}
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+    for gguf, x in gguf_py_tensors(file).items():
+        name = hf_name(gguf)
+        for proj, n in heads.items():
+            if f"self_attn.{proj}." in name:
+                x = unpermute_rows(x, n)
+        state[name] = x
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        gate, up = state.pop(p + "gate_proj.weight"), state.pop(p + "up_proj.weight")
+        state[p + "gate_up_proj"] = torch.cat([gate, up], dim=1)
+        state[p + "down_proj"] = state.pop(p + "down_proj.weight")
+    return state
+
+
+def mixtral_twin(file: Path):
+    """transformers' MixtralForCausalLM (the file's config) over `mixtral_state`, strictly."""
+    from tandem.loaders.gguf.model_file import GGUFModel
+
+    config = GGUFModel(file).config
+    hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(**config.to_hf_dict()))
+    hf.load_state_dict(mixtral_state(file, config), strict=True)
+    return hf.eval()
 
 
 def gpt_oss_hf_config(reader) -> transformers.GptOssConfig:

@@ -39,6 +39,7 @@ def G(e0: int, e1: int, r0: int, r1: int) -> ExpertGroup:
 
 
 FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-gpt-oss"]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"  # made by llama.cpp
 _MADE: dict = {}
 
 
@@ -157,9 +158,8 @@ def test_a_k_quant_moe_file_at_tp2_and_on_whole_experts_matches_single_node(widt
 def test_a_gpt_oss_mxfp4_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_single_node():
     """llama.cpp's MXFP4_MOE file (tests/fixtures/gguf): the experts' MXFP4 blocks cut on
     32-element edges at TP=2, whole at 2 ranks; sinks and window layers sharded by head."""
-    from pathlib import Path
 
-    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "gpt-oss-mxfp4_moe.gguf"
+    file = FIXTURES / "gpt-oss-mxfp4_moe.gguf"
     plan = plan_for_source(open_model(file), 2)
     assert plan.moe == "tp" and plan.expert_groups == ((G(0, 8, 0, 32),), (G(0, 8, 32, 64),))
     # 10 tokens + 16: past the sliding window of 8
@@ -170,33 +170,22 @@ def test_a_qwen2moe_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_si
     """llama.cpp's Qwen2-MoE Q8_0 file (tests/fixtures/gguf): q/k/v biases by head, the experts'
     rows 32 / 32 at TP=2 and 4 whole experts a rank, the shared expert's 128 rows 64 / 64 under
     both, its gate (one F32 row, stored as a vector) on every rank."""
-    from pathlib import Path
 
-    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "qwen2-moe-q8_0.gguf"
+    file = FIXTURES / "qwen2-moe-q8_0.gguf"
     plan = plan_for_source(open_model(file), 2)
     assert plan.moe == "tp" and plan.expert_groups == ((G(0, 8, 0, 32),), (G(0, 8, 32, 64),))
     assert plan.shared_rows == (Span(0, 64), Span(64, 128))
     assert_tp2_and_experts2_match_single_node(file, PROMPTS[0])
 
 
-def test_llamacpps_qwen3moe_q4_k_m_follows_transformers_reading_it_on_every_layout():
-    """llama.cpp's converter and llama-quantize's Q4_K_M of a 256-wide Qwen3-MoE (tests/fixtures/
-    gguf, `scripts/llamacpp_fixtures.py`): TP=2, TP=3, TP=2 at 2:1, whole experts at 2 and 3
-    ranks, PP=2 and a (TP=2, TP=1) grid, each across real processes on the reference quantized
-    modules, give the greedy ids of transformers reading the same file (`gguf_file=`) for 16
-    tokens, up to and including its first near-tie (top-2 gap under 1e-3)."""
-    import transformers
-
+def assert_every_layout_follows(file: Path, hf, n: int = 16) -> None:
+    """TP=2, TP=3, TP=2 at 2:1, whole experts at 2 and 3 ranks, PP=2 and a (TP=2, TP=1) grid,
+    each across real processes on the reference quantized modules, give `hf`'s greedy ids for
+    `n` tokens of PROMPTS[0], up to and including its first near-tie (top-2 gap under 1e-3)."""
     from tandem.engine.pp.launch import StageSpec, launch_pipeline
-    from tandem.loaders.gguf.model_file import GGUFModel
     from tandem.parallel.partition import LayerRange
 
-    file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "qwen3-moe-q4_k_m.gguf"
-    width = GGUFModel(file).metadata.get("qwen3moe.expert_feed_forward_length", int)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(file.parent), gguf_file=file.name, dtype=torch.float32, moe_intermediate_size=width
-    ).eval()
-    prompt, n = PROMPTS[0], 16
+    prompt = PROMPTS[0]
     want, gaps = [], []
     with torch.no_grad():
         out = hf(torch.tensor([prompt]), use_cache=True)
@@ -213,7 +202,9 @@ def test_llamacpps_qwen3moe_q4_k_m_follows_transformers_reading_it_on_every_layo
         return [t for t, _ in greedy_steps(ex, prompt, n)]
 
     common = dict(max_batch=1, max_seq_len=64, threads=1, kernels="torch")
-    groups = launch_concurrently({k_: (file, tp, kw) for k_, (tp, kw) in LAYOUTS.items()}, **common)
+    groups = launch_concurrently(
+        {name: (file, tp, kw) for name, (tp, kw) in LAYOUTS.items()}, **common
+    )
     try:
         for name, ex in groups.items():
             assert ids(ex)[:k] == want[:k], name
@@ -228,6 +219,32 @@ def test_llamacpps_qwen3moe_q4_k_m_follows_transformers_reading_it_on_every_layo
             assert ids(ex)[:k] == want[:k], [s.tp for s in stages]
         finally:
             ex.close()
+
+
+def test_llamacpps_qwen3moe_q4_k_m_follows_transformers_reading_it_on_every_layout():
+    """llama.cpp's converter and llama-quantize's Q4_K_M of a 256-wide Qwen3-MoE (tests/fixtures/
+    gguf, `scripts/llamacpp_fixtures.py`) on every layout against transformers reading the same
+    file (`gguf_file=`)."""
+    import transformers
+
+    from tandem.loaders.gguf.model_file import GGUFModel
+
+    file = FIXTURES / "qwen3-moe-q4_k_m.gguf"
+    width = GGUFModel(file).metadata.get("qwen3moe.expert_feed_forward_length", int)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32, moe_intermediate_size=width
+    ).eval()
+    assert_every_layout_follows(file, hf)
+
+
+def test_llamacpps_mixtral_q8_0_follows_transformers_on_gguf_pys_tensors_on_every_layout():
+    """llama.cpp's converter and llama-quantize's Q8_0 of a Mixtral (a `llama` file with
+    `ffn_*_exps`, which transformers' GGUF reader does not take: its MixtralForCausalLM over the
+    tensors gguf-py dequantizes, `gguf_twin_support.mixtral_twin`) on every layout."""
+    from gguf_twin_support import mixtral_twin
+
+    file = FIXTURES / "mixtral-q8_0.gguf"
+    assert_every_layout_follows(file, mixtral_twin(file))
 
 
 def test_a_gpt_oss_mxfp4_checkpoint_at_tp2_and_on_whole_experts_matches_single_node(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from gguf_twin_support import gguf_py_tensors, gpt_oss_twin
+from gguf_twin_support import gguf_py_tensors, gpt_oss_twin, mixtral_state
 
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
@@ -168,29 +168,17 @@ def assert_matches_hf_twin(src, hf, state: dict[str, torch.Tensor]) -> None:
 
 def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(tmp_path):
     """transformers has no GGUF reader for Mixtral (a `llama` file with experts), so its
-    MixtralForCausalLM gets the file's tensors as gguf-py dequantizes them (q/k un-permuted)."""
-    from tandem.loaders.gguf.names import hf_name, unpermute_rows
-
+    MixtralForCausalLM gets the file's tensors as gguf-py dequantizes them (q/k un-permuted):
+    tandem's writer's file, and llama.cpp's converter's with llama-quantize's Q8_0
+    (tests/fixtures/gguf, `scripts/llamacpp_fixtures.py`)."""
     config = replace(get_preset("tiny-mixtral").config, hidden_size=256, head_dim=64)
     _, (file,) = write_preset_gguf(tmp_path / "mixtral.gguf", "tiny-mixtral", "Q8_0", config=config)
-    src = GGUFModel(file)
-    assert src.config.architecture == "MixtralForCausalLM"
-    state = {}
-    for gguf, x in gguf_py_tensors(file).items():
-        name = hf_name(gguf)
-        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-        for proj, n in heads.items():
-            if f"self_attn.{proj}." in name:
-                x = unpermute_rows(x, n)
-        state[name] = x
-    hf_config = transformers.MixtralConfig(**config.to_hf_dict())
-    hf = transformers.MixtralForCausalLM(hf_config).eval()
-    for i in range(config.num_hidden_layers):  # transformers' in-memory experts: gate|up fused
-        p = f"model.layers.{i}.mlp.experts."
-        gate, up = state.pop(p + "gate_proj.weight"), state.pop(p + "up_proj.weight")
-        state[p + "gate_up_proj"] = torch.cat([gate, up], dim=1)  # (E, 2I, D)
-        state[p + "down_proj"] = state.pop(p + "down_proj.weight")  # (E, D, I)
-    assert_matches_hf_twin(src, hf, state)
+    for f in (file, FIXTURES / "mixtral-q8_0.gguf"):
+        src = GGUFModel(f)
+        assert src.config.architecture == "MixtralForCausalLM"
+        assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].dtype == "Q8_0"
+        hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(**src.config.to_hf_dict()))
+        assert_matches_hf_twin(src, hf.eval(), mixtral_state(f, src.config))
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
