@@ -217,7 +217,8 @@ static void rows(const float *x, const void *w, const float *bias, void *y, int6
  * and X stay in L1 for the four), carried in memory from block to block: 2 weight vectors and 6
  * of X (from panels, `pack_panels`) feed 12 fused multiply-adds per 8 columns (15 of the 16 ymm
  * registers), where the row kernel reads 4 rows of X for each weight. Zen 3, 2 threads, 64 rows
- * of X, K = 1024 / 3072: float32 1.27x / 1.32x the row kernel, float16 1.16x / 1.20x. bf16 stays
+ * of X, K = 1024 / 3072: float32 1.31x / 1.33x the row kernel, float16 1.16x / 1.20x (measured
+ * before X was packed, which the float32 figures include). bf16 stays
  * on the row kernel: its in-lane unpack, paid once per tile instead of once per 4 rows of X, made
  * the tiles 0.78x of it. */
 enum { TN = 2, TM = 6, TKB = 256, TCHUNK = 24 };
@@ -277,7 +278,7 @@ static inline __attribute__((always_inline)) void tile(const float *xp, const fl
             for (int m = 0; m < mm; m++) run[c][n][m] = VZERO();
     for (int64_t jb = 0; jb < kv; jb += TKB) {
         const int64_t je = jb + TKB < kv ? jb + TKB : kv;
-        /* a literal chain each (its unpack or offset known at compile time) */
+        /* a literal chain each (its column offset known at compile time) */
         chain_pass(xp, w0, K * es, jb, je, 0, nn, mm, dt, run[0]);
         chain_pass(xp, w0, K * es, jb, je, 1, nn, mm, dt, run[1]);
         chain_pass(xp, w0, K * es, jb, je, 2, nn, mm, dt, run[2]);
@@ -288,7 +289,8 @@ static inline __attribute__((always_inline)) void tile(const float *xp, const fl
 #pragma GCC unroll 6
         for (int m = 0; m < mm; m++) {
             const void *wr = w0 + n * K * es;
-            float s = VSUM(VADD(VADD(run[0][n][m], run[1][n][m]), VADD(run[2][n][m], run[3][n][m])));
+            const vec a01 = VADD(run[0][n][m], run[1][n][m]), a23 = VADD(run[2][n][m], run[3][n][m]);
+            float s = VSUM(VADD(a01, a23));
             for (int64_t j = kv; j < K; j++) s += load1(wr, j, dt) * x[(m0 + m) * K + j];
             if (bias) s += bias[r + n];
             store1(y, (m0 + m) * N + r + n, s, dt);
@@ -300,12 +302,12 @@ static void tile_any(const float *xp, const float *x, const void *w, const float
                      int64_t N, int64_t K, int64_t r, int64_t m0, int nn, int mm, int dt) {
 #define MM(n, d)                                                                                \
     switch (mm) {                                                                               \
-    case 1: tile(xp, x, w, bias, y, N, K, r, m0, n, 1, d); break;                                   \
-    case 2: tile(xp, x, w, bias, y, N, K, r, m0, n, 2, d); break;                                   \
-    case 3: tile(xp, x, w, bias, y, N, K, r, m0, n, 3, d); break;                                   \
-    case 4: tile(xp, x, w, bias, y, N, K, r, m0, n, 4, d); break;                                   \
-    case 5: tile(xp, x, w, bias, y, N, K, r, m0, n, 5, d); break;                                   \
-    default: tile(xp, x, w, bias, y, N, K, r, m0, n, 6, d); break;                                  \
+    case 1: tile(xp, x, w, bias, y, N, K, r, m0, n, 1, d); break;                               \
+    case 2: tile(xp, x, w, bias, y, N, K, r, m0, n, 2, d); break;                               \
+    case 3: tile(xp, x, w, bias, y, N, K, r, m0, n, 3, d); break;                               \
+    case 4: tile(xp, x, w, bias, y, N, K, r, m0, n, 4, d); break;                               \
+    case 5: tile(xp, x, w, bias, y, N, K, r, m0, n, 5, d); break;                               \
+    default: tile(xp, x, w, bias, y, N, K, r, m0, n, 6, d); break;                              \
     }
 #define TYPE(d)                                                                                 \
     if (nn == TN) {                                                                             \
@@ -328,8 +330,8 @@ static void tile_any(const float *xp, const float *x, const void *w, const float
 /* X's first K / 32 * 32 columns as panels of TM rows: panel p, columns 8g..8g+7 of its rows
  * m = 0..TM-1 at xp[p TM kv + g 8 TM + 8 m] (rows past M zero, never stored), so a tile reads
  * its X as one sequential stream. Row-major, the TM rows of X sit K floats apart: at K = 1024 or
- * 3072 every one in the same L1 set (4 KB aliasing), and the tiles ran at 0.75x of the dense
- * kernel that reads 16-bit rows. NULL on failure. */
+ * 3072 every one in the same L1 set (4 KB aliasing), and the float32 tiles ran at 0.82x / 0.95x
+ * of their speed on panels (Zen 3). NULL on failure. */
 static float *pack_panels(const float *xf, int64_t M, int64_t K) {
     const int64_t kv = K / 32 * 32, np = (M + TM - 1) / TM;
     float *xp = (float *)aligned_alloc(64, (size_t)(np * TM * kv * 4 + 63) / 64 * 64 + 64);
