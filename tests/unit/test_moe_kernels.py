@@ -172,3 +172,38 @@ def test_gpt_oss_quantized_experts_equal_the_reference_modules_within_int8_round
     got = fast(as_blocks(gpt_oss_experts()))(x, w, ids)
     assert not torch.equal(got, want)  # the native call ran: int8 activations
     assert (got - want).norm() <= 0.03 * want.norm()
+
+
+_TWICE = """
+import torch
+from test_moe_kernels import experts, fast
+for M in (1, 2, 5, 9):  # rows a call, each naming expert 3 twice
+    x = torch.randn(M, 224)
+    ids = torch.full((M, 2), 3)
+    w = torch.full((M, 2), 0.5)
+    for _ in range(20):
+        fast(experts(d=224, w=32))(x, w, ids)
+print("intact")
+"""
+
+
+@pytest.mark.parametrize("M", [1, 6])
+def test_a_row_naming_one_expert_twice_sums_both_and_writes_within_its_buffers(M):
+    """The conformance probe of a rank holding one expert names it twice in every row
+    (`tp.conformance.probed_experts`): the expert takes 2 M rows, where a router's distinct
+    top-k gives it at most M. Both contributions are summed as the reference sums them, and the
+    call stays inside its buffers: glibc's checked allocator (MALLOC_CHECK_=3) aborts a process
+    whose heap a call overran (csrc/moe.c sized them for M rows: 'free(): invalid next size')."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    x, w, _ = routed(M)
+    ids = torch.full((M, K_TOP), 3)
+    want = experts()(x, w, ids)
+    torch.testing.assert_close(fast(experts())(x, w, ids), want, atol=2e-5, rtol=1e-5)
+    env = {**os.environ, "MALLOC_CHECK_": "3", "PYTHONPATH": str(Path(__file__).parent)}
+    r = subprocess.run([sys.executable, "-c", _TWICE], env=env, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "intact" in r.stdout, r.stderr[-2000:]

@@ -72,7 +72,9 @@ int tandem_moe_experts_act(const void *x, int64_t M, int64_t D, int64_t W, const
     const int64_t g_stride = W * tq_row_bytes(gate_type, D), u_stride = W * tq_row_bytes(up_type, D);
     const int64_t d_stride = D * tq_row_bytes(down_type, W);
     int64_t *rows = (int64_t *)malloc((size_t)(M * k) * sizeof(int64_t)); /* (m * k + j) */
-    char *buf = (char *)malloc((size_t)(M * (D + 3 * W + D)) * es);
+    /* an expert's rows: up to M k, not M, where a row names one expert twice (a router never
+     * does; the conformance probe of a rank holding one expert does, `probed_experts`) */
+    char *buf = (char *)malloc((size_t)(M * k * (D + 3 * W + D)) * es);
     float *gu_bias = biased ? (float *)calloc((size_t)(2 * W), sizeof(float)) : NULL;
     if (!rows || !buf || (biased && !gu_bias)) {
         free(rows);
@@ -80,7 +82,8 @@ int tandem_moe_experts_act(const void *x, int64_t M, int64_t D, int64_t W, const
         free(gu_bias);
         return -1;
     }
-    char *xs = buf, *gu = xs + M * D * es, *act = gu + 2 * M * W * es, *out = act + M * W * es;
+    const int64_t R = M * k;
+    char *xs = buf, *gu = xs + R * D * es, *act = gu + 2 * R * W * es, *out = act + R * W * es;
     memset(y, 0, (size_t)(M * D) * es);
     int rc = 0;
     for (int64_t e = 0; e < count && !rc; e++) {
