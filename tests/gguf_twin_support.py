@@ -2,7 +2,8 @@
 dequantizes it, and transformers' GptOssForCausalLM over a gpt-oss file's tensors (transformers'
 own GGUF reader does not take gpt-oss: `gpt_oss_twin`), its MixtralForCausalLM over a Mixtral
 file's (`mixtral_state`, `mixtral_twin`: a `llama` file with experts, which it does not take
-either)."""
+either); and HF's greedy ids with each step's top-2 gap (`hf_greedy`), compared up to the
+first near-tie (`compared_prefix`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,27 @@ def gguf_py_tensors(file: Path) -> dict[str, torch.Tensor]:
         t.name: torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
         for t in GGUFReader(file).tensors
     }
+
+
+NEAR_TIE = 1e-3  # a top-2 gap below this: float32 summation order may pick either id
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """HF's greedy ids over raw logits (no logits processors) and each step's top-2 gap."""
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True)
+        ids, gaps = [], []
+        for _ in range(n):
+            top = out.logits[0, -1].topk(2)
+            ids.append(int(top.indices[0]))
+            gaps.append(float(top.values[0] - top.values[1]))
+            out = hf(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return ids, gaps
+
+
+def compared_prefix(gaps: list[float]) -> int:
+    """Steps whose ids must agree: up to and including the first near-tie."""
+    return next((i + 1 for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
 
 
 def mixtral_state(file: Path, config) -> dict[str, torch.Tensor]:

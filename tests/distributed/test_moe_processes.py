@@ -23,6 +23,7 @@ from family_support import (
     expected_greedy,
     tp_groups,
 )
+from gguf_twin_support import compared_prefix, hf_greedy, mixtral_twin
 from moe_support import LAYOUTS, assert_each_rank_shows_the_experts_it_loaded
 from tp_support import SingleNode, close_concurrently, greedy_steps, launch_concurrently
 
@@ -181,21 +182,13 @@ def test_a_qwen2moe_file_made_by_llamacpp_at_tp2_and_on_whole_experts_matches_si
 def assert_every_layout_follows(file: Path, hf, n: int = 16) -> None:
     """TP=2, TP=3, TP=2 at 2:1, whole experts at 2 and 3 ranks, PP=2 and a (TP=2, TP=1) grid,
     each across real processes on the reference quantized modules, give `hf`'s greedy ids for
-    `n` tokens of PROMPTS[0], up to and including its first near-tie (top-2 gap under 1e-3)."""
+    `n` tokens of PROMPTS[0], up to and including its first near-tie (`compared_prefix`)."""
     from tandem.engine.pp.launch import StageSpec, launch_pipeline
     from tandem.parallel.partition import LayerRange
 
     prompt = PROMPTS[0]
-    want, gaps = [], []
-    with torch.no_grad():
-        out = hf(torch.tensor([prompt]), use_cache=True)
-        for _ in range(n):
-            top = out.logits[0, -1].topk(2)
-            want.append(int(top.indices[0]))
-            gaps.append(float(top.values[0] - top.values[1]))
-            step = torch.tensor([[want[-1]]])
-            out = hf(step, past_key_values=out.past_key_values, use_cache=True)
-    k = next((i + 1 for i, g in enumerate(gaps) if g < 1e-3), n)
+    want, gaps = hf_greedy(hf, prompt, n)
+    k = compared_prefix(gaps)
     assert k >= 4, gaps  # enough steps to compare
 
     def ids(ex) -> list[int]:
@@ -241,8 +234,6 @@ def test_llamacpps_mixtral_q8_0_follows_transformers_on_gguf_pys_tensors_on_ever
     """llama.cpp's converter and llama-quantize's Q8_0 of a Mixtral (a `llama` file with
     `ffn_*_exps`, which transformers' GGUF reader does not take: its MixtralForCausalLM over the
     tensors gguf-py dequantizes, `gguf_twin_support.mixtral_twin`) on every layout."""
-    from gguf_twin_support import mixtral_twin
-
     file = FIXTURES / "mixtral-q8_0.gguf"
     assert_every_layout_follows(file, mixtral_twin(file))
 

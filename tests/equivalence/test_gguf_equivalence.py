@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from gguf_twin_support import gguf_py_tensors, gpt_oss_twin, mixtral_state
+from gguf_twin_support import (
+    compared_prefix,
+    gguf_py_tensors,
+    gpt_oss_twin,
+    hf_greedy,
+    mixtral_twin,
+)
 
 from tandem.engine.generate import generate
 from tandem.engine.local import LocalExecutor
@@ -32,31 +38,12 @@ from tandem.models.llama import Transformer
 from tandem.models.presets import get_preset
 
 LOGIT_ATOL = 1e-4
-NEAR_TIE = 1e-3
 NEW_TOKENS = 32
 # K-quants need rows of whole 256-element superblocks: every matrix's input width is a multiple
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
 HEAD_DIM = {"tiny-llama": 64, "tiny-qwen2": 64, "tiny-qwen3": 128}  # HF's Qwen3 GGUF: 128
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "K_MIX"]
 PROMPTS = [[5, 17, 42, 99, 3, 7, 250, 11], [300, 1, 2]]  # one batch, different lengths
-
-
-def hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """HF's greedy ids over raw logits (no logits processors) and each step's top-2 gap."""
-    with torch.no_grad():
-        out = hf(torch.tensor([prompt]), use_cache=True)
-        ids, gaps = [], []
-        for _ in range(n):
-            top = out.logits[0, -1].topk(2)
-            ids.append(int(top.indices[0]))
-            gaps.append(float(top.values[0] - top.values[1]))
-            out = hf(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-    return ids, gaps
-
-
-def compared_prefix(gaps: list[float]) -> int:
-    """Steps whose ids must agree: up to and including the first near-tie."""
-    return next((i + 1 for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
 
 
 def tandem_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -79,6 +66,15 @@ def assert_same_greedy(model, hf, prompts: list[list[int]]) -> int:
         assert got[:k] == want[:k], (prompt, got, want, gaps)
         compared += k
     return compared
+
+
+def assert_matches_hf(model, hf, first: list[int] = PROMPTS[0]) -> None:
+    """tandem's `model` equals transformers' `hf`: the logits of `first` within LOGIT_ATOL, and
+    the greedy ids of PROMPTS up to each one's first near-tie, NEW_TOKENS steps at least."""
+    ids = torch.tensor([first])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
+    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
 
 
 def hf_model(file: Path):
@@ -121,10 +117,7 @@ def test_a_gemma3_gguf_matches_transformers_reading_the_same_file(tmp_path, qtyp
     assert src.config.norm_weight_offset == 0.0  # the file holds 1 + w, as llama.cpp's does
     assert src.config.window_layers == (0, 1, 2, 3, 4, 6)
     model, hf = load_model(src), hf_model(file)
-    ids = torch.tensor([PROMPTS[0] + [8, 9, 10]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf(model, hf, PROMPTS[0] + [8, 9, 10])
 
 
 # transformers reads a qwen3moe file's experts as `moe_intermediate_size`'s default (768) wide,
@@ -149,21 +142,7 @@ def test_a_qwen3moe_gguf_matches_transformers_reading_the_same_file(tmp_path, qt
     assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].shape == (8, 768, 256)
     assert src.manifest["model.layers.0.mlp.gate.weight"].dtype == "F32"  # the router
     model, hf = load_model(src), hf_model(file)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
-
-
-def assert_matches_hf_twin(src, hf, state: dict[str, torch.Tensor]) -> None:
-    """transformers' `hf` given `state` (strictly every tensor) equals tandem reading `src`:
-    logits within LOGIT_ATOL and greedy ids up to the first near-tie."""
-    hf.load_state_dict(state, strict=True)
-    model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf(model, hf)
 
 
 def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(tmp_path):
@@ -177,8 +156,7 @@ def test_a_mixtral_gguf_matches_transformers_mixtral_on_gguf_pys_dequantization(
         src = GGUFModel(f)
         assert src.config.architecture == "MixtralForCausalLM"
         assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].dtype == "Q8_0"
-        hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(**src.config.to_hf_dict()))
-        assert_matches_hf_twin(src, hf.eval(), mixtral_state(f, src.config))
+        assert_matches_hf(load_model(src), mixtral_twin(f))
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
@@ -196,10 +174,7 @@ def test_a_gpt_oss_gguf_made_by_llamacpp_matches_transformers_on_gguf_pys_dequan
     assert src.manifest["model.layers.0.mlp.experts.gate_proj.weight"].dtype == want
     hf = gpt_oss_twin(file)
     model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf(model, hf)
 
 
 def qwen2moe_hf(file: Path):
@@ -233,10 +208,7 @@ def test_a_qwen2moe_gguf_made_by_llamacpp_matches_transformers_reading_the_same_
     assert src.manifest["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == qtype.upper()
     hf = qwen2moe_hf(file)
     model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf(model, hf)
 
 
 def test_a_qwen3moe_q4_k_m_made_by_llamacpp_matches_transformers_reading_the_same_file():
@@ -262,10 +234,7 @@ def test_a_qwen3moe_q4_k_m_made_by_llamacpp_matches_transformers_reading_the_sam
     ).eval()  # fmt: skip
     assert isinstance(hf, transformers.Qwen3MoeForCausalLM) and hf.config.norm_topk_prob
     model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf(model, hf)
 
 
 def test_the_torch_free_path_runs_llamacpps_qwen2moe_file_as_transformers_does():
@@ -377,10 +346,7 @@ def test_a_phi3_gguf_matches_transformers_reading_the_same_file(tmp_path, qtype)
         str(file.parent), gguf_file=file.name, dtype=torch.float32, pad_token_id=0
     ).eval()  # Phi3Config's default pad id (32000) is past this vocabulary
     model = load_model(src)
-    ids = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[0], hf(ids).logits[0], atol=LOGIT_ATOL, rtol=0)
-    assert assert_same_greedy(model, hf, PROMPTS) >= NEW_TOKENS
+    assert_matches_hf(model, hf)
 
 
 def hf_generate_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
