@@ -221,7 +221,7 @@ static void rows(const float *x, const void *w, const float *bias, void *y, int6
  * before X was packed, which the float32 figures include). bf16 stays
  * on the row kernel: its in-lane unpack, paid once per tile instead of once per 4 rows of X, made
  * the tiles 0.78x of it. */
-enum { TN = 2, TM = 6, TKB = 256, TCHUNK = 24 };
+enum { TN = 2, TM = 6, TKB = 256 };
 
 /* chain c's 8 weights of row wr from the 32-column block at j, widened to float32 (exact) */
 static inline __attribute__((always_inline)) vec wchain(const void *wr, int64_t j, const int c,
@@ -416,9 +416,7 @@ int tandem_gemv(const void *x, const void *w, const float *bias, void *y, int64_
         else
             row_groups(xf, w, bias, y, M, N, K, 0, N, dt);
     } else {
-        /* dynamic: a thread that starts late takes less; a prefill's chunk of W (24 rows, <= 96
-         * KB of float32 rows at K = 1024) stays in L2 while every tile of X's rows passes it */
-        const int64_t chunk = M > MAX_ROWS ? TCHUNK : CHUNK_ROWS;
+        const int64_t chunk = CHUNK_ROWS; /* dynamic: a thread that starts late takes less */
 #pragma omp parallel for num_threads(T) schedule(dynamic, 1)
         for (int64_t c = 0; c < (N + chunk - 1) / chunk; c++) {
             int64_t r1 = (c + 1) * chunk < N ? (c + 1) * chunk : N;
