@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tandem.deltanet_config import DeltaNetSpec
 from tandem.moe_config import MoESpec
 from tandem.plan.model import Layout, LinkSpec, NodeSpec, predict
 
@@ -122,6 +123,9 @@ def analyze(doc: dict) -> dict:
     if isinstance(getattr(config, "moe", None), dict):  # a mixture of experts, as JSON wrote it
         moe = dict(config.moe, dense_layers=tuple(config.moe.get("dense_layers", ())))
         config.moe = MoESpec(**moe)
+    if isinstance(getattr(config, "deltanet", None), dict):  # a hybrid's DeltaNet layers, likewise
+        net = dict(config.deltanet, linear_layers=tuple(config.deltanet["linear_layers"]))
+        config.deltanet = DeltaNetSpec(**net)
     single = _single(doc)
     if single is None:
         doc["predictions"], doc["sync"], doc["projection"] = [], {}, {}

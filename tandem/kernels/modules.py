@@ -14,6 +14,8 @@ float32 rounding of the sum order in float32).
                                        attention (prefill, decode, windows, sinks) in one call
     MLP             FastMLP            fused gate/up; SwiGLU in one call
     Experts         FastExperts        an MoE block's chosen experts in one call (`kernels.moe`)
+    GatedDeltaNet   FastGatedDeltaNet  a decode step's conv, delta rule and gated norm in one
+                                       call per row (`fast_deltanet`)
     DecoderLayer    FastDecoderLayer   one sequence, one decode token: the layer in two calls
                                        (`decode_layer`)
     Transformer     FastTransformer    one sequence, one decode token: every held layer in one
@@ -28,9 +30,11 @@ from torch import nn
 
 from tandem.kernels import decode_layer, decode_model, native
 from tandem.kernels.fast_attention import FastAttention
+from tandem.kernels.fast_deltanet import FastGatedDeltaNet
 from tandem.kernels.moe import FastExperts
 from tandem.models.attention import Attention
 from tandem.models.context import ForwardContext
+from tandem.models.deltanet import GatedDeltaNet
 from tandem.models.layers import MLP, RMSNorm
 from tandem.models.llama import DecoderLayer, Transformer
 from tandem.models.moe import Experts
@@ -100,6 +104,7 @@ FAST: dict[type[nn.Module], type[nn.Module]] = {
     Attention: FastAttention,
     MLP: FastMLP,
     Experts: FastExperts,
+    GatedDeltaNet: FastGatedDeltaNet,
     DecoderLayer: FastDecoderLayer,
     Transformer: FastTransformer,
 }

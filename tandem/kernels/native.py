@@ -301,3 +301,44 @@ def stream_read(t: torch.Tensor) -> int:
     return library().tandem_stream_read(
         t.data_ptr(), t.numel() * t.element_size(), torch.get_num_threads()
     )
+
+
+def deltanet_mix(
+    proj: torch.Tensor,
+    taps: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    window: torch.Tensor,
+    state: torch.Tensor,
+    y: torch.Tensor,
+    heads: tuple[int, int, int, int],
+    tiled: bool,
+) -> None:
+    """One sequence's T tokens through a Gated DeltaNet mixer (csrc/deltanet.c
+    `tandem_deltanet_mix`, `models.deltanet`'s math): proj (T, P) rows of [qkv (C) | z (Hv dv) |
+    b (Hv) | a (Hv)], taps (C, K), a = A (Hv,) < 0, dt_bias (Hv,), norm_w (dv,), all float32 ->
+    y (T, Hv dv), the gated norm's output, written in place; window (C, K - 1) and state
+    (Hv, dk, dv) updated in place. heads = (Hk, Hv, dk, dv); `tiled`: v head j served by q/k
+    head j % Hk (a GGUF's order), else j // (Hv / Hk)."""
+    Hk, Hv, dk, dv = heads
+    C = 2 * Hk * dk + Hv * dv
+    K = taps.shape[-1]
+    T, P = proj.shape
+    want = {
+        "proj": (proj, (T, C + Hv * dv + 2 * Hv)), "taps": (taps, (C, K)), "a": (a, (Hv,)),
+        "dt_bias": (dt_bias, (Hv,)), "norm_w": (norm_w, (dv,)), "window": (window, (C, K - 1)),
+        "state": (state, (Hv, dk, dv)), "y": (y, (T, Hv * dv)),
+    }  # fmt: skip
+    for name, (t, shape) in want.items():
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous():
+            raise NativeError(
+                f"deltanet mix: {name} {tuple(t.shape)} {t.dtype}, want {shape} float32 contiguous"
+            )
+    rc = _library().tandem_deltanet_mix(
+        proj.data_ptr(), P, T, taps.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
+        norm_w.data_ptr(), eps, window.data_ptr(), state.data_ptr(), y.data_ptr(), Hk, Hv, dk,
+        dv, K, int(tiled), torch.get_num_threads(),
+    )  # fmt: skip
+    _check(rc, "deltanet mix")

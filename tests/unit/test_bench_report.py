@@ -1,8 +1,12 @@
 """The bench report's arithmetic on a synthetic result: sync per token, projection, plan check."""
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 from tandem.bench.report import analyze, markdown
+from tandem.models.presets import get_preset
 
 MODEL = {
     "dir": "m", "architecture": "Qwen3ForCausalLM", "vocab_size": 256, "hidden_size": 64,
@@ -128,3 +132,13 @@ def test_a_mixture_of_experts_saved_as_json_is_analyzed_like_any_model():
     doc = _doc()
     doc["model"] = {**MODEL, "architecture": "Qwen3MoeForCausalLM", "moe": moe}
     assert analyze(doc)["sync"]["emulated"]["TP=2"]["ms_per_token"] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen35", "tiny-qwen35-moe"])
+def test_a_hybrids_report_reads_its_deltanet_layers_back_from_json(preset):
+    """The harness writes the model's config with `asdict` into JSON; the report plans TP over a
+    hybrid's DeltaNet heads from what it reads back (it raised AttributeError on the dict)."""
+    config = get_preset(preset).config
+    doc = json.loads(json.dumps({**_doc(), "model": {"dir": "m", **asdict(config)}}))
+    preds = {p["layout"]: p for p in analyze(doc)["predictions"]}
+    assert preds["TP=2"]["predicted_sync_ms"] > 0
