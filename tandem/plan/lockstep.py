@@ -106,10 +106,13 @@ def link_penalties(
 
 def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
     """Rank `rank` of k's slice of `config` (its q heads, kv heads and MLP rows under
-    `parallel.plan`), with as many layers as stream `pool_mb` MB (2 at least)."""
+    `parallel.plan`; a hybrid's DeltaNet q/k and v heads too), with as many layers as stream
+    `pool_mb` MB (2 at least): the model's first n, a hybrid's DeltaNet ones among them."""
     from tandem.parallel.partition import model_cost
 
     heads, kv, ff = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    net = getattr(config, "deltanet", None)
+    hk, hv = (net.num_key_heads, net.num_value_heads) if net is not None else (0, 0)
     if k > 1:
         from tandem.parallel.plan import plan_for_config
 
@@ -117,9 +120,17 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
         heads = plan.q_rows(rank).size // config.head_dim
         kv = plan.kv_rows(rank).size // config.head_dim
         ff = plan.intermediate[rank].size
+        if net is not None:
+            hk, hv = plan.linear_k_heads[rank].size, plan.linear_v_heads(rank).size
     n = max(2, math.ceil(pool_mb * 2**20 * k / (4 * model_cost(config).layer_params)))
-    return dataclasses.replace(config, num_attention_heads=heads, num_key_value_heads=kv,
-                               intermediate_size=ff, num_hidden_layers=n)  # fmt: skip
+    changes = dict(num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=ff,
+                   num_hidden_layers=n)  # fmt: skip
+    if net is not None:
+        layers = tuple(i for i in net.linear_layers if i < n)
+        changes["deltanet"] = dataclasses.replace(
+            net, linear_layers=layers, num_key_heads=hk, num_value_heads=hv
+        )
+    return dataclasses.replace(config, **changes)
 
 
 def _layers(shard: Any):
@@ -136,11 +147,13 @@ def _layers(shard: Any):
 
 
 def _step(layers: list, ctx, x: torch.Tensor, reduce):
-    """Iteration i: layer i's attention shard, reduce, its MLP shard, reduce; x (1, D)."""
+    """Iteration i: layer i's attention shard (a hybrid's DeltaNet layer: its mixer), reduce,
+    its MLP shard, reduce; x (1, D)."""
 
     def step(i: int) -> None:
         layer = layers[i % len(layers)]
-        a = reduce(layer.self_attn(layer.input_layernorm(x), ctx))  # (1, D)
+        mixer = layer.mixer if hasattr(layer, "mixer") else layer.self_attn
+        a = reduce(mixer(layer.input_layernorm(x), ctx))  # (1, D)
         reduce(layer.mlp(layer.post_attention_layernorm(x + a)))
 
     return step

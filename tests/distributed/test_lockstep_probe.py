@@ -3,6 +3,7 @@
 import pytest
 
 from tandem.config import ModelConfig
+from tandem.models.presets import get_preset
 from tandem.plan.lockstep import POSITION, LockstepProbeError, measure_lockstep
 
 TINY = ModelConfig.from_hf_dict({
@@ -18,6 +19,15 @@ def test_probe_times_k_ring_ranks_over_their_layer_shards_and_the_shard_alone():
     f = probe["by_k"]["2"]
     assert f["alone_s"] > 0 and f["free_s"] > 0 and f["lockstep_s"] > 0
     assert len(f["rounds_lockstep_s"]) == 2 and f["lockstep_s"] == min(f["rounds_lockstep_s"])
+
+
+def test_probe_runs_a_hybrids_deltanet_and_attention_shards():
+    """A Qwen3.5 hybrid's probe shards keep its DeltaNet layers (their mixer in place of
+    self_attn) and split their heads across the ring's ranks."""
+    probe = measure_lockstep(
+        get_preset("tiny-qwen35").config, ks=(2,), blocks=2, rounds=1, pool_mb=1, timeout_s=120
+    )
+    assert probe["by_k"]["2"]["lockstep_s"] > 0
 
 
 def test_probe_refuses_degrees_below_two():

@@ -10,6 +10,7 @@ from test_plan_model import CFG  # the plan model's tiny config (a sibling test 
 from tandem.bench.report import analyze, concurrent_slots, markdown
 from tandem.cli import plan
 from tandem.config import ModelConfig
+from tandem.models.presets import get_preset
 from tandem.parallel.partition import model_cost
 from tandem.plan.lockstep import (
     model_sync_s,
@@ -134,6 +135,23 @@ def test_probe_shards_follow_the_tp_plan_and_stream_at_least_the_pool():
         layer_bytes = 4 * model_cost(CFG).layer_params / k
         assert shards[0].num_hidden_layers >= max(2, 2**20 / layer_bytes)
     assert syncs_per_token(CFG) == 11
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen35", "tiny-qwen35-moe"])
+def test_a_hybrids_probe_shards_keep_their_deltanet_layers_and_split_their_heads(preset):
+    """The probe's first n layers of a hybrid keep the DeltaNet ones among them (it refused the
+    model's full layer list for n layers), each rank its DeltaNet heads; the shard builds."""
+    from tandem.models.llama import Transformer
+
+    cfg = get_preset(preset).config
+    net = cfg.deltanet
+    shards = [shard_config(cfg, 2, r, pool_mb=1) for r in range(2)]
+    for s in shards:
+        n = s.num_hidden_layers
+        assert s.deltanet.linear_layers == tuple(i for i in net.linear_layers if i < n)
+        Transformer(s, with_embed=False, with_head=False)
+    assert sum(s.deltanet.num_key_heads for s in shards) == net.num_key_heads
+    assert sum(s.deltanet.num_value_heads for s in shards) == net.num_value_heads
 
 
 def _plan(argv, capsys):
