@@ -3,7 +3,7 @@ converter wrote: tandem's greedy ids against llama.cpp's (`llama-completion`) on
 
     PYTHONSAFEPATH=1 PYTHONPATH=. .venv/bin/python scripts/bench/qwen35_llamacpp.py \\
         [--shapes qwen35,qwen35moe] [--types F32,Q8_0,Q4_K_M] [--tokens 32] [--prompts 5,23,64]
-        [--work DIR] [--writer-check]
+        [--work DIR] [--writer-check] [--record]
 
 Files (made once under --work, default ~/.cache/tandem-bench-gguf): a random transformers model
 of each shape (`SHAPES`; weights spread as tests/hf_init.py's `spread_` does, so its logits are
@@ -12,6 +12,11 @@ not near-flat), saved as safetensors, converted to F32 by llama.cpp's `convert_h
 prompt of ids passes llama.cpp's tokenizer as those ids), then `llama-quantize`d to Q8_0 and
 Q4_K_M. `--writer-check` also writes the HF folder with tandem's writer (F32) and names the
 tensors and keys where that file and the converter's differ. The same files serve `vs_llamacpp.py --qwen35 --qwen35moe` (decode and prefill speed).
+
+`--record` writes the test fixtures instead: the tiny shapes (`tiny-qwen35`, `tiny-qwen35moe`)
+converted to F32 into tests/fixtures/gguf/, each with llama.cpp's greedy ids after two prompts
+(`<file>.llamacpp.json`), which tests/equivalence/test_qwen35_converter_files.py holds tandem to
+(CI has no llama.cpp).
 
 Per file and prompt (`--prompts`: random ids, by default 5, 23 and 64 long): llama.cpp's greedy
 continuation of `--tokens` ids, then tandem (the executor `tandem generate --device cpu` takes:
@@ -60,6 +65,24 @@ SHAPES = {
 }  # fmt: skip
 
 
+# The test fixtures' shapes (`--record`): both head widths 32 (llama.cpp takes the DeltaNet head
+# widths from one key, so it reads only files whose k and v heads are as wide), 4 layers (DeltaNet
+# on 0-2, gated attention on 3), 2 q/k heads serving 4 v heads (tiled by the converter), attention
+# 2 q / 1 kv heads of 64 (16 rotary), an untied vocabulary of 512: ~1-2 MB in F32.
+_TINY = dict(
+    _COMMON, vocab_size=512, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+    head_dim=64, max_position_embeddings=256, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=32, linear_value_head_dim=32, num_hidden_layers=4,
+)  # fmt: skip
+SHAPES["tiny-qwen35"] = ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig",
+                         dict(_TINY, intermediate_size=256))  # fmt: skip
+SHAPES["tiny-qwen35moe"] = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
+                            dict(_TINY, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=64, shared_expert_intermediate_size=64))  # fmt: skip
+FIXTURES = ROOT / "tests" / "fixtures" / "gguf"
+RECORD_PROMPTS = (5, 23)  # the recorded prompts' lengths (random ids, seed 7)
+
+
 def make_hf(shape: str):
     """A function writing `shape`'s random transformers model (float32 safetensors) to a folder."""
 
@@ -82,6 +105,33 @@ def qwen35_files(work: Path, cpp: Path, shape: str, types) -> dict:
     name = f"{shape}-{'0.5b' if shape == 'qwen35' else '0.7b'}"
     return make_files(work, cpp, types=types, name=name, make_hf=make_hf(shape),
                       convert_args=("--no-mtp",), vocab="ids")  # fmt: skip
+
+
+def record(cpp: Path, work: Path, tokens: int, threads: int) -> None:
+    """The test fixtures (`tests/equivalence/test_qwen35_converter_files.py`): each tiny shape
+    converted by llama.cpp to F32, copied to tests/fixtures/gguf/, with llama.cpp's greedy ids
+    after each recorded prompt beside it (`<file>.llamacpp.json`)."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for shape in ("tiny-qwen35", "tiny-qwen35moe"):
+        vocab = SHAPES[shape][2]["vocab_size"]
+        prompts = [rng.integers(3, vocab - 1, n).tolist() for n in RECORD_PROMPTS]
+        src = make_files(work, cpp, types=["F32"], name=shape, make_hf=make_hf(shape),
+                         convert_args=("--no-mtp",), vocab="ids")[f"{shape} F32"]  # fmt: skip
+        dst = FIXTURES / f"{shape}-converter-f32.gguf"
+        shutil.copyfile(src, dst)
+        runs = [{"prompt": p, "llama_cpp": llama_greedy(cpp, dst, p, tokens, threads)}
+                for p in prompts]  # fmt: skip
+        note = ("llama.cpp's greedy ids (llama-completion --temp 0, llama-cpp-python 0.3.36's "
+                "vendored source) on this file, made by scripts/bench/qwen35_llamacpp.py --record")  # fmt: skip
+        dst.with_suffix(".llamacpp.json").write_text(
+            json.dumps({"note": note, "runs": runs}, indent=1) + "\n"
+        )
+        print(dst, dst.stat().st_size, [r["llama_cpp"][:8] for r in runs], flush=True)
 
 
 def llama_greedy(cpp: Path, f: Path, prompt: list[int], tokens: int, threads: int) -> list[int]:
@@ -198,6 +248,11 @@ def main() -> int:
     p.add_argument("--prompts", default="5,23,64", help="the prompts' lengths")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", type=Path, default=WORK)
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="write the test fixtures (tiny shapes, F32) and llama.cpp's ids on them",
+    )
     p.add_argument("--writer-check", action="store_true",
                    help="also compare tandem's writer's F32 file with the converter's")  # fmt: skip
     a = p.parse_args()
@@ -207,6 +262,9 @@ def main() -> int:
     if not (cpp / "bin" / "llama-completion").exists():
         raise SystemExit(f"build llama-completion: cmake --build {cpp}/build --target "
                          f"llama-completion, then copy build/bin/llama-completion to {cpp}/bin")  # fmt: skip
+    if a.record:
+        record(cpp, a.work, a.tokens, a.threads)
+        return 0
     rng = np.random.default_rng(7)
     for shape in a.shapes.split(","):
         vocab = SHAPES[shape][2]["vocab_size"]

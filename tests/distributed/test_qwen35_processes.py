@@ -29,13 +29,16 @@ from family_support import (
     transformers_reference,
 )
 from hf_init import spread_
+from llamacpp_recorded import CONVERTER_FILES, greedy_together, recorded
 from tp_support import SingleNode
 
 from tandem.engine.local import LocalExecutor
+from tandem.engine.pp.launch import StageSpec, launch_pipeline
 from tandem.loaders.gguf.model_file import GGUFModel
 from tandem.loaders.gguf.writer import write_model_dir_gguf
 from tandem.loaders.load import load_model
 from tandem.loaders.source import open_model
+from tandem.parallel.partition import LayerRange
 
 LAYOUTS = {"tp2": (2, {}), "tp3": (3, {})}
 # The recurrence carries each step's rounding into every later token's state: a TP group's other
@@ -99,6 +102,22 @@ def test_tp2_and_tp3_of_a_gguf_with_tiled_v_heads_match_single_node(qwen35):
             want = [[0, 2], [2, 3]] if name == "tp2" else [[0, 1], [1, 2], [2, 3]]
             assert [s["linear_k_heads"] for s in shards] == want, name
             assert_single_node(ex, expected, ATOL)
+
+
+@pytest.mark.parametrize("name", CONVERTER_FILES)
+def test_tp2_and_a_pipeline_decode_llama_cpps_ids_on_the_converters_file(name):
+    """The files llama.cpp's converter made (tests/equivalence/test_qwen35_converter_files.py)
+    at TP=2 and over two stages cut inside the DeltaNet layers, across processes: llama.cpp's
+    recorded greedy ids after both prompts decoding together."""
+    f, prompts, want = recorded(name)
+    with tp_groups(f, {"tp2": (2, {})}) as groups:
+        assert greedy_together(groups["tp2"], prompts, len(want[0])) == want
+    stages = [StageSpec(LayerRange(0, 2)), StageSpec(LayerRange(2, 4))]
+    ex = launch_pipeline(f, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
+    try:
+        assert greedy_together(ex, prompts, len(want[0])) == want
+    finally:
+        ex.close()
 
 
 Q8_SHAPE = dict(linear_num_key_heads=6, linear_num_value_heads=12, linear_value_head_dim=16)
