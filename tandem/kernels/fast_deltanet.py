@@ -33,12 +33,12 @@ class FastGatedDeltaNet(GatedDeltaNet):
         proj = torch.cat(
             [self.in_proj_qkv(h), self.in_proj_z(h), self.in_proj_b(h), self.in_proj_a(h)], -1
         )  # (B, P)
-        a = -self.A_log.exp() if self.a_log else self.A_log  # (Hv,), A < 0
+        a = (-self.A_log.exp() if self.a_log else self.A_log).contiguous()  # (Hv,), A < 0
         taps = self.conv1d.weight.reshape(self.conv_channels, self.kernel)  # (C, K), a view
         y = torch.empty(B, self.n_v_heads * self.dv)  # (B, Hv dv)
         for b, (window, state) in enumerate(self._states(ctx, B)):
             native.deltanet_mix(
-                proj[b : b + 1], taps, a.contiguous(), self.dt_bias, self.norm.weight,
+                proj[b : b + 1], taps, a, self.dt_bias, self.norm.weight,
                 self.norm.eps, window, state, y[b : b + 1],
                 (self.n_k_heads, self.n_v_heads, self.dk, self.dv), self.v_tiled,
             )  # fmt: skip
@@ -71,8 +71,9 @@ class FastGatedDeltaNet(GatedDeltaNet):
                 (torch.zeros(C, W), torch.zeros(self.n_v_heads, self.dk, self.dv)) for _ in range(B)
             ]
         conv, ssm = cache.conv[self.layer_idx], cache.ssm[self.layer_idx]
+        starts = ctx.start_pos or (0,) * B  # none given: every row from 0, as the reference reads
         out = []
-        for slot, start in zip(ctx.writes.slots.tolist(), ctx.start_pos, strict=True):
+        for slot, start in zip(ctx.writes.slots.tolist(), starts, strict=True):
             window, state = conv[slot], ssm[slot]
             if start == 0:
                 window.zero_(), state.zero_()
