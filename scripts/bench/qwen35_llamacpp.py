@@ -68,7 +68,7 @@ SHAPES = {
 # The test fixtures' shapes (`--record`): both head widths 32 (llama.cpp takes the DeltaNet head
 # widths from one key, so it reads only files whose k and v heads are as wide), 4 layers (DeltaNet
 # on 0-2, gated attention on 3), 2 q/k heads serving 4 v heads (tiled by the converter), attention
-# 2 q / 1 kv heads of 64 (16 rotary), an untied vocabulary of 512: ~1-2 MB in F32.
+# 2 q / 1 kv heads of 64 (16 rotary), an untied vocabulary of 512: 3.2 / 3.6 MB in F32.
 _TINY = dict(
     _COMMON, vocab_size=512, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
     head_dim=64, max_position_embeddings=256, linear_num_key_heads=2, linear_num_value_heads=4,
