@@ -29,8 +29,8 @@ from family_support import (
     transformers_reference,
 )
 from hf_init import spread_
-from llamacpp_recorded import CONVERTER_FILES, greedy_together, recorded
-from tp_support import SingleNode
+from llamacpp_recorded import CONVERTER_FILES, recorded
+from tp_support import SingleNode, greedy
 
 from tandem.engine.local import LocalExecutor
 from tandem.engine.pp.launch import StageSpec, launch_pipeline
@@ -111,11 +111,11 @@ def test_tp2_and_a_pipeline_decode_llama_cpps_ids_on_the_converters_file(name):
     recorded greedy ids after both prompts decoding together."""
     f, prompts, want = recorded(name)
     with tp_groups(f, {"tp2": (2, {})}) as groups:
-        assert greedy_together(groups["tp2"], prompts, len(want[0])) == want
+        assert greedy(groups["tp2"], prompts, len(want[0]), on_ranks=True)[0] == want
     stages = [StageSpec(LayerRange(0, 2)), StageSpec(LayerRange(2, 4))]
     ex = launch_pipeline(f, stages, max_batch=4, max_seq_len=128, timeout=30, threads=1)
     try:
-        assert greedy_together(ex, prompts, len(want[0])) == want
+        assert greedy(ex, prompts, len(want[0]), on_ranks=True)[0] == want
     finally:
         ex.close()
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llamacpp_recorded import CONVERTER_FILES, greedy_together, recorded
+from llamacpp_recorded import CONVERTER_FILES, recorded
+from tp_support import greedy
 
 from tandem.engine.local import LocalExecutor
 
@@ -27,4 +28,4 @@ def test_tandem_decodes_llama_cpps_greedy_ids_on_the_converters_file(name):
     on an F32 file): llama.cpp's 32 ids after each."""
     f, prompts, want = recorded(name)
     ex = LocalExecutor.from_dir(f, dtype=torch.float32, max_batch=len(prompts), max_seq_len=64)
-    assert greedy_together(ex, prompts, len(want[0])) == want
+    assert greedy(ex, prompts, len(want[0]), on_ranks=True)[0] == want
