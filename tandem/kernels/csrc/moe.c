@@ -71,10 +71,11 @@ int tandem_moe_experts_act(const void *x, int64_t M, int64_t D, int64_t W, const
     const int es = dt == DT_F32 ? 4 : 2;
     const int64_t g_stride = W * tq_row_bytes(gate_type, D), u_stride = W * tq_row_bytes(up_type, D);
     const int64_t d_stride = D * tq_row_bytes(down_type, W);
-    int64_t *rows = (int64_t *)malloc((size_t)(M * k) * sizeof(int64_t)); /* (m * k + j) */
-    /* an expert's rows: up to M k, not M, where a row names one expert twice (a router never
+    /* an expert's rows: up to R = M k, not M, where a row names one expert twice (a router never
      * does; the conformance probe of a rank holding one expert does, `probed_experts`) */
-    char *buf = (char *)malloc((size_t)(M * k * (D + 3 * W + D)) * es);
+    const int64_t R = M * k;
+    int64_t *rows = (int64_t *)malloc((size_t)R * sizeof(int64_t)); /* (m * k + j) */
+    char *buf = (char *)malloc((size_t)(R * (D + 3 * W + D)) * es);
     float *gu_bias = biased ? (float *)calloc((size_t)(2 * W), sizeof(float)) : NULL;
     if (!rows || !buf || (biased && !gu_bias)) {
         free(rows);
@@ -82,7 +83,6 @@ int tandem_moe_experts_act(const void *x, int64_t M, int64_t D, int64_t W, const
         free(gu_bias);
         return -1;
     }
-    const int64_t R = M * k;
     char *xs = buf, *gu = xs + R * D * es, *act = gu + 2 * R * W * es, *out = act + R * W * es;
     memset(y, 0, (size_t)(M * D) * es);
     int rc = 0;
