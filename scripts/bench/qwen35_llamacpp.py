@@ -20,7 +20,7 @@ converted to F32 into tests/fixtures/gguf/, each with llama.cpp's greedy ids aft
 
 Per file and prompt (`--prompts`: random ids, by default 5, 23 and 64 long): llama.cpp's greedy
 continuation of `--tokens` ids, then tandem (the executor `tandem generate --device cpu` takes:
-the torch-free path for a quantized file, the torch path for F32) stepped along llama.cpp's
+the torch-free path, F32 files included) stepped along llama.cpp's
 sequence, one token a step after the prompt's prefill, taking its logits; for a quantized file
 also the exact path along it (tandem's torch path on its reference modules: the file's blocks
 dequantized, float32 products, no int8 activations). Prints how many leading ids tandem's greedy

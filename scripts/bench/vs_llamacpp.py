@@ -26,8 +26,8 @@ $LLAMACPP: the folder holding bin/ and src/).
 
 Per file and round: `llama-bench -p PROMPT -n DECODE -r 1` (its pp and tg rates), then a tandem
 process on the executor `tandem generate --device cpu` takes (`engine.lean.lean_executor_for`): the
-torch-free LeanExecutor for a file of quantized or 16-bit layer weights, LocalExecutor (torch)
-for F32 ("tandem path" says which), `--dtype auto` as the CLI's default: prefill tok/s of one
+torch-free LeanExecutor for every file here, LocalExecutor (torch) for one it does not run
+("tandem path" says which), `--dtype auto` as the CLI's default: prefill tok/s of one
 PROMPT-token step, decode tok/s over DECODE
 one-token steps after a one-token prompt, greedy. Peak RSS of each process (wait4), in MB and as a
 multiple of the file size (the torch path's includes ~0.25 GB of torch's runtime). Roofline

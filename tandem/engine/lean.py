@@ -1,15 +1,17 @@
 """`LeanExecutor`: a GGUF model on this host's CPU without torch (`tandem.kernels.lean`), behind
 the executor face. Where the weights are a few hundred MB of quantized blocks, torch's resident
 runtime (~250 MB) would be most of the process; this path keeps peak RSS near the file's size.
-16-bit (BF16 / F16) layer weights run here too: the native product widens them in registers, and
-its cache-blocked prefill beat the torch path's tiled widening on an AVX2 CPU (73 against 52
-tok/s, qwen3-0.6b BF16, 2 threads).
+16-bit (BF16 / F16) and F32 layer weights run here too: the native product widens 16-bit ones
+in registers, and its cache-blocked prefill beat the torch path's tiled widening on an AVX2 CPU
+(73 against 52 tok/s, qwen3-0.6b BF16, 2 threads); on F32 its decode (in the form the timing
+chose, `kernels.variant_choice`) reads as fast as the torch path's and its prefill tiles run
+~1.1x torch's float32 GEMM (an AMD EPYC Zen 3, 2 threads), without torch's runtime in memory.
 
 The step rule is `SequenceCache`'s, as every executor's; the forward pass is `LeanModel`'s
 (float32 activations, the native kernels on the mapped blocks), whose logits the equivalence
 tests hold against `LocalExecutor` on the same file (tests/unit/test_lean_executor.py).
 `from_file` raises `LeanUnsupportedError` for a model it does not run (Gemma with experts,
-F32 layer weights, a tensor type the kernels lack, no native build); the caller
+a tensor type the kernels lack, no native build); the caller
 then takes `LocalExecutor`. A longrope model (Phi-3) recomputes a sequence that crosses its
 switch, as `LocalExecutor` does (`engine.rope_rewind`).
 A KV cache (float32, at `max_batch` x `max_seq_len`) past the host's available RAM is refused

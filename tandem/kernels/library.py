@@ -17,8 +17,9 @@ the one torch already loaded; loaded without torch, it brings its own.
 the Sapphire Rapids VM measured, the AVX-512 build's norms, attention and layer chains around
 routed AVX2 GEMVs decoded SmolLM2 slower than the AVX2 build alone (BENCHMARKS.md). Its non-GEMV kernels (norms, attention, the layer chains) run as
 they are; its quantized GEMV (`tandem_qgemv`) hands each call to the variant the timing chose for
-the call's type and shape class (`route`, csrc/qgemv.c; chosen by `variant_choice.py`). Unrouted,
-the primary multiplies itself. `variant_library(name)` loads one variant on its own (tests run
+the call's type and shape class (`route`, csrc/qgemv.c; chosen by `variant_choice.py`), and a
+dense type's decode runs there in the form the timing chose (`ONE_ROW`). Unrouted, the primary
+multiplies itself, every build in its default form. `variant_library(name)` loads one variant on its own (tests run
 every variant against the reference), and `using(name)` makes it the primary for a block.
 
 `available()` is False, with `why()` saying why, on anything but Linux on x86-64 with AVX2 + FMA
@@ -331,6 +332,7 @@ _SIGNATURES["tandem_deltanet_step"] = (
 _SIGNATURES["tandem_qgemv_route"] = (_INT, (_INT, _I64, _P))  # class, ggml type, build's qgemv
 _SIGNATURES["tandem_qgemv_routed"] = (_P, (_INT, _I64))  # class, ggml type -> that build or NULL
 _SIGNATURES["tandem_build_features"] = (_INT, ())  # csrc/cpu_probe.c's bits this build uses
+_SIGNATURES["tandem_dense_form"] = (_INT, (_I64, _INT))  # ggml type, form (else read) -> in force
 
 
 class VariantError(NativeError):
@@ -414,6 +416,10 @@ def _libraries() -> dict[str, ctypes.CDLL] | None:
 
 SHAPE_CLASSES = ("decode", "prefill")  # csrc/qgemv.c's route classes: M <= MAX_ROWS, M > MAX_ROWS
 ROUTE_TYPES = 64  # csrc/qgemv.c's TQ_ROUTE_TYPES: ggml type ids a route may name
+# csrc/qgemv.c's tandem_dense_form: a dense type's decode as 2 rows of W a step with software
+# prefetch (form 0), or one row, the hardware prefetcher alone (form 1, a kernel named
+# "<variant>/1row"); the same bits either way
+ONE_ROW = "1row"
 
 _override: list[ctypes.CDLL | None] = [None]
 
@@ -444,13 +450,33 @@ def variant_library(name: str) -> ctypes.CDLL:
     return libs[name]
 
 
+def kernel_name(variant: str, form: int) -> str:
+    """The name of variant `variant`'s build decoding dense types in `form` (ONE_ROW)."""
+    return f"{variant}/{ONE_ROW}" if form == 1 else variant
+
+
+def split_kernel(name: str) -> tuple[str, int]:
+    """`kernel_name`'s inverse: (variant, dense decode form)."""
+    variant, _, form = name.partition("/")
+    if form not in ("", ONE_ROW):
+        raise VariantError(f"no kernel form {form!r} (forms: {ONE_ROW})")
+    return variant, int(form == ONE_ROW)
+
+
+def set_dense_form(name: str, type_id: int, form: int) -> None:
+    """Variant `name`'s build decodes dense `type_id` in `form` (0 or 1)."""
+    if variant_library(name).tandem_dense_form(type_id, form) != form:
+        raise NativeError(f"csrc/qgemv.c has no decode form {form} for type {type_id}")
+
+
 @contextlib.contextmanager
 def unrouted() -> Iterator[None]:
-    """Within the block every build multiplies its own calls (the primary's routes are lifted
-    and put back after): what a variant's timing and its tests must run."""
-    libs = _libraries()
-    lib = None if libs is None else libs[primary()]
-    saved = []
+    """Within the block every build multiplies its own calls in its default forms (the
+    primary's routes and every build's dense decode forms are lifted and put back after): what
+    a variant's timing and its tests must run."""
+    libs = _libraries() or {}
+    lib = libs.get(primary()) if libs else None
+    saved, forms = [], []
     if lib is not None:
         for c in range(len(SHAPE_CLASSES)):
             for t in range(ROUTE_TYPES):
@@ -458,11 +484,18 @@ def unrouted() -> Iterator[None]:
                 if ptr:
                     saved.append((c, t, ptr))
                     lib.tandem_qgemv_route(c, t, None)
+    for build in libs.values():
+        for t in DENSE_TYPES:
+            if build.tandem_dense_form(t, -1) == 1:
+                forms.append((build, t))
+                build.tandem_dense_form(t, 0)
     try:
         yield
     finally:
         for c, t, ptr in saved:
             lib.tandem_qgemv_route(c, t, ptr)
+        for build, t in forms:
+            build.tandem_dense_form(t, 1)
 
 
 @contextlib.contextmanager
@@ -480,30 +513,40 @@ def using(name: str) -> Iterator[ctypes.CDLL]:
 
 
 def route(type_id: int, shape_class: str, name: str | None) -> None:
-    """The primary's quantized GEMV hands calls of `type_id` in `shape_class` to variant
-    `name`'s build (None, or the primary's own variant: itself)."""
+    """The primary's quantized GEMV hands calls of `type_id` in `shape_class` to kernel
+    `name`'s build (None, or the primary's own variant: itself); a dense type's decode takes
+    the name's form there (`kernel_name`; a type of another class or kind: its one form)."""
     libs = _libraries()
     if libs is None:
         raise NativeError(f"the native kernels are unavailable: {_why[0]}")
     lib = libs[primary()]
+    variant, form = split_kernel(name) if name is not None else (primary(), 0)
+    if form and (shape_class != "decode" or type_id not in DENSE_TYPES):
+        raise VariantError(f"{name}: the {ONE_ROW} form is a dense type's decode")
     target = None
-    if name is not None and name != primary():
-        fn = variant_library(name).tandem_qgemv
+    if variant != primary():
+        fn = variant_library(variant).tandem_qgemv
         target = ctypes.cast(fn, ctypes.c_void_p).value
     if lib.tandem_qgemv_route(SHAPE_CLASSES.index(shape_class), type_id, target) != 0:
         raise NativeError(f"csrc/qgemv.c cannot route type {type_id}")
+    if shape_class == "decode" and type_id in DENSE_TYPES:  # the other builds back to form 0
+        for other in libs:
+            set_dense_form(other, type_id, form if other == variant else 0)
 
 
 def routed(type_id: int, shape_class: str) -> str:
-    """The variant whose build the primary hands `type_id`'s `shape_class` calls to."""
+    """The kernel (`kernel_name`) the primary hands `type_id`'s `shape_class` calls to."""
     libs = _libraries()
     if libs is None:
         raise NativeError(f"the native kernels are unavailable: {_why[0]}")
     ptr = libs[primary()].tandem_qgemv_routed(SHAPE_CLASSES.index(shape_class), type_id)
+    variant = primary()
     for name, lib in libs.items():
         if ptr and ctypes.cast(lib.tandem_qgemv, ctypes.c_void_p).value == ptr:
-            return name
-    return primary()
+            variant = name
+    dense_decode = shape_class == "decode" and type_id in DENSE_TYPES
+    form = libs[variant].tandem_dense_form(type_id, -1) if dense_decode else 0
+    return kernel_name(variant, form)
 
 
 def library() -> ctypes.CDLL:

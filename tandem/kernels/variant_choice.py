@@ -1,9 +1,13 @@
 """Which ISA variant's build multiplies each weight type, chosen by timing on the model itself.
 
 The fastest build is not the widest one everywhere: on a Sapphire Rapids VM the AVX-512 build
-decoded SmolLM2's Q4_1 blocks slower than the AVX2 one. So, at first use on a machine, for each
-weight type of the model and each shape class (decode: 1 row of X; prefill: PREFILL_ROWS), every
-variant the host runs (`library.variants()`) multiplies the model's own weights of that type:
+decoded SmolLM2's Q4_1 blocks slower than the AVX2 one. Nor is one way of streaming a dense
+matrix: two rows of W a step with software prefetch decoded a BF16 model 1.28x faster than one
+row without on that Sapphire Rapids, and 1.07x slower on a Zen 3 (`library.ONE_ROW`, the same
+bits either way). So, at first use on a machine, for each weight type of the model and each
+shape class (decode: 1 row of X; prefill: PREFILL_ROWS), every kernel the host runs multiplies
+the model's own weights of that type: every variant's build (`library.variants()`), and for a
+dense type's decode each build in both forms ("avx2", "avx2/1row", ...; `candidates`):
 
 - the sample: the model's projections whose parts are all of the type, in model order, up to
   DECODE_SAMPLE_BYTES (prefill: PREFILL_SAMPLE_BYTES) of blocks, the last one cut to its first
@@ -20,9 +24,9 @@ variant the host runs (`library.variants()`) multiplies the model's own weights 
   round (A B C, B C A, ...), after one warm pass each; a variant's figure is the median over the
   rounds of its pass time over AVX2's pass in the same round, so a noisy neighbour that stalls
   one pass, or loads the machine for a while, does not decide;
-- the choice: the lowest such median ratio, if it is below 1 - MARGIN; else AVX2 (the build
-  every x86-64 host of this project runs and the one the kernels were tuned on: a wider build
-  must earn its place). Where any variant's passes spread past NOISY (slowest / fastest), the
+- the choice: the lowest such median ratio, if it is below 1 - MARGIN; else AVX2 in its
+  default form (the build every x86-64 host of this project runs and the one the kernels were
+  tuned on: a wider build, or another form, must earn its place). Where any variant's passes spread past NOISY (slowest / fastest), the
   machine was too busy to tell: AVX2 is kept for this run and nothing is cached, so the next
   run times again.
 
@@ -31,7 +35,7 @@ choice is cached in `$TANDEM_CACHE/native/choices.json`, keyed by the CPU model,
 features, the kernels' source hash, the thread count, the sample's shapes and where it was read
 from (DRAM or the caches), so the next run on
 this machine and model skips the timing. `TANDEM_KERNEL_VARIANT` forces one build for everything
-(no timing, no routing): the benchmarks compare variants with it.
+in its default form (no timing, no routing): the benchmarks compare variants with it.
 """
 
 from __future__ import annotations
@@ -58,7 +62,11 @@ MARGIN = 0.05  # another variant must beat AVX2's median pass by 5% to be chosen
 ROUNDS = 7
 NOISY = 1.5  # passes of one variant spread past this: a busy machine, AVX2 kept, not cached
 PREFILL_ROWS = 64
-DECODE_SAMPLE_BYTES = 16 << 20  # decode streams the weights: a sample well past the L2 caches
+# decode streams the weights: a sample well past the L2 caches, and long enough a pass (~3 ms
+# from DRAM) that its start does not decide: a Zen 3 timing a BF16 model's two decode forms on
+# 16 MiB chose one row in 1 of 6 runs (ratios 0.94-1.03), on 64 MiB in 6 of 6 (0.89-0.93; the
+# whole model decoded 1.06x faster one row a step)
+DECODE_SAMPLE_BYTES = 64 << 20
 PREFILL_SAMPLE_BYTES = 256 << 10  # prefill is compute-bound: one projection shows the rate
 MIN_ROWS = 32  # csrc/qgemv.c's chunk of rows
 ROWS = {"decode": 1, "prefill": PREFILL_ROWS}
@@ -173,6 +181,14 @@ def sample(projections: Sequence[Projection], type_id: int, budget: int) -> list
     return out
 
 
+def candidates(variants: Sequence[str], type_id: int, cls: str) -> tuple[str, ...]:
+    """The kernels timed for `type_id` in `cls`: each variant, and for a dense type's decode
+    each variant in the one-row form too (`library.kernel_name`)."""
+    if cls != "decode" or type_id not in library.DENSE_TYPES:
+        return tuple(variants)
+    return tuple(library.kernel_name(v, f) for f in (0, 1) for v in variants)
+
+
 def time_variants(
     projections: Sequence[Call],
     rows: int,
@@ -180,9 +196,9 @@ def time_variants(
     names: Sequence[str],
     dram: bool = False,
 ) -> dict[str, list[float]]:
-    """{variant: [seconds of its pass in each round]} over the sampled calls at `rows` rows of X,
-    each variant's build called directly (unrouted), passes interleaved (module docstring);
-    `dram`: the sample evicted from the caches before every pass, untimed."""
+    """{kernel: [seconds of its pass in each round]} over the sampled calls at `rows` rows of X,
+    each kernel's build called directly (unrouted) in its form, passes interleaved (module
+    docstring); `dram`: the sample evicted from the caches before every pass, untimed."""
     rng = np.random.default_rng(0)
     xs = {k: rng.standard_normal((rows, k)).astype(np.float32) for k in
           {p.in_features for p in projections}}  # fmt: skip
@@ -191,13 +207,18 @@ def time_variants(
         (p.parts, len(p.parts), xs[p.in_features].ctypes.data, y.ctypes.data, p.in_features)
         for p, y in zip(projections, ys, strict=True)
     ]
-    fns = {n: library.variant_library(n).tandem_qgemv for n in names}
+    kernels = {n: library.split_kernel(n) for n in names}  # {name: (variant, form)}
+    fns = {n: library.variant_library(v).tandem_qgemv for n, (v, _) in kernels.items()}
     evict = library.library().tandem_evict
     spans = [(pt.w, pt.rows * _row_bytes(pt.type, p.in_features))
              for p in projections for pt in p.parts]  # fmt: skip
+    dense = {pt.type for p in projections for pt in p.parts} & library.DENSE_TYPES
 
     def one_pass(name: str) -> float:
         fn = fns[name]
+        variant, form = kernels[name]
+        for t in dense:  # unrouted() puts every build's forms back after the timing
+            library.set_dense_form(variant, t, form)
         if dram:
             for w, nbytes in spans:
                 evict(w, nbytes)
@@ -265,9 +286,9 @@ def choose(
 
         {"cpu": model, "features": [...], "primary": variant, "forced": variant | None,
          "llc_mib": last-level cache, "weights_mib": a token's weight read,
-         "kernels": {type name: {class: {"variant": v, "ms": {variant: median ms} | None,
+         "kernels": {type name: {class: {"variant": kernel, "ms": {kernel: median ms} | None,
                                          "dram": whether timed from DRAM,
-                                         "vs_avx2": {variant: median ratio} (timed only),
+                                         "vs_avx2": {kernel: median ratio} (timed only),
                                          "noisy": bool (timed only), "cached": bool}}}}
     """
     report: dict[str, Any] = {
@@ -280,19 +301,22 @@ def choose(
         "kernels": {},
     }
     streams = decode_reads_dram(projections)
-    names = library.variants() if library.forced() is None else (library.forced(),)
+    variants = library.variants() if library.forced() is None else (library.forced(),)
     types = sorted({t for p in projections for t in p.types})
     doc = _load_cache() if use_cache else {}
     machine = doc.setdefault(_machine_key(), {})
+    timed = False
     for t in types:
         per_class: dict[str, Any] = {}
         for cls, budget in (("decode", DECODE_SAMPLE_BYTES), ("prefill", PREFILL_SAMPLE_BYTES)):
             picked = sample(projections, t, budget)
             dram = streams and cls == "decode"
+            names = candidates(variants, t, cls) if library.forced() is None else variants
             if len(names) == 1 or not picked:
                 per_class[cls] = {"variant": names[0] if len(names) == 1 else library.primary(),
                                   "ms": None, "dram": dram, "cached": False}  # fmt: skip
                 continue
+            timed = True
             key = _sample_key(t, cls, threads, picked, dram)
             hit = machine.get(key)
             cached = hit is not None
@@ -308,7 +332,7 @@ def choose(
             per_class[cls] = {**hit, "cached": cached}
             library.route(t, cls, hit["variant"])
         report["kernels"][_name(t)] = per_class
-    if use_cache and len(names) > 1:
+    if use_cache and timed:
         _store_cache(doc)
     _current.clear()
     _current.update(report)

@@ -133,6 +133,32 @@ def test_fused_parts_of_mixed_types_equal_each_part_alone_bit_for_bit():
 
 
 @needs_native
+@pytest.mark.parametrize("name", DENSE_NAMES)
+def test_a_dense_types_one_row_decode_form_gives_the_default_forms_bits(name, each_variant):
+    """csrc/qgemv.c's two decode forms of a dense type (two rows of W a step with software
+    prefetch; one row, the hardware prefetcher alone) sum each row in one order: the same bits
+    at 1-4 rows of X, an odd row count (a last row the two-row form takes alone) and a width
+    past K % 16 (the one-at-a-time tail); the form set is the one in force, and restored."""
+    from tandem.kernels import library
+
+    rng = np.random.default_rng(6)
+    t = BY_NAME[name].type_id
+    parts = quant.Parts([(torch.from_numpy(random_blocks(name, 301, 808, rng)), t)], 808)
+    assert library.library().tandem_dense_form(t, -1) == 0  # unrouted: every build's default
+    for m in (1, 2, 3, 4):
+        x = torch.from_numpy(_x(m, 808, rng))
+        two = quant.matmul(x, parts)
+        try:
+            library.set_dense_form(each_variant, t, 1)
+            one = quant.matmul(x, parts)
+        finally:
+            library.set_dense_form(each_variant, t, 0)
+        assert torch.equal(one, two), (name, m)
+    with pytest.raises(library.NativeError, match="no decode form"):
+        library.set_dense_form(each_variant, BY_NAME["Q4_0"].type_id, 1)
+
+
+@needs_native
 def test_result_does_not_depend_on_the_thread_count():
     rng = np.random.default_rng(1)
     parts = quant.Parts([(torch.from_numpy(random_blocks("Q4_0", 999, 800, rng)), 2)], 800)

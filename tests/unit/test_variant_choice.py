@@ -183,6 +183,47 @@ def test_a_routed_call_runs_in_the_chosen_build_and_gives_its_bits():
     assert library.routed(t, "decode") == decode_before
 
 
+@needs_native
+def test_a_dense_types_decode_is_timed_in_both_forms_and_takes_the_faster(tmp_path, monkeypatch):
+    """A BF16 model's decode times every build in both forms (`library.ONE_ROW`) even on a host
+    with one build, routes the choice (the form set in the chosen build), and re-timed the
+    choice is no slower than AVX2's default form (median paired ratio <= 1 + NOISE); prefill
+    has one form. A form that is not a dense decode is refused typed."""
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
+    monkeypatch.setattr(variant_choice, "llc_bytes", lambda: 1 << 20)  # decode from DRAM
+    t = BY_NAME["BF16"].type_id
+    rng = np.random.default_rng(5)
+
+    def lin(rows: int, k: int) -> Linear:
+        return Linear([(random_blocks("BF16", rows, k, rng), t)], k)
+
+    projections = [lin(1536, 576), lin(576, 1536)] * 3  # ~16 MB: past the 1 MiB "LLC"
+    try:
+        report = variant_choice.choose(projections, threads=2)
+        decode = report["kernels"]["BF16"]["decode"]
+        kernels = {library.kernel_name(v, f) for v in library.variants() for f in (0, 1)}
+        assert set(decode["ms"]) == kernels and decode["dram"] and not decode["cached"]
+        assert library.routed(t, "decode") == decode["variant"]
+        variant, form = library.split_kernel(decode["variant"])
+        assert library.variant_library(variant).tandem_dense_form(t, -1) == form
+        assert library.routed(t, "prefill") == report["kernels"]["BF16"]["prefill"]["variant"]
+        assert "/" not in library.routed(t, "prefill")
+        calls = variant_choice.sample(projections, t, variant_choice.DECODE_SAMPLE_BYTES)
+        chosen = decode["variant"]
+        passes = variant_choice.time_variants(calls, 1, 2, sorted({chosen, "avx2"}), True)
+        assert variant_choice.relative(passes)[chosen] <= 1 + NOISE, decode
+        assert library.routed(t, "decode") == chosen  # the timing put the forms back
+        with pytest.raises(library.VariantError, match="dense type's decode"):
+            library.route(t, "prefill", "avx2/1row")
+        with pytest.raises(library.VariantError, match="dense type's decode"):
+            library.route(BY_NAME["Q4_0"].type_id, "decode", "avx2/1row")
+    finally:
+        for cls in library.SHAPE_CLASSES:
+            library.route(t, cls, None)
+    assert library.routed(t, "decode") == library.primary()
+    assert library.variant_library(library.primary()).tandem_dense_form(t, -1) == 0
+
+
 def _run(env: dict[str, str], code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,

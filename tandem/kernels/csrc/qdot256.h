@@ -677,9 +677,10 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *wr, co
  * NR <= QMAX_NR consecutive rows of W (rb bytes apart) a step, sharing each load of X and giving
  * the core 2 NR independent chains per row of X; each row sums in the same order (two 8-lane
  * accumulators over j, then hsum8 and the tail) whatever NR, so its output does not depend on
- * NR. out[r QMAX_ROWS + m]. */
+ * NR, nor on PF: each row's next lines prefetched QPREFETCH bytes ahead (PF 1) or left to the
+ * hardware prefetcher (PF 0). out[r QMAX_ROWS + m]. */
 static inline __attribute__((always_inline)) void dot_dense(const int t, const uint8_t *w0,
-                                                            int64_t rb, const int NR,
+                                                            int64_t rb, const int NR, const int PF,
                                                             const xq_t *X, float *out, const int M) {
     const int64_t K = X->K, kv = K / 16 * 16;
     const int dt = t == GT_F32 ? DT_F32 : t == GT_F16 ? DT_F16 : DT_BF16;
@@ -691,7 +692,7 @@ static inline __attribute__((always_inline)) void dot_dense(const int t, const u
         const int line = ((j * es) & 63) == 0; /* a new 64-byte line of each row: prefetch */
         for (int r = 0; r < NR; r++) {
             const uint8_t *wr = w0 + r * rb;
-            if (line) prefetch_span(wr + j * es, 1);
+            if (PF && line) prefetch_span(wr + j * es, 1);
             const __m256 w0v = load8(wr, j, dt), w1v = load8(wr, j + 8, dt);
             for (int m = 0; m < M; m++) {
                 a0[r][m] = _mm256_fmadd_ps(w0v, _mm256_loadu_ps(X->xf + m * K + j), a0[r][m]);

@@ -92,12 +92,9 @@
     }                                                                                           \
     ROWS_AT_M(NAME)
 
-/* rows of W a Q8_0 decode step takes on AVX-512 (dot_q8_0_512), a dense one (dot_dense) */
+/* rows of W a Q8_0 decode step takes on AVX-512 (dot_q8_0_512) */
 #ifndef Q8_NR
 #define Q8_NR 4
-#endif
-#ifndef DENSE_NR
-#define DENSE_NR 2
 #endif
 
 #if HAVE_Q512
@@ -120,9 +117,15 @@
 #define DOT_Q6_K(w, X, o, M) dot_q6_k(w, X, o, M)
 #define DOT_MXFP4(w, X, o, M) dot_mxfp4(w, X, o, M)
 #endif
-#define DOT_F32(w, rb, nr, X, o, M) dot_dense(GT_F32, w, rb, nr, X, o, M)
-#define DOT_F16(w, rb, nr, X, o, M) dot_dense(GT_F16, w, rb, nr, X, o, M)
-#define DOT_BF16(w, rb, nr, X, o, M) dot_dense(GT_BF16, w, rb, nr, X, o, M)
+/* The dense types' two decode forms (tandem_dense_form): 0, two rows of W a step, each row's
+ * lines prefetched ahead in software; 1, one row a step, the hardware prefetcher alone (one
+ * sequential stream per thread). Same sums in the same order, so the same bits. */
+#define DOT_F32(w, rb, nr, X, o, M) dot_dense(GT_F32, w, rb, nr, 1, X, o, M)
+#define DOT_F16(w, rb, nr, X, o, M) dot_dense(GT_F16, w, rb, nr, 1, X, o, M)
+#define DOT_BF16(w, rb, nr, X, o, M) dot_dense(GT_BF16, w, rb, nr, 1, X, o, M)
+#define DOT_F32_1(w, rb, nr, X, o, M) dot_dense(GT_F32, w, rb, nr, 0, X, o, M)
+#define DOT_F16_1(w, rb, nr, X, o, M) dot_dense(GT_F16, w, rb, nr, 0, X, o, M)
+#define DOT_BF16_1(w, rb, nr, X, o, M) dot_dense(GT_BF16, w, rb, nr, 0, X, o, M)
 DEFINE_ROWS(rows_q4_0, DOT_Q4_0)
 DEFINE_ROWS(rows_q4_1, DOT_Q4_1)
 DEFINE_ROWS(rows_q5_0, DOT_Q5_0)
@@ -138,14 +141,40 @@ DEFINE_ROWS(rows_q4_k, DOT_Q4_K)
 DEFINE_ROWS(rows_q5_k, DOT_Q5_K)
 DEFINE_ROWS(rows_q6_k, DOT_Q6_K)
 DEFINE_ROWS(rows_mxfp4, DOT_MXFP4)
-DEFINE_ROWS_N(rows_f32, DOT_F32, DENSE_NR)
-DEFINE_ROWS_N(rows_f16, DOT_F16, DENSE_NR)
-DEFINE_ROWS_N(rows_bf16, DOT_BF16, DENSE_NR)
+DEFINE_ROWS_N(rows_f32, DOT_F32, 2)
+DEFINE_ROWS_N(rows_f16, DOT_F16, 2)
+DEFINE_ROWS_N(rows_bf16, DOT_BF16, 2)
+DEFINE_ROWS_N(rows_f32_1, DOT_F32_1, 1)
+DEFINE_ROWS_N(rows_f16_1, DOT_F16_1, 1)
+DEFINE_ROWS_N(rows_bf16_1, DOT_BF16_1, 1)
+
+/* Which decode form each dense type takes (DOT_F32's comment), per F32, F16, BF16: on a Sapphire
+ * Rapids two rows with prefetch decoded a BF16 model 1.28x faster than one row without; on a Zen
+ * 3 one row without, 1.07x faster than two with (a Zen 4 GEMV read 90-100% of a plain read one
+ * row at a time, 60-70% with two rows or prefetch: csrc/gemv.c). So it is timed per machine
+ * (tandem/kernels/variant_choice.py) and set with tandem_dense_form before any decode. */
+static int dense_form[3];
+
+static int dense_index(int64_t t) {
+    return t == GT_F32 ? 0 : t == GT_F16 ? 1 : t == GT_BF16 ? 2 : -1;
+}
+
+/* form 0 or 1 sets type t's decode form; any other value only reads it. Returns the form in
+ * force, or -1 where t is not a dense type. */
+int tandem_dense_form(int64_t t, int form) {
+    const int i = dense_index(t);
+    if (i < 0) return -1;
+    if (form == 0 || form == 1) __atomic_store_n(&dense_form[i], form, __ATOMIC_RELAXED);
+    return __atomic_load_n(&dense_form[i], __ATOMIC_RELAXED);
+}
 
 typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, const xq_t *, const float *,
                         void *, int64_t, int, int);
 
 static rows_fn rows_for(int64_t t) {
+    const int i = dense_index(t);
+    if (i >= 0 && __atomic_load_n(&dense_form[i], __ATOMIC_RELAXED) == 1)
+        return t == GT_F32 ? rows_f32_1 : t == GT_F16 ? rows_f16_1 : rows_bf16_1;
     switch (t) {
     case GT_Q4_0: return rows_q4_0;
     case GT_Q4_1: return rows_q4_1;

@@ -80,10 +80,7 @@ from tandem.kernels.lean.moe import MoEBlock
 from tandem.kernels.lean.rope import Tables, partial_order
 from tandem.kernels.lean.token import DecodeToken
 from tandem.models.kv_pages import KVPages, KVPagesUnavailable, warn_unavailable
-from tandem.models.quant.blocks import BY_NAME
 from tandem.models.quant.values import as_float32
-
-F32_TYPE = BY_NAME["F32"].type_id
 
 
 class LeanUnsupportedError(ops.LeanKernelError):
@@ -260,20 +257,6 @@ class LeanModel:
             raise LeanUnsupportedError("q/k norms on q/k rows in llama.cpp's pair order")
         if self.pairs and c.rotary_dim != c.head_dim:  # nor both of these (llama, phi3)
             raise LeanUnsupportedError("partial rotary on q/k rows in llama.cpp's pair order")
-        ffn = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-        attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
-        dnet = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj")
-        projections = [
-            f"model.layers.{i}.{p}.weight"
-            for i in range(c.num_hidden_layers)
-            for p in (dnet if c.is_linear(i) else attn)
-            + tuple(f.replace("mlp.", "mlp.experts.") if c.is_sparse(i) else f for f in ffn)
-        ]
-        if any(src.info(n).type_id == F32_TYPE for n in projections):
-            raise LeanUnsupportedError(
-                "F32 layer weights: the torch path's float32 GEMM prefills them faster, and "
-                "torch's runtime is a small share of such a file"
-            )
         try:
             self.layers = [Layer(src, i) for i in range(c.num_hidden_layers)]
             embed = "model.embed_tokens.weight"
