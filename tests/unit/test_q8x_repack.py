@@ -110,6 +110,32 @@ def test_a_packed_copy_of_a_mapped_weight_leaves_the_file_as_it_was(tmp_path):
 
 
 @needs_native
+def test_a_packed_copy_releases_each_chunk_of_rows_before_packing_the_next(tmp_path, monkeypatch):
+    """A weight past COPY_CHUNK is copied a chunk of rows at a time, each chunk's file pages
+    released before the next is packed (so a tied head is not held twice whole at load), and
+    the copy is the whole weight's repacking byte for byte."""
+    cols = 1024
+    w, _ = case(cols, seed=10)
+    path = tmp_path / "w.bin"
+    w.tofile(path)
+    mapped = np.memmap(path, np.uint8, mode="c", shape=w.shape)
+    monkeypatch.setattr(repack, "COPY_CHUNK", 3 * w.shape[1])  # 3 rows a chunk
+    events, pack, release = [], repack.pack, repack.release
+    monkeypatch.setattr(repack, "pack", lambda a, *k, **kw: events.append(("pack", len(a)))
+                        or pack(a, *k, **kw))  # fmt: skip
+    monkeypatch.setattr(repack, "release", lambda a: events.append(("release", len(a)))
+                        or release(a))  # fmt: skip
+    copy = repack.packed_copy(mapped, cols, threads=2)
+    chunks = [min(3, len(w) - r) for r in range(0, len(w), 3)]
+    assert len(chunks) > 2
+    assert events == [e for n in chunks for e in (("pack", n), ("release", n))] + [
+        ("release", len(w))
+    ]
+    assert np.array_equal(copy, pack(w, cols, out=np.empty_like(w)))
+    assert np.array_equal(mapped, w)
+
+
+@needs_native
 def test_the_torch_free_model_multiplies_its_q8_0_projections_repacked(tmp_path):
     """A Q8_0 file on the torch-free path: every projection (the tied head too) is a Q8_0X copy,
     the embedding still the file's Q8_0 rows (test_lean_executor.py holds its logits to the
