@@ -355,13 +355,16 @@ def _lockstep(
     config, opts: BenchOptions, log: Callable[[str], None], hosts: Hosts, link: str
 ) -> dict:
     """The lockstep probe at every TP degree measured, its ranks on the link's hosts as the TP
-    layouts' are (all on this machine, joined by that link); the report turns it into the plan's
-    per-sync penalty against the same link's all-reduce."""
-    from tandem.plan.lockstep import LockstepProbeError, measure_lockstep
+    layouts' are (all on this machine, joined by that link), its shards in a GGUF file's block
+    types; the report turns it into the plan's per-sync penalty against the same link's
+    all-reduce."""
+    from tandem.loaders.source import is_gguf, open_model
+    from tandem.plan.lockstep import LockstepProbeError, measure_lockstep, weight_types
 
     ks = tuple(sorted({lay.n for lay in opts.layouts if lay.kind == "tp"}))
+    types = weight_types(open_model(opts.model_dir)) if is_gguf(opts.model_dir) else {}
     try:
-        probe = measure_lockstep(config, ks=ks, hosts=hosts, link=link)
+        probe = measure_lockstep(config, ks=ks, hosts=hosts, link=link, types=types)
     except (LockstepProbeError, subprocess.TimeoutExpired) as e:
         log(f"lockstep probe failed: {e}")
         return {"error": str(e)}

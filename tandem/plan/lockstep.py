@@ -13,8 +13,11 @@ when the host runs more ranks than cores; the segments do not start together; th
 sets every sync's pace) and the work every rank repeats whatever k is (norms, RoPE, attention
 over the cache, op dispatch; the model divides all of s by k). The probe measures both at once:
 k real processes on this host, joined by tandem's ring over loopback, each looping over its real
-`parallel.plan` shard of decoder layers (random weights, the decode kernels, a KV cache, one token
-at position `POSITION`, 1 thread; enough layers to stream more than the caches hold):
+`parallel.plan` shard of decoder layers (random weights, in the file's block types where the
+model is a GGUF file (`weight_types`: each projection as the file's first layer stores it, so a
+Q4_K_M file's shards multiply Q4_K and Q6_K blocks as its ranks will) else float32; the decode
+kernels, a KV cache, one token at position `POSITION`, 1 thread; enough layers to stream more
+than the caches hold):
 
     a = attn_r(norm(x)); all_reduce(a);  m = mlp_r(norm(x + a)); all_reduce(m)
 
@@ -26,6 +29,7 @@ the best of `rounds` rounds (the least disturbed on a shared machine, as the ben
 round of each layout).
 
     python -m tandem.plan.lockstep --config FILE --world K --rank R --peers A:P,...  (one rank)
+        [--weight-types '{"mlp.down_proj": 14, ...}']
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import secrets
 import statistics
 import subprocess
@@ -104,10 +109,44 @@ def link_penalties(
 # ---- one rank ---------------------------------------------------------------------------------
 
 
-def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
+def weight_types(source: Any) -> dict[str, int]:
+    """{a decoder layer's projection (`self_attn.q_proj`, `mlp.down_proj`,
+    `linear_attn.out_proj`, ...): the ggml type id a GGUF `source` (`loaders.source.open_model`)
+    stores it in}, from the first layer that has it; {} for a safetensors model. Projections in
+    float32, a type the native kernels lack, or stacked experts are left out (the probe keeps
+    them float32)."""
+    from tandem.kernels.library import KERNEL_TYPES
+    from tandem.models.quant.blocks import BY_NAME
+
+    out: dict[str, int] = {}
+    for name, info in getattr(source, "manifest", {}).items():
+        m = re.fullmatch(r"model\.layers\.\d+\.(.+)\.weight", name)
+        t = getattr(info, "type_id", None)
+        if (
+            m
+            and m.group(1) not in out
+            and len(getattr(info, "shape", ())) == 2
+            and (t in KERNEL_TYPES and t != BY_NAME["F32"].type_id)
+        ):
+            out[m.group(1)] = t
+    return out
+
+
+def _bytes_per_param(types: dict[str, int]) -> float:
+    """A layer's mean bytes per weight in `types` (4 for a float32 probe): what sizes its pool."""
+    from tandem.models.quant.blocks import layout
+
+    if not types:
+        return 4.0
+    return statistics.mean(layout(t).row_bytes(256 * layout(t).block_size) /
+                           (256 * layout(t).block_size) for t in types.values())  # fmt: skip
+
+
+def shard_config(config: Any, k: int, rank: int, pool_mb: int, bytes_per_param: float = 4.0) -> Any:
     """Rank `rank` of k's slice of `config` (its q heads, kv heads and MLP rows under
     `parallel.plan`; a hybrid's DeltaNet q/k and v heads too), with as many layers as stream
-    `pool_mb` MB (2 at least): the model's first n, a hybrid's DeltaNet ones among them."""
+    `pool_mb` MB at `bytes_per_param` (2 at least): the model's first n, a hybrid's DeltaNet
+    ones among them."""
     from tandem.parallel.partition import model_cost
 
     heads, kv, ff = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
@@ -122,7 +161,7 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
         ff = plan.intermediate[rank].size
         if net is not None:
             hk, hv = plan.linear_k_heads[rank].size, plan.linear_v_heads(rank).size
-    n = max(2, math.ceil(pool_mb * 2**20 * k / (4 * model_cost(config).layer_params)))
+    n = max(2, math.ceil(pool_mb * 2**20 * k / (bytes_per_param * model_cost(config).layer_params)))
     changes = dict(num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=ff,
                    num_hidden_layers=n)  # fmt: skip
     if net is not None:
@@ -133,13 +172,48 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int) -> Any:
     return dataclasses.replace(config, **changes)
 
 
-def _layers(shard: Any):
-    """The shard's decoder layers on the decode kernels, and a one-token decode step's context."""
+def _quantize_linears(model: Any, types: dict[str, int]) -> None:
+    """Each decoder layer's projection named in `types` becomes a `QuantLinear` of random blocks
+    of that type (where its width is a multiple of the type's block; else it stays float32).
+    The blocks of one shape are quantized once, 16 rows of them, tiled to the full height and
+    copied per layer (the timing does not depend on the values; each layer streams its own)."""
+    import numpy as np
+    from torch import nn
+
+    from tandem.models.quant.blocks import layout
+    from tandem.models.quant.linear import QuantLinear
+    from tandem.models.quant.quantize import quantize
+
+    rng, made = np.random.default_rng(0), {}
+    for layer in model.model.layers.values():
+        for role, t in types.items():
+            path, _, attr = role.rpartition(".")
+            try:
+                parent = layer.get_submodule(path)
+            except AttributeError:
+                continue
+            lin = getattr(parent, attr, None)
+            if not isinstance(lin, nn.Linear) or lin.in_features % layout(t).block_size:
+                continue
+            key = (t, lin.out_features, lin.in_features)
+            if key not in made:
+                rows = (rng.standard_normal((16, lin.in_features)) * 0.02).astype(np.float32)
+                q = quantize(rows, t)
+                made[key] = np.resize(q, (lin.out_features, q.shape[1]))
+            blocks = torch.from_numpy(made[key].copy())
+            bias = None if lin.bias is None else lin.bias.detach().clone()
+            setattr(parent, attr, QuantLinear(t, lin.in_features, lin.out_features, blocks, bias))
+
+
+def _layers(shard: Any, types: dict[str, int] | None = None):
+    """The shard's decoder layers on the decode kernels (its projections in `types`' block
+    types, `_quantize_linears`), and a one-token decode step's context."""
     from tandem.kernels.prepare import prepare
     from tandem.models.kv_cache import KVCache
     from tandem.models.llama import Transformer
 
     model = Transformer(shard, with_embed=False, with_head=False).eval().requires_grad_(False)
+    _quantize_linears(model, types or {})
     prepare(model, fuse=False)  # the TP layers' kernel, unfused as they are
     cache = KVCache.for_model(model, n_slots=1, max_seq_len=POSITION + 8)
     ctx = model.context([POSITION], [1], cache=cache, slots=[0])
@@ -179,20 +253,22 @@ def run_rank(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(args.rank)
     config = ModelConfig.from_hf_dict(json.loads(Path(args.config).read_text()))
+    types = {role: int(t) for role, t in json.loads(args.weight_types).items()}
+    per = _bytes_per_param(types)
     block = config.num_hidden_layers  # one token's layers
     x = torch.randn(1, config.hidden_size)
     with torch.inference_mode():
         if args.world == 1:
             alone = {}
             for k in (int(v) for v in args.alone_k.split(",")):
-                layers, ctx = _layers(shard_config(config, k, 0, args.pool_mb))
+                layers, ctx = _layers(shard_config(config, k, 0, args.pool_mb, per), types)
                 step = _step(layers, ctx, x, lambda t: t)
                 alone[str(k)] = min(_per_sync(step, args.blocks, block) for _ in range(args.rounds))
                 del layers, ctx, step
             return {"world": 1, "alone_s": alone}
         from tandem.comm.peers import connect_ring
 
-        layers, ctx = _layers(shard_config(config, args.world, args.rank, args.pool_mb))
+        layers, ctx = _layers(shard_config(config, args.world, args.rank, args.pool_mb, per), types)
         comm = connect_ring(args.rank, args.world, args.peers.split(","), args.secret)
         try:
             comm.barrier()
@@ -242,24 +318,29 @@ def measure_lockstep(
     timeout_s: float = 300.0,
     hosts: Any = None,
     link: str = "loopback",
+    types: dict[str, int] | None = None,
 ) -> dict:
     """Per k, seconds per sync: `lockstep_s` (k ranks in lockstep), `free_s` (the same k ranks
     without the all-reduces, the slowest rank), `alone_s` (rank 0's shard alone). `config` is a
-    `ModelConfig`; turn the figures into penalties with `penalties`. With `hosts` (a
+    `ModelConfig`; `types` the file's block type per projection (`weight_types`; None: float32);
+    turn the figures into penalties with `penalties`. With `hosts` (a
     `bench.hosts.Hosts`, `link` its name in the bench) rank i runs on host i and the ranks talk
     over that link, as the layouts they stand for do; without it, over loopback here."""
     ks = tuple(sorted({k for k in ks if k >= 2}))
     if not ks:
         raise LockstepProbeError("the lockstep probe needs some k >= 2")
+    from tandem.models.quant.blocks import layout
+
     with tempfile.TemporaryDirectory(prefix="tandem-lockstep-") as tmp:
         cfg = Path(tmp) / "config.json"
         cfg.write_text(json.dumps(config.to_hf_dict()))
         base = [sys.executable, "-m", "tandem.plan.lockstep", "--config", str(cfg),
                 "--blocks", str(blocks), "--rounds", str(rounds),
-                "--pool-mb", str(pool_mb)]  # fmt: skip
+                "--pool-mb", str(pool_mb), "--weight-types", json.dumps(types or {})]  # fmt: skip
         alone = _run_ranks([[*base, "--alone-k", ",".join(map(str, ks))]], timeout_s, hosts)
         alone = alone["alone_s"]
-        out: dict = {"position": POSITION, "pool_mb": pool_mb, "link": link, "by_k": {}}
+        out: dict = {"position": POSITION, "pool_mb": pool_mb, "link": link, "by_k": {},
+                     "weight_types": {r: layout(t).name for r, t in (types or {}).items()}}  # fmt: skip
         address = hosts.address if hosts is not None else (lambda i: "127.0.0.1")
         for k in ks:
             peers = ",".join(f"{address(i)}:{p}" for i, p in enumerate(free_ports(k)))
@@ -282,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS)
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="timed rounds; best kept")
     p.add_argument("--pool-mb", type=int, default=POOL_MB)
+    p.add_argument("--weight-types", default="{}", help="JSON {projection: ggml type id}")
     args = p.parse_args(argv)
     out = run_rank(args)
     if args.rank == 0:

@@ -4,6 +4,7 @@ import pytest
 
 from tandem.config import ModelConfig
 from tandem.models.presets import get_preset
+from tandem.models.quant.blocks import BY_NAME
 from tandem.plan.lockstep import POSITION, LockstepProbeError, measure_lockstep
 
 TINY = ModelConfig.from_hf_dict({
@@ -28,6 +29,18 @@ def test_probe_runs_a_hybrids_deltanet_and_attention_shards():
         get_preset("tiny-qwen35").config, ks=(2,), blocks=2, rounds=1, pool_mb=1, timeout_s=120
     )
     assert probe["by_k"]["2"]["lockstep_s"] > 0
+
+
+def test_probe_ranks_multiply_the_block_types_they_are_given():
+    """A GGUF file's block types (`weight_types`) travel to every probe rank, whose shards
+    multiply them; the figures say which types they were."""
+    types = {"self_attn.q_proj": BY_NAME["Q8_0"].type_id, "mlp.down_proj": BY_NAME["Q4_0"].type_id}
+    probe = measure_lockstep(
+        TINY, ks=(2,), blocks=2, rounds=1, pool_mb=1, timeout_s=120, types=types
+    )
+    assert probe["weight_types"] == {"self_attn.q_proj": "Q8_0", "mlp.down_proj": "Q4_0"}
+    f = probe["by_k"]["2"]
+    assert f["alone_s"] > 0 and f["lockstep_s"] > 0
 
 
 def test_probe_refuses_degrees_below_two():

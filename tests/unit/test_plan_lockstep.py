@@ -1,6 +1,7 @@
 """The plan's lockstep term: a host's per-sync penalty, paid once per sync by TP groups only."""
 
 import argparse
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -10,14 +11,19 @@ from test_plan_model import CFG  # the plan model's tiny config (a sibling test 
 from tandem.bench.report import analyze, concurrent_slots, markdown
 from tandem.cli import plan
 from tandem.config import ModelConfig
+from tandem.kernels import native
 from tandem.models.presets import get_preset
+from tandem.models.quant.blocks import BY_NAME
 from tandem.parallel.partition import model_cost
 from tandem.plan.lockstep import (
+    _bytes_per_param,
+    _layers,
     model_sync_s,
     penalties,
     penalty_s,
     shard_config,
     syncs_per_token,
+    weight_types,
 )
 from tandem.plan.model import (
     Layout,
@@ -152,6 +158,43 @@ def test_a_hybrids_probe_shards_keep_their_deltanet_layers_and_split_their_heads
         Transformer(s, with_embed=False, with_head=False)
     assert sum(s.deltanet.num_key_heads for s in shards) == net.num_key_heads
     assert sum(s.deltanet.num_value_heads for s in shards) == net.num_value_heads
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no native: {native.why()}")
+def test_a_gguf_files_probe_shards_multiply_its_block_types(tmp_path):
+    """`weight_types` reads each projection's block type from the file's first layer (norms,
+    float32 and stacked experts left out); the probe's shards hold random blocks of those types
+    on the quantized kernel, one of them in a type whose block does not divide its width stays
+    float32, and at fewer bytes a weight the pool holds more layers."""
+    from tandem.kernels.quant_linear import QuantKernelLinear
+    from tandem.loaders.gguf.writer import write_preset_gguf
+    from tandem.loaders.source import open_model
+
+    _, (f,) = write_preset_gguf(tmp_path / "m.gguf", "tiny-qwen3", "K_MIX")
+    src = open_model(str(f))
+    types = weight_types(src)
+    assert types == {
+        n[len("model.layers.0.") : -len(".weight")]: i.type_id for n, i in src.manifest.items()
+        if n.startswith("model.layers.0.") and len(i.shape) == 2 and i.dtype != "F32"
+    }  # fmt: skip
+    assert "mlp.down_proj" in types and "input_layernorm" not in types
+    assert weight_types(SimpleNamespace(config=src.config)) == {}  # no manifest: float32
+    cfg = src.config
+    odd = {**types, "mlp.up_proj": BY_NAME["Q4_K"].type_id}  # 256 does not divide 64 columns
+    layers, _ = _layers(shard_config(cfg, 2, 0, 1, _bytes_per_param(odd)), odd)
+    for layer in layers:
+        for role, t in types.items():
+            m = layer.get_submodule(role)
+            if role == "mlp.up_proj":
+                assert not isinstance(m, QuantKernelLinear)
+            else:
+                assert isinstance(m, QuantKernelLinear) and m.qtypes == (t,), role
+    assert _bytes_per_param(types) < 1 and _bytes_per_param({}) == 4
+    big = dataclasses.replace(cfg, num_hidden_layers=512)
+    assert (
+        shard_config(big, 2, 0, 1, _bytes_per_param(types)).num_hidden_layers
+        > shard_config(big, 2, 0, 1).num_hidden_layers
+    )
 
 
 def _plan(argv, capsys):
