@@ -486,16 +486,15 @@ def unrouted() -> Iterator[None]:
                     lib.tandem_qgemv_route(c, t, None)
     for build in libs.values():
         for t in DENSE_TYPES:
-            if build.tandem_dense_form(t, -1) == 1:
-                forms.append((build, t))
-                build.tandem_dense_form(t, 0)
+            forms.append((build, t, build.tandem_dense_form(t, -1)))
+            build.tandem_dense_form(t, 0)
     try:
         yield
     finally:
         for c, t, ptr in saved:
             lib.tandem_qgemv_route(c, t, ptr)
-        for build, t in forms:
-            build.tandem_dense_form(t, 1)
+        for build, t, form in forms:  # every form as it was, whatever the block set
+            build.tandem_dense_form(t, form)
 
 
 @contextlib.contextmanager

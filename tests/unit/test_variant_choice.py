@@ -213,6 +213,9 @@ def test_a_dense_types_decode_is_timed_in_both_forms_and_takes_the_faster(tmp_pa
         passes = variant_choice.time_variants(calls, 1, 2, sorted({chosen, "avx2"}), True)
         assert variant_choice.relative(passes)[chosen] <= 1 + NOISE, decode
         assert library.routed(t, "decode") == chosen  # the timing put the forms back
+        library.route(t, "decode", "avx2")
+        variant_choice.time_variants(calls[:1], 1, 2, ["avx2/1row"], True)
+        assert library.routed(t, "decode") == "avx2"  # and one it set, not just one it found
         with pytest.raises(library.VariantError, match="dense type's decode"):
             library.route(t, "prefill", "avx2/1row")
         with pytest.raises(library.VariantError, match="dense type's decode"):

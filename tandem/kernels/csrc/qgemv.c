@@ -150,8 +150,8 @@ DEFINE_ROWS_N(rows_bf16_1, DOT_BF16_1, 1)
 
 /* Which decode form each dense type takes (DOT_F32's comment), per F32, F16, BF16: on a Sapphire
  * Rapids two rows with prefetch decoded a BF16 model 1.28x faster than one row without; on a Zen
- * 3 one row without, 1.07x faster than two with (a Zen 4 GEMV read 90-100% of a plain read one
- * row at a time, 60-70% with two rows or prefetch: csrc/gemv.c). So it is timed per machine
+ * 3 one row without decoded BF16 1.06x and F32 1.19x faster than two with (a Zen 4 GEMV read
+ * 90-100% of a plain read one row at a time, 60-70% with two rows or prefetch: csrc/gemv.c). So it is timed per machine
  * (tandem/kernels/variant_choice.py) and set with tandem_dense_form before any decode. */
 static int dense_form[3];
 
