@@ -10,14 +10,14 @@ bash scripts/browser.sh || echo "test.sh: no chromium: the web page's browser te
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=15 "$@"
 fi
-# Both stages on both cores (pytest-xdist): the in-process tests (unit, and the equivalence runs
-# against transformers, one torch thread each), then the tests that start processes, a file at a
-# time on each core (`--dist loadfile`: a file's module fixtures, a started server or a made
-# model, are built once). A process test uses about one core on average (its processes spend
-# their start importing torch, then wait on sockets and heartbeats), so two files at once halve
-# the stage (1335-1435 s one at a time, 900 s two at a time, 2 cores). Both always run; the
-# script fails if either did.
+# The in-process tests (unit, and the equivalence runs against transformers, one torch thread each)
+# on both cores (pytest-xdist); the tests that start processes and bound their time, one at a
+# time. (Two files at once, `-n 2 --dist loadfile`, took that stage from 1335-1435 s to 900 s on
+# 2 cores, but in 1 of 3 runs 2 of its 360 tests failed: a 3-rank gloo all-reduce hung past its
+# 300 s, and a blackholed grid link's loss was named by its peer's closed socket before its
+# heartbeat: their bounds assume the cores are theirs.) Both always run; the script fails if
+# either did.
 rc=0
 .venv/bin/python -m pytest -q --durations=10 -n 2 tests/unit tests/equivalence || rc=$?
-.venv/bin/python -m pytest -q --durations=15 -n 2 --dist loadfile tests/distributed tests/e2e || rc=$?
+.venv/bin/python -m pytest -q --durations=15 tests/distributed tests/e2e || rc=$?
 exit "$rc"
