@@ -65,7 +65,7 @@ def lean_executor_for(
 ) -> LeanExecutor | None:
     """The executor a single-node run of `model` (a path or an opened model source) takes without
     torch, or None where it takes the torch path. It takes it where the model is GGUF and
-    `LeanModel` runs it (layer weights quantized or 16-bit, not Gemma with experts; else
+    `LeanModel` runs it (layer weights quantized, 16-bit or F32, not Gemma with experts; else
     `LeanUnsupportedError` is caught), the run is one node on the CPU (`device` cpu, or auto on a
     host with no accelerator, `devices.host_has_accelerator`) in float32 (`dtype` float32 or auto:
     llama.cpp's choice on the CPU too), and `TANDEM_LEAN` is not "0". The caller has checked the
