@@ -222,12 +222,16 @@ def test_a_sigstopped_grid_rank_mid_stream_is_seen_by_its_heartbeat_and_replaced
     assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
 
 
-def _lost_by_a_heartbeat(reasons, rank: int, where: str) -> bool:
+def _lost_by_a_heartbeat(reasons, rank: int, where: str, peer: str = "") -> bool:
     """Both ends of a cut link go silent at once: the head's heartbeat loses `rank`, or a rank's
-    own heartbeat loses its peer first and it exits with PEER_LOST_EXIT, which the head names."""
+    own heartbeat loses its peer first and it exits with PEER_LOST_EXIT, which the head names
+    (/health's 200 characters may cut the word after "heartbeat"); in a grid, `peer`: the lost
+    rank's TP peer, whose socket to it closed when it exited so, failed its stage first, naming
+    the lost rank's place ("stage 1 (TP rank 0): PeerClosedError: rank 1 (")."""
     by_head = any(f"rank {rank} is lost" in r and "heartbeat" in r and where in r for r in reasons)
-    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat lost" in r for r in reasons)
-    return by_head or by_rank
+    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat" in r for r in reasons)
+    by_peer = bool(peer) and any(peer in r for r in reasons)
+    return by_head or by_rank or by_peer
 
 
 def _blackhole_drill(relay, launched, links: int, workers: int):
@@ -264,7 +268,9 @@ def test_a_blackholed_grid_rank_link_mid_stream_is_seen_by_its_heartbeat_and_rep
     # stage 0's link to rank 3 and rank 3's beat to the head
     drill, reasons = _blackhole_drill(relay, launched, links=2, workers=3)
     print(f"launch grid blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    assert _lost_by_a_heartbeat(reasons, 3, "(stage 1, TP"), reasons
+    assert _lost_by_a_heartbeat(
+        reasons, 3, "(stage 1, TP", peer="stage 1 (TP rank 0): PeerClosedError: rank 1 ("
+    ), reasons
 
 
 # ~15 s past the shared launch: the attack is held through one HTTP request-read deadline (10 s)
