@@ -13,10 +13,8 @@ fi
 # The in-process tests (unit, and the equivalence runs against transformers, one torch thread each)
 # on both cores (pytest-xdist); the tests that start processes and bound their time, one at a
 # time. (Two files at once, `-n 2 --dist loadfile`, took that stage from 1335-1435 s to 900 s on
-# 2 cores, but in 1 of 3 runs 2 of its 360 tests failed: a 3-rank gloo all-reduce hung past its
-# 300 s, and a blackholed grid link's loss was named by its peer's closed socket before its
-# heartbeat: their bounds assume the cores are theirs.) Both always run; the script fails if
-# either did.
+# 2 cores, but in 1 of 3 runs a 3-rank gloo all-reduce hung past its 300 s, where one at a time
+# it takes seconds.) Both always run; the script fails if either did.
 rc=0
 .venv/bin/python -m pytest -q --durations=10 -n 2 tests/unit tests/equivalence || rc=$?
 .venv/bin/python -m pytest -q --durations=15 tests/distributed tests/e2e || rc=$?
