@@ -358,11 +358,10 @@ def _lockstep(
     layouts' are (all on this machine, joined by that link), its shards in a GGUF file's block
     types; the report turns it into the plan's per-sync penalty against the same link's
     all-reduce."""
-    from tandem.loaders.source import is_gguf, open_model
-    from tandem.plan.lockstep import LockstepProbeError, measure_lockstep, weight_types
+    from tandem.plan.lockstep import LockstepProbeError, file_weight_types, measure_lockstep
 
     ks = tuple(sorted({lay.n for lay in opts.layouts if lay.kind == "tp"}))
-    types = weight_types(open_model(opts.model_dir)) if is_gguf(opts.model_dir) else {}
+    types = file_weight_types(opts.model_dir)
     try:
         probe = measure_lockstep(config, ks=ks, hosts=hosts, link=link, types=types)
     except (LockstepProbeError, subprocess.TimeoutExpired) as e:

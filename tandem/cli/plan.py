@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         penalties = dict(parse_lockstep(t) for t in args.lockstep)
         if args.measure_local >= 2 and not args.no_probe and "local" not in penalties:
             penalties["local"] = _probe_local(
-                config, args.measure_local, nodes[0], link, _weight_types(args)
+                config, args.measure_local, nodes[0], link, args.model
             )
         nodes = [replace(n, lockstep_s=penalties.get(n.host, ())) if n.host else n for n in nodes]
         layouts = candidate_layouts(len(nodes), args.max_tp, args.max_pp)
@@ -279,27 +279,22 @@ def render_shards(plan) -> str:
     return "\n".join(lines)
 
 
-def _weight_types(args: argparse.Namespace) -> dict[str, int]:
-    """The model file's block type per projection (`plan.lockstep.weight_types`), {} without
-    a GGUF file."""
-    if not args.model:
-        return {}
-    from tandem.loaders.source import is_gguf, open_model
-    from tandem.plan.lockstep import weight_types
-
-    return weight_types(open_model(args.model)) if is_gguf(args.model) else {}
-
-
 def _probe_local(
-    config, k: int, node: NodeSpec, link: LinkSpec, types: dict[str, int]
+    config, k: int, node: NodeSpec, link: LinkSpec, model: str | None
 ) -> tuple[tuple[int, float], ...]:
     """This machine's lockstep penalty per sync at 2..k ranks (at most `PROBE_MAX_K`; more ranks
-    take its figure), its shards in the file's block types, against the plan's own terms for
-    these nodes and this link."""
-    from tandem.plan.lockstep import LockstepProbeError, link_penalties, measure_lockstep
+    take its figure), its shards in the block types of `model`'s file where it is a GGUF one,
+    against the plan's own terms for these nodes and this link."""
+    from tandem.plan.lockstep import (
+        LockstepProbeError,
+        file_weight_types,
+        link_penalties,
+        measure_lockstep,
+    )
 
+    ks = tuple(range(2, min(k, PROBE_MAX_K) + 1))
     try:
-        probe = measure_lockstep(config, ks=tuple(range(2, min(k, PROBE_MAX_K) + 1)), types=types)
+        probe = measure_lockstep(config, ks=ks, types=file_weight_types(model))
     except LockstepProbeError as e:
         raise PlanModelError(str(e)) from None
     return link_penalties(probe, config, node.s_per_token, node.slots, link)

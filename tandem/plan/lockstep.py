@@ -132,14 +132,22 @@ def weight_types(source: Any) -> dict[str, int]:
     return out
 
 
+def file_weight_types(model: str | Path | None) -> dict[str, int]:
+    """`weight_types` of the model at path `model`: {} where it is not a GGUF file (or None)."""
+    if not model:
+        return {}
+    from tandem.loaders.source import is_gguf, open_model
+
+    return weight_types(open_model(model)) if is_gguf(model) else {}
+
+
 def _bytes_per_param(types: dict[str, int]) -> float:
     """A layer's mean bytes per weight in `types` (4 for a float32 probe): what sizes its pool."""
     from tandem.models.quant.blocks import layout
 
     if not types:
         return 4.0
-    return statistics.mean(layout(t).row_bytes(256 * layout(t).block_size) /
-                           (256 * layout(t).block_size) for t in types.values())  # fmt: skip
+    return statistics.mean(layout(t).block_bytes / layout(t).block_size for t in types.values())
 
 
 def shard_config(config: Any, k: int, rank: int, pool_mb: int, bytes_per_param: float = 4.0) -> Any:
