@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from tandem.cluster.launcher import free_ports
+from tandem.config import INT_RANGES
 
 POOL_MB = 128  # per rank: > this machine's 32 MB L3, so every layer streams from memory
 POSITION = 40  # the decode position (a 32-token prompt, mid-generation)
@@ -153,8 +154,8 @@ def _bytes_per_param(types: dict[str, int]) -> float:
 def shard_config(config: Any, k: int, rank: int, pool_mb: int, bytes_per_param: float = 4.0) -> Any:
     """Rank `rank` of k's slice of `config` (its q heads, kv heads and MLP rows under
     `parallel.plan`; a hybrid's DeltaNet q/k and v heads too), with as many layers as stream
-    `pool_mb` MB at `bytes_per_param` (2 at least): the model's first n, a hybrid's DeltaNet
-    ones among them."""
+    `pool_mb` MB at `bytes_per_param` (2 at least, and no more than a config may state: a tiny
+    model streams less): the model's first n, a hybrid's DeltaNet ones among them."""
     from tandem.parallel.partition import model_cost
 
     heads, kv, ff = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
@@ -170,6 +171,7 @@ def shard_config(config: Any, k: int, rank: int, pool_mb: int, bytes_per_param: 
         if net is not None:
             hk, hv = plan.linear_k_heads[rank].size, plan.linear_v_heads(rank).size
     n = max(2, math.ceil(pool_mb * 2**20 * k / (bytes_per_param * model_cost(config).layer_params)))
+    n = min(n, INT_RANGES["num_hidden_layers"][1])
     changes = dict(num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=ff,
                    num_hidden_layers=n)  # fmt: skip
     if net is not None:

@@ -141,6 +141,8 @@ def test_probe_shards_follow_the_tp_plan_and_stream_at_least_the_pool():
         layer_bytes = 4 * model_cost(CFG).layer_params / k
         assert shards[0].num_hidden_layers >= max(2, 2**20 / layer_bytes)
     assert syncs_per_token(CFG) == 11
+    # a pool that would take more layers than a config may state: as many as it may (it built)
+    assert shard_config(cfg, 2, 0, pool_mb=1 << 12).num_hidden_layers == 1024
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen35", "tiny-qwen35-moe"])
