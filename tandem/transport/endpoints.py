@@ -270,8 +270,8 @@ class Listener:
             self._refuse_version(ts, e)
             peer = None
         except Exception as e:  # noqa: BLE001 - whatever a stranger sends, the listener lives
+            self._refuse(host, _refusal_reason(e))  # recorded before the stranger sees the close
             ts.close()
-            self._refuse(host, _refusal_reason(e))
             peer = None
         ts.deadline = None
         with self._lock:
