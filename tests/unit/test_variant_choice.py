@@ -43,6 +43,11 @@ def test_decide_keeps_avx2_unless_another_build_wins_by_the_margin():
         "avx2-vnni"
     )
     assert variant_choice.decide({"avx2-vnni": [2.0, 2.0], "avx512": [1.0, 3.0, 1.0]}) == "avx512"
+    # AVX2's other form (same build, same bits) earns its place at a 2% margin
+    one_row = library.kernel_name("avx2", 1)
+    assert variant_choice.decide({"avx2": base, one_row: barely}) == one_row
+    assert variant_choice.decide({"avx2": base, one_row: [0.99 * t for t in base]}) == "avx2"
+    assert variant_choice.decide({"avx2": base, one_row: barely, "avx512": barely}) == one_row
 
 
 @needs_native

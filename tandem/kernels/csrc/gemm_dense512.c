@@ -41,11 +41,11 @@ static inline __attribute__((always_inline)) __m512 wload16(const uint8_t *w, in
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* BF16 */
 }
 
-/* rows r .. r + nn of W (w at row r, rb bytes per row) against rows of X at x (mm rows, K
- * apart) -> out[n][m] */
+/* rows r .. r + nn of W (w at row r, rb bytes per row) against rows of X at x (mm rows, ldx
+ * floats apart) -> out[n][m] */
 static inline __attribute__((always_inline)) void tile(const int t, const uint8_t *w, int64_t rb,
-                                                       const float *x, int64_t K,
-                                                       float out[GN][GM], const int nn,
+                                                       const float *x, int64_t ldx, int64_t K,
+                                                       float out[WCH][GM], const int nn,
                                                        const int mm) {
     const int wdt = t == GT_F32 ? DT_F32 : t == GT_F16 ? DT_F16 : DT_BF16;
     const int64_t kv = K / 16 * 16;
@@ -60,7 +60,7 @@ static inline __attribute__((always_inline)) void tile(const int t, const uint8_
         for (int n = 0; n < nn; n++) wv[n] = wload16(w + n * rb, j, t);
 #pragma GCC unroll 6
         for (int m = 0; m < mm; m++) {
-            const __m512 xv = _mm512_loadu_ps(x + m * K + j);
+            const __m512 xv = _mm512_loadu_ps(x + m * ldx + j);
 #pragma GCC unroll 4
             for (int n = 0; n < nn; n++) acc[n][m] = _mm512_fmadd_ps(wv[n], xv, acc[n][m]);
         }
@@ -72,9 +72,20 @@ static inline __attribute__((always_inline)) void tile(const int t, const uint8_
             const __m256 a0 = _mm512_castps512_ps256(acc[n][m]);
             const __m256 a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[n][m]), 1));
             float s = hsum8(_mm256_add_ps(a0, a1));
-            for (int64_t j = kv; j < K; j++) s += load1(w + n * rb, j, wdt) * x[m * K + j];
+            for (int64_t j = kv; j < K; j++) s += load1(w + n * rb, j, wdt) * x[m * ldx + j];
             out[n][m] = s;
         }
+}
+
+/* the chunk's rows, GN at a time (one at a time where fewer are left), each tile over all of K
+ * -> out[r][m] */
+static inline __attribute__((always_inline)) void chunk(const int t, const uint8_t *w, int64_t rb,
+                                                        int nrows, const float *x, int64_t ldx,
+                                                        int64_t K, float out[WCH][GM],
+                                                        const int mm) {
+    int r = 0;
+    for (; r + GN <= nrows; r += GN) tile(t, w + r * rb, rb, x, ldx, K, out + r, GN, mm);
+    for (; r < nrows; r++) tile(t, w + r * rb, rb, x, ldx, K, out + r, 1, mm);
 }
 
 #include "dense_drive.h"

@@ -193,14 +193,14 @@ static rows_fn rows_for(int64_t t) {
     }
 }
 
-/* The activations for these parts: float32 (copied when X is another dtype, and for a prefill
- * when X is off a 64-byte boundary: the dense tiles' 32-byte loads of X then split cache lines,
- * 1.35x slower on a Zen 3), and quantized in the layouts the parts' kernels read, rows quantized
- * in parallel when there are many. One allocation, freed by the caller; NULL on failure. */
+/* The activations for these parts: float32 (copied when X is another dtype, and for a quantized
+ * prefill when X is off a 64-byte boundary; the dense prefill copies X to its own skewed rows,
+ * dense_drive.h), and quantized in the layouts the parts' kernels read, rows quantized in
+ * parallel when there are many. One allocation, freed by the caller; NULL on failure. */
 static char *prepare_x(const void *x, int64_t M, int64_t K, int dt, int quant, int il32, int ilk,
                        int it16, int nthreads, xq_t *X) {
     const int64_t nbp = QX_NBP(K);
-    const int aligned = dt == DT_F32 && (M <= QMAX_ROWS || ((uintptr_t)x & 63) == 0);
+    const int aligned = dt == DT_F32 && (M <= QMAX_ROWS || !quant || ((uintptr_t)x & 63) == 0);
     const size_t xf = aligned ? 0 : (size_t)(M * K) * 4;
     /* d s d16 s16 d4 s4: 1 1 2 2 4 4 floats per nbp; q32 q16: 1 2 ints */
     const size_t fl = quant ? (size_t)(M * nbp) * 4 * (QX_FLOATS + QX_INTS) : 0;
