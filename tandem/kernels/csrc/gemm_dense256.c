@@ -21,8 +21,9 @@
  * Loop order (`chunk`): for each block of KB = 256 columns, every pair of the chunk's WCH rows
  * runs both passes, so the tile's block of X (6 KB) is read from L1 by all 12 pairs rather than
  * from L2 by each (a tile of 6 rows by all of K is 24-72 KB: more than L1 at K >= 1024). On a
- * Zen 3, 2 threads, with the skewed rows of X (dense_drive.h), against a pair that runs all of K
- * before the next: 1.23-1.27x F32 and 1.1-1.2x BF16 at K = 2048-3072, the same at K = 1024.
+ * Zen 3, 2 threads, with the skewed rows of X (dense_drive.h), against each pair running all of
+ * K before the next: 1.12-1.28x F32 and 1.13-1.31x BF16 at K = 2048 and 3072, 0.97-1.03x at
+ * K = 1024.
  *
  * Partition (dense_drive.h, shared with the other ISA's tiles): each part's rows in chunks of
  * WCH, handed out on demand; a thread runs its chunk against every tile of X rows. Every output
