@@ -60,7 +60,7 @@ HEADERS = tuple(
     CSRC / h
     for h in (
         "dtypes.h", "quant.h", "canon.h", "qx.h", "qdot256.h", "qdot512.h", "qgemm_drive.h",
-        "dense_drive.h", "decode_layers.h",
+        "dense_drive.h", "decode_layers.h", "runs.h",
     )
 )  # fmt: skip
 BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fPIC")  # every variant's, before -march

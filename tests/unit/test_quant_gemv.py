@@ -96,7 +96,7 @@ def test_dense_prefill_tiles_at_any_width_and_row_counts_are_within_the_bound(na
     copied to rows skewed off its stride): widths with a K % 16 tail (one under 16, one past two
     blocks), row counts of W and X that leave partial tiles and chunks; each row the decode
     kernel's bits."""
-    for cols in (7, 203, 600):
+    for cols in (7, 203, 600, 2100):  # 2100: F32 chunks of fewer rows (dense_drive.h)
         for rows, m in ((1, 5), (3, 6), (4, 7), (9, 13), (37, 23), (53, 19)):
             rng = np.random.default_rng(rows * m + cols)
             blocks = random_blocks(name, rows, cols, rng)

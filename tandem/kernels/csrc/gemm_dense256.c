@@ -34,6 +34,7 @@
 
 #include "dtypes.h"
 #include "quant.h"
+#include "runs.h"
 
 int tandem_dense_gemm256(const float *x, const tq_part *parts, int64_t nparts, const float *bias,
                          void *y, int64_t M, int64_t K, int dt, int nthreads);
@@ -81,7 +82,7 @@ static inline __attribute__((always_inline)) void pass(const int wdt, const uint
 static inline __attribute__((always_inline)) void chunk(const int t, const uint8_t *w, int64_t rb,
                                                         int nrows, const float *x, int64_t ldx,
                                                         int64_t K, float out[WCH][GM],
-                                                        const int mm) {
+                                                        const int mm, ahead_t *ahead) {
     const int wdt = t == GT_F32 ? DT_F32 : t == GT_F16 ? DT_F16 : DT_BF16;
     const int64_t kv = K / 16 * 16;
     __m256 run[WCH][2][GM]; /* dot_dense's a0 and a1 of every row, carried from block to block */
@@ -92,9 +93,11 @@ static inline __attribute__((always_inline)) void chunk(const int t, const uint8
     for (int64_t jb = 0; jb < kv; jb += KB) {
         const int64_t je = jb + KB < kv ? jb + KB : kv;
         int r = 0;
-        for (; r + GN <= nrows; r += GN)
+        for (; r + GN <= nrows; r += GN) {
+            ahead_some(ahead);
             for (int h = 0; h < 2; h++)
                 pass(wdt, w + r * rb, rb, x, ldx, jb + 8 * h, je, &run[r][h][0], GN, mm);
+        }
         for (; r < nrows; r++)
             for (int h = 0; h < 2; h++)
                 pass(wdt, w + r * rb, rb, x, ldx, jb + 8 * h, je, &run[r][h][0], 1, mm);
@@ -107,6 +110,9 @@ static inline __attribute__((always_inline)) void chunk(const int t, const uint8
             out[r][m] = s;
         }
 }
+
+/* ahead_some calls per tile of X: one per pair of rows and block */
+static inline int64_t chunk_steps(int64_t K) { return (K / 16 * 16 + KB - 1) / KB * (WCH / GN); }
 
 #include "dense_drive.h"
 

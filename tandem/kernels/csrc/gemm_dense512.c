@@ -24,6 +24,7 @@
 
 #include "dtypes.h"
 #include "quant.h"
+#include "runs.h"
 
 int tandem_dense_gemm512(const float *x, const tq_part *parts, int64_t nparts, const float *bias,
                          void *y, int64_t M, int64_t K, int dt, int nthreads);
@@ -82,10 +83,19 @@ static inline __attribute__((always_inline)) void tile(const int t, const uint8_
 static inline __attribute__((always_inline)) void chunk(const int t, const uint8_t *w, int64_t rb,
                                                         int nrows, const float *x, int64_t ldx,
                                                         int64_t K, float out[WCH][GM],
-                                                        const int mm) {
+                                                        const int mm, ahead_t *ahead) {
     int r = 0;
-    for (; r + GN <= nrows; r += GN) tile(t, w + r * rb, rb, x, ldx, K, out + r, GN, mm);
+    for (; r + GN <= nrows; r += GN) {
+        ahead_some(ahead);
+        tile(t, w + r * rb, rb, x, ldx, K, out + r, GN, mm);
+    }
     for (; r < nrows; r++) tile(t, w + r * rb, rb, x, ldx, K, out + r, 1, mm);
+}
+
+/* ahead_some calls per tile of X: one per tile of GN rows */
+static inline int64_t chunk_steps(int64_t K) {
+    (void)K;
+    return WCH / GN;
 }
 
 #include "dense_drive.h"

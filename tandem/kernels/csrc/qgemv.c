@@ -31,6 +31,7 @@
 
 #include "dtypes.h"
 #include "quant.h"
+#include "runs.h"
 
 #ifndef QCHUNK_ROWS
 #define QCHUNK_ROWS 32
@@ -260,26 +261,6 @@ static xq_t x_rows(const xq_t *X, int64_t g) {
     return v;
 }
 
-/* One thread's run of decode chunks: the next to take from the front (low 32 bits) and one
- * past the last (high 32 bits), in one word so that the owner (front) and a thread done early
- * (back) claim each chunk exactly once. */
-typedef struct {
-    uint64_t fb;
-    char pad[56];
-} qrun;
-
-/* The front chunk of run r (own) or its back one; -1 when it is empty. */
-static int64_t claim(qrun *r, int own) {
-    uint64_t v = __atomic_load_n(&r->fb, __ATOMIC_RELAXED);
-    for (;;) {
-        const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
-        if (f >= b) return -1;
-        const uint64_t nv = own ? v + 1 : (uint64_t)(b - 1) << 32 | f;
-        if (__atomic_compare_exchange_n(&r->fb, &v, nv, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-            return own ? (int64_t)f : (int64_t)b - 1;
-    }
-}
-
 /* Chunk c (QCHUNK_ROWS rows of one part, numbered across the parts) against every group of 4
  * rows of X. */
 static void run_chunk(int64_t c, const tq_part *parts, const int64_t *first_chunk,
@@ -432,13 +413,11 @@ int tandem_qgemv(const void *x, const tq_part *parts, int64_t nparts, const floa
      * against every group of 4 rows of X, so W is read from memory once however many rows X
      * has. */
     if (M <= QMAX_ROWS) {
-        qrun *runs = (qrun *)aligned_alloc(64, (size_t)T * sizeof(qrun));
+        qrun *runs = runs_new(chunks, T);
         if (!runs) {
             free(buf);
             return -1;
         }
-        for (int t = 0; t < T; t++)
-            runs[t].fb = (uint64_t)(chunks * t / T) | (uint64_t)(chunks * (t + 1) / T) << 32;
 #pragma omp parallel num_threads(T) if (T > 1)
         {
             const int t = omp_get_thread_num();
