@@ -92,10 +92,10 @@ def test_prefill_product_of_many_rows_is_within_the_same_bound(name):
 @pytest.mark.parametrize("name", DENSE_NAMES)
 def test_dense_prefill_tiles_at_any_width_and_row_counts_are_within_the_bound(name):
     """The dense prefill tiles (csrc/gemm_dense512.c's 4 rows of W by 6 of X on an AVX-512 build,
-    gemm_dense256.c's 2 by 6, a chunk's pairs block by block of 256 columns, on an AVX2 one; X
-    copied to rows skewed off its stride): widths with a K % 16 tail (one under 16, one past two
-    blocks), row counts of W and X that leave partial tiles and chunks; each row the decode
-    kernel's bits."""
+    gemm_dense256.c's 2 by 6, a chunk's pairs block by block of 512 columns, on an AVX2 one; X
+    copied to rows skewed off its stride): widths with a K % 16 tail (one under 16, one past one
+    block, one past four), row counts of W and X that leave partial tiles and chunks; each row
+    the decode kernel's bits."""
     for cols in (7, 203, 600, 2100):  # 2100: F32 chunks of fewer rows (dense_drive.h)
         for rows, m in ((1, 5), (3, 6), (4, 7), (9, 13), (37, 23), (53, 19)):
             rng = np.random.default_rng(rows * m + cols)

@@ -18,16 +18,18 @@
  * there. The widened weights are exact (a 16-bit float is a float32), so the products are the
  * same.
  *
- * Loop order (`chunk`): for each block of KB = 256 columns, every pair of the chunk's WCH rows
- * runs both passes, so the tile's block of X (6 KB) is read from L1 by all 12 pairs rather than
- * from L2 by each (a tile of 6 rows by all of K is 24-72 KB: more than L1 at K >= 1024). On a
- * Zen 3, 2 threads, with the skewed rows of X (dense_drive.h), against each pair running all of
- * K before the next: 1.12-1.28x F32 and 1.13-1.31x BF16 at K = 2048 and 3072, 0.97-1.03x at
- * K = 1024.
+ * Loop order (`chunk`): for each block of KB = 512 columns, every pair of the chunk's rows runs
+ * both passes, so the tile's block of X (12 KB) is read from L1 by every pair rather than from
+ * L2 by each (a tile of 6 rows by all of K is 24-72 KB: more than L1 at K >= 1024). On a Zen 3,
+ * 2 threads, with the skewed rows of X (dense_drive.h), against each pair running all of K
+ * before the next: 1.12-1.28x F32 and 1.13-1.31x BF16 at K = 2048 and 3072, 0.97-1.03x at
+ * K = 1024 (blocks of 256 columns). Blocks of 512 against 256, with the read-ahead: F32
+ * 1.01-1.02x, BF16 1.06-1.08x; 768 the same as 512; 1024 F32 0.91-0.95x.
  *
  * Partition (dense_drive.h, shared with the other ISA's tiles): each part's rows in chunks of
- * WCH, handed out on demand; a thread runs its chunk against every tile of X rows. Every output
- * is one row of W against one row of X: the result does not depend on the thread count.
+ * at most WCH, each thread's run of chunks front to back with the next one read ahead; a thread
+ * runs its chunk against every tile of X rows. Every output is one row of W against one row of
+ * X: the result does not depend on the thread count.
  */
 #include <stdlib.h>
 #include <omp.h>
@@ -42,7 +44,7 @@ int tandem_dense_gemm256(const float *x, const tq_part *parts, int64_t nparts, c
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 /* rows of W and of X per tile, rows of W per chunk, columns per block */
-enum { GN = 2, GM = 6, WCH = 24, KB = 256 };
+enum { GN = 2, GM = 6, WCH = 24, KB = 512 };
 
 /* One pass of one chain (h: a0 or a1) over columns j0, j0 + 16, ... < je: nn rows of W (w, rb
  * bytes apart) against mm rows of X (x, ldx floats apart), the chains read from and written back
@@ -78,7 +80,7 @@ static inline __attribute__((always_inline)) void pass(const int wdt, const uint
 
 /* nrows rows of W (w, rb bytes apart) against mm rows of X (x, ldx floats apart) -> out[r][m]:
  * block by block of KB columns, every pair of the chunk's rows takes the block (both chains),
- * so the block of X (6 KB) stays in L1 while the chunk's rows stream past it. */
+ * so the block of X (12 KB) stays in L1 while the chunk's rows stream past it. */
 static inline __attribute__((always_inline)) void chunk(const int t, const uint8_t *w, int64_t rb,
                                                         int nrows, const float *x, int64_t ldx,
                                                         int64_t K, float out[WCH][GM],
