@@ -19,8 +19,9 @@
  * at M = 64; 2 threads at M = 64, F32 1.17x at K = 1024 and 1.05x at K = 2048-3072, BF16
  * 0.99-1.10x (against chunks handed out one at a time, nothing read ahead).
  *
- * The including file defines first: GN, GM (<= 6), WCH; `chunk_steps(K)`, how many times its
- * chunk calls `ahead_some` for one tile of X; and the always-inline
+ * The including file defines first: GN, GM (<= 6), WCH; `chunk_steps(K, rows)`, how many times
+ * its chunk of `rows` rows (a multiple of GN) calls `ahead_some` for one tile of X; and the
+ * always-inline
  * chunk(t, w, rb, nrows, x, ldx, K, out, mm, ahead), which writes out[r][m] (float [WCH][GM])
  * for the nrows (<= WCH) rows of W of type t at w (rb bytes apart) against mm rows of X at x
  * (ldx floats apart). Returns -2 where a part is not dense (the caller runs another kernel), -1
@@ -41,14 +42,14 @@
  * registers */
 static void chunk_any(const int t, const uint8_t *w, int64_t rb, int nrows, const float *x,
                       int64_t ldx, int64_t K, float out[WCH][GM], int mm, ahead_t *ahead) {
-#define MM(t_)                                                                                  \
-    switch (mm) {                                                                               \
-    case 1: chunk(t_, w, rb, nrows, x, ldx, K, out, 1, ahead); break;                                  \
-    case 2: chunk(t_, w, rb, nrows, x, ldx, K, out, 2, ahead); break;                                  \
-    case 3: chunk(t_, w, rb, nrows, x, ldx, K, out, 3, ahead); break;                                  \
-    case 4: chunk(t_, w, rb, nrows, x, ldx, K, out, 4, ahead); break;                                  \
-    case 5: chunk(t_, w, rb, nrows, x, ldx, K, out, 5, ahead); break;                                  \
-    default: chunk(t_, w, rb, nrows, x, ldx, K, out, GM, ahead); break;                                \
+#define MM(t_)                                                                                     \
+    switch (mm) {                                                                                  \
+    case 1: chunk(t_, w, rb, nrows, x, ldx, K, out, 1, ahead); break;                              \
+    case 2: chunk(t_, w, rb, nrows, x, ldx, K, out, 2, ahead); break;                              \
+    case 3: chunk(t_, w, rb, nrows, x, ldx, K, out, 3, ahead); break;                              \
+    case 4: chunk(t_, w, rb, nrows, x, ldx, K, out, 4, ahead); break;                              \
+    case 5: chunk(t_, w, rb, nrows, x, ldx, K, out, 5, ahead); break;                              \
+    default: chunk(t_, w, rb, nrows, x, ldx, K, out, GM, ahead); break;                            \
     }
     if (t == GT_F32) {
         MM(GT_F32)
@@ -92,7 +93,7 @@ static int dense_drive(const float *x, const tq_part *parts, int64_t nparts, con
         free(xp);
         return -1;
     }
-    const int64_t steps = (M + GM - 1) / GM * chunk_steps(K); /* ahead_some calls per chunk */
+    const int64_t steps = (M + GM - 1) / GM * chunk_steps(K, wch); /* ahead_some calls a chunk */
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int tid = omp_get_thread_num();

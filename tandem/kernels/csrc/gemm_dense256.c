@@ -114,7 +114,9 @@ static inline __attribute__((always_inline)) void chunk(const int t, const uint8
 }
 
 /* ahead_some calls per tile of X: one per pair of rows and block */
-static inline int64_t chunk_steps(int64_t K) { return (K / 16 * 16 + KB - 1) / KB * (WCH / GN); }
+static inline int64_t chunk_steps(int64_t K, int64_t rows) {
+    return (K / 16 * 16 + KB - 1) / KB * (rows / GN);
+}
 
 #include "dense_drive.h"
 

@@ -93,9 +93,9 @@ static inline __attribute__((always_inline)) void chunk(const int t, const uint8
 }
 
 /* ahead_some calls per tile of X: one per tile of GN rows */
-static inline int64_t chunk_steps(int64_t K) {
+static inline int64_t chunk_steps(int64_t K, int64_t rows) {
     (void)K;
-    return WCH / GN;
+    return rows / GN;
 }
 
 #include "dense_drive.h"
