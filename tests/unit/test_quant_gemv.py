@@ -197,6 +197,29 @@ def test_fused_parts_split_over_threads_give_the_one_thread_result():
         torch.set_num_threads(threads)
 
 
+@needs_native
+def test_dense_prefill_over_thread_runs_gives_the_one_thread_result():
+    """The dense prefill (csrc/dense_drive.h): each thread's contiguous run of chunks numbered
+    across the parts, taken front to back with the next one read ahead, then the others' backs;
+    parts of every dense type and odd sizes, F32 rows wide enough for chunks of fewer rows
+    (K = 2100), 19 rows of X, 1-3 threads: the one-thread bits."""
+    rng = np.random.default_rng(5)
+    names, rows = ("F32", "BF16", "F16", "F32"), (61, 3, 50, 29)
+    ws = [(torch.from_numpy(random_blocks(n, r, 2100, rng)), BY_NAME[n].type_id) for n, r in
+          zip(names, rows)]  # fmt: skip
+    parts = quant.Parts(ws, 2100)
+    x = torch.randn(19, 2100)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = quant.matmul(x, parts)
+        for t in (2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(quant.matmul(x, parts), one), t
+    finally:
+        torch.set_num_threads(threads)
+
+
 def check_mxfp4_scales() -> None:
     """MXFP4 scales exactly as ggml forms them (2^(e - 128); e = 0, 1 subnormal), every exponent
     0..252 and every code: W row (e, c) is 9 blocks of exponent e all of code c; each row of X is
