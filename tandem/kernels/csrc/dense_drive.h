@@ -10,7 +10,7 @@
  * X is first copied to a 64-byte boundary with rows LDX(K) = K + 16 floats apart: at a
  * power-of-two K, rows K floats apart all fall in the same L1 sets, and a tile's 6 rows of X
  * and its rows of W (8 streams on an 8-way L1) evict each other (the skew alone, AVX2 tiles on a
- * Zen 3, 2 threads: 1.15-1.2x F32 at K = 1024 and 3072; BF16 the same). The copy is M * K
+ * Zen 3, 2 threads: 1.15-1.2x F32 at K = 1024 and 3072; BF16 unchanged). The copy is M * K
  * floats, against N * M * K multiply-adds.
  *
  * Reading the next chunk ahead: without it a chunk's first tile of X meets each cache line of
