@@ -61,6 +61,17 @@ static void chunk_any(const int t, const uint8_t *w, int64_t rb, int nrows, cons
 #undef MM
 }
 
+/* chunk c's part (returned), its first row *r0 and one past its last *r1 in that part: chunks of
+ * wch rows, numbered across the parts (part p's from first[p]) */
+static inline int64_t chunk_rows(int64_t c, const tq_part *parts, const int64_t *first,
+                                 int64_t wch, int64_t *r0, int64_t *r1) {
+    int64_t p = 0;
+    while (c >= first[p + 1]) p++;
+    *r0 = (c - first[p]) * wch;
+    *r1 = *r0 + wch < parts[p].rows ? *r0 + wch : parts[p].rows;
+    return p;
+}
+
 static int dense_drive(const float *x, const tq_part *parts, int64_t nparts, const float *bias,
                        void *y, int64_t M, int64_t K, int dt, int nthreads) {
     if (M < 1 || K < 1 || nparts < 1 || nparts > 16) return -1;
@@ -100,25 +111,20 @@ static int dense_drive(const float *x, const tq_part *parts, int64_t nparts, con
         float out[WCH][GM];
         for (int k = 0; k < T; k++) /* its own run from the front, then the others' backs */
             for (int64_t c; (c = claim(&runs[(tid + k) % T], k == 0)) >= 0;) {
-                int64_t p = 0;
-                while (c >= first[p + 1]) p++;
+                int64_t r0, r1;
+                const int64_t p = chunk_rows(c, parts, first, wch, &r0, &r1);
                 const tq_part *pt = &parts[p];
                 const int t = (int)pt->type;
                 const int64_t rb = tq_row_bytes(t, K);
-                const int64_t r0 = (c - first[p]) * wch;
-                const int64_t r1 = r0 + wch < pt->rows ? r0 + wch : pt->rows;
                 /* the chunk this thread takes next: its run's next from the front, or the
                  * back's next from the back (a hint: another thread may take it) */
                 const int64_t n = k == 0 ? c + 1 : c - 1;
                 ahead_t ahead = {NULL, NULL, 0};
                 if (n >= 0 && n < chunks) {
-                    int64_t q = 0;
-                    while (n >= first[q + 1]) q++;
-                    const int64_t qrb = tq_row_bytes((int)parts[q].type, K);
-                    const int64_t s0 = (n - first[q]) * wch;
-                    const int64_t s1 = s0 + wch < parts[q].rows ? s0 + wch : parts[q].rows;
-                    ahead = ahead_of((const uint8_t *)parts[q].w + s0 * qrb, (s1 - s0) * qrb,
-                                     steps);
+                    int64_t s0, s1;
+                    const tq_part *pn = &parts[chunk_rows(n, parts, first, wch, &s0, &s1)];
+                    const int64_t nrb = tq_row_bytes((int)pn->type, K);
+                    ahead = ahead_of((const uint8_t *)pn->w + s0 * nrb, (s1 - s0) * nrb, steps);
                 }
                 for (int64_t m0 = 0; m0 < M; m0 += GM) {
                     const int mm = (int)(M - m0 < GM ? M - m0 : GM);
