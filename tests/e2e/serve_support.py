@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from tandem.bench.fault_drill import pause_bound
+from tandem.cluster.exits import PEER_LOST_EXIT
 from tandem.cluster.launcher import free_ports
 
 TANDEM = [sys.executable, "-m", "tandem"]
@@ -206,3 +207,15 @@ def assert_paused_within_bound(drill, quiet, heartbeat_s: float, op_timeout_s: f
         drill.detect_s,
         drill.whole_s,
     )
+
+
+def lost_by_a_heartbeat(reasons, rank: int, where: str, peer: str = "") -> bool:
+    """Both ends of a cut link go silent at once: the head's heartbeat loses `rank`, or a rank's
+    own heartbeat loses its peer first and it exits with PEER_LOST_EXIT, which the head names
+    (/health's 200 characters may cut the word after "heartbeat"); in a grid, `peer`: the lost
+    rank's TP peer, whose socket to it closed when it exited so, failed its stage first, naming
+    the lost rank's place ("stage 1 (TP rank 0): PeerClosedError: rank 1 (")."""
+    by_head = any(f"rank {rank} is lost" in r and "heartbeat" in r and where in r for r in reasons)
+    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat" in r for r in reasons)
+    by_peer = bool(peer) and any(peer in r for r in reasons)
+    return by_head or by_rank or by_peer

@@ -23,6 +23,7 @@ import time
 import pytest
 from serve_support import (
     assert_paused_within_bound,
+    lost_by_a_heartbeat,
     make_model,
     metric,
     relay_for_links,
@@ -30,7 +31,6 @@ from serve_support import (
 )
 
 from tandem.bench.fault_drill import health, run_drill, worker_pids
-from tandem.cluster.exits import PEER_LOST_EXIT
 
 PROMPTS = ["Once upon a time", "The cat", "In a galaxy far away", "Hello"]
 MAX_TOKENS = 48
@@ -188,7 +188,7 @@ def test_a_blackholed_tp_worker_link_mid_stream_is_seen_by_its_heartbeat_and_rep
     assert len(relay.destinations) >= 4, relay.destinations  # ring links and heartbeats
     drill, reasons = _blackhole_drill(relay, launched, links=4, workers=1)
     print(f"launch tp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    assert _lost_by_a_heartbeat(reasons, 1, ""), reasons
+    assert lost_by_a_heartbeat(reasons, 1, ""), reasons
 
 
 # ~70 s on 2 shared cores: its own `tandem launch` (a head and a stage process), then a new stage
@@ -222,18 +222,6 @@ def test_a_sigstopped_grid_rank_mid_stream_is_seen_by_its_heartbeat_and_replaced
     assert any("is lost" in r and "heartbeat" in r and "TP rank" in r for r in reasons), reasons
 
 
-def _lost_by_a_heartbeat(reasons, rank: int, where: str, peer: str = "") -> bool:
-    """Both ends of a cut link go silent at once: the head's heartbeat loses `rank`, or a rank's
-    own heartbeat loses its peer first and it exits with PEER_LOST_EXIT, which the head names
-    (/health's 200 characters may cut the word after "heartbeat"); in a grid, `peer`: the lost
-    rank's TP peer, whose socket to it closed when it exited so, failed its stage first, naming
-    the lost rank's place ("stage 1 (TP rank 0): PeerClosedError: rank 1 (")."""
-    by_head = any(f"rank {rank} is lost" in r and "heartbeat" in r and where in r for r in reasons)
-    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat" in r for r in reasons)
-    by_peer = bool(peer) and any(peer in r for r in reasons)
-    return by_head or by_rank or by_peer
-
-
 def _blackhole_drill(relay, launched, links: int, workers: int):
     cut: list[int] = []
     drill, reasons = _drill_replays_every_stream(
@@ -255,7 +243,7 @@ def test_a_blackholed_pipeline_stage_link_mid_stream_is_seen_by_its_heartbeat_an
     # the head's link to the stage, the stage's link back, the stage's beat to the head
     drill, reasons = _blackhole_drill(relay, launched, links=3, workers=1)
     print(f"launch pp2 blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    assert _lost_by_a_heartbeat(reasons, 1, "(stage 1)"), reasons
+    assert lost_by_a_heartbeat(reasons, 1, "(stage 1)"), reasons
 
 
 # ~30 s past the shared grid: stage 1's TP rank 1 cut off from stage 0 and the head, the grid
@@ -268,7 +256,7 @@ def test_a_blackholed_grid_rank_link_mid_stream_is_seen_by_its_heartbeat_and_rep
     # stage 0's link to rank 3 and rank 3's beat to the head
     drill, reasons = _blackhole_drill(relay, launched, links=2, workers=3)
     print(f"launch grid blackholed: 503 at {drill.detect_s:.2f} s, 200 at {drill.whole_s:.2f} s")
-    assert _lost_by_a_heartbeat(
+    assert lost_by_a_heartbeat(
         reasons, 3, "(stage 1, TP", peer="stage 1 (TP rank 0): PeerClosedError: rank 1 ("
     ), reasons
 

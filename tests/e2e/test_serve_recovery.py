@@ -18,6 +18,7 @@ import signal
 import pytest
 from serve_support import (
     assert_paused_within_bound,
+    lost_by_a_heartbeat,
     make_model,
     metric,
     relay_for_links,
@@ -231,11 +232,6 @@ def test_serve_grid_sees_a_blackholed_rank_link_by_its_heartbeat_and_every_strea
     )
     # stage 0's link to rank 3 and rank 3's beat to the head
     assert cut and cut[0] >= 2, (cut, relay.destinations)
-    by_head = any(
-        "rank 3 is lost" in r and "heartbeat" in r and "(stage 1, TP" in r for r in reasons
-    )
-    by_rank = any(f"code {PEER_LOST_EXIT} (its heartbeat" in r for r in reasons)
-    # or rank 3's TP peer saw its socket close (it exited so) and failed stage 1 first, naming
-    # rank 3's place (stage 1's TP rank 1)
-    by_peer = any("stage 1 (TP rank 0): PeerClosedError: rank 1 (" in r for r in reasons)
-    assert by_head or by_rank or by_peer, reasons
+    assert lost_by_a_heartbeat(
+        reasons, 3, "(stage 1, TP", peer="stage 1 (TP rank 0): PeerClosedError: rank 1 ("
+    ), reasons
